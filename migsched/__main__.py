@@ -1,0 +1,3 @@
+from migsched.cli import main
+
+main()

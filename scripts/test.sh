@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The README's test command: sets up .venv on a fresh machine, makes sure NATS and Redis answer, runs the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import migsched, nats, redis, msgspec, pytest, hypothesis" 2>/dev/null \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  touch .venv/.installed
+fi
+# Tests resolve servers themselves (env URL, default port, or a private one); this only reports what answers.
+.venv/bin/python - <<'PYEOF'
+from shared.localservers import DEFAULT_NATS, DEFAULT_REDIS, _answers
+for name, url in (("NATS", DEFAULT_NATS), ("Redis", DEFAULT_REDIS)):
+    print(f"{name} at {url}: {'answering' if _answers(url) else 'not answering, tests start a private one'}")
+PYEOF
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""migsched's services: thin adapters (decode, call a policy, commit, publish, ack)."""

@@ -1,0 +1,108 @@
+"""The executor's backend interface: what a node's GPUs can do, whether simulated or real (NVML).
+
+The ``sim`` backend and the ``nvml`` backend both implement ``Backend``; one contract test suite runs against
+both. All methods are async because real MIG operations take 0.1-1 s and must not block the event loop
+(NVML calls run in a worker thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from shared.errors import MigschedError
+
+
+class BackendError(MigschedError):
+    """A GPU operation failed. ``code`` is the backend's own code (an NVML return code for nvml)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class InUseError(BackendError):
+    """The instance still has processes (or was just released): retry shortly."""
+
+
+class NotMigModeError(BackendError):
+    """The GPU is not in MIG mode; migsched never changes the mode itself."""
+
+
+class InsufficientResourcesError(BackendError):
+    """The requested placement overlaps an existing instance or the profile is at its max count."""
+
+
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    uuid: str
+    model: str
+    """Canonical geometry model name (e.g. ``A100-40GB``), or the raw NVML name when unknown."""
+    pci_device_id: str = ""
+    mig_enabled: bool = True
+    mig_pending: bool | None = None
+    memory_gib: float = 0.0
+
+
+class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A GPU instance with its full-size compute instance."""
+
+    gpu_index: int
+    gi_id: int
+    ci_id: int | None
+    profile_id: int
+    profile: str
+    start: int
+    size: int
+    uuid: str = ""
+    """The MIG device UUID (``MIG-...``) for ``CUDA_VISIBLE_DEVICES``; empty until the CI exists."""
+    owned: bool = True
+    """Created by this executor (adopted ones are never destroyed unless configured)."""
+
+
+class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] = {}
+    run_as: str | None = None
+    duration_s: float | None = None
+    """Simulated run time (sim backend) or a hint."""
+
+
+class WorkloadExit(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    status: int
+    reason: str = ""
+    output_tail: str = ""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    async def discover(self) -> Sequence[GpuInfo]: ...
+
+    async def list_instances(self, gpu_index: int) -> Sequence[InstanceInfo]: ...
+
+    async def create_instance(self, gpu_index: int, profile_id: int, start: int) -> InstanceInfo:
+        """Create a GI at exactly ``start`` plus its full CI; return it with its MIG UUID."""
+        ...
+
+    async def destroy_instance(self, gpu_index: int, gi_id: int) -> None:
+        """Destroy the CI(s) then the GI; retries the short in-use window, then raises InUseError."""
+        ...
+
+    async def start_workload(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> None: ...
+
+    async def stop_workload(self, job_id: str) -> None: ...
+
+    async def next_exit(self) -> WorkloadExit:
+        """Wait for the next workload exit."""
+        ...
+
+    def running(self) -> Mapping[str, InstanceInfo]:
+        """Job id -> the instance it runs on, for workloads this backend is running or has adopted."""
+        ...
+
+    async def close(self) -> None: ...

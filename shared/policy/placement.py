@@ -1,0 +1,89 @@
+"""Decisions as data: a placement with its score, reasons and runner-up candidates, or "cannot place"."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared.policy.request import Demand
+
+Action = Literal["create", "reuse"]
+Tier = Literal["lazy", "busy", "any"]
+
+
+class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What the policies need to know about a job to place it."""
+
+    job_id: str
+    demand: Demand
+    tenant: str = "default"
+    priority: int = 0
+    latency_sensitive: bool = False
+    migratable: bool = True
+
+
+class Slot(msgspec.Struct, frozen=True, kw_only=True):
+    """One instance a placement uses: where, which profile, and whether it is created or reused."""
+
+    gpu_id: str
+    node: str
+    model: str
+    profile: str
+    start: int
+    size: int
+    compute: int
+    action: Action
+    instance_id: str | None = None
+    destroy: tuple[str, ...] = ()
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    gpu_id: str
+    profile: str
+    start: int
+    action: Action
+    tier: Tier
+    frag_before: float
+    frag_after: float
+    load: float
+    idle_slices_destroyed: int
+
+
+class Placement(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    policy: str
+    slots: tuple[Slot, ...]
+    tier: Tier
+    frag_before: float
+    frag_after: float
+    reasons: tuple[str, ...] = ()
+    candidates: tuple[Candidate, ...] = ()
+
+    @property
+    def slot(self) -> Slot:
+        return self.slots[0]
+
+    @property
+    def score(self) -> float:
+        return self.frag_after
+
+    def explain(self) -> str:
+        s = self.slot
+        head = f"{self.job_id} -> {s.gpu_id} {s.profile}@{s.start} ({s.action}, {self.tier})"
+        return f"{head} frag {self.frag_before:.3f}->{self.frag_after:.3f}; " + "; ".join(self.reasons)
+
+
+class CannotPlace(msgspec.Struct, frozen=True, kw_only=True):
+    """No legal placement now. ``counts`` says how many GPUs were ruled out for each reason."""
+
+    job_id: str
+    policy: str
+    reasons: tuple[str, ...]
+    counts: dict[str, int] = {}
+
+    def explain(self) -> str:
+        return f"{self.job_id} cannot be placed: " + "; ".join(self.reasons)
+
+
+Decision = Placement | CannotPlace

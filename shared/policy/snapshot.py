@@ -1,0 +1,252 @@
+"""The immutable view of the cluster that every policy reads.
+
+``GpuView``/``InstanceView`` are frozen structs; ``ClusterSnapshot`` adds read-only numpy columns (one entry per
+GPU) so that a decision over thousands of GPUs is a handful of vector operations. ``SnapshotBuilder`` keeps those
+columns up to date incrementally for the simulator and the services, so taking a snapshot is a cheap copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from shared.mig.geometry import Geometry, GpuModel
+from shared.mig.occupancy import span
+from shared.mig.tables import ModelTables, tables_for
+
+
+class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
+    """A created GPU instance (GI + CI); busy when a job runs on it, idle when kept for reuse."""
+
+    id: str
+    profile: str
+    start: int
+    size: int
+    compute: int
+    job_id: str | None = None
+    migratable: bool = True
+    latency_sensitive: bool = False
+    priority: int = 0
+    tenant: str = ""
+    last_moved_at: float = -math.inf
+    started_at: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.job_id is not None
+
+    @property
+    def mask(self) -> int:
+        return span(self.size, self.start)
+
+
+class GpuView(msgspec.Struct, frozen=True, kw_only=True):
+    """One physical GPU: identity, model, mode and its instances, with derived occupancy."""
+
+    id: str
+    node: str
+    index: int
+    model: str
+    mig: bool = True
+    healthy: bool = True
+    replicas: int = 0
+    instances: tuple[InstanceView, ...] = ()
+    busy_mask: int = 0
+    idle_mask: int = 0
+    used_compute: int = 0
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        id: str,
+        node: str,
+        index: int,
+        model: str,
+        instances: Iterable[InstanceView] = (),
+        mig: bool = True,
+        healthy: bool = True,
+        replicas: int = 0,
+    ) -> GpuView:
+        insts = tuple(sorted(instances, key=lambda i: (i.start, i.id)))
+        busy = idle = used = 0
+        for inst in insts:
+            if inst.busy:
+                busy |= inst.mask
+                used += inst.compute
+            else:
+                idle |= inst.mask
+        return cls(
+            id=id, node=node, index=index, model=model, mig=mig, healthy=healthy, replicas=replicas,
+            instances=insts, busy_mask=busy, idle_mask=idle, used_compute=used,
+        )
+
+    def with_instances(self, instances: Iterable[InstanceView]) -> GpuView:
+        return GpuView.build(
+            id=self.id, node=self.node, index=self.index, model=self.model, instances=instances,
+            mig=self.mig, healthy=self.healthy, replicas=self.replicas,
+        )
+
+    def instance(self, instance_id: str) -> InstanceView | None:
+        for inst in self.instances:
+            if inst.id == instance_id:
+                return inst
+        return None
+
+    def job_instance(self, job_id: str) -> InstanceView | None:
+        for inst in self.instances:
+            if inst.job_id == job_id:
+                return inst
+        return None
+
+
+Column = npt.NDArray[np.generic]
+
+
+class ClusterSnapshot:
+    """An immutable cluster view: the GPUs in a fixed order plus one read-only column per quantity."""
+
+    __slots__ = ("busy", "compute", "geometry", "gpus", "groups", "healthy", "idle", "idle_profiles",
+                 "mig", "models", "position", "used")
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        gpus: tuple[GpuView, ...],
+        *,
+        busy: Column,
+        idle: Column,
+        used: Column,
+        compute: Column,
+        mig: Column,
+        healthy: Column,
+        idle_profiles: Column,
+        groups: Mapping[str, npt.NDArray[np.intp]],
+        position: Mapping[str, int],
+    ) -> None:
+        self.geometry = geometry
+        self.gpus = gpus
+        self.busy = busy
+        self.idle = idle
+        self.used = used
+        self.compute = compute
+        self.mig = mig
+        self.healthy = healthy
+        self.idle_profiles = idle_profiles
+        self.groups = groups
+        self.position = position
+        self.models: dict[str, GpuModel] = {name: geometry.model(name) for name in groups}
+        for col in (busy, idle, used, compute, mig, healthy, idle_profiles):
+            col.setflags(write=False)
+
+    @classmethod
+    def of(cls, geometry: Geometry, gpus: Iterable[GpuView]) -> ClusterSnapshot:
+        b = SnapshotBuilder(geometry)
+        for g in gpus:
+            b.put(g)
+        return b.snapshot()
+
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+    def gpu(self, gpu_id: str) -> GpuView:
+        return self.gpus[self.position[gpu_id]]
+
+    def tables(self, model: str) -> ModelTables:
+        return tables_for(self.models[model])
+
+    def load(self) -> npt.NDArray[np.float64]:
+        return self.used / np.maximum(self.compute, 1)
+
+    def find_job(self, job_id: str) -> tuple[GpuView, InstanceView] | None:
+        for g in self.gpus:
+            inst = g.job_instance(job_id)
+            if inst is not None:
+                return g, inst
+        return None
+
+
+class SnapshotBuilder:
+    """Mutable, incremental keeper of the columns; ``snapshot()`` hands out an immutable copy."""
+
+    def __init__(self, geometry: Geometry) -> None:
+        self.geometry = geometry
+        self._gpus: list[GpuView] = []
+        self._pos: dict[str, int] = {}
+        self._cap = 0
+        self._n = 0
+        self._cols: dict[str, np.ndarray] = {}
+        self._groups: dict[str, npt.NDArray[np.intp]] | None = None
+        self._frozen_pos: Mapping[str, int] | None = None
+        self._grow(64)
+
+    def _grow(self, cap: int) -> None:
+        specs = {"busy": np.uint8, "idle": np.uint8, "used": np.uint8, "compute": np.uint8,
+                 "mig": np.bool_, "healthy": np.bool_, "idle_profiles": np.uint32}
+        new = {k: np.zeros(cap, dtype=t) for k, t in specs.items()}
+        for k, col in self._cols.items():
+            new[k][: self._n] = col[: self._n]
+        self._cols = new
+        self._cap = cap
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, gpu_id: str) -> bool:
+        return gpu_id in self._pos
+
+    def get(self, gpu_id: str) -> GpuView:
+        return self._gpus[self._pos[gpu_id]]
+
+    def put(self, gpu: GpuView) -> None:
+        """Add a GPU or replace the GPU of the same id."""
+        model = self.geometry.model(gpu.model)
+        pos = self._pos.get(gpu.id)
+        if pos is None:
+            if self._n == self._cap:
+                self._grow(self._cap * 2)
+            pos = self._n
+            self._n += 1
+            self._pos[gpu.id] = pos
+            self._gpus.append(gpu)
+            self._groups = None
+            self._frozen_pos = None
+        else:
+            if self._gpus[pos].model != gpu.model:
+                self._groups = None
+            self._gpus[pos] = gpu
+        c = self._cols
+        c["busy"][pos] = gpu.busy_mask
+        c["idle"][pos] = gpu.idle_mask
+        c["used"][pos] = gpu.used_compute
+        c["compute"][pos] = model.compute_slices
+        c["mig"][pos] = gpu.mig
+        c["healthy"][pos] = gpu.healthy
+        bits = 0
+        if gpu.idle_mask:
+            index = tables_for(model).index
+            for inst in gpu.instances:
+                if not inst.busy and inst.profile in index:
+                    bits |= 1 << index[inst.profile]
+        c["idle_profiles"][pos] = bits
+
+    def snapshot(self) -> ClusterSnapshot:
+        if self._groups is None:
+            groups: dict[str, list[int]] = {}
+            for i, g in enumerate(self._gpus):
+                groups.setdefault(self.geometry.model(g.model).name, []).append(i)
+            self._groups = {k: np.asarray(v, dtype=np.intp) for k, v in groups.items()}
+            for arr in self._groups.values():
+                arr.setflags(write=False)
+        if self._frozen_pos is None:
+            self._frozen_pos = MappingProxyType(dict(self._pos))
+        n = self._n
+        c = {k: v[:n].copy() for k, v in self._cols.items()}
+        return ClusterSnapshot(
+            self.geometry, tuple(self._gpus), groups=self._groups, position=self._frozen_pos, **c
+        )

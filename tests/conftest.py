@@ -1,0 +1,40 @@
+"""Shared fixtures: real NATS and Redis per DESIGN §6, and unique prefixes per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from shared.localservers import LocalServer, resolve
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[LocalServer]:
+    server = resolve("nats")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[LocalServer]:
+    server = resolve("redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: LocalServer) -> str:
+    return nats_server.url
+
+
+@pytest.fixture
+def redis_url(redis_server: LocalServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A unique namespace for one test's streams, subjects and Redis keys."""
+    return "t" + uuid.uuid4().hex[:10]
