@@ -35,6 +35,22 @@ class InsufficientResourcesError(BackendError):
     """The requested placement overlaps an existing instance or the profile is at its max count."""
 
 
+class NotOwnedError(BackendError):
+    """The instance was not created by this executor (adopted/foreign) and ``destroy_foreign`` is off."""
+
+
+class PermissionDeniedError(BackendError):
+    """The operation needs privileges the executor lacks (NVML MIG ops and run-as need root)."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend cannot start at all (no NVML library, no driver, unwritable state dir)."""
+
+
+class WorkloadError(BackendError):
+    """A workload could not be started, stopped or moved (bad argv, unknown user, target died in a move)."""
+
+
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     uuid: str
@@ -73,8 +89,22 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
 class WorkloadExit(msgspec.Struct, frozen=True, kw_only=True):
     job_id: str
     status: int
+    """Exit code, or minus the signal number (``-15`` after a stop), as ``subprocess`` reports it."""
     reason: str = ""
+    """``completed`` (status 0), ``failed``, ``stopped`` (stop_workload) or ``lost`` (``status_known``)."""
     output_tail: str = ""
+    status_known: bool = True
+    """False for a job adopted after an executor restart whose exit status nobody could collect."""
+
+
+class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend found at start-up: adopted rather than destroyed, plus any drift worth reporting."""
+
+    owned_instances: int = 0
+    foreign_instances: int = 0
+    adopted_jobs: tuple[str, ...] = ()
+    lost_jobs: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -106,3 +136,17 @@ class Backend(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def move_workload(
+    backend: Backend, job_id: str, target: InstanceInfo, spec: WorkloadSpec, *, confirm_s: float | None = None
+) -> None:
+    """Make-before-break migration: start ``job_id`` on ``target``, confirm it stays up, then stop the source.
+
+    If the target copy exits during the confirmation window the source is left running and WorkloadError is
+    raised; no exit is reported for the retired source copy (the job did not end, it moved).
+    """
+    mover = getattr(backend, "move_workload", None)
+    if mover is None:
+        raise WorkloadError(f"backend {backend.name!r} cannot move workloads")
+    await mover(job_id, target, spec, confirm_s=confirm_s)

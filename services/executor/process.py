@@ -1,0 +1,235 @@
+"""Workload processes bound to MIG instances: argv only, allowlisted environment, optional run-as user.
+
+Output goes to a per-job log file (not a pipe) so that a workload survives an executor restart: a pipe would
+break with the executor and kill the job on its next write. Each workload gets its own session (process
+group), so stopping it reaches its children and a Ctrl-C to the executor does not reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import hashlib
+import os
+import pwd
+import re
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from services.executor.backend import InstanceInfo, PermissionDeniedError, WorkloadError, WorkloadSpec
+from services.executor.workload import Run, RunResult
+
+DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_*", "TZ", "TMPDIR", "USER", "LOGNAME")
+"""Variables a workload may get (shell-style patterns), from the executor's environment or the job spec."""
+TAIL_BYTES = 4096
+
+
+def _allowed(name: str, allowlist: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in allowlist)
+
+
+def build_env(
+    spec_env: Mapping[str, str],
+    *,
+    allowlist: Sequence[str],
+    mig_uuid: str,
+    job_id: str,
+    base: Mapping[str, str] | None = None,
+) -> tuple[dict[str, str], list[str]]:
+    """The workload's environment and the names dropped because the allowlist does not cover them.
+
+    ``CUDA_VISIBLE_DEVICES`` is always the instance's MIG UUID: a job can never pick another device.
+    """
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items() if _allowed(k, allowlist)}
+    dropped = sorted(k for k in spec_env if not _allowed(k, allowlist) or k == "CUDA_VISIBLE_DEVICES")
+    env.update({k: v for k, v in spec_env.items() if k not in dropped})
+    env["CUDA_VISIBLE_DEVICES"] = mig_uuid
+    env["MIGSCHED_JOB_ID"] = job_id
+    return env, dropped
+
+
+def check_argv(argv: Sequence[str]) -> list[str]:
+    if not argv:
+        raise WorkloadError(
+            "workload argv is empty (a program and its arguments are required; no shell is used)"
+        )
+    if not all(isinstance(a, str) for a in argv) or any("\0" in a for a in argv):
+        raise WorkloadError("workload argv must be strings without NUL bytes")
+    return list(argv)
+
+
+def resolve_user(run_as: str | None) -> pwd.struct_passwd | None:
+    """The account to run as, or None to run as the executor's own user."""
+    if not run_as:
+        return None
+    try:
+        entry = pwd.getpwuid(int(run_as)) if run_as.isdigit() else pwd.getpwnam(run_as)
+    except KeyError:
+        raise WorkloadError(f"run-as user {run_as!r} does not exist on this node") from None
+    if entry.pw_uid == os.geteuid():
+        return None
+    if os.geteuid() != 0:
+        raise PermissionDeniedError(
+            f"cannot run a workload as {run_as!r}: the executor runs as uid {os.geteuid()}, and switching "
+            "users needs root. Run the executor as root or drop run_as from the job."
+        )
+    return entry
+
+
+def log_path(log_dir: Path, job_id: str, serial: int) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:80]
+    digest = hashlib.sha1(job_id.encode()).hexdigest()[:8]
+    return log_dir / f"{safe}-{digest}-{serial}.log"
+
+
+def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (guards against a recycled pid), or None if gone or a zombie."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _kill_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class ProcessRun(Run):
+    """A workload process this executor started (its child: the exit status is known)."""
+
+    def __init__(
+        self, instance: InstanceInfo, proc: asyncio.subprocess.Process, log: Path, keep_log: bool
+    ) -> None:
+        super().__init__(instance)
+        self.proc = proc
+        self.pid = proc.pid
+        self.start_time = proc_start_time(proc.pid) or 0
+        self.log = log
+        self.gpu_uuid = ""
+        """Set by the backend where the GPU index alone may not identify the GPU (adopted runs)."""
+        self._keep_log = keep_log
+        self._task = asyncio.get_running_loop().create_task(self._wait())
+
+    async def _wait(self) -> None:
+        status = await self.proc.wait()
+        tail = read_tail(self.log)
+        if not self._keep_log:
+            with contextlib.suppress(OSError):
+                self.log.unlink()
+        self._finish(RunResult(status=status, output_tail=tail))
+
+    async def stop(self, grace_s: float) -> None:
+        if self.done.done():
+            return  # it ended on its own first: report it as it ended
+        self.stopped = True
+        _kill_group(self.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.done), timeout=grace_s)
+        except TimeoutError:
+            _kill_group(self.pid, signal.SIGKILL)
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+class AdoptedRun(Run):
+    """A workload a previous executor started: not our child, so we poll it and cannot learn its status."""
+
+    def __init__(self, instance: InstanceInfo, pid: int, start_time: int, log: Path, poll_s: float) -> None:
+        super().__init__(instance)
+        self.pid = pid
+        self.start_time = start_time
+        self.log = log
+        self.gpu_uuid = ""
+        self._task = asyncio.get_running_loop().create_task(self._poll(poll_s))
+
+    def alive(self) -> bool:
+        return proc_start_time(self.pid) == self.start_time
+
+    async def _poll(self, poll_s: float) -> None:
+        while self.alive():
+            await asyncio.sleep(poll_s)
+        status = -int(signal.SIGTERM) if self.stopped else -1
+        self._finish(RunResult(status=status, output_tail=read_tail(self.log), status_known=False))
+
+    async def stop(self, grace_s: float) -> None:
+        if self.done.done():
+            return
+        self.stopped = True
+        if not self.alive():
+            return  # gone already: the next poll reports it (as stopped: we cannot tell otherwise)
+        _kill_group(self.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.done), timeout=grace_s)
+        except TimeoutError:
+            if self.alive():
+                _kill_group(self.pid, signal.SIGKILL)
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+async def launch(
+    job_id: str,
+    instance: InstanceInfo,
+    spec: WorkloadSpec,
+    *,
+    log: Path,
+    allowlist: Sequence[str],
+    keep_log: bool = False,
+) -> tuple[ProcessRun, list[str]]:
+    """Start ``spec.argv`` on ``instance`` (never through a shell); returns the run and dropped env names."""
+    if not instance.uuid.startswith("MIG-"):
+        raise WorkloadError(
+            f"instance GPU {instance.gpu_index} GI {instance.gi_id} has no MIG device UUID yet"
+        )
+    argv = check_argv(spec.argv)
+    user = resolve_user(spec.run_as)
+    env, dropped = build_env(spec.env, allowlist=allowlist, mig_uuid=instance.uuid, job_id=job_id)
+    extra: dict[str, object] = {}
+    if user is not None:
+        env["HOME"], env["USER"], env["LOGNAME"] = user.pw_dir, user.pw_name, user.pw_name
+        extra = {
+            "user": user.pw_uid,
+            "group": user.pw_gid,
+            "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid),
+        }
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:  # append: stdout and stderr share the file
+        if user is not None:
+            os.fchown(out.fileno(), user.pw_uid, user.pw_gid)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                **extra,  # type: ignore[arg-type]
+            )
+        except FileNotFoundError:
+            raise WorkloadError(
+                f"job {job_id}: program {argv[0]!r} not found (argv is run without a shell)"
+            ) from None
+        except PermissionError as exc:
+            raise WorkloadError(f"job {job_id}: cannot execute {argv[0]!r}: {exc.strerror}") from None
+    return ProcessRun(instance, proc, log, keep_log), dropped

@@ -1,0 +1,197 @@
+"""Running workloads, shared by both backends: the job table, exit reporting and make-before-break moves.
+
+A backend turns a ``WorkloadSpec`` into a ``Run`` (the sim backend: a timer; the nvml backend: a process, see
+``process.py``); ``JobTable`` owns the runs, watches each one and reports exits through ``next_exit()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+
+import msgspec
+
+from services.executor.backend import InstanceInfo, WorkloadError, WorkloadExit
+
+
+class RunResult(msgspec.Struct, frozen=True, kw_only=True):
+    status: int
+    output_tail: str = ""
+    status_known: bool = True
+
+
+class Run:
+    """One running copy of a workload on one instance. ``done`` resolves once, when it has ended."""
+
+    def __init__(self, instance: InstanceInfo) -> None:
+        self.instance = instance
+        self.stopped = False
+        """Set by ``stop()``: the exit is reported with reason ``stopped``."""
+        self.done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+
+    def _finish(self, result: RunResult) -> None:
+        if not self.done.done():
+            self.done.set_result(result)
+
+    async def wait(self) -> RunResult:
+        return await asyncio.shield(self.done)
+
+    async def stop(self, grace_s: float) -> None:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        """Forget the run without touching what it runs (backend shutdown)."""
+
+
+class SleepRun(Run):
+    """The sim backend's workload: "runs" for ``duration_s`` (forever when None) then exits 0."""
+
+    def __init__(self, instance: InstanceInfo, duration_s: float | None) -> None:
+        super().__init__(instance)
+        self._task = asyncio.get_running_loop().create_task(self._run(duration_s))
+
+    async def _run(self, duration_s: float | None) -> None:
+        if duration_s is None:
+            await asyncio.Event().wait()
+        else:
+            await asyncio.sleep(max(0.0, duration_s))
+        self._finish(RunResult(status=0))
+
+    async def stop(self, grace_s: float) -> None:
+        if self.done.done():
+            return  # it ended on its own first: report it as it ended
+        self.stopped = True
+        self._task.cancel()
+        self._finish(RunResult(status=-15))
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
+def _reason(run: Run, result: RunResult) -> str:
+    if run.stopped:
+        return "stopped"
+    if not result.status_known:
+        return "lost"
+    return "completed" if result.status == 0 else "failed"
+
+
+class JobTable:
+    """Job id -> its current run. Exits of runs that were replaced (moved) are never reported."""
+
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+        self._runs: dict[str, Run] = {}
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._exits: asyncio.Queue[WorkloadExit] = asyncio.Queue()
+        self._on_change = on_change or (lambda: None)
+
+    def running(self) -> Mapping[str, InstanceInfo]:
+        return {job: run.instance for job, run in self._runs.items()}
+
+    def runs(self) -> dict[str, Run]:
+        return dict(self._runs)
+
+    def get(self, job_id: str) -> Run | None:
+        return self._runs.get(job_id)
+
+    def job_on(self, gpu_index: int, gi_id: int) -> str | None:
+        for job, run in self._runs.items():
+            if run.instance.gpu_index == gpu_index and run.instance.gi_id == gi_id:
+                return job
+        return None
+
+    def check_can_start(self, job_id: str, instance: InstanceInfo) -> bool:
+        """True when the job already runs on this instance (a redelivered command: do nothing)."""
+        current = self._runs.get(job_id)
+        if current is not None:
+            same = (current.instance.gpu_index, current.instance.gi_id) == (
+                instance.gpu_index,
+                instance.gi_id,
+            )
+            if same:
+                return True
+            raise WorkloadError(
+                f"job {job_id} already runs on GPU {current.instance.gpu_index} "
+                f"GI {current.instance.gi_id}; move it instead"
+            )
+        other = self.job_on(instance.gpu_index, instance.gi_id)
+        if other is not None:
+            raise WorkloadError(f"GPU {instance.gpu_index} GI {instance.gi_id} is busy with job {other}")
+        return False
+
+    def add(self, job_id: str, run: Run) -> None:
+        self._runs[job_id] = run
+        self._watch(job_id, run)
+        self._on_change()
+
+    def _watch(self, job_id: str, run: Run) -> None:
+        task = asyncio.get_running_loop().create_task(self._report(job_id, run))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _report(self, job_id: str, run: Run) -> None:
+        result = await run.wait()
+        if self._runs.get(job_id) is not run:
+            return  # replaced by a move: the job did not end
+        del self._runs[job_id]
+        self._on_change()
+        await self._exits.put(
+            WorkloadExit(
+                job_id=job_id,
+                status=result.status,
+                reason=_reason(run, result),
+                output_tail=result.output_tail,
+                status_known=result.status_known,
+            )
+        )
+
+    async def stop(self, job_id: str, grace_s: float) -> None:
+        """Stop a job and wait until it is gone; unknown jobs are a no-op (commands are redelivered)."""
+        run = self._runs.get(job_id)
+        if run is None:
+            return
+        await run.stop(grace_s)
+        await run.wait()
+
+    async def next_exit(self) -> WorkloadExit:
+        return await self._exits.get()
+
+    async def move(
+        self, job_id: str, start_target: Callable[[], Awaitable[Run]], *, confirm_s: float, grace_s: float
+    ) -> None:
+        """Make before break: start the target copy, see it survive ``confirm_s``, then retire the source."""
+        source = self._runs.get(job_id)
+        if source is None:
+            raise WorkloadError(f"cannot move job {job_id}: it is not running on this node")
+        target = await start_target()
+        try:
+            result = await asyncio.wait_for(target.wait(), timeout=max(confirm_s, 0.0))
+        except TimeoutError:
+            pass
+        else:
+            raise WorkloadError(
+                f"move of job {job_id} aborted: the target copy on GPU {target.instance.gpu_index} "
+                f"GI {target.instance.gi_id} exited with status {result.status} during confirmation; "
+                f"the source keeps running. Output: {result.output_tail[-500:]!r}"
+            )
+        if self._runs.get(job_id) is not source:  # the source ended (or was stopped) meanwhile
+            await target.stop(grace_s)
+            await target.wait()
+            raise WorkloadError(f"move of job {job_id} aborted: the source copy ended during the move")
+        self._runs[job_id] = target
+        self._watch(job_id, target)
+        self._on_change()
+        await source.stop(grace_s)
+        await source.wait()
+
+    async def close(self) -> None:
+        """Stop watching; runs are forgotten, not stopped (a restarted executor adopts real processes)."""
+        for run in self._runs.values():
+            run.cancel()
+        for task in list(self._watchers):
+            task.cancel()
+        for task in list(self._watchers):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._runs.clear()
