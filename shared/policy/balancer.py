@@ -14,6 +14,7 @@ All six keys are packed into one int64 per GPU so that the choice is one argmin.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 
@@ -22,9 +23,11 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.mig.geometry import GpuModel, Profile
-from shared.mig.tables import COST_SCALE, ModelTables, tables_for
+from shared.mig.occupancy import span
+from shared.mig.tables import COST_SCALE, PAIRS, ModelTables, tables_for
 from shared.policy.placement import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot, Tier
-from shared.policy.request import full_profile, resolve_profile
+from shared.policy.request import Demand, full_profile, resolve_profile
+from shared.policy.sharing import place_plain_gpus, place_share
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
 _NONE = np.iinfo(np.int64).max
@@ -62,74 +65,8 @@ def _unpack_cost(key: int) -> float:
     return ((key >> 22) & ((1 << 31) - 1)) / COST_SCALE
 
 
-def _load_q(snap: ClusterSnapshot, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.int64]:
-    return np.rint(snap.used[pos] * 1000.0 / np.maximum(snap.compute[pos], 1)).astype(np.int64)
-
-
-class _Best:
-    """The running best candidate over model groups, plus the top-k for explanation."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.keys: list[npt.NDArray[np.int64]] = []
-        self.pos: list[npt.NDArray[np.intp]] = []
-        self.meta: list[tuple[str, Profile, str]] = []  # model, profile, action
-
-    def add(self, keys: npt.NDArray[np.int64], pos: npt.NDArray[np.intp], model: str, prof: Profile, action: str) -> None:
-        if keys.size:
-            self.keys.append(keys)
-            self.pos.append(pos)
-            self.meta.append((model, prof, action))
-
-    def ranked(self) -> list[tuple[int, int, str, Profile, str]]:
-        out: list[tuple[int, int, str, Profile, str]] = []
-        for keys, pos, (model, prof, action) in zip(self.keys, self.pos, self.meta, strict=True):
-            take = min(self.k + 8, keys.size)
-            idx = np.argpartition(keys, take - 1)[:take] if take < keys.size else np.arange(keys.size)
-            out.extend((int(keys[i]), int(pos[i]), model, prof, action) for i in idx if keys[i] != _NONE)
-        out.sort(key=lambda r: (r[0], r[1]))
-        return out
-
-
-def _tier(lazy: npt.NDArray[np.bool_], params: BalancerParams) -> npt.NDArray[np.int64]:
-    if not params.lazy_first:
-        return np.zeros(lazy.shape, dtype=np.int64)
-    return np.where(lazy, 0, 1).astype(np.int64)
-
-
-def _reuse_keys(
-    snap: ClusterSnapshot, pos: npt.NDArray[np.intp], tables: ModelTables, wanted: Profile,
-    tier: npt.NDArray[np.int64], load_q: npt.NDArray[np.int64], params: BalancerParams,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp], list[InstanceView]]:
-    """Keys for the best idle instance on each GPU that has one the job can use."""
-    accept = _acceptable(tables, wanted, params)
-    bits = 0
-    for name in accept:
-        bits |= 1 << tables.index[name]
-    has = (snap.idle_profiles[pos] & np.uint32(bits)) != 0
-    keys: list[int] = []
-    where: list[int] = []
-    insts: list[InstanceView] = []
-    for j in np.flatnonzero(has):
-        gpu = snap.gpus[pos[j]]
-        best: tuple[int, InstanceView] | None = None
-        for inst in gpu.instances:
-            if inst.busy or inst.profile not in accept:
-                continue
-            waste = inst.size - wanted.memory_slices
-            cost_q = int(tables.fragcost_q[gpu.busy_mask | inst.mask])
-            key = int(pack_key(int(tier[j]), 0, cost_q, waste, 0, int(load_q[j]), inst.start))
-            if best is None or key < best[0]:
-                best = (key, inst)
-        if best is not None:
-            keys.append(best[0])
-            where.append(int(pos[j]))
-            insts.append(best[1])
-    return np.asarray(keys, dtype=np.int64), np.asarray(where, dtype=np.intp), insts
-
-
-def _acceptable(tables: ModelTables, wanted: Profile, params: BalancerParams) -> dict[str, Profile]:
-    if not params.allow_larger:
+def _acceptable(tables: ModelTables, wanted: Profile, allow_larger: bool) -> dict[str, Profile]:
+    if not allow_larger:
         return {wanted.name: wanted}
     return {
         p.name: p
@@ -140,55 +77,189 @@ def _acceptable(tables: ModelTables, wanted: Profile, params: BalancerParams) ->
     }
 
 
-def _count_ok(gpu: GpuView, prof: Profile) -> bool:
-    return sum(1 for i in gpu.instances if i.profile == prof.name) < prof.max_count
+def _count_ok(gpu: GpuView, prof: Profile, start: int) -> bool:
+    """Room for one more ``prof`` at ``start`` once the idle instances in the way are destroyed (the
+    partitioner's rule)."""
+    pm = ((1 << prof.memory_slices) - 1) << start
+    n = sum(1 for i in gpu.instances if i.profile == prof.name and (i.busy or not i.mask & pm))
+    return n < prof.max_count
 
 
-def place_mig(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str = "balancer") -> Decision:
-    counts: Counter[str] = Counter()
-    best = _Best(params.top_k)
-    reuse_insts: dict[int, InstanceView] = {}
-    for model_name, pos in snap.groups.items():
-        model = snap.models[model_name]
-        prof = resolve_profile(job.demand, model)
+_UNFIT = 1 << 62
+"""Key of a GPU with no candidate: above every real key (< 2**56) even after adding tier and load."""
+
+
+class _Compiled(msgspec.Struct, frozen=True):
+    """The per-request look-up tables of every model in a snapshot, stacked as ``model << 16 | index``."""
+
+    profiles: tuple[Profile | None, ...]
+    create: npt.NDArray[np.int64] | None
+    """Per ``model << 16 | busy << 8 | idle``: the create key minus tier and load, or _UNFIT."""
+    reuse: tuple[tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]], ...]
+    """Per acceptable profile slot: (key part per ``model << 16 | busy << 8 | idle starts``, profile index of
+    that slot on each model)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _create_part(model: GpuModel, profile: str) -> npt.NDArray[np.int64]:
+    start, cost, ov = tables_for(model).best_create(profile)
+    part = (1 << 53) + (cost << 22) + (ov.astype(np.int64) << 15) + (15 - start.astype(np.int64))
+    return np.where(start >= 0, part, _UNFIT)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reuse_part(model: GpuModel, profile: str, waste: int) -> npt.NDArray[np.int64]:
+    """Per ``busy << 8 | starts`` (a bit per start of an idle ``profile`` instance): the best reuse key
+    part."""
+    size = model.profile(profile).memory_slices
+    cost_q = tables_for(model).fragcost_q
+    pairs = np.arange(PAIRS, dtype=np.int64)
+    busy, starts = pairs >> 8, pairs & 0xFF
+    best = np.full(PAIRS, _UNFIT, dtype=np.int64)
+    for s in range(model.memory_slices - size + 1):
+        val = (cost_q[(busy | span(size, s)) & 0xFF] << 22) + (waste << 19) + (15 - s)
+        best = np.where(((starts >> s) & 1).astype(bool) & (val < best), val, best)
+    return best
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(models: tuple[GpuModel, ...], demand: Demand, dynamic: bool, allow_larger: bool) -> _Compiled:
+    profiles = tuple(resolve_profile(demand, m) for m in models)
+    unfit = np.full(PAIRS, _UNFIT, dtype=np.int64)
+    create = None
+    if dynamic:
+        create = np.concatenate([unfit if p is None else _create_part(m, p.name)
+                                 for m, p in zip(models, profiles, strict=True)])
+    per_model: list[list[tuple[npt.NDArray[np.int64], int]]] = []
+    for m, p in zip(models, profiles, strict=True):
+        slots: list[tuple[npt.NDArray[np.int64], int]] = []
+        if p is not None:
+            index = tables_for(m).index
+            for name, acc in _acceptable(tables_for(m), p, allow_larger).items():
+                slots.append((_reuse_part(m, name, acc.memory_slices - p.memory_slices), index[name]))
+        per_model.append(slots)
+    reuse = []
+    for a in range(max((len(s) for s in per_model), default=0)):
+        table = np.concatenate([s[a][0] if a < len(s) else unfit for s in per_model])
+        pidx = np.array([s[a][1] if a < len(s) else 0 for s in per_model], dtype=np.intp)
+        reuse.append((table, pidx))
+    for arr in ([create] if create is not None else []) + [t for t, _ in reuse]:
+        arr.setflags(write=False)
+    return _Compiled(profiles=profiles, create=create, reuse=tuple(reuse))
+
+
+@functools.lru_cache(maxsize=1024)
+def _tier_load(models: tuple[GpuModel, ...], threshold: float, lazy_first: bool) -> npt.NDArray[np.int64]:
+    """Per ``model << 4 | used compute slices``: tier << 54 | load_q << 4, load_q = load in thousandths."""
+    t_q = round(threshold * 1000)
+    out = np.zeros(len(models) * 16, dtype=np.int64)
+    for k, m in enumerate(models):
+        used = np.arange(16)
+        load_q = np.rint(used * 1000.0 / max(m.compute_slices, 1)).astype(np.int64)
+        tier = (load_q >= t_q).astype(np.int64) if lazy_first else np.zeros(16, dtype=np.int64)
+        out[k * 16:(k + 1) * 16] = (tier << 54) + (load_q << 4)
+    out.setflags(write=False)
+    return out
+
+
+def _smallest(keys: npt.NDArray[np.int64], m: int) -> list[int]:
+    """Positions of the ``m`` smallest real keys by (key, position). Equal keys are common (empty GPUs score
+    alike), so the cut keeps the lowest positions among the keys equal to the last one kept."""
+    valid = np.flatnonzero(keys < _UNFIT)
+    if valid.size > m:
+        vk = keys[valid]
+        kth = vk[np.argpartition(vk, m - 1)[m - 1]]
+        less = valid[vk < kth]
+        valid = np.concatenate([less, valid[vk == kth][: m - less.size]])
+    return sorted(valid.tolist(), key=lambda p: (int(keys[p]), p))
+
+
+def place_mig(
+    snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str = "balancer"
+) -> Decision:
+    """The best MIG placement, vectorised over every GPU at once with the stacked per-model tables."""
+    if len(snap) == 0:
+        return CannotPlace(job_id=job.job_id, policy=policy, reasons=("no GPU in the cluster",))
+    comp = _compile(snap.model_list, job.demand, params.dynamic, params.allow_larger)
+    mi = snap.model_idx.astype(np.intp)
+    busy8 = snap.busy.astype(np.intp) << 8
+    idle: npt.NDArray[np.uint8] = np.asarray(snap.idle)
+    used: npt.NDArray[np.uint8] = np.asarray(snap.used)
+    off = mi << 16
+    ok: npt.NDArray[np.bool_] = np.asarray(snap.mig) & np.asarray(snap.healthy)
+    tl = _tier_load(snap.model_list, params.threshold, params.lazy_first)[(mi << 4) | used]
+    rkeys = np.full(len(snap), _UNFIT, dtype=np.int64)
+    if comp.reuse:
+        starts_all = snap.idle_starts
+        rows = np.arange(len(snap))
+        for table, pidx in comp.reuse:
+            rkeys = np.minimum(rkeys, table[off | busy8 | starts_all[rows, pidx[mi]]])
+        rkeys = np.where(ok, rkeys + tl, _UNFIT)
+    ckeys = None
+    if comp.create is not None:
+        ckeys = np.where(ok, comp.create[off | busy8 | idle] + tl, _UNFIT)
+    m = max(params.top_k, 1) + 2
+    while True:
+        cands: list[tuple[int, int, str, Profile, str]] = []
+        for keys, action in ((rkeys, "reuse"), (ckeys, "create")):
+            if keys is None:
+                continue
+            for p in _smallest(keys, m):
+                prof = comp.profiles[mi[p]]
+                assert prof is not None
+                cands.append((int(keys[p]), p, snap.model_list[mi[p]].name, prof, action))
+        cands.sort(key=lambda c: (c[0], c[1]))
+        counts: Counter[str] = Counter()
+        chosen = _first_legal(snap, cands, counts)
+        if chosen is not None:
+            shown = [chosen, *cands[: params.top_k]]
+            reuse_insts = {c[1]: _idle_at(snap.gpus[c[1]], 15 - (c[0] & 0xF))
+                           for c in shown if c[4] == "reuse"}
+            return _decision(snap, job, params, policy, chosen, cands, reuse_insts)
+        n_real = int((rkeys < _UNFIT).sum()) + (0 if ckeys is None else int((ckeys < _UNFIT).sum()))
+        if len(cands) >= n_real:
+            break
+        m = len(snap)  # every short-listed candidate was at its max count: look at all of them
+    return _cannot_place(snap, job, params, policy, comp, ok, rkeys, ckeys, counts)
+
+
+def _idle_at(gpu: GpuView, start: int) -> InstanceView:
+    return next(i for i in gpu.instances if not i.busy and i.start == start)
+
+
+def _cannot_place(
+    snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str, comp: _Compiled,
+    ok: npt.NDArray[np.bool_], rkeys: npt.NDArray[np.int64], ckeys: npt.NDArray[np.int64] | None,
+    counts: Counter[str],
+) -> CannotPlace:
+    """Why no GPU fits, as counts of GPUs per reason (computed only when nothing fits: off the hot path)."""
+    mi = snap.model_idx
+    for k, (model, prof) in enumerate(zip(snap.model_list, comp.profiles, strict=True)):
+        on_model = mi == k
         if prof is None:
-            counts[f"{model_name} has no profile for {job.demand.label()}"] += pos.size
+            counts[f"{model.name} has no profile for {job.demand.label()}"] += int(on_model.sum())
             continue
-        ok = snap.mig[pos] & snap.healthy[pos]
-        if not ok.all():
-            counts["not in MIG mode or unhealthy"] += int((~ok).sum())
-            pos = pos[ok]
-        if pos.size == 0:
-            continue
-        tables = tables_for(model)
-        load_q = _load_q(snap, pos)
-        tier = _tier(load_q < round(params.threshold * 1000), params)
-        rkeys, rpos, rinsts = _reuse_keys(snap, pos, tables, prof, tier, load_q, params)
-        best.add(rkeys, rpos, model_name, prof, "reuse")
-        for p_, inst in zip(rpos, rinsts, strict=True):
-            reuse_insts[int(p_)] = inst
-        if params.dynamic:
-            start_t, cost_t, ov_t = tables.best_create(prof.name)
-            pair = (snap.busy[pos].astype(np.intp) << 8) | snap.idle[pos]
-            start = start_t[pair].astype(np.int64)
-            fits = start >= 0
-            counts[f"no free {prof.name} placement"] += int((~fits).sum())
-            keys = pack_key(tier, 1, cost_t[pair], 0, ov_t[pair], load_q, start)
-            keys = np.where(fits, keys, _NONE)
-            best.add(keys[fits], pos[fits], model_name, prof, "create")
-    ranked = best.ranked()
-    chosen: tuple[int, int, str, Profile, str] | None = None
+        counts["not in MIG mode or unhealthy"] += int((on_model & ~ok).sum())
+        live = on_model & ok & (rkeys >= _UNFIT)
+        if ckeys is None:
+            what = f"instance covering {prof.name}" if params.allow_larger else prof.name
+            counts[f"no idle {what} (static partitions)"] += int(live.sum())
+        else:
+            counts[f"no free {prof.name} placement"] += int((live & (ckeys >= _UNFIT)).sum())
+    counts = Counter({k: v for k, v in counts.items() if v})
+    reasons = tuple(f"{n} GPU(s): {why}" for why, n in counts.most_common()) or ("no GPU in the cluster",)
+    return CannotPlace(job_id=job.job_id, policy=policy, reasons=reasons, counts=dict(counts))
+
+
+def _first_legal(
+    snap: ClusterSnapshot, ranked: Sequence[tuple[int, int, str, Profile, str]], counts: Counter[str]
+) -> tuple[int, int, str, Profile, str] | None:
     for cand in ranked:
-        gpu = snap.gpus[cand[1]]
-        if cand[4] == "create" and not _count_ok(gpu, cand[3]):
+        if cand[4] == "create" and not _count_ok(snap.gpus[cand[1]], cand[3], 15 - (cand[0] & 0xF)):
             counts[f"{cand[3].name} at its max count"] += 1
             continue
-        chosen = cand
-        break
-    if chosen is None:
-        reasons = tuple(f"{n} GPU(s): {why}" for why, n in counts.most_common()) or ("no GPU in the cluster",)
-        return CannotPlace(job_id=job.job_id, policy=policy, reasons=reasons, counts=dict(counts))
-    return _decision(snap, job, params, policy, chosen, ranked, reuse_insts)
+        return cand
+    return None
 
 
 def _create_slot(gpu: GpuView, model: GpuModel, prof: Profile, start: int) -> Slot:
@@ -234,8 +305,10 @@ def _decision(
     tier = _tier_name(chosen[0], params)
     load = gpu.used_compute / snap.models[chosen[2]].compute_slices
     reasons = [
-        f"{tier} tier (load {load:.2f} vs threshold {params.threshold})" if tier != "any" else f"load {load:.2f}",
-        "reuses idle instance " + str(slot.instance_id) if slot.action == "reuse" else "creates a new instance",
+        (f"{tier} tier (load {load:.2f} vs threshold {params.threshold})" if tier != "any"
+         else f"load {load:.2f}"),
+        ("reuses idle instance " + str(slot.instance_id) if slot.action == "reuse"
+         else "creates a new instance"),
         f"lowest FragCost after: {after:.3f}",
     ]
     if slot.destroy:
@@ -259,11 +332,14 @@ def _decision(
     )
 
 
-def place_whole(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str = "balancer") -> Decision:
+def place_whole(
+    snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str = "balancer"
+) -> Decision:
     """``gpus: n`` on one node, all or nothing: n empty MIG GPUs, each given its full-size instance.
 
-    The node chosen is the one with the fewest empty GPUs that still has n (best fit keeps whole nodes free for
-    bigger gangs); on it, GPUs holding an idle full-size instance first, then those with the least to destroy.
+    The node chosen is the one with the fewest empty GPUs that still has n (best fit keeps whole nodes free
+    for bigger gangs); on it, GPUs holding an idle full-size instance first, then those with the least to
+    destroy.
     """
     n = job.demand.gpus
     by_node: dict[str, list[GpuView]] = {}
@@ -308,8 +384,15 @@ def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None 
     """The migsched balancer: one decision for one job over one snapshot."""
     params = params or BalancerParams()
     if job.demand.kind == "gpus":
-        return place_whole(snap, job, params)
+        # plain (non-MIG) GPUs first: true whole GPUs with peer-to-peer; then entirely free MIG GPUs
+        plain = place_plain_gpus(snap, job)
+        if isinstance(plain, Placement):
+            return plain
+        whole = place_whole(snap, job, params)
+        if isinstance(whole, Placement):
+            return whole
+        return CannotPlace(job_id=job.job_id, policy="balancer", reasons=plain.reasons + whole.reasons,
+                           counts={**plain.counts, **whole.counts})
     if job.demand.kind == "shared":
-        return CannotPlace(job_id=job.job_id, policy="balancer",
-                           reasons=("time-sliced shares need a GPU configured with replicas; none here",))
+        return place_share(snap, job)
     return place_mig(snap, job, params)

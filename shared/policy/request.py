@@ -14,6 +14,8 @@ from shared.mig.geometry import GpuModel, Profile
 DemandKind = Literal["mig", "gpus", "shared"]
 _PREFIX = "nvidia.com/mig-"
 _SHAPE = re.compile(r"^(\d)g(\+me|\.2x)?$")
+GB_PER_GIB = 1.073741824
+"""``memory_gb`` is decimal GB, as in the profile names: 3g.20gb holds 19.62 GiB = 21.1 GB, so it fits 20."""
 
 
 class Demand(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,7 +70,7 @@ def resolve_profile(demand: Demand, model: GpuModel, include_me: bool = False) -
 
     An exact name (``3g.20gb`` or ``nvidia.com/mig-3g.20gb``) matches only models that have it; a shape (``3g``)
     matches that shape on every model; a size maps to the smallest profile with at least that many compute slices
-    and GiB (fewest memory slices, then fewest compute slices, then least memory), ``+me`` only when asked.
+    and decimal GB (fewest memory slices, then fewest compute slices, then least memory), ``+me`` only when asked.
     """
     if demand.kind != "mig":
         return None
@@ -87,7 +89,7 @@ def resolve_profile(demand: Demand, model: GpuModel, include_me: bool = False) -
         for p in model.profiles
         if (include_me or not p.media_extensions)
         and p.compute_slices >= demand.compute_slices
-        and p.memory_gib + 1e-9 >= demand.memory_gb
+        and p.memory_gib * GB_PER_GIB + 1e-9 >= demand.memory_gb
     ]
     if not fitting:
         return None

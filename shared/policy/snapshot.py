@@ -1,8 +1,9 @@
 """The immutable view of the cluster that every policy reads.
 
-``GpuView``/``InstanceView`` are frozen structs; ``ClusterSnapshot`` adds read-only numpy columns (one entry per
-GPU) so that a decision over thousands of GPUs is a handful of vector operations. ``SnapshotBuilder`` keeps those
-columns up to date incrementally for the simulator and the services, so taking a snapshot is a cheap copy.
+``GpuView``/``InstanceView`` are frozen structs; ``ClusterSnapshot`` adds read-only numpy columns (one
+entry per GPU) so that a decision over thousands of GPUs is a handful of vector operations.
+``SnapshotBuilder`` keeps those columns up to date incrementally for the simulator and the services, so
+taking a snapshot is a cheap copy; ``with_columns`` derives a snapshot with some columns replaced.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -35,6 +37,8 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str = ""
     last_moved_at: float = -math.inf
     started_at: float = 0.0
+    preemptible: bool = True
+    """False when the job's priority class forbids preempting it (shared.policy.preemption never picks it)."""
 
     @property
     def busy(self) -> bool:
@@ -111,8 +115,8 @@ Column = npt.NDArray[np.generic]
 class ClusterSnapshot:
     """An immutable cluster view: the GPUs in a fixed order plus one read-only column per quantity."""
 
-    __slots__ = ("busy", "compute", "geometry", "gpus", "groups", "healthy", "idle", "idle_profiles",
-                 "mig", "models", "position", "used")
+    __slots__ = ("_idle_starts", "busy", "compute", "geometry", "gpus", "groups", "healthy", "idle",
+                 "idle_profiles", "mig", "model_idx", "model_list", "models", "position", "used")
 
     def __init__(
         self,
@@ -128,6 +132,9 @@ class ClusterSnapshot:
         idle_profiles: Column,
         groups: Mapping[str, npt.NDArray[np.intp]],
         position: Mapping[str, int],
+        model_idx: Column | None = None,
+        model_list: tuple[GpuModel, ...] | None = None,
+        idle_starts: Column | None = None,
     ) -> None:
         self.geometry = geometry
         self.gpus = gpus
@@ -141,8 +148,47 @@ class ClusterSnapshot:
         self.groups = groups
         self.position = position
         self.models: dict[str, GpuModel] = {name: geometry.model(name) for name in groups}
-        for col in (busy, idle, used, compute, mig, healthy, idle_profiles):
+        if model_idx is None or model_list is None:
+            # built by hand rather than by SnapshotBuilder: derive the model column from the groups
+            model_list = tuple(self.models.values())
+            model_idx = np.zeros(len(gpus), dtype=np.uint8)
+            for k, pos in enumerate(groups.values()):
+                model_idx[pos] = k
+        self.model_idx = model_idx
+        self.model_list = model_list
+        self._idle_starts = idle_starts
+        for col in (busy, idle, used, compute, mig, healthy, idle_profiles, model_idx):
             col.setflags(write=False)
+
+    @property
+    def idle_starts(self) -> npt.NDArray[np.uint8]:
+        """Per GPU and per profile index of its model: a bit per start where an idle instance of it begins.
+
+        Kept by SnapshotBuilder; derived (one pass over GPUs with idle instances) for a hand-built snapshot.
+        """
+        if self._idle_starts is None:
+            width = max((len(m.profiles) for m in self.model_list), default=1)
+            col = np.zeros((len(self.gpus), width), dtype=np.uint8)
+            for p in np.flatnonzero(np.asarray(self.idle)).tolist():
+                gpu = self.gpus[p]
+                _fill_idle_starts(col[p], gpu, tables_for(self.geometry.model(gpu.model)).index)
+            col.setflags(write=False)
+            self._idle_starts = col
+        return self._idle_starts  # type: ignore[return-value]
+
+    def with_columns(self, **columns: Column) -> ClusterSnapshot:
+        """The same snapshot with some columns replaced (e.g. ``healthy``), sharing everything else."""
+        current: dict[str, Any] = {
+            "busy": self.busy, "idle": self.idle, "used": self.used, "compute": self.compute, "mig": self.mig,
+            "healthy": self.healthy, "idle_profiles": self.idle_profiles, "model_idx": self.model_idx,
+            "idle_starts": self._idle_starts,
+        }
+        unknown = set(columns) - set(current)
+        if unknown:
+            raise TypeError(f"no snapshot column(s) {sorted(unknown)}")
+        current.update(columns)
+        return ClusterSnapshot(self.geometry, self.gpus, groups=self.groups, position=self.position,
+                               model_list=self.model_list, **current)
 
     @classmethod
     def of(cls, geometry: Geometry, gpus: Iterable[GpuView]) -> ClusterSnapshot:
@@ -171,6 +217,13 @@ class ClusterSnapshot:
         return None
 
 
+def _fill_idle_starts(row: npt.NDArray[np.uint8], gpu: GpuView, index: Mapping[str, int]) -> None:
+    row[:] = 0
+    for inst in gpu.instances:
+        if not inst.busy and inst.profile in index:
+            row[index[inst.profile]] |= 1 << inst.start
+
+
 class SnapshotBuilder:
     """Mutable, incremental keeper of the columns; ``snapshot()`` hands out an immutable copy."""
 
@@ -183,12 +236,16 @@ class SnapshotBuilder:
         self._cols: dict[str, np.ndarray] = {}
         self._groups: dict[str, npt.NDArray[np.intp]] | None = None
         self._frozen_pos: Mapping[str, int] | None = None
+        self._model_ids: dict[str, int] = {}
+        self._model_list: list[GpuModel] = []
+        self._width = max((len(m.profiles) for m in geometry.models), default=1)
         self._grow(64)
 
     def _grow(self, cap: int) -> None:
         specs = {"busy": np.uint8, "idle": np.uint8, "used": np.uint8, "compute": np.uint8,
-                 "mig": np.bool_, "healthy": np.bool_, "idle_profiles": np.uint32}
-        new = {k: np.zeros(cap, dtype=t) for k, t in specs.items()}
+                 "mig": np.bool_, "healthy": np.bool_, "idle_profiles": np.uint32, "model_idx": np.uint8}
+        new: dict[str, np.ndarray] = {k: np.zeros(cap, dtype=t) for k, t in specs.items()}
+        new["idle_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
         for k, col in self._cols.items():
             new[k][: self._n] = col[: self._n]
         self._cols = new
@@ -227,12 +284,21 @@ class SnapshotBuilder:
         c["compute"][pos] = model.compute_slices
         c["mig"][pos] = gpu.mig
         c["healthy"][pos] = gpu.healthy
+        mid = self._model_ids.get(model.name)
+        if mid is None:
+            mid = self._model_ids[model.name] = len(self._model_list)
+            self._model_list.append(model)
+        c["model_idx"][pos] = mid
         bits = 0
+        row = c["idle_starts"][pos]
         if gpu.idle_mask:
             index = tables_for(model).index
+            _fill_idle_starts(row, gpu, index)
             for inst in gpu.instances:
                 if not inst.busy and inst.profile in index:
                     bits |= 1 << index[inst.profile]
+        else:
+            row[:] = 0
         c["idle_profiles"][pos] = bits
 
     def snapshot(self) -> ClusterSnapshot:
@@ -248,5 +314,6 @@ class SnapshotBuilder:
         n = self._n
         c = {k: v[:n].copy() for k, v in self._cols.items()}
         return ClusterSnapshot(
-            self.geometry, tuple(self._gpus), groups=self._groups, position=self._frozen_pos, **c
+            self.geometry, tuple(self._gpus), groups=self._groups, position=self._frozen_pos,
+            model_list=tuple(self._model_list), **c
         )
