@@ -9,7 +9,11 @@ Order of preference for a MIG request, over every GPU that is healthy, in MIG mo
 5. lower load, then the higher start index (NVIDIA's habit, keeps low slices for big profiles);
 6. the GPU listed first in the snapshot.
 
-All six keys are packed into one int64 per GPU so that the choice is one argmin.
+All six keys are packed into one int64 per GPU so that the choice is one argmin. Everything but tier and
+load is precomputed per GPU model and request as a table indexed by ``busy << 8 | idle`` (create) or
+``busy << 8 | starts of idle instances of the profile`` (reuse); the tables of a snapshot's models are
+stacked so that one decision is a few gathers over the snapshot's columns, whatever the model mix
+(``load/bench_placement.py``; ``balancer_loop.py`` is the same algorithm as a plain loop).
 """
 
 from __future__ import annotations
@@ -98,16 +102,20 @@ class _Compiled(msgspec.Struct, frozen=True):
     reuse: tuple[tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]], ...]
     """Per acceptable profile slot: (key part per ``model << 16 | busy << 8 | idle starts``, profile index of
     that slot on each model)."""
+    idle_bits: npt.NDArray[np.uint32]
+    """Per model: the ``idle_profiles`` bits of the acceptable profiles (screens GPUs before any look-up)."""
 
 
 @functools.lru_cache(maxsize=4096)
 def _create_part(model: GpuModel, profile: str) -> npt.NDArray[np.int64]:
     start, cost, ov = tables_for(model).best_create(profile)
     part = (1 << 53) + (cost << 22) + (ov.astype(np.int64) << 15) + (15 - start.astype(np.int64))
-    return np.where(start >= 0, part, _UNFIT)
+    out = np.where(start >= 0, part, _UNFIT)
+    out.setflags(write=False)
+    return out
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=256)
 def _reuse_part(model: GpuModel, profile: str, waste: int) -> npt.NDArray[np.int64]:
     """Per ``busy << 8 | starts`` (a bit per start of an idle ``profile`` instance): the best reuse key
     part."""
@@ -119,24 +127,33 @@ def _reuse_part(model: GpuModel, profile: str, waste: int) -> npt.NDArray[np.int
     for s in range(model.memory_slices - size + 1):
         val = (cost_q[(busy | span(size, s)) & 0xFF] << 22) + (waste << 19) + (15 - s)
         best = np.where(((starts >> s) & 1).astype(bool) & (val < best), val, best)
+    best.setflags(write=False)
     return best
 
 
-@functools.lru_cache(maxsize=1024)
 def _compile(models: tuple[GpuModel, ...], demand: Demand, dynamic: bool, allow_larger: bool) -> _Compiled:
-    profiles = tuple(resolve_profile(demand, m) for m in models)
+    # keyed on the resolved profiles, not the demand: sized requests vary endlessly, resolutions do not
+    return _compile_profiles(models, tuple(resolve_profile(demand, m) for m in models), dynamic, allow_larger)
+
+
+@functools.lru_cache(maxsize=128)
+def _compile_profiles(
+    models: tuple[GpuModel, ...], profiles: tuple[Profile | None, ...], dynamic: bool, allow_larger: bool
+) -> _Compiled:
     unfit = np.full(PAIRS, _UNFIT, dtype=np.int64)
     create = None
     if dynamic:
         create = np.concatenate([unfit if p is None else _create_part(m, p.name)
                                  for m, p in zip(models, profiles, strict=True)])
     per_model: list[list[tuple[npt.NDArray[np.int64], int]]] = []
-    for m, p in zip(models, profiles, strict=True):
+    idle_bits = np.zeros(len(models), dtype=np.uint32)
+    for k, (m, p) in enumerate(zip(models, profiles, strict=True)):
         slots: list[tuple[npt.NDArray[np.int64], int]] = []
         if p is not None:
             index = tables_for(m).index
             for name, acc in _acceptable(tables_for(m), p, allow_larger).items():
                 slots.append((_reuse_part(m, name, acc.memory_slices - p.memory_slices), index[name]))
+                idle_bits[k] |= np.uint32(1 << index[name])
         per_model.append(slots)
     reuse = []
     for a in range(max((len(s) for s in per_model), default=0)):
@@ -145,7 +162,8 @@ def _compile(models: tuple[GpuModel, ...], demand: Demand, dynamic: bool, allow_
         reuse.append((table, pidx))
     for arr in ([create] if create is not None else []) + [t for t, _ in reuse]:
         arr.setflags(write=False)
-    return _Compiled(profiles=profiles, create=create, reuse=tuple(reuse))
+    idle_bits.setflags(write=False)
+    return _Compiled(profiles=profiles, create=create, reuse=tuple(reuse), idle_bits=idle_bits)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -162,65 +180,80 @@ def _tier_load(models: tuple[GpuModel, ...], threshold: float, lazy_first: bool)
     return out
 
 
-def _smallest(keys: npt.NDArray[np.int64], m: int) -> list[int]:
-    """Positions of the ``m`` smallest real keys by (key, position). Equal keys are common (empty GPUs score
-    alike), so the cut keeps the lowest positions among the keys equal to the last one kept."""
-    valid = np.flatnonzero(keys < _UNFIT)
-    if valid.size > m:
-        vk = keys[valid]
-        kth = vk[np.argpartition(vk, m - 1)[m - 1]]
-        less = valid[vk < kth]
-        valid = np.concatenate([less, valid[vk == kth][: m - less.size]])
-    return sorted(valid.tolist(), key=lambda p: (int(keys[p]), p))
-
-
 def place_mig(
     snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str = "balancer"
 ) -> Decision:
     """The best MIG placement, vectorised over every GPU at once with the stacked per-model tables."""
-    if len(snap) == 0:
+    n = len(snap)
+    if n == 0:
         return CannotPlace(job_id=job.job_id, policy=policy, reasons=("no GPU in the cluster",))
     comp = _compile(snap.model_list, job.demand, params.dynamic, params.allow_larger)
     mi = snap.model_idx.astype(np.intp)
-    busy8 = snap.busy.astype(np.intp) << 8
-    idle: npt.NDArray[np.uint8] = np.asarray(snap.idle)
+    base = (mi << 16) | (snap.busy.astype(np.intp) << 8)
     used: npt.NDArray[np.uint8] = np.asarray(snap.used)
-    off = mi << 16
     ok: npt.NDArray[np.bool_] = np.asarray(snap.mig) & np.asarray(snap.healthy)
     tl = _tier_load(snap.model_list, params.threshold, params.lazy_first)[(mi << 4) | used]
-    rkeys = np.full(len(snap), _UNFIT, dtype=np.int64)
+    # reuse: only GPUs holding an idle instance the job can take (usually a minority) are looked up
+    rpos = np.zeros(0, dtype=np.intp)
+    rkeys = np.zeros(0, dtype=np.int64)
     if comp.reuse:
-        starts_all = snap.idle_starts
-        rows = np.arange(len(snap))
-        for table, pidx in comp.reuse:
-            rkeys = np.minimum(rkeys, table[off | busy8 | starts_all[rows, pidx[mi]]])
-        rkeys = np.where(ok, rkeys + tl, _UNFIT)
+        bits = comp.idle_bits[mi]
+        idle_profiles: npt.NDArray[np.uint32] = np.asarray(snap.idle_profiles)
+        rpos = np.flatnonzero(ok & ((idle_profiles & bits) != 0))
+        if rpos.size:
+            rkeys = np.full(rpos.size, _UNFIT, dtype=np.int64)
+            mi_r, base_r = mi[rpos], base[rpos]
+            starts_all = snap.idle_starts
+            for table, pidx in comp.reuse:
+                rkeys = np.minimum(rkeys, table[base_r | starts_all[rpos, pidx[mi_r]]])
+            rkeys += tl[rpos]
     ckeys = None
     if comp.create is not None:
-        ckeys = np.where(ok, comp.create[off | busy8 | idle] + tl, _UNFIT)
-    m = max(params.top_k, 1) + 2
-    while True:
-        cands: list[tuple[int, int, str, Profile, str]] = []
-        for keys, action in ((rkeys, "reuse"), (ckeys, "create")):
-            if keys is None:
-                continue
-            for p in _smallest(keys, m):
-                prof = comp.profiles[mi[p]]
-                assert prof is not None
-                cands.append((int(keys[p]), p, snap.model_list[mi[p]].name, prof, action))
-        cands.sort(key=lambda c: (c[0], c[1]))
-        counts: Counter[str] = Counter()
+        ckeys = comp.create[base | np.asarray(snap.idle)] + tl
+        ckeys[~ok] = _UNFIT
+    cands = _shortlist(snap, comp, mi, rpos, rkeys, ckeys, params.top_k)
+    counts: Counter[str] = Counter()
+    chosen = _first_legal(snap, cands[:1], counts)
+    if chosen is None and cands:
+        # the best was at its max count (rare: +me profiles): rank every candidate
+        cands = _shortlist(snap, comp, mi, rpos, rkeys, ckeys, n)
+        counts = Counter()
         chosen = _first_legal(snap, cands, counts)
-        if chosen is not None:
-            shown = [chosen, *cands[: params.top_k]]
-            reuse_insts = {c[1]: _idle_at(snap.gpus[c[1]], 15 - (c[0] & 0xF))
-                           for c in shown if c[4] == "reuse"}
-            return _decision(snap, job, params, policy, chosen, cands, reuse_insts)
-        n_real = int((rkeys < _UNFIT).sum()) + (0 if ckeys is None else int((ckeys < _UNFIT).sum()))
-        if len(cands) >= n_real:
-            break
-        m = len(snap)  # every short-listed candidate was at its max count: look at all of them
-    return _cannot_place(snap, job, params, policy, comp, ok, rkeys, ckeys, counts)
+    if chosen is None:
+        full_r = np.full(n, _UNFIT, dtype=np.int64)
+        full_r[rpos] = rkeys
+        return _cannot_place(snap, job, params, policy, comp, ok, full_r, ckeys, counts)
+    shown = [chosen, *cands[: params.top_k]]
+    reuse_insts = {c[1]: _idle_at(snap.gpus[c[1]], 15 - (c[0] & 0xF)) for c in shown if c[4] == "reuse"}
+    ranked = [chosen, *(c for c in cands if c is not chosen)]
+    return _decision(snap, job, params, policy, chosen, ranked, reuse_insts)
+
+
+def _shortlist(
+    snap: ClusterSnapshot, comp: _Compiled, mi: npt.NDArray[np.intp], rpos: npt.NDArray[np.intp],
+    rkeys: npt.NDArray[np.int64], ckeys: npt.NDArray[np.int64] | None, k: int,
+) -> list[tuple[int, int, str, Profile, str]]:
+    """Candidates by (key, position): the exact best first, then about ``k`` runners-up of each action
+    (ties among runners-up are cut arbitrarily: they only explain the choice)."""
+    cands: list[tuple[int, int, str, Profile, str]] = []
+    for keys, where, action in ((rkeys, rpos, "reuse"), (ckeys, None, "create")):
+        if keys is None or keys.size == 0:
+            continue
+        best = int(np.argmin(keys))  # the first of equal keys: the lowest position
+        if keys[best] >= _UNFIT:
+            continue
+        idx = [best]
+        if k >= keys.size:
+            idx = np.flatnonzero(keys < _UNFIT).tolist()
+        elif k > 0:
+            idx += [int(i) for i in np.argpartition(keys, k)[: k + 1] if keys[i] < _UNFIT and i != best]
+        for i in idx:
+            p = int(where[i]) if where is not None else i
+            prof = comp.profiles[mi[p]]
+            assert prof is not None
+            cands.append((int(keys[i]), p, snap.model_list[mi[p]].name, prof, action))
+    cands.sort(key=lambda c: (c[0], c[1]))
+    return cands
 
 
 def _idle_at(gpu: GpuView, start: int) -> InstanceView:

@@ -68,9 +68,10 @@ def _strip(name: str) -> str:
 def resolve_profile(demand: Demand, model: GpuModel, include_me: bool = False) -> Profile | None:
     """The profile this demand takes on ``model``, or None when the model has none that fits.
 
-    An exact name (``3g.20gb`` or ``nvidia.com/mig-3g.20gb``) matches only models that have it; a shape (``3g``)
-    matches that shape on every model; a size maps to the smallest profile with at least that many compute slices
-    and decimal GB (fewest memory slices, then fewest compute slices, then least memory), ``+me`` only when asked.
+    An exact name (``3g.20gb`` or ``nvidia.com/mig-3g.20gb``) matches only models that have it; a shape
+    (``3g``) matches that shape on every model; a size maps to the smallest profile with at least that many
+    compute slices and decimal GB (fewest memory slices, then fewest compute slices, then least memory),
+    ``+me`` only when asked.
     """
     if demand.kind != "mig":
         return None

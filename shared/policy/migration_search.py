@@ -1,0 +1,123 @@
+"""The migration planner's search aids: the virtual state of one GPU while a plan is built, and per-model
+lower bounds of what one move can gain, so the planner searches GPUs best-first and stops early."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.mig.geometry import GpuModel, Profile
+from shared.mig.occupancy import span
+from shared.mig.tables import ModelTables, tables_for
+from shared.policy.snapshot import GpuView, InstanceView
+
+
+def shape_target(src: Profile, target: GpuModel) -> Profile | None:
+    """The profile a job on ``src`` takes on ``target``: the same shape, never less memory unless it is the
+    same profile name (the job's request is not in the snapshot, so its memory need is the source's)."""
+    prof = next((p for p in target.profiles if p.shape == src.shape), None)
+    if prof is None or (prof.name != src.name and prof.memory_gib + 1e-9 < src.memory_gib):
+        return None
+    return prof
+
+
+@functools.cache
+def removal_bound(model: GpuModel, target: GpuModel | None) -> npt.NDArray[np.int64]:
+    """Per ``busy * 9 + c``: the most negative quantised FragCost change that taking one instance of at
+    most ``c`` compute slices off a GPU of ``model`` can bring, counting only profiles that have a place on
+    ``target`` (all when None). A lower bound of what the real jobs allow: GPUs are searched best-first by it
+    and the search stops once no bound can beat the best move found."""
+    cost = tables_for(model).fragcost_q
+    masks = np.arange(256, dtype=np.int64)
+    removal = np.zeros((256, 9), dtype=np.int64)
+    for p in model.profiles:
+        if target is not None and shape_target(p, target) is None:
+            continue
+        for s in p.placements:
+            pm = span(p.memory_slices, s)
+            drop = np.where((masks & pm) == pm, cost[masks & ~pm] - cost[masks], 0)
+            removal[:, p.compute_slices:] = np.minimum(removal[:, p.compute_slices:], drop[:, None])
+    flat = removal.reshape(-1)
+    flat.setflags(write=False)
+    return flat
+
+
+@functools.cache
+def move_bounds(model: GpuModel) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(removal bound for any target, see ``removal_bound``; per busy mask, the most negative change one
+    intra-GPU move can bring)."""
+    cost = tables_for(model).fragcost_q
+    masks = np.arange(256, dtype=np.int64)
+    intra = np.zeros(256, dtype=np.int64)
+    for p in model.profiles:
+        for s in p.placements:
+            pm = span(p.memory_slices, s)
+            holds = (masks & pm) == pm
+            base = masks & ~pm
+            for s2 in p.placements:
+                pm2 = span(p.memory_slices, s2)
+                ok = holds & ((masks & pm2) == 0)
+                intra = np.where(ok, np.minimum(intra, cost[(base | pm2) & 0xFF] - cost[masks]), intra)
+    intra.setflags(write=False)
+    return removal_bound(model, None), intra
+
+
+class VirtualGpu:
+    """The planner's mutable copy of one GPU, updated as moves are planned (the virtual state)."""
+
+    __slots__ = ("compute", "insts", "model", "pos", "tables", "view")
+
+    def __init__(self, view: GpuView, model: GpuModel, pos: int) -> None:
+        self.view = view
+        self.model = model
+        self.pos = pos
+        self.tables: ModelTables = tables_for(model)
+        self.insts: list[InstanceView] = list(view.instances)
+        self.compute = model.compute_slices
+
+    @property
+    def id(self) -> str:
+        return self.view.id
+
+    @property
+    def busy_mask(self) -> int:
+        m = 0
+        for i in self.insts:
+            if i.busy:
+                m |= i.mask
+        return m
+
+    @property
+    def used(self) -> int:
+        return sum(i.compute for i in self.insts if i.busy)
+
+    def load_q(self) -> int:
+        return round(self.used * 1000 / max(self.compute, 1))
+
+    def cost_q(self, mask: int) -> int:
+        return int(self.tables.fragcost_q[mask])
+
+    def in_the_way(self, pm: int) -> list[InstanceView]:
+        return [i for i in self.insts if not i.busy and i.mask & pm]
+
+    def count_ok(self, prof: Profile, pm: int) -> bool:
+        """Room for one more ``prof`` at ``pm`` while every other instance of it (the source too) exists."""
+        n = sum(1 for i in self.insts if i.profile == prof.name and not (not i.busy and i.mask & pm))
+        return n + 1 <= prof.max_count
+
+    def take(self, inst: InstanceView) -> None:
+        self.insts = [i for i in self.insts if i.id != inst.id]
+
+    def put(self, prof: Profile, start: int, job: InstanceView, now: float) -> None:
+        pm = span(prof.memory_slices, start)
+        self.insts = [i for i in self.insts if i.busy or not i.mask & pm]
+        self.insts.append(
+            InstanceView(
+                id=f"{self.id}:{prof.name}@{start}:move:{job.job_id}", profile=prof.name, start=start,
+                size=prof.memory_slices, compute=prof.compute_slices, job_id=job.job_id,
+                migratable=job.migratable, latency_sensitive=job.latency_sensitive, priority=job.priority,
+                tenant=job.tenant, last_moved_at=now, started_at=job.started_at,
+            )
+        )

@@ -1,0 +1,87 @@
+"""Hypothesis strategies for random legal GPUs and clusters (mixed models, busy and idle instances)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from hypothesis import strategies as st
+
+from shared.mig.geometry import GpuModel, default_geometry
+from shared.mig.occupancy import span
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+
+GEO = default_geometry()
+MODELS = ("A100-40GB", "H100-80GB", "H200-141GB", "A30-24GB", "A100-80GB")
+
+
+def random_instances(
+    rng: random.Random, model: GpuModel, gpu_id: str, fill: float, idle_share: float, now: float = 1000.0
+) -> list[InstanceView]:
+    """A legal random layout: instances added in random order while they fit, until ``fill`` is reached."""
+    options = [(p, s) for p in model.profiles for s in p.placements]
+    rng.shuffle(options)
+    mask = 0
+    counts: Counter[str] = Counter()
+    out: list[InstanceView] = []
+    for p, s in options:
+        pm = span(p.memory_slices, s)
+        if mask & pm or counts[p.name] >= p.max_count:
+            continue
+        if mask.bit_count() >= fill * model.memory_slices:
+            break
+        mask |= pm
+        counts[p.name] += 1
+        busy = rng.random() >= idle_share
+        n = len(out)
+        out.append(InstanceView(
+            id=f"{gpu_id}/i{n}", profile=p.name, start=s, size=p.memory_slices, compute=p.compute_slices,
+            job_id=f"{gpu_id}/j{n}" if busy else None,
+            migratable=rng.random() < 0.8, latency_sensitive=rng.random() < 0.2,
+            last_moved_at=rng.choice([float("-inf"), now - 30.0, now - 500.0]),
+        ))
+    return out
+
+
+def random_cluster(rng: random.Random, n_gpus: int, models: tuple[str, ...] = MODELS,
+                   odd_share: float = 0.05) -> ClusterSnapshot:
+    gpus = []
+    for i in range(n_gpus):
+        model = GEO.model(rng.choice(models))
+        gid = f"g{i}"
+        gpus.append(GpuView.build(
+            id=gid, node=f"n{i // 4}", index=i % 4, model=model.name,
+            instances=random_instances(rng, model, gid, rng.random(), rng.choice([0.0, 0.3, 0.7])),
+            mig=rng.random() >= odd_share, healthy=rng.random() >= odd_share,
+        ))
+    return ClusterSnapshot.of(GEO, gpus)
+
+
+@st.composite
+def clusters(draw: st.DrawFn, max_gpus: int = 12) -> ClusterSnapshot:
+    seed = draw(st.integers(0, 2**32 - 1))
+    n = draw(st.integers(1, max_gpus))
+    models = tuple(draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=3, unique=True)))
+    return random_cluster(random.Random(seed), n, models)
+
+
+@st.composite
+def gpus(draw: st.DrawFn) -> tuple[GpuModel, list[InstanceView]]:
+    model = GEO.model(draw(st.sampled_from(MODELS)))
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    return model, random_instances(rng, model, "g", draw(st.floats(0, 1)), draw(st.sampled_from([0.0, 0.5])))
+
+
+def layout_is_legal(model: GpuModel, insts: list[InstanceView]) -> bool:
+    """No overlap, legal starts and sizes, max counts respected."""
+    mask = 0
+    counts: Counter[str] = Counter()
+    for i in insts:
+        p = model.profile(i.profile)
+        if i.start not in p.placements or i.size != p.memory_slices or mask & i.mask:
+            return False
+        mask |= i.mask
+        counts[p.name] += 1
+        if counts[p.name] > p.max_count:
+            return False
+    return True
