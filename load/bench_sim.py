@@ -1,0 +1,112 @@
+"""Simulator speed: scheduling events per second of wall time (DESIGN §5 budget: >= 50,000 on one core).
+
+    .venv/bin/python load/bench_sim.py --jobs 100000 --gpus 1000 --policy migsched-nomig
+    .venv/bin/python load/bench_sim.py --jobs 20000 --gpus 1000 --policy migsched --profile
+
+Prints one JSON object per policy: events, wall_s, events_per_s, and the share of wall time spent inside the
+placement policy and the migration planner (the code the simulator shares with the services), so the
+simulator's own overhead per event is visible too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import msgspec
+import numpy as np
+
+from shared.mig.geometry import default_geometry
+from shared.policy.baselines import get_policy
+from shared.sim import experiment
+from shared.sim.cluster import parse_cluster
+from shared.sim.config import SimConfig
+from shared.sim.engine import Simulator
+from shared.sim.workloads.synthetic import synthetic
+
+
+class Timed:
+    """Wraps a callable and adds up the wall time spent in it."""
+
+    def __init__(self, fn):  # type: ignore[no-untyped-def]
+        self.fn, self.total, self.calls = fn, 0.0, 0
+
+    def __call__(self, *a, **k):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        try:
+            return self.fn(*a, **k)
+        finally:
+            self.total += time.perf_counter() - t
+            self.calls += 1
+
+
+def bench(policy: str, jobs: int, gpus: int, load: float, seed: int, profile: bool) -> dict[str, object]:
+    geo = default_geometry()
+    cluster = parse_cluster([f"A100-40GB:{gpus}"], geo, 8)
+    t0 = time.perf_counter()
+    wl = synthetic(np.random.default_rng(seed), jobs=jobs, load=load, cluster_slices=gpus * 7)
+    gen_s = time.perf_counter() - t0
+    cfg = SimConfig(seed=seed)
+    spec, pol = get_policy(policy, **experiment.policy_params(policy, wl, cfg))
+    if policy in experiment.LAYOUT_POLICIES:
+        spec = msgspec.structs.replace(spec, initial_layout=cfg.static_layout)
+    timed = Timed(pol)
+    sim = Simulator(wl, cluster, spec, timed, cfg, geometry=geo)
+    planner = None
+    if sim.mig is not None:
+        import types
+
+        planner = (Timed(sim.mig.plan_after_exit), Timed(sim.mig.plan_defrag))
+        sim.mig = types.SimpleNamespace(plan_after_exit=planner[0], plan_defrag=planner[1])  # type: ignore[assignment]
+    prof = cProfile.Profile() if profile else None
+    if prof:
+        prof.enable()
+    r = sim.run()
+    if prof:
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    k = r.kpis
+    plan_s = sum(p.total for p in planner) if planner else 0.0
+    own = max(k.wall_s - timed.total - plan_s, 1e-9)
+    return {
+        "policy": policy,
+        "jobs": jobs,
+        "gpus": gpus,
+        "load": load,
+        "events": k.events,
+        "wall_s": k.wall_s,
+        "events_per_s": round(k.events / k.wall_s),
+        "policy_s": round(timed.total, 2),
+        "policy_calls": timed.calls,
+        "policy_us_per_call": round(timed.total / max(timed.calls, 1) * 1e6, 1),
+        "planner_s": round(plan_s, 2),
+        "sim_own_events_per_s": round(k.events / own),
+        "completed": k.completed,
+        "rejected": k.rejected,
+        "utilization": k.utilization,
+        "workload_gen_s": round(gen_s, 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--gpus", type=int, default=1000)
+    ap.add_argument("--load", type=float, default=0.85)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy", action="append", default=None)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    for p in a.policy or ["migsched-nomig"]:
+        print(json.dumps(bench(p, a.jobs, a.gpus, a.load, a.seed, a.profile)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""``migsched simulate``: replay a workload through one or more policies and write a report.
+
+Examples::
+
+    migsched simulate -w openb:default --cluster A100-40GB:48 --out out/openb
+    migsched simulate -w openb:gpushare60 --cluster A100-40GB:48 \\
+        --sweep-threshold 0.2,0.3,0.4,0.5,0.6 --out out/sweep
+    migsched simulate -w openb:default --cluster A100-40GB:48 --ablation --out out/ablation
+    migsched simulate -w csv:jobs.csv \\
+        --csv-map arrival=submit_ts,duration=runtime,gpu_fraction=gpu,tenant=user \\
+        --cluster H100-80GB:16 --policy migsched --policy first-fit --out out/csv
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from shared.errors import MigschedError
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of numbers") from None
+    if not vals or any(not 0 < v <= 1 for v in vals):
+        raise click.BadParameter("thresholds must be in (0, 1]")
+    return vals
+
+
+def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, object]:
+    if not enabled:
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs"),
+        TimeElapsedColumn(),
+        transient=False,
+    )
+    tasks: dict[str, object] = {}
+
+    def update(label: str, done: int, total: int) -> None:
+        if label not in tasks:
+            tasks[label] = bar.add_task(label, total=total)
+        bar.update(tasks[label], completed=done)  # type: ignore[arg-type]
+
+    return update, bar
+
+
+@click.command("simulate")
+@click.option(
+    "-w",
+    "--workload",
+    default="openb:default",
+    show_default=True,
+    help="openb[:VARIANT|PATH] | dlrm | csv:PATH | synthetic",
+)
+@click.option(
+    "--csv-map",
+    default=None,
+    help="column mapping for csv:, e.g. arrival=submit_ts,duration=runtime,"
+    "gpu_fraction=gpu,tenant=user,priority=prio (see docs/simulator.md)",
+)
+@click.option(
+    "--dlrm-gpus",
+    type=float,
+    default=0.0,
+    help="add DLRM background load of about this many whole "
+    "GPUs (for -w dlrm alone: default half the cluster)",
+)
+@click.option(
+    "--jobs", "n_jobs", type=int, default=10_000, show_default=True, help="synthetic: number of jobs"
+)
+@click.option(
+    "--load",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="synthetic: offered load (share of the cluster's compute)",
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="openb: divide arrival gaps by this (raises the offered load)",
+)
+@click.option(
+    "--window", default="auto", show_default=True, help="openb: auto | all | START:END trace seconds"
+)
+@click.option("--limit", type=int, default=None, help="replay only the first N jobs")
+@click.option("--cluster", "clusters", multiple=True, help="MODEL:COUNT, repeatable (default A100-40GB:48)")
+@click.option("--gpus-per-node", type=int, default=8, show_default=True)
+@click.option(
+    "--nodes-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="CSV of nodes: node|sn, gpus|gpu, model",
+)
+@click.option("--nodes-model", default=None, help="map every node of --nodes-file to this MIG model")
+@click.option(
+    "-p",
+    "--policy",
+    "policies",
+    multiple=True,
+    help="policy name, repeatable; 'all' = every policy (default: all unless --sweep/--ablation)",
+)
+@click.option("--threshold", type=float, default=0.4, show_default=True, help="load threshold t")
+@click.option("--cooldown", type=float, default=120.0, show_default=True, help="migration cooldown (s)")
+@click.option("--max-moves", type=int, default=4, show_default=True, help="moves per migration plan")
+@click.option(
+    "--reconfig-latency",
+    type=float,
+    default=0.15,
+    show_default=True,
+    help="seconds per GPU-instance create or destroy",
+)
+@click.option(
+    "--migration-downtime", type=float, default=2.0, show_default=True, help="seconds lost per move"
+)
+@click.option(
+    "--checkpoint",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="checkpoint interval (s): a move loses the progress since the last one; 0 = none",
+)
+@click.option("--defrag-interval", type=float, default=300.0, show_default=True, help="periodic defrag (s)")
+@click.option(
+    "--patience",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="queue patience (s) before a job is rejected; 'inf' never",
+)
+@click.option("--beta", type=float, default=0.5, show_default=True, help="interference strength (0 = none)")
+@click.option(
+    "--static-layout",
+    default="mix",
+    show_default=True,
+    help="layout of static baselines: mix (sized to the workload) | all-balanced | all-<shape>",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--sweep-threshold", default=None, help="run migsched at each t, e.g. 0.2,0.3,0.4,0.5,0.6")
+@click.option(
+    "--sweep-policy",
+    default="migsched",
+    show_default=True,
+    help="policy the threshold sweep runs (migsched, migsched-nomig or lb-static)",
+)
+@click.option("--ablation", is_flag=True, help="run lb-static -> migsched-nomig -> migsched")
+@click.option("--check-invariants", is_flag=True, help="check the state at every event (slow)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="sim-out", show_default=True)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def command(**o: Any) -> None:
+    """Replay a workload through scheduling policies on a simulated MIG cluster; write report.md, kpis.json,
+    series.json and PNG plots to --out."""
+    try:
+        _run(o)
+    except MigschedError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _run(o: dict[str, Any]) -> None:
+    import numpy as np
+
+    from shared.mig.geometry import default_geometry
+    from shared.policy.baselines import policy_names
+    from shared.sim import experiment, report
+    from shared.sim.cluster import load_nodes_file, parse_cluster
+    from shared.sim.config import InterferenceParams, SimConfig
+    from shared.sim.errors import WorkloadError
+    from shared.sim.workloads.csv import load_csv
+    from shared.sim.workloads.dlrm import load_dlrm
+    from shared.sim.workloads.openb import load_openb
+    from shared.sim.workloads.synthetic import synthetic
+
+    geo = default_geometry()
+    if o["nodes_file"]:
+        cluster = load_nodes_file(str(o["nodes_file"]), geo, o["nodes_model"])
+    else:
+        cluster = parse_cluster(list(o["clusters"]) or ["A100-40GB:48"], geo, int(o["gpus_per_node"]))
+    model = geo.model(cluster.nodes[0].model)
+    seed = int(o["seed"])
+    wl = str(o["workload"])
+    kind, _, arg = wl.partition(":")
+    if kind == "openb":
+        workload = load_openb(
+            arg or "default",
+            model,
+            window=str(o["window"]),
+            time_scale=float(o["time_scale"]),
+            limit=o["limit"],
+        )
+    elif kind == "csv":
+        if not arg or not o["csv_map"]:
+            raise WorkloadError("-w csv:PATH needs the file and --csv-map key=column,...")
+        workload = load_csv(arg, str(o["csv_map"]), model)
+    elif kind == "synthetic":
+        slices = sum(n.gpus * geo.model(n.model).compute_slices for n in cluster.nodes)
+        workload = synthetic(
+            np.random.default_rng(seed),
+            jobs=int(o["n_jobs"]),
+            load=float(o["load"]),
+            cluster_slices=slices,
+        )
+    elif kind == "dlrm":
+        gpus = float(o["dlrm_gpus"]) or cluster.gpu_count / 2
+        workload = load_dlrm(random.Random(seed), gpus=gpus, path=arg or None)
+    else:
+        raise WorkloadError(f"unknown workload {wl!r}: use openb[:VARIANT|PATH], dlrm, csv:PATH or synthetic")
+    if kind != "dlrm" and float(o["dlrm_gpus"]) > 0:
+        t0 = workload.jobs[0].arrival
+        span = workload.jobs[-1].arrival - t0
+        bg = load_dlrm(random.Random(seed), gpus=float(o["dlrm_gpus"]), offset=t0, horizon=span)
+        workload = workload.merged(bg)
+    if o["limit"] and kind != "openb":
+        import msgspec
+
+        workload = msgspec.structs.replace(workload, jobs=workload.jobs[: int(o["limit"])])
+    patience = float(o["patience"])
+    cfg = SimConfig(
+        seed=seed,
+        threshold=float(o["threshold"]),
+        reconfig_latency_s=float(o["reconfig_latency"]),
+        migration_downtime_s=float(o["migration_downtime"]),
+        checkpoint_s=float(o["checkpoint"]),
+        cooldown_s=float(o["cooldown"]),
+        defrag_interval_s=float(o["defrag_interval"]),
+        max_moves=int(o["max_moves"]),
+        patience_s=patience,
+        static_layout=str(o["static_layout"]),
+        interference=InterferenceParams(beta=float(o["beta"])),
+        check_invariants=bool(o["check_invariants"]),
+    )
+    names = list(o["policies"])
+    if not names and not o["sweep_threshold"] and not o["ablation"]:
+        names = ["all"]
+    if "all" in names:
+        names = [n for n in policy_names() if n != "all"]
+    known = policy_names()
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise click.BadParameter(
+            f"unknown policy {', '.join(bad)}; known: {', '.join(known)}", param_hint="--policy"
+        )
+    out = Path(str(o["out_dir"]))
+    cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    update, bar = _progress(bool(o["progress"]))
+    sections: list[report.Section] = []
+    kw: dict[str, Any] = {"geometry": geo, "progress": update}
+    ctx = bar if bar is not None else _Null()
+    with ctx:  # type: ignore[attr-defined]
+        if names:
+            runs = experiment.compare(workload, cluster, names, cfg, **kw)
+            sections.append(report.Section(title="Policies compared", kind="compare", runs=runs, command=cmd))
+        if o["sweep_threshold"]:
+            ts = _floats(str(o["sweep_threshold"]))
+            sweep_policy = str(o["sweep_policy"])
+            if sweep_policy not in experiment.THRESHOLD_POLICIES:
+                raise click.BadParameter(
+                    f"{sweep_policy!r} takes no threshold; use one of "
+                    + ", ".join(sorted(experiment.THRESHOLD_POLICIES)),
+                    param_hint="--sweep-policy",
+                )
+            runs = experiment.sweep(workload, cluster, ts, cfg, name=sweep_policy, **kw)
+            sections.append(
+                report.Section(
+                    title=f"Threshold sweep ({sweep_policy})",
+                    kind="sweep",
+                    runs=runs,
+                    command=cmd,
+                    prefix="sweep_",
+                )
+            )
+        if o["ablation"]:
+            runs = experiment.ablation(workload, cluster, cfg, **kw)
+            sections.append(
+                report.Section(
+                    title="Ablation: load balancing -> + dynamic partitioning -> + migration",
+                    kind="compare",
+                    runs=runs,
+                    command=cmd,
+                    prefix="ablation_",
+                )
+            )
+    header = [
+        f"- workload: `{workload.name}`, {len(workload.jobs)} jobs; dropped: {workload.dropped or 'none'}",
+        f"- cluster: {cluster.label()} ({len(cluster.nodes)} nodes)",
+        f"- parameters: `{_params(cfg)}`",
+        *[f"- {n}" for n in workload.notes],
+    ]
+    written = report.write(out, sections, header=header)
+    for s in sections:
+        click.echo(report.kpi_table([r.kpis for r in s.runs]))
+    click.echo(f"wrote {len(written)} files to {out}/ (report.md, kpis.json, series.json, PNGs)")
+
+
+def _params(cfg: Any) -> str:
+    import msgspec
+
+    d = msgspec.to_builtins(cfg)
+    d.pop("interference", None)
+    beta = cfg.interference.beta
+    return ", ".join(f"{k}={v}" for k, v in d.items()) + f", beta={beta}"
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

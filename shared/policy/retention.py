@@ -1,0 +1,75 @@
+"""Keep an idle MIG instance for reuse, or destroy it? (DESIGN §2, partitioner: "keep if the profile is in
+recent
+demand".)
+
+Reusing an idle instance saves two reconfigurations (destroy + create, 0.1-1 s each on real GPUs); keeping one
+that nobody asks for blocks other shapes until the balancer reclaims it (which costs the same reconfiguration
+later, on the critical path of a placement). So: keep it when its profile made up at least ``min_share`` of
+the
+placements in the last ``window_s`` seconds, and the GPU does not already hold ``max_idle_same`` idle
+instances
+of that profile; destroy it otherwise. Pure: the caller hands in the recent demand and the time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Mapping
+
+import msgspec
+
+
+class RetentionParams(msgspec.Struct, frozen=True, kw_only=True):
+    window_s: float = 300.0
+    min_share: float = 0.05
+    max_idle_same: int = 2
+
+
+class Retain(msgspec.Struct, frozen=True, kw_only=True):
+    keep: bool
+    reason: str
+
+
+def keep_idle(
+    profile: str, recent: Mapping[str, int], idle_same_on_gpu: int, params: RetentionParams
+) -> Retain:
+    """Decide for one idle instance of ``profile``; ``recent`` counts placements per profile in the window and
+    ``idle_same_on_gpu`` is how many other idle instances of that profile the GPU holds."""
+    total = sum(recent.values())
+    if total == 0:
+        return Retain(keep=False, reason="no recent demand at all")
+    share = recent.get(profile, 0) / total
+    if share < params.min_share:
+        return Retain(
+            keep=False, reason=f"{profile} is {share:.1%} of recent demand (< {params.min_share:.0%})"
+        )
+    if idle_same_on_gpu >= params.max_idle_same:
+        return Retain(keep=False, reason=f"GPU already keeps {idle_same_on_gpu} idle {profile}")
+    return Retain(keep=True, reason=f"{profile} is {share:.1%} of recent demand")
+
+
+class RecentDemand:
+    """Placements per profile over a sliding window; time is handed in (no clock here)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, str]] = deque()
+        self._counts: Counter[str] = Counter()
+
+    def observe(self, profile: str, now: float) -> None:
+        self._events.append((now, profile))
+        self._counts[profile] += 1
+        self._expire(now)
+
+    def counts(self, now: float) -> Mapping[str, int]:
+        self._expire(now)
+        return self._counts
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window_s
+        ev = self._events
+        while ev and ev[0][0] < horizon:
+            _, p = ev.popleft()
+            self._counts[p] -= 1
+            if self._counts[p] <= 0:
+                del self._counts[p]

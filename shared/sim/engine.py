@@ -1,0 +1,429 @@
+"""The event loop: arrivals, exits, reconfiguration and migration completions, defragmentation ticks,
+timeouts.
+
+The engine owns no policy: it asks ``policy(snapshot, request)`` for every placement, ``plan_partition`` (via
+``SimCluster``) for the MIG operations, and the migration planner for moves, exactly as the services do.
+What it
+adds is time: reconfiguration latency per GPU-instance operation, migration downtime and lost progress,
+queueing
+with patience, and the interference slowdown. See docs/simulator.md for the model.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from shared.mig.geometry import Geometry, Profile, default_geometry
+from shared.policy.placement import CannotPlace, Decision, JobRequest, Slot
+from shared.policy.request import resolve_profile
+from shared.policy.retention import RecentDemand, keep_idle
+from shared.policy.snapshot import ClusterSnapshot, InstanceView
+from shared.sim import events as ev
+from shared.sim import invariants, moves
+from shared.sim.cluster import ClusterSpec, SimCluster
+from shared.sim.config import SimConfig
+from shared.sim.errors import InvariantError
+from shared.sim.interference import Interference
+from shared.sim.jobs import DONE, FUTURE, QUEUED, REJECTED, RUNNING, STARTING, SimJob, Workload
+from shared.sim.metrics import Outcome, Recorder, RunResult
+
+Policy = Callable[[ClusterSnapshot, JobRequest], Decision]
+
+
+class Spec(Protocol):
+    """What the engine reads of a policy spec (``shared.policy.baselines.PolicySpec`` has these)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def repartitions(self) -> bool: ...
+    @property
+    def initial_layout(self) -> str | None: ...
+    @property
+    def migrates(self) -> bool: ...
+
+
+class Simulator:
+    """One run of one policy over one workload on one cluster. Call ``run()`` once."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        cluster: ClusterSpec,
+        spec: Spec,
+        policy: Policy,
+        config: SimConfig | None = None,
+        *,
+        geometry: Geometry | None = None,
+        hook: Callable[[Simulator, ev.Event], None] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.workload, self.spec, self.policy = workload, spec, policy
+        self.cfg = config or SimConfig()
+        self.geometry = geometry or default_geometry()
+        self.cluster = SimCluster(self.geometry, cluster)
+        self.hook, self.progress = hook, progress
+        self.jobs = workload.jobs
+        n = len(self.jobs)
+        self.index = {j.id: i for i, j in enumerate(self.jobs)}
+        if len(self.index) != n:
+            dup = next(k for k, c in Counter(j.id for j in self.jobs).items() if c > 1)
+            raise InvariantError(f"workload {workload.name!r} repeats job id {dup!r}")
+        self.state = [FUTURE] * n
+        self.work = [j.duration for j in self.jobs]
+        self.speed = [1.0] * n
+        self.t_last = [0.0] * n
+        self.epoch = [0] * n
+        self.insts: list[tuple[str, ...]] = [()] * n
+        self.moving: list[moves.InFlight | None] = [None] * n
+        self.chain: dict[int, list[Any]] = {}
+        self.out = Outcome(n)
+        self.queue: list[tuple[int, float, int]] = []
+        self.q = ev.EventQueue()
+        self.now = self.jobs[0].arrival if n else 0.0
+        self.freed: list[str] = []
+        """GPUs in the order room was freed on them; ``version`` = its length (see _schedule's memo)."""
+        self._profiles: dict[tuple[str, str], Profile | None] = {}
+        self.failed: dict[tuple[str, int], int] = {}
+        self.pressure: dict[str, dict[int, float]] = {}
+        self.gpu_free_at: dict[str, float] = {}
+        self.demand = RecentDemand(self.cfg.retention.window_s)
+        """Placements per profile in the retention window, as the partitioner counts them."""
+        self.interf = Interference(self.cfg.interference)
+        self.events = 0
+        self.moves_started = 0
+        self.moves_skipped = 0
+        self.last_move_at = -math.inf
+        self._defrag_memo: tuple[int, float] | None = None
+        self.mig = None
+        if spec.migrates:
+            from shared.policy import migration
+
+            self.mig = migration
+            self.mig_params = migration.MigrationParams(
+                threshold=self.cfg.threshold, cooldown_s=self.cfg.cooldown_s, max_moves=self.cfg.max_moves
+            )
+        self._initial_layout()
+
+    @property
+    def version(self) -> int:
+        return len(self.freed)
+
+    # set-up ------------------------------------------------------------------------------------------------
+    def _initial_layout(self) -> None:
+        self.layouts: dict[str, tuple[tuple[str, int], ...]] = {}
+        if not self.spec.initial_layout:
+            return
+        gpus = list(self.cluster.builder._gpus)
+        if self.spec.initial_layout == "mix":
+            from shared.sim.layouts import mix_layouts
+
+            models = {g.model: self.geometry.model(g.model) for g in gpus}
+            self.layouts = mix_layouts(gpus, models, self.workload)
+        else:
+            from shared.policy.baselines import static_layout
+
+            for gpu in gpus:
+                self.layouts[gpu.id] = static_layout(self.geometry.model(gpu.model), self.spec.initial_layout)
+        for gpu in gpus:
+            for prof, start in self.layouts[gpu.id]:
+                self.cluster.add_idle(gpu.id, prof, start, f"{gpu.id}:{prof}@{start}:static")
+
+    # the loop ----------------------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        wall0 = time.perf_counter()
+        jobs, q = self.jobs, self.q
+        n = len(jobs)
+        rec = Recorder(self, self.cfg.samples)
+        self.rec = rec
+        nxt = 0
+        if self.mig is not None and n:
+            q.push(self.now + self.cfg.defrag_interval_s, ev.DEFRAG)
+        handlers = {
+            ev.EXIT: self._on_exit,
+            ev.MIGRATION_DONE: self._on_move_done,
+            ev.RECONFIG_DONE: self._on_ready,
+            ev.TIMEOUT: self._on_timeout,
+            ev.DEFRAG: self._on_defrag,
+        }
+        while True:
+            # arrivals are read from the sorted workload rather than pushed: half the heap traffic
+            if nxt < n and (jobs[nxt].arrival, ev.ARRIVAL) < q.peek_key():
+                t = jobs[nxt].arrival
+                rec.advance(t)
+                self.now = t
+                event = ev.Event(t, ev.ARRIVAL, 0, nxt, 0)
+                self._on_arrival(nxt)
+                nxt += 1
+            elif len(q):
+                e = q.pop()
+                if e.kind == ev.DEFRAG and nxt >= n and (self.out.live == 0 or self.cluster.used == 0):
+                    continue  # nothing left to defragment: stop ticking so the run can end
+                rec.advance(e.time)
+                self.now = e.time
+                event = e
+                if not handlers[e.kind](e):
+                    continue
+            else:
+                break
+            self.events += 1
+            if self.hook is not None:
+                self.hook(self, event)
+            if self.cfg.check_invariants:
+                self.check()
+            if self.progress is not None and self.events % 4096 == 0:
+                self.progress(self.out.ended, n)
+        for i in list(self._queued()):  # nothing left that could free room: the rest starve
+            self._reject(i)
+        return rec.result(wall_s=time.perf_counter() - wall0)
+
+    # handlers (each returns False when the event was stale) ------------------------------------------------
+    def _on_arrival(self, i: int) -> None:
+        job = self.jobs[i]
+        self.state[i] = QUEUED
+        self.out.live += 1
+        bisect.insort(self.queue, (-job.priority, job.arrival, i))
+        patience = job.patience if job.patience is not None else self.cfg.patience_s
+        if math.isfinite(patience):
+            self.q.push(self.now + patience, ev.TIMEOUT, i)
+        self._schedule()
+
+    def _on_timeout(self, e: ev.Event) -> bool:
+        if self.state[e.job] != QUEUED:
+            return False
+        self.queue.remove((-self.jobs[e.job].priority, self.jobs[e.job].arrival, e.job))
+        self._reject(e.job)
+        return True
+
+    def _reject(self, i: int) -> None:
+        self.state[i] = REJECTED
+        self.out.reject(i, self.now)
+
+    def _on_ready(self, e: ev.Event) -> bool:
+        if self.state[e.job] != STARTING or self.epoch[e.job] != e.epoch:
+            return False
+        self._begin(e.job)
+        return True
+
+    def _on_exit(self, e: ev.Event) -> bool:
+        i = e.job
+        if self.state[i] != RUNNING or self.epoch[i] != e.epoch:
+            return False
+        self.state[i] = DONE
+        self.out.complete(i, self.now)
+        mv = self.moving[i]
+        if mv is not None:  # finished during its move: the reserved destination is simply released
+            self.moving[i] = None
+            self._free(mv.dst)
+        freed: list[str] = []
+        for iid in self.insts[i]:
+            freed.append(self.cluster.where[iid])
+            self._free(iid, i)
+        self._after_free()
+        if self.mig is not None and len(self.insts[i]) == 1:
+            self._start_chain(
+                self.mig.plan_after_exit(self.cluster.snapshot(), freed[0], self.now, self.mig_params)
+            )
+        if mv is not None:
+            self._continue_chain(i)
+        return True
+
+    def _on_move_done(self, e: ev.Event) -> bool:
+        return moves.on_move_done(self, e)
+
+    def _on_defrag(self, e: ev.Event) -> bool:
+        return moves.on_defrag(self, e)
+
+    # placement ---------------------------------------------------------------------------------------------
+    def _queued(self) -> list[int]:
+        return [k[2] for k in self.queue]
+
+    def _schedule(self) -> None:
+        """One bounded pass over the queue in priority-then-age order; later jobs backfill around ones that do
+        not fit. A demand that failed since the last time room was freed fails again, so it is skipped."""
+        if not self.queue:
+            return
+        placed: list[tuple[int, float, int]] = []
+        for key in self.queue[: self.cfg.backfill_depth]:
+            i = key[2]
+            job = self.jobs[i]
+            memo = (job.demand.label(), job.gpus)
+            seen = self.failed.get(memo)
+            if seen is not None and not self._may_fit_since(job, seen):
+                self.failed[memo] = self.version
+                continue
+            decision = self.policy(self.cluster.snapshot(), job.request())
+            if isinstance(decision, CannotPlace):
+                self.failed[memo] = self.version
+                continue
+            placed.append(key)
+            self._start(i, decision.slots)
+        for key in placed:
+            del self.queue[bisect.bisect_left(self.queue, key)]
+
+    def _may_fit_since(self, job: SimJob, version: int) -> bool:
+        """Could ``job``, which failed at ``version``, fit now? Only GPUs freed since then have more room, so
+        only they can host it; this is a necessary condition (slices not busy, ignoring idle instances and max
+        counts), so skipping the policy call when it is false never misses a placement."""
+        changed = self.freed[version:]
+        if len(changed) > 64:
+            return True
+        for gid in set(changed):
+            gpu = self.cluster.gpu(gid)
+            if job.demand.kind == "gpus":  # a gang needs n empty GPUs on one node
+                node = self.cluster.node_gpus[gpu.node]
+                if gpu.busy_mask == 0 and sum(self.cluster.gpu(g).busy_mask == 0 for g in node) >= job.gpus:
+                    return True
+                continue
+            if job.demand.kind != "mig":
+                return True
+            model = self.cluster.models[gid]
+            key = (job.shape, model.name)
+            if key not in self._profiles:
+                self._profiles[key] = resolve_profile(job.demand, model)
+            prof = self._profiles[key]
+            if prof is None:
+                continue
+            busy = gpu.busy_mask
+            size = prof.memory_slices
+            if any(not busy & (((1 << size) - 1) << s) for s in prof.placements):
+                return True
+        return False
+
+    def _template(self, i: int) -> InstanceView:
+        j = self.jobs[i]
+        return InstanceView(
+            id="",
+            profile="",
+            start=0,
+            size=1,
+            compute=1,
+            job_id=j.id,
+            migratable=j.migratable,
+            latency_sensitive=j.latency_sensitive,
+            priority=j.priority,
+            tenant=j.tenant,
+            started_at=self.now,
+        )
+
+    def _ops_ready(self, gpu_id: str, ops: int) -> float:
+        """Operations on one GPU run one after the other; different GPUs reconfigure in parallel."""
+        if ops == 0:
+            return self.now
+        t = max(self.now, self.gpu_free_at.get(gpu_id, -math.inf)) + ops * self.cfg.reconfig_latency_s
+        self.gpu_free_at[gpu_id] = t
+        return t
+
+    def _start(self, i: int, slots: tuple[Slot, ...]) -> None:
+        template = self._template(i)
+        ids: list[str] = []
+        ready = self.now
+        for slot in slots:
+            iid, ops = self.cluster.apply_slot(slot, template, self.jobs[i].id)
+            self.demand.observe(slot.profile, self.now)
+            ids.append(iid)
+            ready = max(ready, self._ops_ready(slot.gpu_id, ops))
+        self.insts[i] = tuple(ids)
+        self.out.placed(i, self.now)
+        if ready > self.now:
+            self.state[i] = STARTING
+            self.epoch[i] += 1
+            self.q.push(ready, ev.RECONFIG_DONE, i, self.epoch[i])
+        else:
+            self._begin(i)
+
+    def _begin(self, i: int) -> None:
+        self.state[i] = RUNNING
+        self.out.started(i, self.now)
+        self.t_last[i] = self.now
+        for iid in self.insts[i]:
+            self._join(i, iid)
+
+    # interference ------------------------------------------------------------------------------------------
+    def _advance(self, i: int) -> None:
+        self.work[i] = max(0.0, self.work[i] - (self.now - self.t_last[i]) * self.speed[i])
+        self.t_last[i] = self.now
+
+    def _join(self, i: int, iid: str) -> None:
+        gid = self.cluster.where[iid]
+        inst = self.cluster.instance(iid)
+        assert inst is not None
+        gpu_compute = self.cluster.model(gid).compute_slices
+        self.pressure.setdefault(gid, {})[i] = self.interf.pressure(
+            self.jobs[i].wclass, inst.compute, gpu_compute
+        )
+        self._respeed(gid, new=i)
+
+    def _leave(self, i: int, gid: str) -> None:
+        on = self.pressure.get(gid)
+        if on is not None and on.pop(i, None) is not None:
+            self._respeed(gid)
+
+    def _respeed(self, gid: str, new: int = -1) -> None:
+        """Give every running job on ``gid`` its speed under the current co-runners; move their exits."""
+        on = self.pressure[gid]
+        total = sum(on.values())
+        for j, own in on.items():
+            s = self.interf.speed(total, own)
+            if j == new or s != self.speed[j]:
+                if j != new:
+                    self._advance(j)
+                else:
+                    self.t_last[j] = self.now
+                self.speed[j] = s
+                self.epoch[j] += 1
+                self.q.push(self.now + self.work[j] / s, ev.EXIT, j, self.epoch[j])
+
+    # freeing -----------------------------------------------------------------------------------------------
+    def _free(self, iid: str, job: int = -1) -> None:
+        """Release an instance; keep it idle for reuse or destroy it (the partitioner's adaptive rule)."""
+        gid = self.cluster.where[iid]
+        if job >= 0:
+            self._leave(job, gid)
+        gpu = self.cluster.release(iid)
+        self.freed.append(gid)
+        if not self.spec.repartitions:
+            self._restore_layout(gid)
+            return
+        inst = gpu.instance(iid)
+        assert inst is not None
+        same = sum(1 for i in gpu.instances if not i.busy and i.profile == inst.profile and i.id != iid)
+        if not keep_idle(inst.profile, self.demand.counts(self.now), same, self.cfg.retention).keep:
+            self.cluster.destroy(iid)
+            self._ops_ready(gid, 1)
+
+    def _restore_layout(self, gid: str) -> None:
+        """A static GPU that a whole-GPU job re-partitioned gets its layout back once it is empty."""
+        layout = self.layouts.get(gid)
+        gpu = self.cluster.gpu(gid)
+        if (
+            layout is None
+            or gpu.busy_mask
+            or tuple(sorted((i.profile, i.start) for i in gpu.instances)) == tuple(sorted(layout))
+        ):
+            return
+        for inst in list(gpu.instances):
+            self.cluster.destroy(inst.id)
+        for prof, start in layout:
+            self.cluster.add_idle(gid, prof, start, f"{gid}:{prof}@{start}:static{self.version}")
+            self.cluster.reconfigurations += 1
+        self._ops_ready(gid, len(gpu.instances) + len(layout))
+
+    def _after_free(self) -> None:
+        self._schedule()
+
+    # migration (shared/sim/moves.py) and invariants (shared/sim/invariants.py) -----------------------------
+    def _start_chain(self, planned: tuple[Any, ...]) -> None:
+        moves.start_chain(self, planned)
+
+    def _continue_chain(self, i: int) -> None:
+        moves.continue_chain(self, i)
+
+    def check(self) -> None:
+        """Invariants at an event boundary (see invariants.py)."""
+        invariants.check(self)

@@ -1,0 +1,97 @@
+"""Runs of several policies over one workload and cluster: the comparison, the threshold sweep, the ablation.
+
+Policies come from ``shared.policy.baselines`` by name, with the run's parameters bound (threshold for the
+balancer family, the layout for the static ones, the workload's demand mix for FGD).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from shared.mig.geometry import Geometry, default_geometry
+from shared.policy.baselines import get_policy, policy_names
+from shared.policy.fragcost import demand_weights
+from shared.sim.cluster import ClusterSpec
+from shared.sim.config import SimConfig
+from shared.sim.engine import Simulator
+from shared.sim.jobs import Workload
+from shared.sim.metrics import RunResult
+
+ABLATION = ("lb-static", "migsched-nomig", "migsched")
+"""Load balancing only, + dynamic partitioning, + migration."""
+
+THRESHOLD_POLICIES = {"migsched", "migsched-nomig", "lb-static"}
+LAYOUT_POLICIES = {"static", "lb-static"}
+
+Progress = Callable[[str, int, int], None]
+"""(run label, jobs ended, jobs) -- called every few thousand events."""
+
+
+def policy_params(name: str, workload: Workload, cfg: SimConfig) -> dict[str, object]:
+    params: dict[str, object] = {}
+    if name in THRESHOLD_POLICIES:
+        params["threshold"] = cfg.threshold
+    if name in LAYOUT_POLICIES:
+        params["layout"] = cfg.static_layout if cfg.static_layout != "mix" else "all-balanced"
+    if name == "fgd":
+        params["weights"] = demand_weights(workload.shapes())
+    return params
+
+
+def run_one(
+    workload: Workload,
+    cluster: ClusterSpec,
+    name: str,
+    cfg: SimConfig,
+    *,
+    geometry: Geometry | None = None,
+    progress: Progress | None = None,
+    label: str | None = None,
+    check: bool = False,
+) -> RunResult:
+    """One policy run. A static policy gets ``cfg.static_layout`` (``mix`` is applied by the engine)."""
+    spec, policy = get_policy(name, **policy_params(name, workload, cfg))
+    if name in LAYOUT_POLICIES:
+        spec = msgspec.structs.replace(spec, initial_layout=cfg.static_layout)
+    tag = label or name
+    cb = (lambda done, total: progress(tag, done, total)) if progress is not None else None
+    sim = Simulator(
+        workload, cluster, spec, policy, cfg, geometry=geometry or default_geometry(), progress=cb
+    )
+    if check:
+        sim.cfg = msgspec.structs.replace(cfg, check_invariants=True)
+    result = sim.run()
+    if progress is not None:
+        progress(tag, len(workload.jobs), len(workload.jobs))
+    return result
+
+
+def compare(
+    workload: Workload, cluster: ClusterSpec, names: Sequence[str], cfg: SimConfig, **kw: object
+) -> list[RunResult]:
+    return [run_one(workload, cluster, n, cfg, **kw) for n in names]  # type: ignore[arg-type]
+
+
+def sweep(
+    workload: Workload,
+    cluster: ClusterSpec,
+    thresholds: Sequence[float],
+    cfg: SimConfig,
+    name: str = "migsched",
+    **kw: object,
+) -> list[RunResult]:
+    out = []
+    for t in thresholds:
+        c = msgspec.structs.replace(cfg, threshold=t)
+        out.append(run_one(workload, cluster, name, c, label=f"{name} t={t:g}", **kw))  # type: ignore[arg-type]
+    return out
+
+
+def ablation(workload: Workload, cluster: ClusterSpec, cfg: SimConfig, **kw: object) -> list[RunResult]:
+    return compare(workload, cluster, ABLATION, cfg, **kw)
+
+
+def all_policies() -> list[str]:
+    return policy_names()

@@ -1,0 +1,83 @@
+"""The simulator's job records: one immutable ``SimJob`` per job of a workload, and the ``Workload``
+itself."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.policy.placement import JobRequest
+from shared.policy.request import Demand
+
+FUTURE, QUEUED, STARTING, RUNNING, DONE, REJECTED = range(6)
+"""A job's state in a run: not arrived, waiting, instances being created, running, completed, rejected."""
+
+WORKLOAD_CLASSES = ("inference", "small-training", "large-training", "interactive")
+"""Interference classes; a loader may use others (the interference model gives unknown ones a default)."""
+
+
+class SimJob(msgspec.Struct, frozen=True, kw_only=True):
+    """One job as the simulator replays it.
+
+    ``duration`` is the run time at full speed alone on its instance; co-runners slow it down (interference).
+    ``shape`` is the MIG shape of the demand (``3g``) or ``7g`` per GPU for whole-GPU jobs: it keys the demand
+    mix that the fragmentation rate is weighted by.
+    """
+
+    id: str
+    arrival: float
+    duration: float
+    demand: Demand
+    shape: str
+    tenant: str = "default"
+    priority: int = 0
+    latency_sensitive: bool = False
+    migratable: bool = True
+    wclass: str = "inference"
+    patience: float | None = None
+    """Seconds the job waits in the queue before it is rejected; None = the run's default."""
+
+    def request(self) -> JobRequest:
+        return JobRequest(
+            job_id=self.id,
+            demand=self.demand,
+            tenant=self.tenant,
+            priority=self.priority,
+            latency_sensitive=self.latency_sensitive,
+            migratable=self.migratable,
+        )
+
+    @property
+    def gpus(self) -> int:
+        return self.demand.gpus if self.demand.kind == "gpus" else 1
+
+
+class Workload(msgspec.Struct, frozen=True, kw_only=True):
+    """Jobs sorted by arrival, plus what the loader dropped and why (so reports can say it)."""
+
+    name: str
+    jobs: tuple[SimJob, ...]
+    dropped: dict[str, int] = {}
+    notes: tuple[str, ...] = ()
+
+    def shapes(self) -> list[str]:
+        """One entry per requested instance (a 4-GPU job counts four ``7g``): the demand mix by shape."""
+        out: list[str] = []
+        for j in self.jobs:
+            out.extend([j.shape] * j.gpus)
+        return out
+
+    def merged(self, other: Workload, name: str | None = None) -> Workload:
+        jobs = tuple(sorted((*self.jobs, *other.jobs), key=lambda j: (j.arrival, j.id)))
+        dropped = dict(self.dropped)
+        for k, v in other.dropped.items():
+            dropped[k] = dropped.get(k, 0) + v
+        return Workload(
+            name=name or f"{self.name}+{other.name}",
+            jobs=jobs,
+            dropped=dropped,
+            notes=(*self.notes, *other.notes),
+        )
+
+
+def sort_jobs(jobs: list[SimJob]) -> tuple[SimJob, ...]:
+    return tuple(sorted(jobs, key=lambda j: (j.arrival, j.id)))

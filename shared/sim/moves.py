@@ -1,0 +1,120 @@
+"""Migration execution: the moves a plan asks for, made before broken, one after the other.
+
+The planner (``shared.policy.migration``) decides; this module only applies its moves to the simulated state
+with their time and work costs (docs/simulator.md, "Migration").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from shared.policy.placement import Slot
+from shared.sim import events as ev
+from shared.sim.jobs import RUNNING
+
+if TYPE_CHECKING:
+    from shared.sim.engine import Simulator
+
+
+class InFlight:
+    """A move under way: source instance, reserved destination, and the token its done-event carries."""
+
+    __slots__ = ("dst", "ops", "src", "token")
+
+    def __init__(self, src: str, dst: str, token: int) -> None:
+        self.src, self.dst, self.token = src, dst, token
+        self.ops = 0
+
+
+def on_move_done(sim: Simulator, e: ev.Event) -> bool:
+    i = e.job
+    mv = sim.moving[i]
+    if mv is None or mv.token != e.epoch or sim.state[i] != RUNNING:
+        return False
+    sim.moving[i] = None
+    sim._advance(i)
+    # the switch stops the job for the downtime and rolls it back to its last checkpoint
+    done = sim.jobs[i].duration + sim.out.lost[i] - sim.work[i]
+    ckpt = sim.cfg.checkpoint_s
+    lost = sim.cfg.migration_downtime_s * sim.speed[i] + (done % ckpt if ckpt > 0 else 0.0)
+    sim.work[i] += lost
+    sim.out.lost[i] += lost
+    sim.out.migrations[i] += 1
+    sim.insts[i] = (mv.dst,)
+    sim.cluster.update(mv.dst, started_at=sim.now)
+    sim._free(mv.src, i)
+    sim._join(i, mv.dst)
+    sim._after_free()
+    continue_chain(sim, i)
+    return True
+
+
+def on_defrag(sim: Simulator, e: ev.Event) -> bool:
+    assert sim.mig is not None
+    sim.q.push(sim.now + sim.cfg.defrag_interval_s, ev.DEFRAG)
+    # the planner is a pure function of the state and of time only through cooldowns: an unchanged state
+    # that gave no moves, with no cooldown running then, gives no moves now either
+    memo = sim._defrag_memo
+    if (
+        memo is not None
+        and memo[0] == sim.cluster.changes
+        and memo[1] - sim.last_move_at >= sim.cfg.cooldown_s
+    ):
+        return True
+    moves = sim.mig.plan_defrag(sim.cluster.snapshot(), sim.now, sim.mig_params)
+    sim._defrag_memo = None if moves else (sim.cluster.changes, sim.now)
+    start_chain(sim, moves)
+    return True
+
+
+def start_chain(sim: Simulator, moves: tuple[Any, ...]) -> None:
+    """Moves of one plan assume the previous ones completed, so they run one after the other."""
+    pending = list(moves)
+    while pending:
+        m = pending.pop(0)
+        i = try_move(sim, m)
+        if i >= 0:
+            if pending:
+                sim.chain[i] = pending
+            return
+
+
+def continue_chain(sim: Simulator, i: int) -> None:
+    pending = sim.chain.pop(i, None)
+    if pending:
+        start_chain(sim, tuple(pending))
+
+
+def try_move(sim: Simulator, m: Any) -> int:
+    i = sim.index.get(m.job_id, -1)
+    if i < 0 or sim.state[i] != RUNNING or sim.moving[i] is not None or sim.insts[i] != (m.src_instance,):
+        sim.moves_skipped += 1
+        return -1
+    slot = Slot(
+        gpu_id=m.dst_gpu,
+        node=sim.cluster.gpu(m.dst_gpu).node,
+        model=sim.cluster.gpu(m.dst_gpu).model,
+        profile=m.dst_profile,
+        start=m.dst_start,
+        size=m.dst_size,
+        compute=0,
+        action="create",
+        destroy=m.destroy,
+    )
+    sim.out.token += 1
+    tmpl = msgspec.structs.replace(sim._template(i), last_moved_at=sim.now)
+    got = sim.cluster.try_apply(slot, tmpl, f"{m.job_id}~m{sim.out.token}")
+    if got is None:
+        sim.moves_skipped += 1
+        return -1
+    dst, ops = got
+    sim.cluster.update(m.src_instance, last_moved_at=sim.now)
+    sim.last_move_at = sim.now
+    mv = InFlight(m.src_instance, dst, sim.out.token)
+    sim.moving[i] = mv
+    done = sim._ops_ready(m.dst_gpu, ops) + sim.cfg.migration_downtime_s
+    sim.q.push(done, ev.MIGRATION_DONE, i, mv.token)
+    sim.moves_started += 1
+    return i
