@@ -21,14 +21,16 @@ from shared.mig.geometry import Geometry, GpuModel, default_geometry
 from shared.policy.partition import MigOp
 
 _PLACED_ID = re.compile(r"^[^:]+:(?P<profile>[^:@]+)@(?P<start>\d+):")
-"""``shared.policy.partition.new_instance_id`` names instances ``<gpu_id>:<profile>@<start>:<nonce>``; a GPU id
-(``node/index``) has no colon, the nonce (a job id) may."""
+"""``shared.policy.partition.new_instance_id`` names instances ``<gpu_id>:<profile>@<start>:<nonce>``; a GPU
+id (``node/index``) has no colon, the nonce (a job id) may."""
 
 
 class InstanceBook:
     """migsched instance id -> backend instance, resolved by placement when this process has not seen it."""
 
-    def __init__(self, backend: Backend, models: dict[int, GpuModel], geometry: Geometry | None = None) -> None:
+    def __init__(
+        self, backend: Backend, models: dict[int, GpuModel], geometry: Geometry | None = None
+    ) -> None:
         self.backend = backend
         self.models = models
         self.geometry = geometry or default_geometry()
@@ -70,11 +72,18 @@ class InstanceBook:
         found = await self.at(gpu_index, int(m["start"]), model.profile(m["profile"]).profile_id)
         return None if found is None else self._remember(instance_id, found)
 
-    async def apply(self, gpu_index: int, ops: Sequence[MigOp], busy: set[tuple[int, int]]) -> int:
+    async def apply(
+        self,
+        gpu_index: int,
+        ops: Sequence[MigOp],
+        busy: set[tuple[int, int]],
+        created: list[InstanceInfo] | None = None,
+    ) -> int:
         """Apply ``ops`` in order, skipping any already done; returns the GPU instances created or destroyed.
 
-        ``busy`` holds the ``(gpu_index, gi_id)`` of instances with a running workload: destroying one is refused
-        (the plan was made from a stale view), never forced.
+        ``busy`` holds the ``(gpu_index, gi_id)`` of instances with a running workload: destroying one is
+        refused (the plan was made from a stale view), never forced. Instances created are appended to
+        ``created``.
         """
         changed = 0
         for op in ops:
@@ -86,8 +95,11 @@ class InstanceBook:
                     self._forget(op.instance_id)
                     continue
                 if (gpu_index, current.gi_id) in busy:
-                    raise error_for_code(pynvml.NVML_ERROR_IN_USE, f"destroy {op.profile}@{op.start} on GPU "
-                                         f"{gpu_index} ({op.instance_id}, a workload still runs on it)")
+                    raise error_for_code(
+                        pynvml.NVML_ERROR_IN_USE,
+                        f"destroy {op.profile}@{op.start} on GPU "
+                        f"{gpu_index} ({op.instance_id}, a workload still runs on it)",
+                    )
                 await self.backend.destroy_instance(gpu_index, current.gi_id)
                 self._forget(op.instance_id)
                 changed += 1
@@ -95,21 +107,34 @@ class InstanceBook:
                 if current is not None:
                     self._remember(op.instance_id, current)  # replayed command: it exists already
                     continue
-                self._remember(op.instance_id,
-                               await self.backend.create_instance(gpu_index, op.profile_id, op.start))
+                info = self._remember(
+                    op.instance_id, await self.backend.create_instance(gpu_index, op.profile_id, op.start)
+                )
+                if created is not None:
+                    created.append(info)
                 changed += 1
             elif op.kind == "create_ci":
                 if current is None:
-                    raise error_for_code(pynvml.NVML_ERROR_NOT_FOUND, f"create the compute instance of "
-                                         f"{op.instance_id} ({op.profile}@{op.start} on GPU {gpu_index})")
+                    raise error_for_code(
+                        pynvml.NVML_ERROR_NOT_FOUND,
+                        f"create the compute instance of "
+                        f"{op.instance_id} ({op.profile}@{op.start} on GPU {gpu_index})",
+                    )
                 self._remember(op.instance_id, current)
         return changed
 
 
 def report(info: InstanceInfo, instance_id: str | None, job_id: str | None = None) -> InstanceReport:
     return InstanceReport(
-        instance_id=instance_id, gi_id=info.gi_id, ci_id=info.ci_id, profile=info.profile,
-        profile_id=info.profile_id, start=info.start, size=info.size, uuid=info.uuid, job_id=job_id,
+        instance_id=instance_id,
+        gi_id=info.gi_id,
+        ci_id=info.ci_id,
+        profile=info.profile,
+        profile_id=info.profile_id,
+        start=info.start,
+        size=info.size,
+        uuid=info.uuid,
+        job_id=job_id,
     )
 
 
@@ -119,3 +144,19 @@ def gpu_index_of(gpu_id: str | None) -> int | None:
         return None
     tail = gpu_id.rsplit("/", 1)[1]
     return int(tail) if tail.isdigit() else None
+
+
+async def undo(backend: Backend, book: InstanceBook, created: Sequence[InstanceInfo]) -> list[str]:
+    """Destroy what a failed command created (the state store forgets a failed placement's or an aborted
+    move's instance, so the GPU must too); returns what could not be undone."""
+    left: list[str] = []
+    for info in reversed(created):
+        try:
+            await backend.destroy_instance(info.gpu_index, info.gi_id)
+        except Exception as exc:  # best effort: the failure report says what is left
+            left.append(f"{info.profile}@{info.start} on GPU {info.gpu_index}: {exc}")
+        else:
+            name = book.name_of(info)
+            if name is not None:
+                book._forget(name)
+    return left

@@ -1,4 +1,5 @@
-"""The executor's Prometheus metrics (one set per process, labelled by node so in-process tests can share it)."""
+"""The executor's Prometheus metrics (one set per process, labelled by node so in-process tests can share
+it)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,24 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from shared.events import CmdFailed, Command
 
-_COMMANDS = Counter("migsched_executor_commands_total", "Commands applied, by kind and outcome",
-                    ["node", "kind", "outcome"])
-_APPLY = Histogram("migsched_executor_apply_seconds", "Time to apply one command (MIG ops + workload start)",
-                   ["node", "kind"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-_LATENCY = Histogram("migsched_executor_submit_to_command_seconds",
-                     "Job submit -> command received by the executor", ["node"],
-                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
-_RECONFIG = Counter("migsched_executor_reconfigurations_total", "GPU instances created or destroyed", ["node"])
+_COMMANDS = Counter(
+    "migsched_executor_commands_total", "Commands applied, by kind and outcome", ["node", "kind", "outcome"]
+)
+_APPLY = Histogram(
+    "migsched_executor_apply_seconds",
+    "Time to apply one command (MIG ops + workload start)",
+    ["node", "kind"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+_LATENCY = Histogram(
+    "migsched_executor_submit_to_command_seconds",
+    "Job submit -> command received by the executor",
+    ["node"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+_RECONFIG = Counter(
+    "migsched_executor_reconfigurations_total", "GPU instances created or destroyed", ["node"]
+)
 _MIGRATIONS = Counter("migsched_executor_migrations_total", "Workloads moved make-before-break", ["node"])
 _EXITS = Counter("migsched_executor_job_exits_total", "Job exits reported, by kind", ["node", "kind"])
 _RUNNING = Gauge("migsched_executor_running_jobs", "Workloads running on this node", ["node"])

@@ -45,6 +45,11 @@ class BalancerParams(msgspec.Struct, frozen=True, kw_only=True):
     allow_larger: bool = False
     """Reuse an idle instance of a larger profile (internal fragmentation); static layouts need it."""
     top_k: int = 3
+    rank: str = "absolute"
+    """Key 3 across GPUs: ``absolute`` = FragCost after the placement (the seeds' rule, which spreads small
+    jobs onto empty GPUs: empty + 1g scores 0.315, a GPU holding a 1g scores 0.437 after a second one);
+    ``delta`` = its increase, after - before, which packs them and keeps whole GPUs free (see
+    docs/results-sim.md). Within one GPU both orders pick the same start."""
 
 
 def pack_key(
@@ -65,8 +70,9 @@ def pack_key(
     return (k << 4) + (15 - np.asarray(start, dtype=np.int64))
 
 
-def _unpack_cost(key: int) -> float:
-    return ((key >> 22) & ((1 << 31) - 1)) / COST_SCALE
+def _unpack_cost(key: int, before_q: int = 0) -> float:
+    """FragCost after the placement; ``before_q`` is added back when the key holds the increase."""
+    return (((key >> 22) & ((1 << 31) - 1)) + before_q) / COST_SCALE
 
 
 def _acceptable(tables: ModelTables, wanted: Profile, allow_larger: bool) -> dict[str, Profile]:
@@ -106,9 +112,17 @@ class _Compiled(msgspec.Struct, frozen=True):
     """Per model: the ``idle_profiles`` bits of the acceptable profiles (screens GPUs before any look-up)."""
 
 
+def _before_q(model: GpuModel, delta: bool) -> npt.NDArray[np.int64] | int:
+    """Per ``busy << 8 | x``: the quantised FragCost before, subtracted from the key in ``delta`` mode."""
+    if not delta:
+        return 0
+    return tables_for(model).fragcost_q[np.arange(PAIRS, dtype=np.int64) >> 8]
+
+
 @functools.lru_cache(maxsize=4096)
-def _create_part(model: GpuModel, profile: str) -> npt.NDArray[np.int64]:
+def _create_part(model: GpuModel, profile: str, delta: bool = False) -> npt.NDArray[np.int64]:
     start, cost, ov = tables_for(model).best_create(profile)
+    cost = cost - _before_q(model, delta)
     part = (1 << 53) + (cost << 22) + (ov.astype(np.int64) << 15) + (15 - start.astype(np.int64))
     out = np.where(start >= 0, part, _UNFIT)
     out.setflags(write=False)
@@ -116,7 +130,7 @@ def _create_part(model: GpuModel, profile: str) -> npt.NDArray[np.int64]:
 
 
 @functools.lru_cache(maxsize=256)
-def _reuse_part(model: GpuModel, profile: str, waste: int) -> npt.NDArray[np.int64]:
+def _reuse_part(model: GpuModel, profile: str, waste: int, delta: bool = False) -> npt.NDArray[np.int64]:
     """Per ``busy << 8 | starts`` (a bit per start of an idle ``profile`` instance): the best reuse key
     part."""
     size = model.profile(profile).memory_slices
@@ -125,25 +139,31 @@ def _reuse_part(model: GpuModel, profile: str, waste: int) -> npt.NDArray[np.int
     busy, starts = pairs >> 8, pairs & 0xFF
     best = np.full(PAIRS, _UNFIT, dtype=np.int64)
     for s in range(model.memory_slices - size + 1):
-        val = (cost_q[(busy | span(size, s)) & 0xFF] << 22) + (waste << 19) + (15 - s)
+        val = ((cost_q[(busy | span(size, s)) & 0xFF] - (cost_q[busy] if delta else 0)) << 22) \
+            + (waste << 19) + (15 - s)
         best = np.where(((starts >> s) & 1).astype(bool) & (val < best), val, best)
     best.setflags(write=False)
     return best
 
 
-def _compile(models: tuple[GpuModel, ...], demand: Demand, dynamic: bool, allow_larger: bool) -> _Compiled:
+def _compile(
+    models: tuple[GpuModel, ...], demand: Demand, dynamic: bool, allow_larger: bool, delta: bool = False
+) -> _Compiled:
     # keyed on the resolved profiles, not the demand: sized requests vary endlessly, resolutions do not
-    return _compile_profiles(models, tuple(resolve_profile(demand, m) for m in models), dynamic, allow_larger)
+    return _compile_profiles(
+        models, tuple(resolve_profile(demand, m) for m in models), dynamic, allow_larger, delta
+    )
 
 
 @functools.lru_cache(maxsize=128)
 def _compile_profiles(
-    models: tuple[GpuModel, ...], profiles: tuple[Profile | None, ...], dynamic: bool, allow_larger: bool
+    models: tuple[GpuModel, ...], profiles: tuple[Profile | None, ...], dynamic: bool, allow_larger: bool,
+    delta: bool = False,
 ) -> _Compiled:
     unfit = np.full(PAIRS, _UNFIT, dtype=np.int64)
     create = None
     if dynamic:
-        create = np.concatenate([unfit if p is None else _create_part(m, p.name)
+        create = np.concatenate([unfit if p is None else _create_part(m, p.name, delta)
                                  for m, p in zip(models, profiles, strict=True)])
     per_model: list[list[tuple[npt.NDArray[np.int64], int]]] = []
     idle_bits = np.zeros(len(models), dtype=np.uint32)
@@ -152,7 +172,7 @@ def _compile_profiles(
         if p is not None:
             index = tables_for(m).index
             for name, acc in _acceptable(tables_for(m), p, allow_larger).items():
-                slots.append((_reuse_part(m, name, acc.memory_slices - p.memory_slices), index[name]))
+                slots.append((_reuse_part(m, name, acc.memory_slices - p.memory_slices, delta), index[name]))
                 idle_bits[k] |= np.uint32(1 << index[name])
         per_model.append(slots)
     reuse = []
@@ -187,7 +207,7 @@ def place_mig(
     n = len(snap)
     if n == 0:
         return CannotPlace(job_id=job.job_id, policy=policy, reasons=("no GPU in the cluster",))
-    comp = _compile(snap.model_list, job.demand, params.dynamic, params.allow_larger)
+    comp = _compile(snap.model_list, job.demand, params.dynamic, params.allow_larger, params.rank == "delta")
     mi = snap.model_idx.astype(np.intp)
     base = (mi << 16) | (snap.busy.astype(np.intp) << 8)
     used: npt.NDArray[np.uint8] = np.asarray(snap.used)
@@ -334,7 +354,8 @@ def _decision(
     gpu = snap.gpus[chosen[1]]
     tables = tables_for(snap.models[chosen[2]])
     before = tables.cost(gpu.busy_mask)
-    after = _unpack_cost(chosen[0])
+    delta = params.rank == "delta"
+    after = _unpack_cost(chosen[0], int(tables.fragcost_q[gpu.busy_mask]) if delta else 0)
     tier = _tier_name(chosen[0], params)
     load = gpu.used_compute / snap.models[chosen[2]].compute_slices
     reasons = [
@@ -342,7 +363,8 @@ def _decision(
          else f"load {load:.2f}"),
         ("reuses idle instance " + str(slot.instance_id) if slot.action == "reuse"
          else "creates a new instance"),
-        f"lowest FragCost after: {after:.3f}",
+        (f"least FragCost increase: {before:.3f} -> {after:.3f}" if delta
+         else f"lowest FragCost after: {after:.3f}"),
     ]
     if slot.destroy:
         reasons.append(f"destroys {len(slot.destroy)} idle instance(s) in the way")
@@ -354,7 +376,7 @@ def _decision(
         cands.append(
             Candidate(
                 gpu_id=g.id, profile=s.profile, start=s.start, action=s.action, tier=_tier_name(key, params),
-                frag_before=t.cost(g.busy_mask), frag_after=_unpack_cost(key),
+                frag_before=t.cost(g.busy_mask), frag_after=_unpack_cost(key, int(t.fragcost_q[g.busy_mask]) if delta else 0),
                 load=g.used_compute / snap.models[model_name].compute_slices,
                 idle_slices_destroyed=int((key >> 15) & 0xF),
             )

@@ -62,11 +62,12 @@ def place_mig_loop(
             continue
         load_q = round(gpu.used_compute * 1000.0 / max(model.compute_slices, 1))
         tier = 1 if params.lazy_first and load_q >= t_q else 0
+        before_q = fragcost_q[gpu.busy_mask] if params.rank == "delta" else 0
         best_reuse: tuple[int, InstanceView] | None = None
         for inst in gpu.instances:
             if inst.busy or inst.profile not in accept:
                 continue
-            cost_q = fragcost_q[gpu.busy_mask | inst.mask]
+            cost_q = fragcost_q[gpu.busy_mask | inst.mask] - before_q
             key = _pack(tier, 0, cost_q, inst.size - prof.memory_slices, 0, load_q, inst.start)
             if best_reuse is None or key < best_reuse[0]:
                 best_reuse = (key, inst)
@@ -89,7 +90,7 @@ def place_mig_loop(
         if not _count_ok(gpu, prof, s):
             counts[f"{prof.name} at its max count"] += 1
             continue
-        cands.append((_pack(tier, 1, cost_q, 0, ov, load_q, s), pos, model.name, prof, "create"))
+        cands.append((_pack(tier, 1, cost_q - before_q, 0, ov, load_q, s), pos, model.name, prof, "create"))
     if not cands:
         reasons = tuple(f"{n} GPU(s): {why}" for why, n in counts.most_common()) or ("no GPU in the cluster",)
         return CannotPlace(job_id=job.job_id, policy=policy, reasons=reasons, counts=dict(counts))

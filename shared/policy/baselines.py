@@ -61,6 +61,9 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
     initial_layout: str | None = None
     """A ``static_layout`` name applied to every GPU before the run, e.g. ``all-balanced``."""
     migrates: bool = False
+    migrate_intra: bool = True
+    """Which move kinds the migration planner may plan (``MigrationParams.intra``/``inter``)."""
+    migrate_inter: bool = True
 
 
 class UnknownPolicyError(MigschedError, KeyError):
@@ -391,10 +394,11 @@ def _balancer(name: str, params: BalancerParams) -> PlacementPolicy:
 
 # -- the registry ----------------------------------------------------------------------------------
 
-_BALANCER_KEYS = ("threshold", "lazy_first", "top_k")
+_BALANCER_KEYS = ("threshold", "lazy_first", "top_k", "rank")
+_MIGRATION_KEYS = ("intra", "inter")
 _SPECS: dict[str, tuple[str, tuple[str, ...]]] = {
     "migsched": ("conditional load balancer + dynamic partitioning + migration (the seeds' full scheme)",
-                 _BALANCER_KEYS),
+                 (*_BALANCER_KEYS, *_MIGRATION_KEYS)),
     "migsched-nomig": ("conditional load balancer + dynamic partitioning, no migration", _BALANCER_KEYS),
     "first-fit": ("first GPU in snapshot order that fits, lowest legal start", ()),
     "best-fit": ("fitting GPU with the fewest free memory slices, lowest start", ()),
@@ -424,7 +428,9 @@ def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
             f"policy {name!r} takes no parameter(s) {', '.join(extra)}; it takes: {takes}")
     bal = {k: params[k] for k in _BALANCER_KEYS if k in params}
     if name in ("migsched", "migsched-nomig"):
-        spec = PolicySpec(name=name, description=description, repartitions=True, migrates=name == "migsched")
+        spec = PolicySpec(name=name, description=description, repartitions=True, migrates=name == "migsched",
+                          migrate_intra=bool(params.get("intra", True)),
+                          migrate_inter=bool(params.get("inter", True)))
         return spec, _balancer(name, BalancerParams(**bal))
     simple = {"first-fit": (_rank_first, False), "best-fit": (_rank_best, False),
               "spread": (_rank_spread, False), "driver-default": (_rank_first, True)}

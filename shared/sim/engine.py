@@ -106,7 +106,8 @@ class Simulator:
 
             self.mig = migration
             self.mig_params = migration.MigrationParams(
-                threshold=self.cfg.threshold, cooldown_s=self.cfg.cooldown_s, max_moves=self.cfg.max_moves
+                threshold=self.cfg.threshold, cooldown_s=self.cfg.cooldown_s, max_moves=self.cfg.max_moves,
+                intra=getattr(spec, "migrate_intra", True), inter=getattr(spec, "migrate_inter", True),
             )
         self._initial_layout()
 

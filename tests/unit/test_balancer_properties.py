@@ -25,6 +25,7 @@ DEMANDS = st.one_of(
 PARAMS = st.builds(
     BalancerParams, threshold=st.sampled_from([0.0, 0.4, 0.6, 1.0]), lazy_first=st.booleans(),
     dynamic=st.booleans(), allow_larger=st.booleans(), top_k=st.integers(1, 3),
+    rank=st.sampled_from(["absolute", "delta"]),
 )
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

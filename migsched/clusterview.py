@@ -1,0 +1,202 @@
+"""The cluster as ``migsched status`` (and ``up --demo``) shows it, read from the state store in a few round
+trips.
+
+``read`` returns plain data (``ClusterView``: every GPU's instances, load and FragCost, every job's state),
+which ``--json`` prints as is; ``render`` draws it for people: one row of memory slices per GPU (who holds
+each slice), then the jobs by state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+import msgspec
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from shared.mig.geometry import Geometry
+from shared.mig.occupancy import draw
+from shared.policy.fragcost import frag_cost
+from shared.state import JOB_STATES, RedisState, StoredGpu
+
+
+class InstanceRow(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    profile: str
+    start: int
+    size: int
+    compute: int
+    state: str
+    """idle | reserved | busy | retiring | target"""
+    job_id: str | None = None
+
+
+class GpuRow(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    node: str
+    index: int
+    model: str
+    healthy: bool
+    load: float
+    """Used compute slices / the model's compute slices."""
+    frag_cost: float
+    """FragCost of the busy slices (idle instances are reclaimable)."""
+    instances: tuple[InstanceRow, ...]
+    slices: str
+    """The memory slices drawn as one text row (``shared.mig.occupancy.draw``)."""
+
+
+class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
+    at: float
+    namespace: str
+    nodes: dict[str, str]
+    """node -> up | lost"""
+    gpus: tuple[GpuRow, ...]
+    jobs: dict[str, str]
+    """job id -> state"""
+    counts: dict[str, int]
+    """state -> number of jobs"""
+
+    @property
+    def busy_slices(self) -> int:
+        return sum(i.size for g in self.gpus for i in g.instances if i.state != "idle")
+
+    @property
+    def total_slices(self) -> int:
+        return sum(8 if g.model != "A30-24GB" else 4 for g in self.gpus)
+
+
+def gpu_row(g: StoredGpu, geometry: Geometry) -> GpuRow:
+    model = geometry.model(g.model)
+    busy = [i for i in g.instances if i.state != "idle"]
+    used = sum(i.compute for i in busy)
+    labels = [(i.job or "?") if i.state != "idle" else f"idle {i.profile}" for i in g.instances]
+    layout = [(i.profile, i.start) for i in g.instances]
+    return GpuRow(
+        id=g.id,
+        node=g.node,
+        index=g.index,
+        model=g.model,
+        healthy=g.healthy,
+        load=round(used / model.compute_slices, 4),
+        frag_cost=round(frag_cost(model, g.busy_mask), 4),
+        instances=tuple(
+            InstanceRow(
+                id=i.id,
+                profile=i.profile,
+                start=i.start,
+                size=i.size,
+                compute=i.compute,
+                state=i.state,
+                job_id=i.job,
+            )
+            for i in g.instances
+        ),
+        slices=draw(model, layout, labels),
+    )
+
+
+async def read(state: RedisState, geometry: Geometry) -> ClusterView:
+    gpus = await state.load_gpus()
+    ids = [j for s in range(state.shards) for j in await state.all_job_ids(s)]
+    jobs = {j: rec.state for j, rec in zip(ids, await state.jobs(ids), strict=True) if rec is not None}
+    nodes = {n: h.get("state", "?") for n, h in (await state.nodes()).items()}
+    counts = Counter(jobs.values())
+    return ClusterView(
+        at=time.time(),
+        namespace=state.namespace,
+        nodes=nodes,
+        gpus=tuple(gpu_row(g, geometry) for g in sorted(gpus, key=lambda g: (g.node, g.index))),
+        jobs=jobs,
+        counts={s: counts.get(s, 0) for s in JOB_STATES},
+    )
+
+
+_STYLE = {
+    "pending": "yellow",
+    "placing": "cyan",
+    "running": "green",
+    "migrating": "magenta",
+    "finished": "blue",
+    "failed": "red",
+    "cancelled": "dim",
+    "rejected": "red",
+}
+
+
+def compact_slices(g: GpuRow, per_slice: int = 4) -> Text:
+    """The slices of one GPU in ``per_slice`` characters each: busy instances green with their shape, idle
+    ones dim, free slices a dot (the ``up --demo`` view, where 16 GPUs must fit an 80-column terminal)."""
+    slices = 8 if g.model != "A30-24GB" else 4
+    owner: dict[int, InstanceRow] = {}
+    for inst in g.instances:
+        for k in range(inst.start, inst.start + inst.size):
+            owner[k] = inst
+    out = Text()
+    k = 0
+    while k < slices:
+        held = owner.get(k)
+        if held is None:
+            out.append("[" + ".".center(per_slice - 2) + "]", style="dim")
+            k += 1
+            continue
+        width = held.size * per_slice - 2
+        busy = held.state != "idle"
+        label = held.profile.split(".")[0] if busy else "idle"
+        out.append("[" + label[:width].center(width) + "]", style="bold green" if busy else "yellow")
+        k += held.size
+    return out
+
+
+def render(
+    view: ClusterView, *, show_jobs: int = 20, title: str = "migsched cluster", compact: bool = False
+) -> Group:
+    gpus = Table(
+        title=f"{title} — {len(view.gpus)} GPUs on {len(view.nodes)} nodes",
+        expand=False,
+        title_justify="left",
+    )
+    for col, kw in (
+        ("GPU", {"no_wrap": True}),
+        ("memory slices 0..7: who holds them", {"no_wrap": True}),
+        ("load", {"justify": "right"}),
+        ("FragCost", {"justify": "right"}),
+    ):
+        gpus.add_column(col, **kw)
+    for g in view.gpus:
+        name = f"{g.id} {g.model}" + ("" if g.healthy else " (unhealthy)")
+        if view.nodes.get(g.node) == "lost":
+            name += " (node lost)"
+        slices = compact_slices(g) if compact else Text(g.slices, style="green" if g.load else "dim")
+        gpus.add_row(g.id if compact else name, slices, f"{g.load:.2f}", f"{g.frag_cost:.2f}")
+    counts = "  ".join(f"[{_STYLE.get(s, '')}]{s} {n}[/]" for s, n in view.counts.items())
+    parts: list[object] = [gpus, Text.from_markup(f"jobs: {counts}")]
+    active = [(j, s) for j, s in view.jobs.items() if s in ("pending", "placing", "running", "migrating")]
+    if show_jobs and active:
+        t = Table(
+            title=f"active jobs ({len(active)}; first {min(show_jobs, len(active))})", title_justify="left"
+        )
+        t.add_column("job")
+        t.add_column("state")
+        for j, s in sorted(active, key=lambda x: (JOB_STATES.index(x[1]), x[0]))[:show_jobs]:
+            t.add_row(j, Text(s, style=_STYLE.get(s, "")))
+        parts.append(t)
+    return Group(*parts)  # type: ignore[arg-type]
+
+
+def summary(view: ClusterView) -> str:
+    c = view.counts
+    return f"{view.busy_slices}/{view.total_slices} memory slices busy; " + ", ".join(
+        f"{s} {c.get(s, 0)}" for s in JOB_STATES if c.get(s, 0)
+    )
+
+
+def as_json(view: ClusterView) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(view), indent=2)
+
+
+def job_states(view: ClusterView, states: Sequence[str]) -> list[str]:
+    return sorted(j for j, s in view.jobs.items() if s in states)

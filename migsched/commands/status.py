@@ -1,0 +1,35 @@
+"""``migsched status``: the cluster from the state store: each GPU's slices, load and FragCost; jobs by
+state."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import click
+from rich.console import Console
+
+from migsched import clusterview, endpoints
+from shared.mig.geometry import default_geometry
+from shared.state import RedisState
+
+
+@click.command("status")
+@endpoints.options
+@click.option("--json", "as_json", is_flag=True, help="Every GPU's instances and every job's state, as JSON.")
+@click.option("--jobs", "show_jobs", type=int, default=20, show_default=True, help="Active jobs to list.")
+def command(nats_url: str, redis_url: str, namespace: str, as_json: bool, show_jobs: int) -> None:
+    """Show the cluster: one row of memory slices per GPU (who holds each), load, FragCost; jobs by state."""
+
+    async def run() -> clusterview.ClusterView:
+        state = RedisState.from_settings(endpoints.settings(nats_url, redis_url, namespace))
+        try:
+            return await clusterview.read(state, default_geometry())
+        finally:
+            await state.close()
+
+    view = asyncio.run(run())
+    if as_json:
+        sys.stdout.buffer.write(clusterview.as_json(view) + b"\n")
+        return
+    Console().print(clusterview.render(view, show_jobs=show_jobs))

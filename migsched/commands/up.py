@@ -1,0 +1,322 @@
+"""``migsched up``: the whole stack as local processes; ``up --demo`` also replays a workload and shows it.
+
+migsched up                 # NATS/Redis found or started, balancer, partitioner, migration-planner and two
+                            # simulated executors (8 x A100-40GB each); Ctrl-C stops everything cleanly
+migsched up --demo          # ... then replays a short workload at a high speed-up, draws the slices filling
+                            # and emptying, prints the KPIs next to the simulator's for the same input, exits
+                            # 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from migsched import clusterview, livekpis, replayer
+from migsched.stack import Stack, StackConfig, StackError
+from shared.mig.geometry import default_geometry
+from shared.state import TERMINAL_STATES
+
+MODEL = "A100-40GB"
+
+
+@click.command("up")
+@click.option("--demo", is_flag=True, help="Replay a short workload, show the cluster, print KPIs, exit.")
+@click.option(
+    "--namespace",
+    envvar="MIGSCHED_NAMESPACE",
+    default=None,
+    help="Namespace of streams/keys [default: '' for up, a fresh demo-<id> for --demo].",
+)
+@click.option("--executors", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--gpus", default=f"{MODEL}:8", show_default=True, help="GPUs per simulated executor.")
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where the processes' logs go [default: ./.run/<namespace or 'default'>].",
+)
+@click.option(
+    "--trace",
+    default="synthetic",
+    show_default=True,
+    help="--demo workload: 'synthetic', an openb variant (default, gpushare40, ...) or a CSV path.",
+)
+@click.option("--jobs", "limit", type=int, default=200, show_default=True, help="--demo: jobs to replay.")
+@click.option(
+    "--speedup", type=float, default=2000.0, show_default=True, help="--demo: trace seconds per wall second."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--json-out", type=click.Path(path_type=Path), default=None, help="--demo: write the KPIs here."
+)
+@click.option("--keep", is_flag=True, help="--demo: keep the namespace's streams and keys afterwards.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="--demo: give up waiting for the last jobs after this many seconds.",
+)
+def command(
+    demo: bool,
+    namespace: str | None,
+    executors: int,
+    gpus: str,
+    run_dir: Path | None,
+    trace: str,
+    limit: int,
+    speedup: float,
+    seed: int,
+    json_out: Path | None,
+    keep: bool,
+    timeout_s: float,
+) -> None:
+    """Start the stack locally (NATS/Redis already listening are used, otherwise started)."""
+    if namespace is None:
+        namespace = f"demo-{uuid.uuid4().hex[:6]}" if demo else ""
+    run_dir = run_dir or Path.cwd() / ".run" / (namespace or "default")
+    env: dict[str, str] = {}
+    latency = 0.15
+    if demo:
+        # the whole stack runs on wall time: every policy timer shrinks with the replay's clock
+        env = {
+            "MIGSCHED_COOLDOWN_S": repr(120.0 / speedup),
+            "MIGSCHED_DEFRAG_INTERVAL_S": repr(300.0 / speedup),
+            "MIGSCHED_RETENTION_WINDOW_S": repr(300.0 / speedup),
+            "MIGSCHED_LOG_LEVEL": "WARNING",
+        }
+        latency = 0.15 / speedup
+    config = StackConfig(
+        namespace=namespace,
+        executors=executors,
+        gpus=gpus,
+        reconfig_latency_s=latency,
+        confirm_s=1.0 / speedup if demo else 1.0,
+        run_dir=run_dir,
+        env=env,
+        stream_storage="memory" if demo else "file",
+    )
+    stack = Stack(config)
+    console = Console(stderr=False)
+    code = 0
+    try:
+        console.print(f"[bold]migsched up[/]: namespace {namespace or '(none)'}; logs in {run_dir}")
+        stack.start()
+        console.print(
+            f"NATS {stack.nats_url}{' (started here)' if stack.nats and stack.nats.owned else ''}; "
+            f"Redis {stack.redis_url}{' (started here)' if stack.redis and stack.redis.owned else ''}"
+        )
+        if demo:
+            code = asyncio.run(_demo(stack, console, trace, limit, speedup, seed, json_out, keep, timeout_s))
+        else:
+            asyncio.run(_serve(stack, console))
+    except StackError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        code = 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        status = stack.stop(servers=False)
+        console.print("stopped: " + ", ".join(f"{k} {'ok' if v == 0 else v}" for k, v in status.items()))
+        if demo and not keep and stack.nats is not None:
+            with contextlib.suppress(Exception):  # a demo leaves nothing behind in shared servers
+                asyncio.run(_forget(stack))
+        stack.stop_servers()
+    sys.exit(code)
+
+
+async def _serve(stack: Stack, console: Console) -> None:
+    await stack.wait_ready()
+    console.print(
+        "[green]ready[/]: "
+        + ", ".join(p.name for p in stack.procs)
+        + f". Prometheus: {json.dumps(stack.metrics_ports)}"
+    )
+    console.print(
+        "Submit with `migsched submit --profile 3g --duration 60`, watch with `migsched status`. "
+        "Ctrl-C stops."
+    )
+    stop = _stop_event()
+    while not stop.is_set():
+        stack.check_alive()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _demo(
+    stack: Stack,
+    console: Console,
+    trace: str,
+    limit: int,
+    speedup: float,
+    seed: int,
+    json_out: Path | None,
+    keep: bool,
+    timeout_s: float,
+) -> int:
+    from shared.client import MigschedClient
+    from shared.state import RedisState
+
+    geometry = default_geometry()
+    model = geometry.model(MODEL)
+    per_node = sum(int(x.rpartition(":")[2] or 1) for x in stack.config.gpus.split(","))
+    n_gpus = per_node * stack.config.executors
+    workload, skipped = replayer.single_instance(
+        replayer.load(trace, model, limit=limit, seed=seed, gpus=n_gpus)
+    )
+    console.print(
+        f"workload {workload.name}: {len(workload.jobs)} jobs over "
+        f"{workload.jobs[-1].arrival - workload.jobs[0].arrival:,.0f} trace seconds at {speedup:g}x"
+        + (f"; left out: {skipped}" if skipped else "")
+    )
+    await stack.wait_ready()
+    stop = _stop_event()
+    ns = stack.config.namespace
+    state = RedisState.from_settings(_settings(stack))
+    client = MigschedClient(stack.nats_url, namespace=ns)
+    await client.connect()
+    sampler = livekpis.Sampler(state, geometry, workload)
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+    )
+    published = progress.add_task("submitted", total=len(workload.jobs))
+    ended = progress.add_task("ended", total=len(workload.jobs))
+    ids = [j.id for j in workload.jobs]
+    t0 = time.time()
+    sampling = asyncio.create_task(sampler.run())
+    replaying = asyncio.create_task(
+        replayer.replay(
+            client, workload, speedup, progress=lambda i, n: progress.update(published, completed=i)
+        )
+    )
+    finished = False
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while not stop.is_set():
+                stack.check_alive()
+                view = await clusterview.read(state, geometry)
+                done = sum(1 for j in ids if view.jobs.get(j) in TERMINAL_STATES)
+                progress.update(ended, completed=done)
+                live.update(
+                    Group(
+                        clusterview.render(view, show_jobs=0, title=f"migsched demo ({ns})", compact=True),
+                        progress,
+                    )
+                )
+                if replaying.done() and done >= len(ids):
+                    finished = True
+                    break
+                if time.time() - t0 > timeout_s:
+                    console.print(
+                        f"[yellow]timed out after {timeout_s:.0f}s with {len(ids) - done} jobs open[/]"
+                    )
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.25)
+        replay = await replaying if replaying.done() else None
+        sampler.stop()
+        await sampling
+        if replay is None:
+            replaying.cancel()
+            return 130 if stop.is_set() else 1
+        wall = time.time() - t0
+        outcomes = await livekpis.outcomes(state, ids)
+        reconf = sum(
+            int(livekpis.scrape(port, "migsched_executor_reconfigurations_total"))
+            for name, port in stack.metrics_ports.items()
+            if name.startswith("executor")
+        )
+        live_k = livekpis.kpis(
+            workload,
+            replay,
+            outcomes,
+            sampler.samples,
+            geometry,
+            MODEL,
+            n_gpus,
+            reconfigurations=reconf,
+            wall_s=wall,
+        )
+        sim_k = livekpis.simulate(workload, stack.config.executors, per_node, MODEL)
+        console.print(_kpi_table(live_k, sim_k, speedup))
+        if json_out is not None:
+            json_out.write_text(
+                json.dumps(
+                    {
+                        "live": live_k,
+                        "simulator": sim_k,
+                        "speedup": speedup,
+                        "workload": workload.name,
+                        "skipped": skipped,
+                    },
+                    indent=2,
+                )
+            )
+        return 0 if finished else 1
+    finally:
+        await client.close()
+        await state.close()
+
+
+def _settings(stack: Stack) -> object:
+    from shared.settings import Settings, load
+
+    return load(
+        Settings, env={}, nats_url=stack.nats_url, redis_url=stack.redis_url, namespace=stack.config.namespace
+    )
+
+
+async def _forget(stack: Stack) -> None:
+    """Delete the namespace's streams and Redis keys."""
+    from shared.bus import Bus
+    from shared.state import RedisState
+
+    st = _settings(stack)
+    state = RedisState.from_settings(st)
+    try:
+        await state.wipe()
+    finally:
+        await state.close()
+    bus = await Bus.connect(st)  # type: ignore[arg-type]
+    try:
+        await bus.delete_streams()
+    finally:
+        await bus.close()
+
+
+def _kpi_table(live: dict[str, float | int], sim: dict[str, float | int], speedup: float) -> Table:
+    t = Table(title=f"KPIs (trace seconds; live stack replayed at {speedup:g}x)", title_justify="left")
+    t.add_column("KPI")
+    t.add_column("live stack", justify="right")
+    t.add_column("simulator", justify="right")
+    for k in livekpis.KPI_KEYS:
+        a, b = live.get(k, ""), sim.get(k, "")
+        t.add_row(
+            k,
+            f"{a:,.4g}" if isinstance(a, float) else str(a),
+            f"{b:,.4g}" if isinstance(b, float) else str(b),
+        )
+    return t

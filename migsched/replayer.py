@@ -1,0 +1,168 @@
+"""Replaying a workload into the live stack: load a trace, scale its clock, publish each arrival on time.
+
+The live stack runs on wall time, so a replay at speed-up ``S`` divides every time of the trace by ``S``
+before it leaves here: arrivals are published ``(arrival - t0) / S`` after the start, a job's
+``duration_hint_s`` (what
+the
+sim executor runs it for) is ``duration / S``, and its patience ``patience / S``. Outcomes read back from the
+stack are multiplied by ``S`` again (``livekpis``), so they compare with the simulator's virtual-time KPIs.
+
+The live stack places one MIG instance per job, so gang jobs (``n`` whole GPUs) are left out of a replay by
+default and counted in ``Replay.skipped``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from shared.client import MigschedClient
+from shared.events import JobSubmit
+from shared.events import Workload as WorkloadSpec
+from shared.mig.geometry import GpuModel
+from shared.sim.jobs import SimJob, Workload
+from shared.sim.workloads.synthetic import CLASSES, JobClass, synthetic
+
+DEFAULT_PATIENCE_S = 3600.0
+"""The simulator's default queue patience (``SimConfig.patience_s``), in trace seconds."""
+
+Progress = Callable[[int, int], None]
+
+
+class Replay(msgspec.Struct, kw_only=True):
+    workload: str
+    speedup: float
+    jobs: int
+    skipped: dict[str, int]
+    started_at: float
+    """Wall time of trace time ``t0``."""
+    t0: float
+    published_at: dict[str, float] = {}
+    """job id -> wall time its submit was stored by JetStream."""
+
+
+def single_instance_classes() -> tuple[JobClass, ...]:
+    """The synthetic classes with multi-GPU gangs turned into full-GPU (7g) jobs."""
+    out = []
+    for c in CLASSES:
+        shapes: dict[str, float] = {}
+        for s, p in c.shapes.items():
+            key = "7g" if s.endswith("gpu") else s
+            shapes[key] = shapes.get(key, 0.0) + p
+        out.append(msgspec.structs.replace(c, shapes=shapes))
+    return tuple(out)
+
+
+def load(
+    trace: str,
+    model: GpuModel,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    load_factor: float = 0.8,
+    gpus: int = 16,
+    mapping: str | None = None,
+    window: str = "auto",
+) -> Workload:
+    """``synthetic`` (four classes, Poisson arrivals at ``load_factor`` of ``gpus`` GPUs), an openb pod list
+    (a path or a variant name such as ``default``), or any CSV with a column ``mapping``."""
+    if trace == "synthetic":
+        rng = np.random.default_rng(seed)
+        return synthetic(
+            rng,
+            jobs=limit or 200,
+            load=load_factor,
+            cluster_slices=gpus * model.compute_slices,
+            classes=single_instance_classes(),
+        )
+    if mapping is not None:
+        from shared.sim.workloads.csv import load_csv
+
+        wl = load_csv(Path(trace), mapping, model)
+        return wl if limit is None else msgspec.structs.replace(wl, jobs=wl.jobs[:limit])
+    from shared.sim.workloads.openb import load_openb
+
+    return load_openb(trace, model, window=window, limit=limit)
+
+
+def single_instance(workload: Workload) -> tuple[Workload, dict[str, int]]:
+    """The jobs the live stack can place (one MIG instance each) and a count of the rest."""
+    keep = tuple(j for j in workload.jobs if j.demand.kind == "mig")
+    skipped = {
+        "gang (n whole GPUs)": sum(1 for j in workload.jobs if j.demand.kind == "gpus"),
+        "time-sliced share": sum(1 for j in workload.jobs if j.demand.kind == "shared"),
+    }
+    skipped = {k: v for k, v in skipped.items() if v}
+    return msgspec.structs.replace(workload, jobs=keep), skipped
+
+
+def submit_of(job: SimJob, speedup: float, submitted_at: float, prefix: str = "") -> JobSubmit:
+    patience = job.patience if job.patience is not None else DEFAULT_PATIENCE_S
+    jid = f"{prefix}{job.id}"
+    return JobSubmit(
+        id=f"submit-{jid}",
+        job_id=jid,
+        tenant=_token(job.tenant),
+        priority=job.priority,
+        demand=job.demand,
+        latency_sensitive=job.latency_sensitive,
+        migratable=job.migratable,
+        duration_hint_s=job.duration / speedup,
+        patience_s=patience / speedup,
+        workload=WorkloadSpec(),
+        labels={"wclass": job.wclass[:256]},
+        submitted_at=submitted_at,
+    )
+
+
+def _token(tenant: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in tenant)[:64]
+    return cleaned if cleaned[:1].isalnum() else "t" + cleaned[:63]
+
+
+async def replay(
+    client: MigschedClient,
+    workload: Workload,
+    speedup: float,
+    *,
+    prefix: str = "",
+    progress: Progress | None = None,
+    skipped: dict[str, int] | None = None,
+) -> Replay:
+    """Publish every job at its scaled arrival time (jobs due together go out as one batch)."""
+    if speedup <= 0:
+        raise ValueError("speed-up must be positive")
+    jobs = workload.jobs
+    t0 = jobs[0].arrival if jobs else 0.0
+    start = time.time()
+    out = Replay(
+        workload=workload.name,
+        speedup=speedup,
+        jobs=len(jobs),
+        skipped=dict(skipped or {}),
+        started_at=start,
+        t0=t0,
+    )
+    i = 0
+    while i < len(jobs):
+        due = start + (jobs[i].arrival - t0) / speedup
+        wait = due - time.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        now = time.time()
+        batch: list[JobSubmit] = []
+        while i < len(jobs) and start + (jobs[i].arrival - t0) / speedup <= now and len(batch) < 512:
+            batch.append(submit_of(jobs[i], speedup, now, prefix))
+            i += 1
+        await client.submit_many(batch)
+        stored = time.time()
+        for m in batch:
+            out.published_at[m.job_id] = stored
+        if progress is not None:
+            progress(i, len(jobs))
+    return out

@@ -1,0 +1,110 @@
+"""The balancer's local mirror of one shard: the policies' snapshot columns plus each GPU's version.
+
+Loaded from Redis at start, updated from transition results, reloaded per GPU after a lost compare-and-set and
+in full every ``mirror_refresh_s``. Reservations decided in a batch are applied here at once (``apply``), so
+the next decision of the same batch sees them and a batch never double-books a slice even before commit; the
+expected version of the GPU moves with it, as the Lua script will move it.
+"""
+
+from __future__ import annotations
+
+from shared.mig.geometry import Geometry
+from shared.policy.partition import new_instance_id
+from shared.policy.placement import Slot
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
+from shared.state import StoredGpu, StoredInstance
+
+
+class Mirror:
+    def __init__(self, geometry: Geometry) -> None:
+        self.geometry = geometry
+        self.builder = SnapshotBuilder(geometry)
+        self.vers: dict[str, int] = {}
+        self._snap: ClusterSnapshot | None = None
+
+    def __len__(self) -> int:
+        return len(self.builder)
+
+    def snapshot(self) -> ClusterSnapshot:
+        # cached until the next change: a batch of decisions that all end in "cannot place" copies once
+        if self._snap is None:
+            self._snap = self.builder.snapshot()
+        return self._snap
+
+    def put(self, g: StoredGpu) -> None:
+        self.builder.put(g.view())
+        self.vers[g.id] = g.ver
+        self._snap = None
+
+    def put_instances(self, gpu_id: str, instances: list[StoredInstance], ver: int) -> None:
+        """Replace one GPU's instances (from a transition result that does not carry the GPU's identity)."""
+        if gpu_id not in self.builder:
+            return
+        self.builder.put(self.builder.get(gpu_id).with_instances([i.view() for i in instances]))
+        self.vers[gpu_id] = ver
+        self._snap = None
+
+    def release(self, gpu_id: str, instance_id: str, job_id: str) -> bool:
+        """The job left its instance: idle it here as the release transition did in Redis (a release does not
+        move the CAS version). False when the mirror does not show that job there (then reload the GPU)."""
+        if gpu_id not in self.builder:
+            return False
+        gpu = self.builder.get(gpu_id)
+        inst = gpu.instance(instance_id)
+        if inst is None or inst.job_id != job_id:
+            return False
+        idle = InstanceView(
+            id=inst.id, profile=inst.profile, start=inst.start, size=inst.size, compute=inst.compute
+        )
+        self.builder.put(gpu.with_instances([idle if i.id == instance_id else i for i in gpu.instances]))
+        self._snap = None
+        return True
+
+    def get(self, gpu_id: str) -> GpuView:
+        return self.builder.get(gpu_id)
+
+    def apply(self, slot: Slot, job_id: str, inst: StoredInstance) -> int:
+        """Apply a reservation locally; return the version the commit must find (the current one)."""
+        gpu = self.builder.get(slot.gpu_id)
+        keep = [i for i in gpu.instances if i.id not in slot.destroy and i.id != inst.id]
+        keep.append(
+            InstanceView(
+                id=inst.id,
+                profile=inst.profile,
+                start=inst.start,
+                size=inst.size,
+                compute=inst.compute,
+                job_id=job_id,
+                migratable=False,
+                priority=inst.prio,
+                tenant=inst.tenant,
+                latency_sensitive=inst.ls,
+            )
+        )
+        self.builder.put(gpu.with_instances(keep))
+        expected = self.vers.get(slot.gpu_id, 0)
+        self.vers[slot.gpu_id] = expected + 1
+        self._snap = None
+        return expected
+
+
+def reservation_instance(
+    slot: Slot, job_id: str, prio: int, tenant: str, ls: bool, mig: bool
+) -> StoredInstance:
+    """The instance a slot reserves: a reused one keeps its id; a new one gets the partitioner's id for it."""
+    iid = (
+        slot.instance_id
+        if slot.action == "reuse" and slot.instance_id
+        else new_instance_id(slot.gpu_id, slot.profile, slot.start, job_id)
+    )
+    return StoredInstance(
+        id=iid,
+        profile=slot.profile,
+        start=slot.start,
+        size=slot.size,
+        compute=slot.compute,
+        prio=prio,
+        tenant=tenant,
+        ls=ls,
+        mig=mig,
+    )

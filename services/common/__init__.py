@@ -1,0 +1,1 @@
+"""What every scheduling service shares: runner (start, signals, graceful stop), metrics, base class."""

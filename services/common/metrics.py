@@ -1,0 +1,50 @@
+"""Prometheus metrics of the scheduling services (one process may host several services: labels say which).
+
+Exposed on ``MIGSCHED_METRICS_PORT`` (balancer 9101, partitioner 9102, migration-planner 9103 by default).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+DECISIONS = Counter("migsched_decisions_total", "Scheduling decisions by outcome", ["service", "outcome"])
+DECISION_SECONDS = Histogram(
+    "migsched_decision_seconds",
+    "Policy time of one decision",
+    ["service"],
+    buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2),
+)
+BATCH_SECONDS = Histogram(
+    "migsched_batch_seconds",
+    "Handling time of one fetched batch (decode to ack)",
+    ["service", "handler"],
+    buckets=(1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0),
+)
+BATCH_SIZE = Histogram(
+    "migsched_batch_size",
+    "Messages per fetched batch",
+    ["service", "handler"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
+QUEUE_DEPTH = Gauge("migsched_queue_depth", "Pending jobs", ["service"])
+CONFLICTS = Counter(
+    "migsched_cas_conflicts_total", "Reservations that lost a compare-and-set race", ["service"]
+)
+COMMANDS = Counter("migsched_commands_total", "Executor commands by kind and outcome", ["kind", "outcome"])
+RECONFIGURATIONS = Counter(
+    "migsched_reconfigurations_total", "MIG GPU instances created or destroyed by commands", ["op"]
+)
+MIGRATIONS = Counter("migsched_migrations_total", "Migration moves by outcome", ["kind", "outcome"])
+FRAG_RATE = Gauge(
+    "migsched_fragmentation_rate", "Share of free memory slices the demand mix cannot use", ["service"]
+)
+NODES = Gauge("migsched_nodes", "Nodes by state", ["state"])
+TRANSITIONS = Counter(
+    "migsched_transitions_total", "State transitions applied", ["service", "transition", "status"]
+)
+
+
+def serve(port: int) -> None:
+    """Start the HTTP endpoint (a daemon thread) unless ``port`` is 0."""
+    if port:
+        start_http_server(port)

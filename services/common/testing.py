@@ -1,0 +1,266 @@
+"""In-process helpers for integration tests and benchmarks: a scripted executor that speaks only NATS (as a
+real
+one does) and records when each command arrived, and a ``Stack`` that runs the scheduling services in one
+event
+loop against the real NATS and Redis of a namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from shared.bus import Bus, Consumer, Delivery, Outgoing
+from shared.events import (
+    CmdDone,
+    CmdFailed,
+    Command,
+    GpuReport,
+    Heartbeat,
+    InstanceReport,
+    JobExited,
+    Registered,
+    new_id,
+)
+from shared.settings import BalancerSettings, MigrationPlannerSettings, PartitionerSettings, Settings, load
+
+
+class ScriptedExecutor:
+    """Registers ``gpus`` GPUs of ``model`` for ``node``, confirms every command (or fails the placements of
+    the
+    jobs in ``fail_jobs``), and lets the test end jobs with ``exit()``. ``arrivals`` holds (receive time,
+    command) for every command, in order."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        node: str,
+        gpus: int = 2,
+        model: str = "A100-40GB",
+        auto_ack: bool = True,
+        batch: int = 256,
+    ) -> None:
+        self.bus = bus
+        self.node = node
+        self.gpus = gpus
+        self.model = model
+        self.auto_ack = auto_ack
+        self.fail_jobs: set[str] = set()
+        self.arrivals: list[tuple[float, Command]] = []
+        self.running: dict[str, Command] = {}
+        self.seq = 0
+        self._consumer: Consumer = bus.command_consumer(node, self._on_commands, batch=batch)
+        self._task: asyncio.Task[Any] | None = None
+        self.got = asyncio.Event()
+
+    async def start(self, instances: Iterable[tuple[int, str, int]] = ()) -> None:
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._consumer.run())
+        await self.register(instances)
+
+    async def register(self, instances: Iterable[tuple[int, str, int]] = ()) -> None:
+        """Publish ``registered``; ``instances`` are (gpu index, profile, start) found on the GPUs."""
+        from shared.mig.geometry import default_geometry
+
+        model = default_geometry().model(self.model)
+        found: dict[int, list[InstanceReport]] = {}
+        for n, (gi, prof, start) in enumerate(instances):
+            p = model.profile(prof)
+            found.setdefault(gi, []).append(
+                InstanceReport(
+                    gi_id=n + 1, profile=prof, profile_id=p.profile_id, start=start, size=p.memory_slices
+                )
+            )
+        gpus = tuple(
+            GpuReport(
+                index=i, uuid=f"GPU-{self.node}-{i}", model=self.model, instances=tuple(found.get(i, ()))
+            )
+            for i in range(self.gpus)
+        )
+        await self.bus.publish(
+            self.bus.subjects.node_report(self.node),
+            Registered(id=new_id("reg"), node=self.node, at=time.time(), gpus=gpus),
+        )
+
+    async def heartbeat(self) -> None:
+        self.seq += 1
+        await self.bus.publish(
+            self.bus.subjects.node_heartbeat(self.node),
+            Heartbeat(
+                id=new_id("hb"), node=self.node, seq=self.seq, at=time.time(), running=tuple(self.running)
+            ),
+        )
+
+    async def _on_commands(self, ds: list[Delivery]) -> None:
+        t = time.time()
+        out: list[Outgoing] = []
+        for d in ds:
+            c: Command = d.data
+            self.arrivals.append((t, c))
+            if self.auto_ack:
+                out.extend(self.reply(c))
+        self.got.set()
+        if out:
+            await self.bus.publish_batch(out)
+
+    def reply(self, c: Command) -> list[Outgoing]:
+        subj = self.bus.subjects.node_report(self.node)
+        now = time.time()
+        if c.kind in ("place", "migrate_start") and c.job_id in self.fail_jobs:
+            return [
+                Outgoing(
+                    subj,
+                    CmdFailed(
+                        id=f"{c.cmd_id}.failed",
+                        node=self.node,
+                        at=now,
+                        cmd_id=c.cmd_id,
+                        command=c.kind,
+                        job_id=c.job_id,
+                        error="scripted failure",
+                        code=3,
+                    ),
+                )
+            ]
+        if c.kind == "place" and c.job_id:
+            self.running[c.job_id] = c
+        if c.kind == "migrate_start" and c.job_id:
+            self.running[c.job_id] = c
+        out = [
+            Outgoing(
+                subj,
+                CmdDone(
+                    id=f"{c.cmd_id}.done",
+                    node=self.node,
+                    at=now,
+                    cmd_id=c.cmd_id,
+                    command=c.kind,
+                    job_id=c.job_id,
+                ),
+            )
+        ]
+        if c.kind == "stop" and c.job_id:
+            out.append(Outgoing(subj, self._exit(c.job_id, "cancelled", "stopped by command")))
+        return out
+
+    def _exit(self, job_id: str, kind: str, reason: str) -> JobExited:
+        c = self.running.pop(job_id, None)
+        return JobExited(
+            id=new_id("exit"),
+            node=self.node,
+            at=time.time(),
+            job_id=job_id,
+            gpu_index=c.gpu_index if c else None,
+            instance_id=c.instance_id if c else None,
+            exit=kind,  # type: ignore[arg-type]
+            reason=reason,
+        )
+
+    async def exit(self, job_ids: Iterable[str], kind: str = "completed") -> None:
+        subj = self.bus.subjects.node_report(self.node)
+        await self.bus.publish_batch([Outgoing(subj, self._exit(j, kind, "done")) for j in job_ids])
+
+    async def wait_for(self, pred: Any, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            await asyncio.sleep(0.02)
+        return bool(pred())
+
+    def commands(self, kind: str | None = None) -> list[Command]:
+        return [c for _, c in self.arrivals if kind is None or c.kind == kind]
+
+    async def stop(self) -> None:
+        self._consumer.stop()
+        if self._task:
+            await self._task
+
+
+def _load(cls: Any, values: dict[str, Any]) -> Any:
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    return load(cls, **{k: v for k, v in values.items() if k in names})
+
+
+class Stack:
+    """Balancer + partitioner (+ migration planner) in this event loop, on one namespace."""
+
+    def __init__(
+        self, namespace: str, nats_url: str, redis_url: str, planner: bool = False, **common: Any
+    ) -> None:
+        base = {
+            "namespace": namespace,
+            "nats_url": nats_url,
+            "redis_url": redis_url,
+            "stream_storage": "memory",
+            "metrics_port": 0,
+            **common,
+        }
+        self.settings = _load(Settings, base)
+        self._b = _load(BalancerSettings, base)
+        self._p = _load(PartitionerSettings, base)
+        self._m = _load(MigrationPlannerSettings, {"defrag_interval_s": 0.0, "cooldown_s": 0.0, **base})
+        self.with_planner = planner
+        self.services: list[Any] = []
+        self.balancer: Any = None
+        self.partitioner: Any = None
+        self.planner: Any = None
+
+    async def start(self) -> None:
+        from services.balancer.service import Balancer
+        from services.migration_planner.service import MigrationPlanner
+        from services.partitioner.service import Partitioner
+
+        self.balancer = await Balancer.create(self._b)
+        self.partitioner = await Partitioner.create(self._p)
+        self.services = [self.balancer, self.partitioner]
+        if self.with_planner:
+            self.planner = await MigrationPlanner.create(self._m)
+            self.services.append(self.planner)
+        for s in self.services:
+            await s.start()
+
+    async def stop(self) -> None:
+        for s in reversed(self.services):
+            await s.stop()
+
+
+def make_settings(namespace: str, nats_url: str, redis_url: str, **kw: Any) -> Settings:
+    return load(
+        Settings,
+        namespace=namespace,
+        nats_url=nats_url,
+        redis_url=redis_url,
+        stream_storage="memory",
+        metrics_port=0,
+        **kw,
+    )
+
+
+class Namespace:
+    """A test's private bus and state: streams created at start; streams and keys removed at the end."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.bus: Bus = None  # type: ignore[assignment]
+        self.state: Any = None
+
+    async def __aenter__(self) -> Namespace:
+        from shared.state import RedisState
+
+        self.bus = await Bus.connect(self.settings, name="migsched-test")
+        await self.bus.ensure_streams()
+        self.state = RedisState.from_settings(self.settings)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.bus.delete_streams()
+            await self.state.wipe()
+        finally:
+            await self.bus.close()
+            await self.state.close()

@@ -1,0 +1,186 @@
+"""How the executor carries out one command: the MIG ops through the instance book, then the workload.
+
+Mixed into ``services.executor.service.Executor`` (it owns the bus, the backend and the job tables). Every
+path is idempotent: a replayed command finds its ops done and its workload running, and skips them. A
+``place`` or ``migrate_start`` that fails after creating instances destroys them again (``instances.undo``):
+the state store forgets a failed placement's or an aborted move's instance, so the GPU must too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from services.executor.backend import Backend, BackendError, InstanceInfo, WorkloadError, WorkloadSpec
+from services.executor.instances import InstanceBook, report, undo
+from shared.errors import MigschedError
+from shared.events import CmdDone, Command, JobStarted, now
+
+
+class CommandsMixin:
+    backend: Backend
+    book: InstanceBook
+    node: str
+    settings: Any
+    metrics: Any
+    _job_ctx: dict[str, otel_context.Context]
+    _job_started: dict[str, tuple[float, float | None]]
+    _start_reported: dict[str, asyncio.Event]
+    _job_instance: dict[str, tuple[str, int]]
+    _retired: set[str]
+
+    def _lane(self, cmd: Command) -> int:
+        raise NotImplementedError
+
+    async def _exit_reported(self, job_id: str, timeout: float) -> None:
+        raise NotImplementedError
+
+    async def register(self) -> None:
+        raise NotImplementedError
+
+    async def apply(self, cmd: Command, ctx: otel_context.Context) -> list[Any]:
+        """Carry out one command; the reports to publish (raises MigschedError when it cannot be done)."""
+        at = now()
+        done = CmdDone(
+            id=f"{cmd.cmd_id}.done",
+            node=self.node,
+            at=at,
+            cmd_id=cmd.cmd_id,
+            command=cmd.kind,
+            job_id=cmd.job_id,
+        )
+        if cmd.kind in ("stop", "migrate_stop", "resync"):
+            for job in cmd.stop_jobs if cmd.kind == "resync" else (cmd.job_id,):
+                if not job:
+                    continue
+                if cmd.kind == "migrate_stop":
+                    if not self._runs_on(job, cmd.src_instance_id):
+                        continue  # moved within this node already (make-before-break in the backend)
+                    self._retired.add(job)
+                await self.backend.stop_workload(job)
+            await self._ops(cmd)
+            if cmd.kind == "resync":
+                await self.register()
+            return [done]
+        if cmd.kind == "destroy_idle":
+            await self._ops(cmd)
+            return [done]
+        if not cmd.job_id or not cmd.instance_id:
+            raise WorkloadError(f"a {cmd.kind} command needs job_id and instance_id")
+        if cmd.kind == "migrate_start" and cmd.job_id not in self.backend.running():
+            src_node = (cmd.src_instance_id or "").split("/", 1)[0]
+            if src_node == self.node:  # its source copy was here and is gone: the job ended meanwhile
+                # The state store turns a move's target into an idle instance when the job's exit is released,
+                # so create it (and keep it) to agree, and let that exit reach the stream before this failure
+                # does: the registry then releases the job before it aborts the (already ended) move.
+                await self._exit_reported(cmd.job_id, timeout=5.0)
+                await self._ops(cmd)
+                raise WorkloadError(
+                    f"cannot move job {cmd.job_id}: it ended on {self.node} before the move; the target "
+                    f"instance {cmd.instance_id} is left idle"
+                )
+        created: list[InstanceInfo] = []
+        try:
+            return await self._start(cmd, ctx, done, created)
+        except MigschedError as exc:
+            left = await undo(self.backend, self.book, created)
+            if left:
+                raise BackendError(
+                    f"{exc}; could not undo: {'; '.join(left)}", code=getattr(exc, "code", None)
+                ) from exc
+            raise
+
+    async def _start(
+        self, cmd: Command, ctx: otel_context.Context, done: CmdDone, created: list[InstanceInfo]
+    ) -> list[Any]:
+        """``place`` / ``migrate_start``: the ops, then the workload on the target instance."""
+        assert cmd.job_id is not None and cmd.instance_id is not None
+        changed = await self._ops(cmd, created)
+        lane = self._lane(cmd)
+        target = await self.book.find(lane, cmd.instance_id)
+        if target is None:
+            raise WorkloadError(f"instance {cmd.instance_id} does not exist on GPU {lane} of {self.node}")
+        spec = WorkloadSpec(
+            argv=cmd.workload.argv,
+            env=cmd.workload.env,
+            run_as=cmd.workload.run_as,
+            duration_s=self._remaining(cmd),
+        )
+        if cmd.kind == "migrate_start" and cmd.job_id in self.backend.running():
+            await self._move(cmd.job_id, target, spec)
+        elif cmd.kind == "migrate_start":
+            # the source copy runs on another node: start here; that node stops it on migrate_stop
+            await self.backend.start_workload(cmd.job_id, target, spec)
+            self.metrics.migrated()
+        else:
+            self._start_reported[cmd.job_id] = asyncio.Event()  # set once JobStarted is out (see _exits)
+            await self.backend.start_workload(cmd.job_id, target, spec)
+        self._job_ctx[cmd.job_id] = ctx
+        self._job_instance[cmd.job_id] = (cmd.instance_id, target.gpu_index)
+        if cmd.job_id not in self._job_started or cmd.kind == "place":
+            self._job_started[cmd.job_id] = (time.monotonic(), cmd.duration_s)
+        inst = report(target, cmd.instance_id, cmd.job_id)
+        done = CmdDone(
+            id=done.id,
+            node=self.node,
+            at=now(),
+            cmd_id=cmd.cmd_id,
+            command=cmd.kind,
+            job_id=cmd.job_id,
+            instance=inst,
+        )
+        if changed:
+            self.metrics.reconfigured(changed)
+        if cmd.kind == "migrate_start":
+            return [done]
+        return [
+            done,
+            JobStarted(
+                id=f"{cmd.cmd_id}.started",
+                node=self.node,
+                at=now(),
+                job_id=cmd.job_id,
+                instance_id=cmd.instance_id,
+            ),
+        ]
+
+    async def _ops(self, cmd: Command, created: list[InstanceInfo] | None = None) -> int:
+        if not cmd.ops:
+            return 0
+        busy = {(i.gpu_index, i.gi_id) for i in self.backend.running().values()}
+        return await self.book.apply(self._lane(cmd), cmd.ops, busy, created)
+
+    def _runs_on(self, job: str, instance_id: str | None) -> bool:
+        info = self.backend.running().get(job)
+        return info is not None and (instance_id is None or self.book.name_of(info) in (instance_id, None))
+
+    def _remaining(self, cmd: Command) -> float | None:
+        """A moved job keeps the rest of its run (sim durations are in simulated seconds)."""
+        if cmd.kind != "migrate_start" or cmd.job_id not in self._job_started:
+            return cmd.duration_s
+        started, duration = self._job_started[cmd.job_id]
+        if duration is None:
+            return cmd.duration_s
+        elapsed = (time.monotonic() - started) * (
+            self.settings.executor_speedup if self.backend.name == "sim" else 1.0
+        )
+        return max(0.0, duration - elapsed)
+
+    async def _move(self, job_id: str, target: InstanceInfo, spec: WorkloadSpec) -> None:
+        """Make before break: the backend starts the target copy, confirms it, then stops the source."""
+        current = self.backend.running().get(job_id)
+        if current is not None and (current.gpu_index, current.gi_id) == (target.gpu_index, target.gi_id):
+            return  # a replayed migrate_start: the move is done
+        mover = getattr(self.backend, "move_workload", None)
+        if mover is None:
+            raise WorkloadError(f"the {self.backend.name} backend cannot move workloads")
+        confirm = self.settings.executor_confirm_s
+        if self.backend.name == "sim":
+            confirm /= self.settings.executor_speedup
+        await mover(job_id, target, spec, confirm_s=confirm)
+        self.metrics.migrated()
+
+    # --- exits and heartbeats -------------------------------------------------------------------------------

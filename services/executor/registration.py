@@ -1,0 +1,98 @@
+"""Registration and start-up reconciliation: the executor reports every GPU with what it found on it.
+
+Instances found are adopted, never torn down; anything that differs from what the scheduler expects (a GPU
+not in MIG mode, a foreign instance, a model the tables do not know, the backend's own notes) is reported as
+``Drift``; jobs the backend could not re-attach to are reported as exits of kind ``lost``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from services.executor.backend import Backend, InstanceInfo
+from services.executor.config import parse_gpus
+from services.executor.instances import InstanceBook, report
+from shared.bus import Outgoing
+from shared.events import Drift, GpuReport, JobExited, Registered, new_id, now
+from shared.mig.geometry import default_geometry
+
+
+class RegistrationMixin:
+    backend: Backend
+    book: InstanceBook
+    node: str
+    settings: Any
+    bus: Any
+    subjects: Any
+
+    async def register(self) -> None:
+        """Report every GPU with the instances found on it (adopted, never torn down) and any drift."""
+        geometry = default_geometry()
+        gpus = await self.backend.discover()
+        running = {(i.gpu_index, i.gi_id): job for job, i in self.backend.running().items()}
+        reports, drift = [], []
+        for g in gpus:
+            try:
+                self.book.models[g.index] = geometry.model(g.model)
+            except KeyError:
+                drift.append(f"GPU {g.index} is a {g.model!r}, which the geometry tables do not know")
+            instances: Sequence[InstanceInfo] = ()
+            if g.mig_enabled:
+                instances = await self.backend.list_instances(g.index)
+            else:
+                drift.append(f"GPU {g.index} is not in MIG mode: it takes whole-GPU or time-sliced jobs only")
+            for info in instances:
+                if not info.owned:
+                    drift.append(
+                        f"GPU {g.index} holds a foreign instance {info.profile}@{info.start} "
+                        f"(GI {info.gi_id}): adopted, never destroyed"
+                    )
+            reports.append(
+                GpuReport(
+                    index=g.index,
+                    uuid=g.uuid,
+                    model=g.model,
+                    mig_enabled=g.mig_enabled,
+                    instances=tuple(
+                        report(i, self.book.name_of(i), running.get((g.index, i.gi_id))) for i in instances
+                    ),
+                )
+            )
+        expected = parse_gpus(self.settings.executor_gpus) if self.backend.name != "sim" else []
+        if expected and [g.model for g in gpus] != expected:
+            drift.append(f"configured GPUs {expected} differ from the GPUs found {[g.model for g in gpus]}")
+        rec = getattr(self.backend, "reconciliation", None)
+        if rec is not None:
+            drift.extend(rec.notes)
+        at = now()
+        out = [
+            Outgoing(
+                self.subjects.node_report(self.node),
+                Registered(
+                    id=new_id("reg"), node=self.node, at=at, gpus=tuple(reports), backend=self.backend.name
+                ),
+            )
+        ]
+        if drift:
+            out.append(
+                Outgoing(
+                    self.subjects.node_report(self.node),
+                    Drift(id=new_id("drift"), node=self.node, at=at, details=tuple(drift[:64])),
+                )
+            )
+        for job in getattr(rec, "lost_jobs", ()) or ():
+            out.append(
+                Outgoing(
+                    self.subjects.node_report(self.node),
+                    JobExited(
+                        id=new_id("exit"),
+                        node=self.node,
+                        at=at,
+                        job_id=job,
+                        exit="lost",
+                        reason="the executor restarted and could not collect this job's exit status",
+                    ),
+                )
+            )
+        await self.bus.publish_batch(out)

@@ -1,0 +1,364 @@
+"""The executor: one per GPU node. A thin adapter between its ``cmd.<node>`` consumer and a GPU backend.
+
+On start it discovers its GPUs, reconciles (adopts the instances and workloads it finds, reports drift) and
+registers; then it heartbeats, applies commands and reports their results and every job exit on its own
+``node.<node>.*`` subjects (it never touches Redis: the partitioner's node registry turns reports into state).
+
+Commands of one GPU are applied one after the other in stream order (MIG operations on one GPU serialise in
+the driver anyway); different GPUs proceed in parallel. Each command is idempotent: ops already done are
+skipped (``instances.InstanceBook``), a workload already running where asked is left alone, and a command
+seen before by this process is answered with the reports it produced the first time (same message ids, so the
+stream's duplicate window drops them if they had already gone out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections import OrderedDict, defaultdict
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from services.executor.backend import Backend, BackendError
+from services.executor.commands import CommandsMixin
+from services.executor.config import ExecutorError, ExecutorSettings, build_backend, node_name, parse_gpus
+from services.executor.instances import InstanceBook, gpu_index_of
+from services.executor.metrics import ExecutorMetrics
+from services.executor.registration import RegistrationMixin
+from shared import telemetry
+from shared.bus import Bus, Delivery, Outgoing
+from shared.errors import MigschedError
+from shared.events import (
+    CmdFailed,
+    Command,
+    ExitKind,
+    Heartbeat,
+    JobExited,
+    JobStarted,
+    new_id,
+    now,
+)
+from shared.settings import load
+
+__all__ = ["Executor", "ExecutorError", "ExecutorSettings", "build_backend", "main", "parse_gpus", "serve"]
+
+log = logging.getLogger("migsched.executor")
+_tracer = telemetry.tracer("migsched.executor")
+_EXIT_KIND: dict[str, ExitKind] = {
+    "completed": "completed",
+    "failed": "failed",
+    "stopped": "cancelled",
+    "lost": "lost",
+}
+_REMEMBERED_COMMANDS = 20000
+
+
+class Executor(RegistrationMixin, CommandsMixin):
+    def __init__(self, bus: Bus, backend: Backend, settings: ExecutorSettings, node: str) -> None:
+        self.bus, self.backend, self.settings, self.node = bus, backend, settings, node
+        self.subjects = bus.subjects
+        self.book = InstanceBook(backend, {})
+        self.metrics = ExecutorMetrics(node)
+        self._gpu_locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._done: OrderedDict[str, list[Any]] = OrderedDict()
+        self._job_ctx: dict[str, otel_context.Context] = {}
+        self._job_started: dict[str, tuple[float, float | None]] = {}
+        self._start_reported: dict[str, asyncio.Event] = {}
+        # job -> (instance id, GPU index) it runs on: its exit names it, so a late exit is recognised as stale
+        self._job_instance: dict[str, tuple[str, int]] = {}
+        # jobs whose local copy was stopped by migrate_stop: the job moved on, that stop is not an exit
+        self._retired: set[str] = set()
+        # job -> set once its exit report is published (a move of a job that just ended waits for it)
+        self._exits_out: OrderedDict[str, asyncio.Event] = OrderedDict()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._consumer: Any = None
+        self._seq = 0
+        self.stopped = asyncio.Event()
+        self._stopping = False
+        # benchmarks only; closed with the process
+        self._latency_log = (
+            open(settings.executor_latency_log, "a") if settings.executor_latency_log else None  # noqa: SIM115
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.bus.ensure_streams()
+        await self.register()
+        self._consumer = self.bus.command_consumer(self.node, self.handle)
+        await self._consumer.start()
+        self._tasks = [
+            asyncio.create_task(self._consumer.run()),
+            asyncio.create_task(self._heartbeats()),
+            asyncio.create_task(self._exits()),
+        ]
+        log.info(
+            "executor %s up: %d GPUs on the %s backend", self.node, len(self.book.models), self.backend.name
+        )
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._consumer is not None and self._tasks:
+            # let the fetch loop finish its current fetch rather than cancelling it: a fetch cancelled midway
+            # leaves its subscription with an unconsumed message, and the connection's drain then never ends
+            self._consumer.stop()
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._tasks[0]), 2.0)
+            sub = getattr(self._consumer, "_sub", None)
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:  # bounded: a task that does not honour its cancellation must not hang the shutdown
+            await asyncio.wait(self._tasks, timeout=2.0)
+        self.stopped.set()
+
+    # --- commands -------------------------------------------------------------------------------------------
+    async def handle(self, deliveries: list[Delivery]) -> None:
+        """Apply a fetched batch (per GPU in stream order, GPUs in parallel), then publish its reports."""
+        lanes: dict[int, list[Delivery]] = defaultdict(list)
+        for d in deliveries:
+            lanes[self._lane(d.data)].append(d)
+        if self._latency_log is not None:
+            t = time.time()
+            self._latency_log.write(
+                "".join(
+                    f"{d.data.job_id} {d.data.submitted_at:.6f} {t:.6f}\n"
+                    for d in deliveries
+                    if d.data.kind == "place"
+                )
+            )
+            self._latency_log.flush()
+        results = await asyncio.gather(*(self._run_lane(ds) for ds in lanes.values()))
+        out = [o for lane in results for o in lane]
+        await self.bus.publish_batch(out)
+        for o in out:
+            if isinstance(o.msg, JobStarted) and o.msg.job_id in self._start_reported:
+                self._start_reported[o.msg.job_id].set()
+
+    def _lane(self, cmd: Command) -> int:
+        for candidate in (
+            cmd.gpu_index,
+            gpu_index_of(cmd.gpu_id),
+            *(gpu_index_of(op.gpu_id) for op in cmd.ops),
+        ):
+            if candidate is not None:
+                return candidate
+        job = cmd.job_id or (cmd.stop_jobs[0] if cmd.stop_jobs else None)
+        info = self.backend.running().get(job) if job else None
+        return info.gpu_index if info is not None else -1
+
+    async def _run_lane(self, deliveries: list[Delivery]) -> list[Outgoing]:
+        out: list[Outgoing] = []
+        for d in deliveries:
+            cmd: Command = d.data
+            self.metrics.received(cmd)
+            if cmd.cmd_id in self._done:
+                out += self._done[cmd.cmd_id]
+                continue
+            lane = self._lane(cmd)
+            async with self._gpu_locks[lane]:
+                with _tracer.start_as_current_span(
+                    f"executor {cmd.kind}",
+                    context=d.ctx,
+                    attributes={
+                        "migsched.node": self.node,
+                        "migsched.cmd_id": cmd.cmd_id,
+                        "migsched.job_id": cmd.job_id or "",
+                        "migsched.ops": len(cmd.ops),
+                    },
+                ) as span:
+                    ctx = trace.set_span_in_context(span, d.ctx)
+                    t0 = time.perf_counter()
+                    try:
+                        msgs = await self.apply(cmd, ctx)
+                    except MigschedError as exc:
+                        code = exc.code if isinstance(exc, BackendError) else None
+                        span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
+                        log.warning("command %s (%s) failed: %s", cmd.cmd_id, cmd.kind, exc)
+                        msgs = [
+                            CmdFailed(
+                                id=f"{cmd.cmd_id}.failed",
+                                node=self.node,
+                                at=now(),
+                                cmd_id=cmd.cmd_id,
+                                command=cmd.kind,
+                                job_id=cmd.job_id,
+                                error=str(exc)[:2000],
+                                code=code,
+                            )
+                        ]
+                    except (
+                        Exception
+                    ) as exc:  # a fault of ours or the bus: redeliver (bounded, then dead-letter)
+                        log.exception("command %s (%s) raised", cmd.cmd_id, cmd.kind)
+                        d.retry(f"executor error: {exc!r}"[:500])
+                        continue
+                    self.metrics.applied(cmd, msgs, time.perf_counter() - t0)
+            outgoing = [Outgoing(self.subjects.node_report(self.node), m, ctx) for m in msgs]
+            self._remember(cmd.cmd_id, outgoing)
+            out += outgoing
+        return out
+
+    def _remember(self, cmd_id: str, outgoing: list[Outgoing]) -> None:
+        self._done[cmd_id] = outgoing
+        while len(self._done) > _REMEMBERED_COMMANDS:
+            self._done.popitem(last=False)
+
+    async def _exits(self) -> None:
+        """Report exits as they come, in batches: everything that ended while the last batch was being
+        published goes out together (one JetStream round trip each awaited in turn caps a node near 1k/s)."""
+        while True:
+            exits = [await self.backend.next_exit()]
+            while len(exits) < 256:
+                try:
+                    exits.append(await asyncio.wait_for(self.backend.next_exit(), 0.0005))
+                except TimeoutError:
+                    break
+            out: list[Outgoing] = []
+            spans = []
+            for ex in exits:
+                started = self._start_reported.pop(ex.job_id, None)
+                if started is not None and not started.is_set():
+                    # an exit must not overtake its job's start report (a very short job, or one stopped)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(started.wait(), timeout=5.0)
+                if ex.job_id in self._retired and ex.reason == "stopped":
+                    self._retired.discard(ex.job_id)  # its copy elsewhere carries on: not an exit
+                    for table in (self._job_ctx, self._job_started, self._job_instance):
+                        table.pop(ex.job_id, None)
+                    continue
+                ctx = self._job_ctx.pop(ex.job_id, None)
+                self._job_started.pop(ex.job_id, None)
+                instance_id, gpu_index = self._job_instance.pop(ex.job_id, (None, None))
+                kind: ExitKind = _EXIT_KIND.get(ex.reason, "failed" if ex.status else "completed")
+                span = _tracer.start_span(
+                    "executor job exit",
+                    context=ctx,
+                    attributes={
+                        "migsched.job_id": ex.job_id,
+                        "migsched.exit": kind,
+                        "migsched.status": ex.status,
+                    },
+                )
+                spans.append(span)
+                msg = JobExited(
+                    id=new_id("exit"),
+                    node=self.node,
+                    at=now(),
+                    job_id=ex.job_id,
+                    status=ex.status,
+                    instance_id=instance_id,
+                    gpu_index=gpu_index,
+                    exit=kind,
+                    reason=(ex.reason + (": " + ex.output_tail if ex.output_tail else ""))[:2000],
+                )
+                out.append(
+                    Outgoing(self.subjects.node_report(self.node), msg, trace.set_span_in_context(span, ctx))
+                )
+                self.metrics.exited(kind)
+            await self._publish_reliably(out)
+            for span in spans:
+                span.end()
+            for o in out:
+                self._exit_event(o.msg.job_id).set()  # type: ignore[attr-defined]
+
+    def _exit_event(self, job_id: str) -> asyncio.Event:
+        ev = self._exits_out.get(job_id)
+        if ev is None:
+            ev = self._exits_out[job_id] = asyncio.Event()
+            while len(self._exits_out) > _REMEMBERED_COMMANDS:
+                self._exits_out.popitem(last=False)
+        return ev
+
+    async def _exit_reported(self, job_id: str, timeout: float) -> None:
+        """Until this job's exit report is on the stream (or ``timeout``)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._exit_event(job_id).wait(), timeout)
+
+    async def _publish_reliably(self, out: list[Outgoing]) -> None:
+        """Job exits must reach the stream: retry through NATS outages (same ids: the stream dedupes)."""
+        delay = 0.1
+        while out:
+            try:
+                await self.bus.publish_batch(out)
+                return
+            except MigschedError as exc:
+                if self._stopping:  # nats-py may turn our cancellation into a timeout: do not retry forever
+                    log.warning("%d job exit(s) not published while stopping: %s", len(out), exc)
+                    return
+                log.warning("publishing %d job exit(s) failed, retrying: %s", len(out), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            self._seq += 1
+            running = tuple(sorted(self.backend.running()))[:4096]
+            self.metrics.running(len(running))
+            try:
+                await self.bus.publish(
+                    self.subjects.node_heartbeat(self.node),
+                    Heartbeat(
+                        id=f"hb-{self.node}-{int(time.time() * 1000)}-{self._seq}",
+                        node=self.node,
+                        seq=self._seq,
+                        at=now(),
+                        running=running,
+                    ),
+                )
+            except MigschedError as exc:
+                log.warning("heartbeat %d not published: %s", self._seq, exc)
+            await asyncio.sleep(self.settings.heartbeat_s)
+
+
+async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event | None = None) -> None:
+    """Run one executor until ``stop`` is set (or SIGTERM/SIGINT when run as a process)."""
+    settings = settings or load(ExecutorSettings)
+    node = node_name(settings.node)
+    telemetry.setup(
+        f"migsched-executor-{node}",
+        endpoint=settings.otlp_endpoint or None,
+        sample_ratio=settings.trace_sample_ratio,
+    )
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    backend = build_backend(settings, node)
+    bus = await Bus.connect(settings, name=f"executor-{node}")
+    executor = Executor(bus, backend, settings, node)
+    try:
+        await executor.start()
+        await stop.wait()
+    finally:
+        await executor.stop()
+        await backend.close()
+        await bus.close()
+        telemetry.shutdown()
+        log.info("executor %s stopped", node)
+
+
+def main(**overrides: Any) -> None:
+    """``python -m services.executor`` / ``migsched service executor``; ``overrides`` win over MIGSCHED_*."""
+    settings = load(ExecutorSettings, **overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(settings))

@@ -1,0 +1,177 @@
+"""The migration planner: after each job exit (``jobs.exit``) and every ``defrag_interval_s``, load the shard,
+ask the pure planner (``shared.policy.migration``) for moves, reserve each move's target in Redis (one Lua per
+move with a compare-and-set on the target GPU's version and the job's cooldown via ``last_moved_at``), publish
+``sched.migrate`` for the partitioner (make before break). Publishes the fragmentation rate gauge.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from services.common import metrics as m
+from services.common.service import Service
+from shared.bus import Consumer, Delivery, Outgoing
+from shared.events import JobInfo, JobSubmit, MigrateOrder, MoveSpec, wire_gpu
+from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
+from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag
+from shared.policy.partition import new_instance_id
+from shared.policy.snapshot import ClusterSnapshot
+from shared.settings import MigrationPlannerSettings
+from shared.state import StoredInstance
+
+_SUBMIT = msgspec.json.Decoder(JobSubmit)
+
+
+class MigrationPlanner(Service):
+    name = "migration-planner"
+    settings: MigrationPlannerSettings
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        st = self.settings
+        self.params = MigrationParams(
+            threshold=st.threshold,
+            cooldown_s=st.cooldown_s,
+            max_moves=st.max_moves,
+            intra=st.intra,
+            inter=st.inter,
+        )
+        self.ordered = 0
+        self._exited: dict[str, Any] = {}  # GPU id -> trace context of an exit there, since the last plan
+
+    def consumers(self) -> list[Consumer]:
+        if not self.settings.on_exit:
+            return []
+        s = self.subjects
+        return [self.bus.consumer(s.stream_jobs, "planner-exit", s.jobs_exit, self.on_exit)]
+
+    def periodic(self) -> list[tuple[str, float, Any]]:
+        return [
+            ("defrag", self.settings.defrag_interval_s, self.defrag),
+            ("after-exits", self.settings.plan_interval_s, self.plan_exits),
+        ]
+
+    async def on_exit(self, ds: list[Delivery]) -> None:
+        """Note where jobs left. The release is already committed (the node registry publishes ``jobs.exit``
+        after it), so the snapshot read at planning time shows the GPUs without them."""
+        for d in ds:
+            self._exited.setdefault(d.data.gpu_id, d.ctx)
+
+    async def plan_exits(self) -> int:
+        if not self._exited:
+            return 0
+        exited, self._exited = self._exited, {}
+        now = time.time()
+        n = 0
+        for shard in range(self.settings.shards):
+            snap, vers = await self.state.snapshot(self.geometry, shard)
+            moves: list[Move] = []
+            moved: set[str] = set()
+            for gpu_id in exited:
+                if gpu_id not in snap.position:
+                    continue
+                for mv in plan_after_exit(snap, gpu_id, now, self.params):
+                    if mv.job_id not in moved:
+                        moves.append(mv)
+                        moved.add(mv.job_id)
+            ctx = next(iter(exited.values()))
+            n += await self.order(snap, vers, moves[: self.params.max_moves * len(exited)], now, ctx)
+        return n
+
+    async def defrag(self) -> int:
+        now = time.time()
+        n = 0
+        for shard in range(self.settings.shards):
+            snap, vers = await self.state.snapshot(self.geometry, shard)
+            n += await self.order(snap, vers, list(plan_defrag(snap, now, self.params)), now, None)
+        return n
+
+    async def order(
+        self, snap: ClusterSnapshot, vers: dict[str, int], moves: list[Move], now: float, ctx: Any
+    ) -> int:
+        """Reserve the moves in order (one pipeline) and publish the ones reserved; return how many."""
+        m.FRAG_RATE.labels(self.name).set(frag_rate(snap, UNIFORM_SHAPES))
+        if not moves:
+            return 0
+        expected = dict(vers)
+        nonce = f"m{int(now * 1000)}"
+        b = self.state.batch()
+        staged: list[tuple[Move, str, int]] = []
+        for mv in moves:
+            dst = snap.gpu(mv.dst_gpu)
+            prof = self.geometry.model(dst.model).profile(mv.dst_profile)
+            iid = new_instance_id(mv.dst_gpu, prof.name, mv.dst_start, f"{mv.job_id}.{nonce}")
+            inst = StoredInstance(
+                id=iid,
+                profile=prof.name,
+                start=mv.dst_start,
+                size=prof.memory_slices,
+                compute=prof.compute_slices,
+            )
+            idx = b.migrate_reserve(
+                mv.job_id,
+                mv.src_instance,
+                mv.dst_gpu,
+                expected.get(mv.dst_gpu, 0),
+                inst,
+                mv.destroy,
+                prof.max_count,
+                self.params.cooldown_s,
+                mv.reason[:500],
+                now,
+            )
+            staged.append((mv, iid, idx))
+            expected[mv.dst_gpu] = expected.get(mv.dst_gpu, 0) + 1  # only the target's claim version moves
+        results = await b.run()
+        jobs = {
+            j.job_id: j for j in await self.state.jobs([mv.job_id for mv, _, _ in staged]) if j is not None
+        }
+        out: list[Outgoing] = []
+        for mv, iid, idx in staged:
+            status, detail = results[idx]
+            if status != "ok":
+                m.MIGRATIONS.labels(mv.kind, f"not_reserved_{status}").inc()
+                self.log.debug("move of %s not reserved: %s %s", mv.job_id, status, detail)
+                continue
+            job = jobs.get(mv.job_id)
+            info = JobInfo()
+            if job is not None and job.spec:
+                try:
+                    sub = _SUBMIT.decode(job.spec)
+                    info = JobInfo(
+                        tenant=sub.tenant,
+                        priority=sub.priority,
+                        latency_sensitive=sub.latency_sensitive,
+                        migratable=sub.migratable,
+                        duration_hint_s=sub.duration_hint_s,
+                        workload=sub.workload,
+                        submitted_at=sub.submitted_at,
+                    )
+                except msgspec.DecodeError:
+                    pass
+            src = snap.gpu(mv.src_gpu).instance(mv.src_instance)
+            if info.duration_hint_s is not None and src is not None and src.started_at > 0:
+                # the copy on the target runs for what is left of the job, not for all of it again
+                left = max(0.0, info.duration_hint_s - (now - src.started_at))
+                info = msgspec.structs.replace(info, duration_hint_s=left)
+            spec = MoveSpec(**{f: getattr(mv, f) for f in MoveSpec.__struct_fields__})
+            order = MigrateOrder(
+                id=f"migrate:{mv.job_id}:{nonce}",
+                move=spec,
+                src_node=snap.gpu(mv.src_gpu).node,
+                dst_node=snap.gpu(mv.dst_gpu).node,
+                dst_instance=iid,
+                nonce=nonce,
+                dst_gpu_view=wire_gpu(snap.gpu(mv.dst_gpu)),
+                job=info,
+                decided_at=now,
+            )
+            out.append(Outgoing(self.subjects.sched_migrate, order, ctx))
+            m.MIGRATIONS.labels(mv.kind, "ordered").inc()
+            self.log.info("move %s: %s", mv.job_id, mv.reason)
+        await self.bus.publish_batch(out)
+        self.ordered += len(out)
+        return len(out)

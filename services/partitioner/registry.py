@@ -1,0 +1,187 @@
+"""The node registry (runs inside the partitioner): registrations, heartbeats, liveness, command time-outs.
+
+- ``registered``: the node's GPUs are written into Redis (a new GPU adopts the instances the node reports as
+  idle; a known one is reconciled, see ``lua/node.lua``), then ``sched.capacity`` tells the balancer.
+- ``node.<node>.heartbeat``: last-seen time (the registry's clock, not the node's: no skew). A heartbeat from
+a
+  node the registry considers lost, or never saw register, gets a ``resync`` command: stop the listed jobs
+  (they
+  were re-queued elsewhere) and register again.
+- liveness (every ``node_timeout_s / 5``): a node silent for ``node_timeout_s`` is marked lost; its GPUs
+become
+  unhealthy and empty and its jobs go back to the queue (one Lua script), then ``sched.capacity``.
+- commands without a result for ``cmd_timeout_s``: a placement is failed (re-queued), others are forgotten.
+
+Executors never touch Redis: everything they say arrives here as a message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from services.common import metrics as m
+from shared.bus import Delivery, Outgoing
+from shared.errors import UnknownModelError
+from shared.events import CapacityChanged, Command, Registered
+from shared.state import gpu_id_of
+
+
+class RegistryMixin:
+    """Mixed into ``Partitioner``; expects ``state``, ``bus``, ``subjects``, ``settings``, ``geometry``,
+    ``log``."""
+
+    state: Any
+    bus: Any
+    subjects: Any
+    settings: Any
+    geometry: Any
+    log: Any
+
+    def init_registry(self) -> None:
+        self.node_state: dict[str, str] = {}
+
+    async def on_registered(self, d: Delivery) -> None:
+        r: Registered = d.data
+        now = time.time()
+        gpus: list[dict[str, Any]] = []
+        for g in r.gpus:
+            try:
+                model = self.geometry.model(g.model)
+            except UnknownModelError:
+                self.log.warning("node %s GPU %d: unknown model %r, not scheduled", r.node, g.index, g.model)
+                continue
+            gid = gpu_id_of(r.node, g.index)
+            insts = []
+            for i in g.instances:
+                if not model.has_profile(i.profile):
+                    self.log.warning("node %s GPU %d: unknown profile %r ignored", r.node, g.index, i.profile)
+                    continue
+                p = model.profile(i.profile)
+                iid = i.instance_id or f"{gid}:{p.name}@{i.start}:adopted{i.gi_id}"
+                insts.append(
+                    {
+                        "id": iid,
+                        "profile": p.name,
+                        "start": i.start,
+                        "size": p.memory_slices,
+                        "compute": p.compute_slices,
+                    }
+                )
+            gpus.append(
+                {
+                    "id": gid,
+                    "index": g.index,
+                    "model": model.name,
+                    "mig": g.mig_enabled,
+                    "healthy": g.healthy,
+                    "uuid": g.uuid,
+                    "instances": insts,
+                }
+            )
+        if not gpus:
+            return
+        res = await self.state.register_node(r.node, gpus, now)
+        self.node_state[r.node] = "up"
+        if res["drift"]:
+            self.log.warning("node %s registered with drift: %s", r.node, "; ".join(res["drift"]))
+        if res["requeued"]:
+            self.log.warning("node %s: re-queued %s", r.node, ", ".join(res["requeued"]))
+        d.span.set_attribute("migsched.gpus", len(gpus))
+        await self.bus.publish(
+            self.subjects.sched_capacity,
+            CapacityChanged(
+                id=f"cap-reg-{r.node}-{r.id}"[:200],
+                gpu_ids=tuple(res["gpus"]),
+                reason=f"node {r.node} registered",
+                at=now,
+            ),
+            ctx=d.ctx,
+        )
+
+    async def on_heartbeat(self, ds: list[Delivery]) -> None:
+        now = time.time()
+        await self.state.heartbeat([(d.data.node, now) for d in ds])
+        out: list[Outgoing] = []
+        for d in ds:
+            hb = d.data
+            st = self.node_state.get(hb.node)
+            if st is None:
+                st = (await self.state.nodes()).get(hb.node, {}).get("state", "unknown")
+                self.node_state[hb.node] = st
+            if st != "up":
+                cid = f"resync:{hb.node}:{int(now // 10)}"
+                out.append(
+                    Outgoing(
+                        self.subjects.cmd(hb.node),
+                        Command(
+                            id=cid,
+                            cmd_id=cid,
+                            kind="resync",
+                            node=hb.node,
+                            stop_jobs=hb.running if st == "lost" else (),
+                            at=now,
+                        ),
+                    )
+                )
+        if out:
+            await self.bus.publish_batch(out)
+
+    async def check_liveness(self) -> None:
+        now = time.time()
+        nodes = await self.state.nodes()
+        counts = {"up": 0, "lost": 0}
+        for node, h in nodes.items():
+            st = h.get("state", "up")
+            if st == "up" and float(h.get("last_seen", "0") or 0) < now - self.settings.node_timeout_s:
+                res = await self.state.node_lost(
+                    node, now, f"node {node} missed heartbeats for {self.settings.node_timeout_s:g}s"
+                )
+                self.log.warning("node %s lost; re-queued %d job(s)", node, len(res["requeued"]))
+                st = "lost"
+                await self.bus.publish(
+                    self.subjects.sched_capacity,
+                    CapacityChanged(
+                        id=f"cap-lost-{node}-{int(now)}",
+                        gpu_ids=tuple(res["gpus"]),
+                        reason=f"node {node} lost",
+                        at=now,
+                    ),
+                )
+            self.node_state[node] = st
+            counts[st] = counts.get(st, 0) + 1
+        for st, n in counts.items():
+            m.NODES.labels(st).set(n)
+
+    async def sweep_commands(self) -> None:
+        now = time.time()
+        for shard in range(self.settings.shards):
+            cmds = await self.state.commands(shard)
+            tracked = {info.get("job") for info in cmds.values()}
+            # reserved, but its command never went out (a crash between commit and publish): start again
+            for job in await self.state.placing_since(shard, now - self.settings.cmd_timeout_s):
+                if job not in tracked:
+                    await self.placement_failed(job, "no command was sent for the placement", "")
+            for cid, info in cmds.items():
+                if now - float(info.get("at", now)) < self.settings.cmd_timeout_s:
+                    continue
+                if info.get("kind") == "place" and info.get("job"):
+                    await self.placement_failed(
+                        info["job"], f"no result for {cid} within {self.settings.cmd_timeout_s:g}s", cid
+                    )
+                await self.state.forget_command(shard, cid)
+                m.COMMANDS.labels(info.get("kind", "?"), "timeout").inc()
+
+    async def placement_failed(self, job_id: str, why: str, cmd_id: str) -> None:
+        now = time.time()
+        status, new_state, gpu = await self.state.fail_placement(
+            job_id, why, now, self.settings.max_attempts, cmd_id
+        )
+        if status == "ok":
+            self.log.info("placement of %s failed (%s): job now %s", job_id, why, new_state)
+            await self.bus.publish(
+                self.subjects.sched_capacity,
+                CapacityChanged(
+                    id=f"cap-fail-{job_id}-{int(now * 1000)}"[:200], gpu_ids=(gpu,), reason=why[:500], at=now
+                ),
+            )

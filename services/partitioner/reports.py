@@ -1,0 +1,205 @@
+"""What executors report (``node.<node>.report``), turned into state transitions by the partitioner.
+
+- ``cmd_done``: place -> mark running; migrate_start -> send migrate_stop for the source; migrate_stop ->
+commit
+  the move; destroy_idle -> drop the instance (its slices are free: capacity changed).
+- ``cmd_failed``: place -> release the reservation and re-queue the job (or fail it after max attempts), then
+a
+  capacity signal so the balancer re-decides it; migrate_start -> abort the move; destroy_idle -> the instance
+  is
+  idle again.
+- ``job_started``: mark running (idempotent with cmd_done).
+- ``job_exit``: release (the first release frees the slices) and re-publish as ``jobs.exit`` for the balancer,
+  the partitioner's retention and the migration planner. An exit naming another instance than the job's
+  current one (a late message from before a re-queue) is stale and ignored.
+- ``registered`` / ``drift``: the node registry (``registry``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
+
+from services.common import metrics as m
+from shared.bus import Delivery, Outgoing
+from shared.events import CapacityChanged, CmdDone, CmdFailed, Command, JobExit, JobExited, JobStarted
+from shared.state import gpu_id_of
+
+
+class ReportsMixin:
+    """Mixed into ``Partitioner``; expects ``state``, ``bus``, ``subjects``, ``settings``, ``log``."""
+
+    state: Any
+    bus: Any
+    subjects: Any
+    settings: Any
+    log: Any
+    _released: OrderedDict[tuple[str, str], Any]
+
+    def remember_release(self, job_id: str, instance_id: str, gpu: Any) -> None:
+        """Keep the GPU as this process's release left it, for the partitioner's own ``jobs.exit`` consumer
+        (the same process, a moment later): it then needs no second release call to know the GPU."""
+        if not hasattr(self, "_released"):
+            self._released = OrderedDict()
+        self._released[(job_id, instance_id)] = gpu
+        while len(self._released) > 20_000:
+            self._released.popitem(last=False)
+
+    def recall_release(self, job_id: str, instance_id: str) -> Any:
+        return self._released.pop((job_id, instance_id), None) if hasattr(self, "_released") else None
+
+    async def on_report(self, ds: list[Delivery]) -> None:
+        now = time.time()
+        b = self.state.batch()
+        after: list[tuple[Delivery, int, str]] = []
+        for d in ds:
+            r = d.data
+            kind = r.__struct_config__.tag
+            if kind == "registered":
+                await self.on_registered(d)  # type: ignore[attr-defined]
+            elif kind == "drift":
+                self.log.warning("drift on %s: %s", r.node, "; ".join(r.details))
+            elif isinstance(r, CmdDone):
+                after.append((d, self._done(b, r, now), "done"))
+            elif isinstance(r, CmdFailed):
+                after.append((d, self._failed(b, r, now), "failed"))
+            elif isinstance(r, JobStarted):
+                b.mark_running(r.job_id, r.instance_id, now)
+            elif isinstance(r, JobExited):
+                iid = r.instance_id or ""
+                after.append((d, b.release(r.job_id, r.exit, r.reason or f"exit {r.exit}", now, iid), "exit"))
+        results = await b.run() if len(b) else []
+        out: list[Outgoing] = []
+        freed: list[str] = []
+        for d, idx, what in after:
+            r = d.data
+            if what == "done" and r.command == "migrate_start":
+                out.extend(await self._stop_source(d, r, now))
+                continue
+            if idx < 0:
+                continue
+            res = results[idx]
+            if what == "exit":
+                out.extend(self._exit_out(d, r, res, now))
+                if res.status == "ok" and res.gpu is not None and r.instance_id:
+                    self.remember_release(r.job_id, r.instance_id, res.gpu)
+
+            elif what == "done" and r.command == "migrate_stop" and res[0] == "ok":
+                src_gpu = res[1].split("|", 1)[0]
+                freed.append(src_gpu)
+                m.MIGRATIONS.labels("move", "committed").inc()
+            elif what == "done" and r.command == "destroy_idle" and res == "ok":
+                freed.append(_gpu_of(r))
+            elif what == "failed" and r.command == "place" and res[0] == "ok":
+                freed.append(res[2])
+                self.log.info(
+                    "placement of %s failed on %s (%s): job now %s", r.job_id, r.node, r.error, res[1]
+                )
+            elif what == "failed" and r.command == "migrate_start":
+                m.MIGRATIONS.labels("move", "aborted").inc()
+        if freed:
+            out.append(
+                Outgoing(
+                    self.subjects.sched_capacity,
+                    CapacityChanged(
+                        id=f"cap-{ds[0].msg.metadata.sequence.stream}-{ds[0].subject}".replace(".", "-")[
+                            :200
+                        ],
+                        gpu_ids=tuple(sorted(set(freed))),
+                        reason="instances freed",
+                        at=now,
+                    ),
+                )
+            )
+        if out:
+            await self.bus.publish_batch(out)
+
+    def _done(self, b: Any, r: CmdDone, now: float) -> int:
+        m.COMMANDS.labels(r.command, "done").inc()
+        if r.command == "place" and r.job_id:
+            iid = r.instance.instance_id if r.instance and r.instance.instance_id else ""
+            return int(b.mark_running(r.job_id, iid or "", now, r.cmd_id))
+        if r.command == "migrate_stop" and r.job_id:
+            return int(b.migrate_finish("commit", r.job_id, "moved: target started, source stopped", now))
+        if r.command == "destroy_idle":
+            iid = _instance_of(r.cmd_id)
+            return int(b.instance("drop", r.node, iid.split(":", 1)[0], iid, now)) if iid else -1
+        if r.command == "migrate_start":
+            return -2  # handled after the batch (needs the job's source)
+        return -1
+
+    def _failed(self, b: Any, r: CmdFailed, now: float) -> int:
+        m.COMMANDS.labels(r.command, "failed").inc()
+        reason = f"executor on {r.node} failed {r.command}: {r.error}"[:1000]
+        if r.command == "place" and r.job_id:
+            return int(b.fail_placement(r.job_id, reason, now, self.settings.max_attempts, r.cmd_id))
+        if r.command == "migrate_start" and r.job_id:
+            return int(b.migrate_finish("abort", r.job_id, reason, now))
+        if r.command == "destroy_idle":
+            iid = _instance_of(r.cmd_id)
+            return int(b.instance("restore", r.node, iid.split(":", 1)[0], iid, now)) if iid else -1
+        return -1
+
+    def _exit_out(self, d: Delivery, r: JobExited, res: Any, now: float) -> list[Outgoing]:
+        if res.status == "stale" or (res.status == "noop" and not res.state):
+            self.log.info("ignored exit of %s from %s: %s", r.job_id, r.node, res.status)
+            return []
+        gpu = res.gpu_id or gpu_id_of(r.node, r.gpu_index or 0)
+        iid = r.instance_id or res.instance_id or ""
+        e = JobExit(
+            id=f"exit:{r.job_id}:{iid or r.id}"[:200],
+            job_id=r.job_id,
+            node=r.node,
+            gpu_id=gpu,
+            instance_id=iid or "unknown",
+            status=r.status,
+            kind=r.exit,
+            reason=r.reason,
+            at=r.at,
+            profile=res.profile or None,
+        )
+        return [Outgoing(self.subjects.jobs_exit, e, d.ctx)]
+
+    async def _stop_source(self, d: Delivery, r: CmdDone, now: float) -> list[Outgoing]:
+        job = await self.state.job(r.job_id or "")
+        target = r.instance.instance_id if r.instance else None
+        ended = job is not None and job.state in ("finished", "failed", "cancelled", "rejected")
+        if job is not None and ended and target and job.inst != target:
+            # the job ended while its target copy was starting on r.node: retire that copy without an exit
+            # (the executor's migrate_stop stops the copy on src_instance_id and reports no job exit)
+            cid = r.cmd_id.removesuffix(":start") + ":orphan"
+            tail = target.split(":", 1)[0].rsplit("/", 1)[-1]
+            orphan = Command(
+                id=cid, cmd_id=cid, kind="migrate_stop", node=r.node,
+                gpu_index=int(tail) if tail.isdigit() else None,
+                src_instance_id=target, job_id=r.job_id, at=now,
+            )
+            return [Outgoing(self.subjects.cmd(r.node), orphan, d.ctx)]
+        if job is None or job.state != "migrating":
+            return []
+        cid = r.cmd_id.removesuffix(":start") + ":stop"
+        gi = int(job.gpu.rsplit("/", 1)[1]) if "/" in job.gpu else None
+        cmd = Command(
+            id=cid,
+            cmd_id=cid,
+            kind="migrate_stop",
+            node=job.node,
+            gpu_id=job.gpu,
+            gpu_index=gi,
+            instance_id=job.mig_inst,
+            src_instance_id=job.inst,
+            job_id=job.job_id,
+            at=now,
+        )
+        m.COMMANDS.labels("migrate_stop", "sent").inc()
+        return [Outgoing(self.subjects.cmd(job.node), cmd, d.ctx)]
+
+
+def _instance_of(cmd_id: str) -> str:
+    return cmd_id.removeprefix("destroy:") if cmd_id.startswith("destroy:") else ""
+
+
+def _gpu_of(r: CmdDone) -> str:
+    iid = _instance_of(r.cmd_id)
+    return iid.split(":", 1)[0] if iid else ""

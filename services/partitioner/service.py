@@ -1,0 +1,283 @@
+"""The partitioner: turns decisions into ordered, idempotent executor commands (``cmd.<node>``).
+
+- ``sched.placed`` -> ``plan_partition`` on the GPU as the decision saw it (proved current by the CAS) -> a
+  ``place`` command (destroy idle instances in the way, create GI+CI at the exact placement, start the
+  workload); the command is tracked in Redis (``{ns:s}:cmds``) until the executor reports.
+- ``sched.migrate`` -> ``migrate_start`` on the target node (make before break); its confirmation sends
+  ``migrate_stop`` for the source, whose confirmation commits the move (``reports``).
+- ``jobs.exit`` -> release (idempotent) -> keep the idle instance for reuse or destroy it
+  (``shared.policy.retention``): retire it in Redis, send ``destroy_idle``; the slices are free once it is
+  gone.
+- ``jobs.cancel`` -> cancel transition; an active job gets a ``stop`` command.
+- ``node.*.report`` / ``node.*.heartbeat``: the node registry and command results (``registry``, ``reports``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from services.common import metrics as m
+from services.common.service import Service
+from services.partitioner.registry import RegistryMixin
+from services.partitioner.reports import ReportsMixin
+from shared.bus import Consumer, Delivery, Outgoing
+from shared.events import Command, MigrateOrder, Placed
+from shared.policy.partition import PartitionPlan, plan_partition
+from shared.policy.placement import Slot
+from shared.policy.retention import RecentDemand, RetentionParams, keep_idle
+from shared.settings import PartitionerSettings
+from shared.state import StoredGpu, shard_of
+
+
+def place_cmd_id(job_id: str, attempt: int) -> str:
+    return f"place:{job_id}:{attempt}"
+
+
+class Partitioner(RegistryMixin, ReportsMixin, Service):
+    name = "partitioner"
+    settings: PartitionerSettings
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        st = self.settings
+        self.retention = RetentionParams(window_s=st.retention_window_s, min_share=st.retention_min_share)
+        self.demand = RecentDemand(st.retention_window_s)
+        self.init_registry()
+
+    def consumers(self) -> list[Consumer]:
+        s, b = self.subjects, self.bus
+        return [
+            b.consumer(s.stream_sched, "partitioner-placed", s.sched_placed, self.on_placed, concurrency=2),
+            b.consumer(s.stream_sched, "partitioner-migrate", s.sched_migrate, self.on_migrate),
+            b.consumer(s.stream_jobs, "partitioner-exit", s.jobs_exit, self.on_exit),
+            b.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, self.on_cancel),
+            b.consumer(s.stream_node, "registry-report", s.node_reports, self.on_report),
+            b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.on_heartbeat),
+        ]
+
+    def periodic(self) -> list[tuple[str, float, Any]]:
+        st = self.settings
+        return [
+            ("liveness", max(0.2, st.node_timeout_s / 5), self.check_liveness),
+            ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.sweep_commands),
+        ]
+
+    # --- sched.placed ---------------------------------------------------------------------------------------
+    async def on_placed(self, ds: list[Delivery]) -> None:
+        t0 = time.perf_counter()
+        now = time.time()
+        out: list[Outgoing] = []
+        track = self.state.batch()
+        failed: list[tuple[Placed, str]] = []
+        for d in ds:
+            p: Placed = d.data
+            slot = p.placement.slot
+            plan = plan_partition(p.gpu, self.geometry.model(slot.model), slot, p.job_id)
+            if not isinstance(plan, PartitionPlan):  # cannot happen after a CAS on this view; never act on it
+                failed.append((p, f"partition plan conflict: {plan.reason}"))
+                d.span.set_attribute("migsched.plan_conflict", plan.reason)
+                continue
+            cmd = Command(
+                id=place_cmd_id(p.job_id, p.attempt),
+                cmd_id=place_cmd_id(p.job_id, p.attempt),
+                kind="place",
+                node=slot.node,
+                gpu_id=slot.gpu_id,
+                gpu_index=p.gpu.index,
+                ops=plan.ops,
+                instance_id=plan.instance_id,
+                job_id=p.job_id,
+                workload=p.job.workload,
+                duration_s=p.job.duration_hint_s,
+                at=now,
+                submitted_at=p.job.submitted_at,
+            )
+            track.track_command(
+                shard_of(slot.node, self.settings.shards),
+                cmd.cmd_id,
+                {"node": slot.node, "kind": "place", "job": p.job_id, "gpu": slot.gpu_id, "at": now},
+            )
+            out.append(Outgoing(self.subjects.cmd(slot.node), cmd, d.ctx))
+            self.demand.observe(slot.profile, now)
+            for op in plan.ops:
+                if op.kind in ("create_gi", "destroy_gi"):
+                    m.RECONFIGURATIONS.labels(op.kind).inc()
+            d.span.set_attribute("migsched.ops", len(plan.ops))
+        # tracking is for time-outs only: it need not precede the command, so both go in one round trip
+        await asyncio.gather(track.run(), self.bus.publish_batch(out))
+        m.COMMANDS.labels("place", "sent").inc(len(out))
+        for p, why in failed:
+            await self.placement_failed(p.job_id, why, "")
+        m.BATCH_SECONDS.labels(self.name, "placed").observe(time.perf_counter() - t0)
+        m.BATCH_SIZE.labels(self.name, "placed").observe(len(ds))
+
+    # --- sched.migrate --------------------------------------------------------------------------------------
+    async def on_migrate(self, ds: list[Delivery]) -> None:
+        now = time.time()
+        out: list[Outgoing] = []
+        for d in ds:
+            o: MigrateOrder = d.data
+            mv = o.move
+            model = self.geometry.model(o.dst_gpu_view.model)
+            prof = model.profile(mv.dst_profile)
+            slot = Slot(
+                gpu_id=mv.dst_gpu,
+                node=o.dst_node,
+                model=model.name,
+                profile=prof.name,
+                start=mv.dst_start,
+                size=prof.memory_slices,
+                compute=prof.compute_slices,
+                action="create",
+                destroy=mv.destroy,
+            )
+            plan = plan_partition(o.dst_gpu_view, model, slot, f"{mv.job_id}.{o.nonce}")
+            if not isinstance(plan, PartitionPlan) or plan.instance_id != o.dst_instance:
+                why = plan.reason if not isinstance(plan, PartitionPlan) else "target instance id mismatch"
+                b = self.state.batch()
+                b.migrate_finish("abort", mv.job_id, f"migration plan conflict: {why}", now)
+                await b.run()
+                m.MIGRATIONS.labels(mv.kind, "aborted").inc()
+                continue
+            cid = f"mig:{mv.job_id}:{o.nonce}:start"
+            out.append(
+                Outgoing(
+                    self.subjects.cmd(o.dst_node),
+                    Command(
+                        id=cid,
+                        cmd_id=cid,
+                        kind="migrate_start",
+                        node=o.dst_node,
+                        gpu_id=mv.dst_gpu,
+                        gpu_index=o.dst_gpu_view.index,
+                        ops=plan.ops,
+                        instance_id=plan.instance_id,
+                        src_instance_id=mv.src_instance,
+                        job_id=mv.job_id,
+                        workload=o.job.workload,
+                        duration_s=o.job.duration_hint_s,
+                        at=now,
+                        submitted_at=o.job.submitted_at,
+                    ),
+                    d.ctx,
+                )
+            )
+            d.span.set_attribute("migsched.move", mv.reason[:500])
+        await self.bus.publish_batch(out)
+        m.COMMANDS.labels("migrate_start", "sent").inc(len(out))
+
+    # --- jobs.exit: keep or destroy the idle instance -------------------------------------------------------
+    async def on_exit(self, ds: list[Delivery]) -> None:
+        """Release (idempotent: the node registry released before publishing, so this is a no-op that hands
+        back the GPU as it is now; skipped when this process's registry did it), then keep or destroy the
+        instance the job left."""
+        now = time.time()
+        b = self.state.batch()
+        freed: list[tuple[StoredGpu, str, Any]] = []
+        asked: list[Delivery] = []
+        for d in ds:
+            e = d.data
+            known = self.recall_release(e.job_id, e.instance_id)
+            if known is not None:  # released by this process's registry a moment ago: nothing to redo
+                freed.append((known, e.instance_id, d.span))
+                continue
+            b.release(e.job_id, e.kind, e.reason or f"exit {e.kind}", now, e.instance_id)
+            asked.append(d)
+        if asked:
+            for d, res in zip(asked, await b.run(), strict=True):
+                if res.gpu is not None:
+                    freed.append((res.gpu, d.data.instance_id, d.span))
+        if freed:
+            await self.retain_or_destroy(freed)
+
+    async def retain_or_destroy(self, freed: list[tuple[StoredGpu, str, Any]]) -> None:
+        """``freed``: (the GPU after the release, the instance the job left, its span)."""
+        now = time.time()
+        retire = self.state.batch()
+        planned: list[tuple[Any, Any, str]] = []
+        counts = self.demand.counts(now)
+        for g, instance_id, span in freed:
+            inst = next((i for i in g.instances if i.id == instance_id), None)
+            if inst is None or inst.state != "idle":
+                continue  # already reused, retired or gone
+            same = sum(
+                1 for i in g.instances if i.state == "idle" and i.profile == inst.profile and i.id != inst.id
+            )
+            verdict = keep_idle(inst.profile, counts, same, self.retention)
+            span.set_attribute("migsched.retention", verdict.reason)
+            if verdict.keep:
+                continue
+            retire.instance("retire", g.node, g.id, inst.id, now)
+            planned.append((g, inst, verdict.reason))
+        if not planned:
+            return
+        out: list[Outgoing] = []
+        for (g, inst, why), status in zip(planned, await retire.run(), strict=True):
+            if status != "ok":
+                continue
+            out.append(Outgoing(self.subjects.cmd(g.node), self.destroy_command(g, inst, now)))
+            self.log.debug("destroying idle %s: %s", inst.id, why)
+        await self.bus.publish_batch(out)
+        m.COMMANDS.labels("destroy_idle", "sent").inc(len(out))
+
+    def destroy_command(self, g: Any, inst: Any, now: float) -> Command:
+        from shared.policy.partition import MigOp
+
+        model = self.geometry.model(g.model)
+        pid = model.profile(inst.profile).profile_id if model.has_profile(inst.profile) else 0
+        ops = tuple(
+            MigOp(
+                kind=k,
+                gpu_id=g.id,
+                instance_id=inst.id,
+                profile=inst.profile,
+                profile_id=pid,
+                start=inst.start,
+                size=inst.size,
+            )
+            for k in ("destroy_ci", "destroy_gi")
+        )
+        m.RECONFIGURATIONS.labels("destroy_gi").inc()
+        cid = f"destroy:{inst.id}"[:200]
+        return Command(
+            id=cid,
+            cmd_id=cid,
+            kind="destroy_idle",
+            node=g.node,
+            gpu_id=g.id,
+            gpu_index=g.index,
+            ops=ops,
+            instance_id=inst.id,
+            at=now,
+        )
+
+    # --- jobs.cancel ----------------------------------------------------------------------------------------
+    async def on_cancel(self, ds: list[Delivery]) -> None:
+        now = time.time()
+        b = self.state.batch()
+        for d in ds:
+            b.cancel(d.data.job_id, d.data.reason or "cancelled by request", now)
+        out: list[Outgoing] = []
+        for d, res in zip(ds, await b.run(), strict=True):
+            if res.status == "stop" and res.node:
+                cid = f"stop:{d.data.job_id}"
+                out.append(
+                    Outgoing(
+                        self.subjects.cmd(res.node),
+                        Command(
+                            id=cid,
+                            cmd_id=cid,
+                            kind="stop",
+                            node=res.node,
+                            gpu_id=res.gpu_id or None,
+                            instance_id=res.instance_id or None,
+                            job_id=d.data.job_id,
+                            at=now,
+                        ),
+                        d.ctx,
+                    )
+                )
+        await self.bus.publish_batch(out)
+        m.COMMANDS.labels("stop", "sent").inc(len(out))

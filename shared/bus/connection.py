@@ -1,0 +1,168 @@
+"""One NATS connection with JetStream for one namespace: stream set-up and publishing.
+
+Publishing always sets ``Nats-Msg-Id`` (the message's ``id``) so that a republish after a crash is dropped by
+the
+stream's duplicate window, and injects the W3C ``traceparent`` of the given (or current) OpenTelemetry context
+so
+that one job is one trace across hops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext, api
+from nats.js.errors import BadRequestError, NotFoundError
+from opentelemetry import context as otel_context
+
+from shared import telemetry
+from shared.errors import MigschedError
+from shared.events import Subjects, encode
+from shared.settings import Settings
+
+log = logging.getLogger("migsched.bus")
+
+
+class BusError(MigschedError):
+    """NATS/JetStream refused an operation (stream set-up, publish not acknowledged)."""
+
+
+class Outgoing(NamedTuple):
+    """One message to publish: ``msg_id`` defaults to the message's ``id``; ``ctx`` is the trace parent."""
+
+    subject: str
+    msg: msgspec.Struct
+    ctx: otel_context.Context | None = None
+    msg_id: str | None = None
+
+
+class Bus:
+    """JetStream access for one namespace. Create with ``await Bus.connect(settings)``."""
+
+    def __init__(self, nc: NATS, settings: Settings) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(publish_async_max_pending=8192)
+        self.settings = settings
+        self.subjects = Subjects(settings.namespace)
+
+    @classmethod
+    async def connect(cls, settings: Settings, name: str = "migsched", **options: Any) -> Bus:
+        servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
+        nc = await nats.connect(
+            servers=servers,
+            name=name,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            pending_size=64 * 1024 * 1024,
+            **options,
+        )
+        return cls(nc, settings)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            # nothing more can be sent on a broken connection: closing is all that is left
+            with contextlib.suppress(Exception):
+                await self.nc.flush(timeout=2)
+            await self.nc.close()
+
+    # --- streams --------------------------------------------------------------------------------------------
+    async def ensure_streams(self) -> None:
+        """Create or update the five streams of DESIGN §4 (idempotent; every service calls it)."""
+        st = self.settings
+        storage = api.StorageType.FILE if st.stream_storage == "file" else api.StorageType.MEMORY
+        for name, subjects in self.subjects.streams().items():
+            cfg = api.StreamConfig(
+                name=name,
+                subjects=subjects,
+                retention=api.RetentionPolicy.LIMITS,
+                storage=storage,
+                num_replicas=st.stream_replicas,
+                max_age=st.stream_max_age_s,
+                duplicate_window=min(st.dup_window_s, st.stream_max_age_s),
+                discard=api.DiscardPolicy.OLD,
+            )
+            try:
+                await self.js.stream_info(name)
+            except NotFoundError:
+                try:
+                    await self.js.add_stream(cfg)
+                except BadRequestError as exc:
+                    if "already in use" in str(exc).lower():  # another service won the race
+                        continue
+                    raise BusError(f"cannot create stream {name}: {exc}") from exc
+                continue
+            try:
+                await self.js.update_stream(cfg)
+            except BadRequestError as exc:  # e.g. storage type cannot change: keep the existing stream
+                log.warning("stream %s kept as it is: %s", name, exc)
+
+    async def delete_streams(self) -> None:
+        """Remove this namespace's streams (tests and ``migsched up --fresh``)."""
+        for name in self.subjects.streams():
+            with contextlib.suppress(NotFoundError):
+                await self.js.delete_stream(name)
+
+    # --- publishing -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _headers(
+        msg_id: str, ctx: otel_context.Context | None, extra: Mapping[str, str] | None
+    ) -> dict[str, str]:
+        headers: dict[str, str] = {"Nats-Msg-Id": msg_id}
+        telemetry.inject(headers, ctx)
+        if extra:
+            headers.update(extra)
+        return headers
+
+    async def publish(
+        self,
+        subject: str,
+        msg: msgspec.Struct,
+        *,
+        ctx: otel_context.Context | None = None,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> api.PubAck:
+        """Publish and wait for the stream's acknowledgement (``ack.duplicate`` is True for a replay)."""
+        mid = msg_id or msg.id  # type: ignore[attr-defined]
+        try:
+            return await self.js.publish(subject, encode(msg), headers=self._headers(mid, ctx, headers))
+        except nats.errors.Error as exc:
+            raise BusError(f"publish to {subject} failed: {exc!r}") from exc
+
+    async def publish_batch(self, items: Sequence[Outgoing]) -> list[api.PubAck]:
+        """Publish many without waiting for each acknowledgement in turn (DESIGN §5: 22-33k/s vs 4.4k/s)."""
+        if not items:
+            return []
+        futures: list[Awaitable[api.PubAck]] = []
+        for it in items:
+            mid = it.msg_id or it.msg.id  # type: ignore[attr-defined]
+            futures.append(
+                await self.js.publish_async(
+                    it.subject, encode(it.msg), headers=self._headers(mid, it.ctx, None)
+                )
+            )
+        try:
+            return list(await asyncio.gather(*futures))
+        except nats.errors.Error as exc:
+            raise BusError(f"batch publish failed: {exc!r}") from exc
+
+    def consumer(
+        self, stream: str, durable: str, subject: str, handler: Callable[..., Any], **kw: Any
+    ) -> Any:
+        """A ``shared.bus.consumer.Consumer`` on this bus (see there)."""
+        from shared.bus.consumer import Consumer
+
+        return Consumer(self, stream, durable, subject, handler, **kw)
+
+    def command_consumer(self, node: str, handler: Callable[..., Any], **kw: Any) -> Any:
+        """The durable consumer of ``cmd.<node>`` for one executor (one per node, DESIGN §4)."""
+        return self.consumer(
+            self.subjects.stream_cmd, f"executor-{node}", self.subjects.cmd(node), handler, **kw
+        )

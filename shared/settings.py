@@ -1,0 +1,189 @@
+"""One settings object per service, parsed from ``MIGSCHED_*`` environment variables.
+
+Every field's default is the documented default (README "Configuration"); the variable name is
+``MIGSCHED_`` + the field name in upper case (``batch`` -> ``MIGSCHED_BATCH``). Parsing is strict: a value
+that does not convert to the field's type raises ``SettingsError`` naming the variable, so a typo fails at
+start-up rather than as a strange behaviour later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from shared.errors import MigschedError
+
+
+class SettingsError(MigschedError, ValueError):
+    """An environment variable does not parse into its setting's type."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """What every service (and the client, the CLI and the tests) needs to reach NATS and Redis."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    """NATS server(s), comma-separated."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis server (the single source of truth)."""
+    namespace: str = ""
+    """Isolates one deployment (or one test): '' uses the DESIGN names (stream JOBS, subject jobs.submit,
+    Redis keys ``{migsched:0}:...``); 'x' gives streams ``x_JOBS``, subjects ``x.jobs.submit`` and Redis keys
+    ``{x:0}:...``."""
+    shards: int = 1
+    """Scheduling cells in Redis; a node lives in shard crc32(node) % shards, a job in crc32(job_id) % shards.
+    """
+    stream_storage: str = "file"
+    """JetStream storage: 'file' (survives a NATS restart) or 'memory'."""
+    stream_replicas: int = 1
+    """JetStream replicas per stream (1 for a single server; 3 on a NATS cluster)."""
+    stream_max_age_s: float = 86400.0
+    """How long JetStream keeps messages (limits retention); the dedupe window is ``dup_window_s``."""
+    dup_window_s: float = 120.0
+    """JetStream ``Nats-Msg-Id`` duplicate window."""
+    max_deliver: int = 5
+    """Deliveries of one message before it goes to ``dlq.<subject>``."""
+    ack_wait_s: float = 30.0
+    """A delivered message not acked within this is redelivered (a crashed consumer's batch comes back)."""
+    batch: int = 256
+    """Most messages one consumer fetch hands to a handler."""
+    fetch_timeout_s: float = 0.05
+    """How often an idle consumer wakes to check for a stop (>= 0.2 s); its pull requests stay open 100 times
+    as long (1-30 s), so a message is handed over as soon as it arrives either way."""
+    otlp_endpoint: str = ""
+    """OTLP/HTTP traces endpoint (e.g. http://127.0.0.1:4318/v1/traces); empty disables export."""
+    trace_sample_ratio: float = 1.0
+    """Share of new traces sampled (parent-based: a sampled submit keeps its whole trace)."""
+    log_level: str = "INFO"
+    """Python logging level of the service."""
+    metrics_port: int = 0
+    """Prometheus endpoint port; 0 disables it. Services override the default (9101-9103)."""
+    geometry_file: str = ""
+    """Overrides/extends the built-in MIG geometry (also read by ``shared.mig.geometry``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BalancerSettings(Settings):
+    metrics_port: int = 9101
+    threshold: float = 0.4
+    """Lazy/Busy load threshold ``t``."""
+    dynamic: bool = True
+    """Create MIG instances on demand (False: reuse existing idle instances only)."""
+    top_k: int = 3
+    """Runner-up candidates explained in each placement (1 = the winner only; each costs policy time)."""
+    max_rounds: int = 3
+    """Re-decisions of a job that lost a compare-and-set race, within one batch, before it waits in the queue.
+    """
+    backfill_batch: int = 256
+    """Pending jobs examined per backfill pass, in priority-then-age order."""
+    mirror_refresh_s: float = 10.0
+    """Full reload of the local cluster mirror from Redis (conflicts also reload the GPUs concerned)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PartitionerSettings(Settings):
+    metrics_port: int = 9102
+    node_timeout_s: float = 15.0
+    """A node whose heartbeats stop this long is marked lost and its jobs re-queued."""
+    cmd_timeout_s: float = 120.0
+    """A command without a result this long is treated as failed."""
+    max_attempts: int = 3
+    """Placements of one job that may fail on executors before the job is failed for good."""
+    retention_window_s: float = 300.0
+    """Recent-demand window of the keep-or-destroy policy for idle instances."""
+    retention_min_share: float = 0.05
+    """Keep an idle instance when its profile is at least this share of recent demand."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MigrationPlannerSettings(Settings):
+    metrics_port: int = 9103
+    threshold: float = 0.4
+    """Lazy/Busy load threshold ``t`` (the same variable as the balancer's)."""
+    cooldown_s: float = 120.0
+    """A job moved less than this long ago is not moved again."""
+    max_moves: int = 4
+    """Most moves per plan (per exit gathered, and per defragmentation pass)."""
+    intra: bool = True
+    """Allow moves within one GPU (on Busy GPUs)."""
+    inter: bool = True
+    """Allow moves between GPUs (pulls into Lazy GPUs; never for latency-sensitive jobs)."""
+    defrag_interval_s: float = 300.0
+    """Period of the whole-cluster defragmentation pass; 0 disables it."""
+    on_exit: bool = True
+    """Plan moves after job exits."""
+    plan_interval_s: float = 0.5
+    """Exits are gathered for this long and planned together (one shard read per interval, not per exit)."""
+
+
+S = TypeVar("S", bound=Settings)
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _convert(name: str, raw: str, kind: Any) -> Any:
+    try:
+        if kind is bool:
+            low = raw.strip().lower()
+            if low in _TRUE:
+                return True
+            if low in _FALSE:
+                return False
+            raise ValueError(raw)
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        return raw
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def load(cls: type[S], env: Mapping[str, str] | None = None, **overrides: Any) -> S:
+    """``cls`` with each field from ``MIGSCHED_<FIELD>`` when set, then ``overrides`` (tests, the CLI)."""
+    env = os.environ if env is None else env
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        var = "MIGSCHED_" + f.name.upper()
+        if var in env:
+            values[f.name] = _convert(var, env[var], hints[f.name])
+    values.update(overrides)
+    obj = cls(**values)
+    if obj.shards < 1:
+        raise SettingsError("MIGSCHED_SHARDS must be >= 1")
+    if obj.batch < 1 or obj.max_deliver < 1:
+        raise SettingsError("MIGSCHED_BATCH and MIGSCHED_MAX_DELIVER must be >= 1")
+    return obj
+
+
+def describe(cls: type[Settings]) -> list[tuple[str, str, str]]:
+    """(variable, default, doc) for every field: the README's configuration table is generated from this."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for a, b in itertools.pairwise(body):
+            if (
+                isinstance(a, ast.AnnAssign)
+                and isinstance(a.target, ast.Name)
+                and isinstance(b, ast.Expr)
+                and isinstance(b.value, ast.Constant)
+                and isinstance(b.value.value, str)
+            ):
+                docs[a.target.id] = " ".join(b.value.value.split())
+    return [
+        ("MIGSCHED_" + f.name.upper(), repr(f.default), docs.get(f.name, "")) for f in dataclasses.fields(cls)
+    ]

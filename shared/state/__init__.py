@@ -1,0 +1,54 @@
+"""Cluster state: Redis is the single source of truth (DESIGN §4).
+
+- ``RedisState`` (``redis_store``): the real store; every transition one Lua script (``lua/``) with a
+  compare-and-set on the GPU's version; ``batch()`` pipelines many transitions in one round trip.
+- ``MemoryState`` (``memory_store``): the same interface and semantics in process memory, for unit tests only.
+- ``model``: stored GPUs/instances/jobs, transition inputs and results; ``keys``: the Redis key layout.
+- ``check``: the invariant audit behind ``migsched check``.
+
+Job lifecycle: pending -> placing -> running -> (migrating -> running ->) finished | failed | cancelled |
+rejected; lost/preempted jobs go back to pending. Every transition appends {at, from, to, reason} to the job's
+history.
+"""
+
+from shared.state.check import audit, check_state
+from shared.state.keys import Keys
+from shared.state.model import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    TERMINAL_STATES,
+    HistoryEntry,
+    JobRecord,
+    ReleaseResult,
+    Reservation,
+    ReserveResult,
+    StoredGpu,
+    StoredInstance,
+    Violation,
+    gpu_id_of,
+    shard_of,
+)
+from shared.state.redis_store import Batch, CancelResult, RedisState, StateError
+
+__all__ = [
+    "ACTIVE_STATES",
+    "JOB_STATES",
+    "TERMINAL_STATES",
+    "Batch",
+    "CancelResult",
+    "HistoryEntry",
+    "JobRecord",
+    "Keys",
+    "RedisState",
+    "ReleaseResult",
+    "Reservation",
+    "ReserveResult",
+    "StateError",
+    "StoredGpu",
+    "StoredInstance",
+    "Violation",
+    "audit",
+    "check_state",
+    "gpu_id_of",
+    "shard_of",
+]

@@ -1,0 +1,52 @@
+"""The Redis key layout of one shard. Every key carries the shard's hash tag ``{<ns>:<shard>}`` so that
+all keys a transition touches live in one Redis Cluster slot.
+
+=========================  ======  ===========================================================================
+key                        type    content
+=========================  ======  ===========================================================================
+``{ns:s}:gpus``            zset    GPU id -> position (its byte in ``occ``); the shard's GPU index
+``{ns:s}:gpu:<gpu_id>``    hash    node, index, model, uuid, mig, healthy, pos, ver (CAS), inst (JSON array)
+``{ns:s}:occ``             string  one byte per GPU position: the busy mask (non-idle instances)
+``{ns:s}:job:<job_id>``    hash    state, reason, spec (JobSubmit JSON), prio, at, gpu, inst, node, attempts,
+                                   cancel, mig_gpu, mig_inst, updated
+``{ns:s}:hist:<job_id>``   list    JSON {at, from, to, reason} per transition (last 64)
+``{ns:s}:jobs``            set     every job id known to the shard (audit)
+``{ns:s}:pending``         zset    pending job ids, score (1000 - priority) * 1e10 + submitted_at
+``{ns:s}:cmds``            hash    command id -> JSON {node, kind, job, gpu, at}: commands in flight
+``{ns:s}:placing``         zset    jobs in placing, score = when they entered it (lost-placement sweep)
+``{ns:s}:nodes``           set     node names
+``{ns:s}:node:<node>``     hash    state (up|lost), last_seen, registered_at, lost_at, gpus (JSON ids)
+=========================  ======  ===========================================================================
+
+``ns`` is ``MIGSCHED_NAMESPACE`` or ``migsched`` when that is empty.
+"""
+
+from __future__ import annotations
+
+
+class Keys:
+    __slots__ = ("cmds", "gpus", "jobs", "nodes", "occ", "pending", "placing", "shard", "tag")
+
+    def __init__(self, namespace: str, shard: int) -> None:
+        self.shard = shard
+        self.tag = f"{{{namespace or 'migsched'}:{shard}}}"
+        t = self.tag
+        self.gpus = f"{t}:gpus"
+        self.occ = f"{t}:occ"
+        self.pending = f"{t}:pending"
+        self.cmds = f"{t}:cmds"
+        self.nodes = f"{t}:nodes"
+        self.jobs = f"{t}:jobs"
+        self.placing = f"{t}:placing"
+
+    def gpu(self, gpu_id: str) -> str:
+        return f"{self.tag}:gpu:{gpu_id}"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.tag}:job:{job_id}"
+
+    def hist(self, job_id: str) -> str:
+        return f"{self.tag}:hist:{job_id}"
+
+    def node(self, node: str) -> str:
+        return f"{self.tag}:node:{node}"

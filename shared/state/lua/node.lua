@@ -1,0 +1,85 @@
+-- node: registration and loss of one node. KEYS[2] node hash.
+--   register ARGV: 'register', node, now, gpus_json
+--     gpus_json: [{id, index, model, mig, healthy, uuid, instances: [{id, profile, start, size, compute, job?}]}]
+--     A new GPU adopts the reported instances as idle. A known GPU keeps the state's view of instances the node
+--     still reports; a busy instance it no longer reports is drift: its job is re-queued; an unreported
+--     placing reservation is kept (its command may still be on its way).
+--   lost ARGV: 'lost', node, now, reason
+--     Every GPU of the node becomes unhealthy and empty; every job on it is re-queued.
+local op, node, nkey = ARGV[1], ARGV[2], KEYS[2]
+local now = tonumber(ARGV[3])
+local requeued, drift = {}, {}
+local function evict(insts, keep, reason)
+  -- re-queue the jobs of instances not kept; returns the kept instances
+  local out = {}
+  for _, i in ipairs(insts) do
+    if keep(i) then
+      table.insert(out, i)
+    elseif i.job and i.state ~= 'idle' then
+      local st = redis.call('HGET', jk(i.job), 'state')
+      if st == 'placing' or st == 'running' or st == 'migrating' then
+        local jg = redis.call('HGET', jk(i.job), 'inst')
+        local mg = redis.call('HGET', jk(i.job), 'mig_inst')
+        if jg == i.id or mg == i.id then
+          requeue(i.job, st, reason, now)
+          table.insert(requeued, i.job)
+        end
+      end
+    end
+  end
+  return out
+end
+if op == 'register' then
+  local ids = {}
+  for _, g in ipairs(cjson.decode(ARGV[4])) do
+    table.insert(ids, g.id)
+    local key = gk(g.id)
+    local reported = g.instances or {}
+    if redis.call('EXISTS', key) == 0 then
+      local pos = redis.call('ZCARD', KEYS[1])
+      redis.call('ZADD', KEYS[1], pos, g.id)
+      redis.call('HSET', key, 'node', node, 'index', g.index, 'model', g.model, 'pos', pos, 'ver', 0, 'rev', 0,
+        'uuid', g.uuid or '')
+      for _, r in ipairs(reported) do r.state = 'idle'; r.job = nil end
+      redis.call('HSET', key, 'mig', g.mig and 1 or 0, 'healthy', g.healthy and 1 or 0)
+      save_gpu(key, reported, 'claim')
+    else
+      local byid = {}
+      for _, r in ipairs(reported) do byid[r.id] = r end
+      local insts = decode_insts(redis.call('HGET', key, 'inst'))
+      local kept = evict(insts, function(i)
+        if byid[i.id] then byid[i.id] = nil; return true end
+        if i.state == 'reserved' or i.state == 'target' then return true end
+        if i.state ~= 'idle' then table.insert(drift, g.id .. ': ' .. i.id .. ' (' .. i.state .. ') not reported') end
+        return false
+      end, 'node ' .. node .. ' re-registered without the instance')
+      for _, r in ipairs(reported) do
+        if byid[r.id] then
+          r.state = 'idle'; r.job = nil
+          local clash = false
+          for _, i in ipairs(kept) do if bit.band(imask(i), imask(r)) ~= 0 then clash = true end end
+          if clash then table.insert(drift, g.id .. ': reported ' .. r.id .. ' overlaps the state')
+          else table.insert(kept, r) end
+        end
+      end
+      redis.call('HSET', key, 'mig', g.mig and 1 or 0, 'healthy', g.healthy and 1 or 0, 'model', g.model,
+        'uuid', g.uuid or '')
+      save_gpu(key, kept, 'claim')
+    end
+  end
+  redis.call('SADD', NODES, node)
+  redis.call('HSET', nkey, 'state', 'up', 'last_seen', now, 'registered_at', now, 'gpus', cjson.encode(ids))
+  return cjson.encode({requeued = requeued, drift = drift, gpus = ids})
+end
+-- lost
+if redis.call('HGET', nkey, 'state') ~= 'up' then return cjson.encode({requeued = {}, drift = {}, gpus = {}}) end
+local ids = cjson.decode(redis.call('HGET', nkey, 'gpus') or '[]')
+for _, id in ipairs(ids) do
+  local key = gk(id)
+  local insts = decode_insts(redis.call('HGET', key, 'inst'))
+  evict(insts, function(i) return false end, ARGV[4])
+  redis.call('HSET', key, 'healthy', 0)
+  save_gpu(key, {}, 'claim')
+end
+redis.call('HSET', nkey, 'state', 'lost', 'lost_at', now)
+return cjson.encode({requeued = requeued, drift = drift, gpus = ids})

@@ -1,0 +1,109 @@
+"""Node registration and loss for ``MemoryState`` (mirrors ``lua/node.lua``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.state.model import StoredGpu, StoredInstance
+
+
+def _evict(
+    store: Any, sh: Any, insts: list[StoredInstance], keep: Any, reason: str, now: float, requeued: list[str]
+) -> list[StoredInstance]:
+    out = []
+    for i in insts:
+        if keep(i):
+            out.append(i)
+        elif i.job and i.state != "idle":
+            j = sh.jobs.get(i.job)
+            if (
+                j is not None
+                and j.state in ("placing", "running", "migrating")
+                and i.id in (j.inst, j.mig_inst)
+            ):
+                store._requeue(sh, i.job, j.state, reason, now)
+                requeued.append(i.job)
+    return out
+
+
+def register(store: Any, sh: Any, node: str, gpus: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    requeued: list[str] = []
+    drift: list[str] = []
+    ids = []
+    for g in gpus:
+        ids.append(g["id"])
+        reported = [
+            StoredInstance(
+                **{k: v for k, v in r.items() if k in ("id", "profile", "start", "size", "compute")}
+            )
+            for r in g.get("instances", [])
+        ]
+        cur = sh.gpus.get(g["id"])
+        if cur is None:
+            cur = sh.gpus[g["id"]] = StoredGpu(
+                id=g["id"],
+                node=node,
+                index=g["index"],
+                model=g["model"],
+                mig=bool(g["mig"]),
+                healthy=bool(g["healthy"]),
+                ver=0,
+                pos=len(sh.gpus),
+                uuid=g.get("uuid", ""),
+                instances=reported,
+            )
+            store._save(sh, cur, "claim")
+            continue
+        by_id = {r.id: r for r in reported}
+
+        def keep(i: StoredInstance, gid: str = g["id"], by_id: dict[str, StoredInstance] = by_id) -> bool:
+            if i.id in by_id:
+                del by_id[i.id]
+                return True
+            if i.state in ("reserved", "target"):
+                return True
+            if i.state != "idle":
+                drift.append(f"{gid}: {i.id} ({i.state}) not reported")
+            return False
+
+        kept = _evict(
+            store, sh, cur.instances, keep, f"node {node} re-registered without the instance", now, requeued
+        )
+        for r in reported:
+            if r.id in by_id:
+                if any(i.mask & r.mask for i in kept):
+                    drift.append(f"{g['id']}: reported {r.id} overlaps the state")
+                else:
+                    kept.append(r)
+        cur.instances = kept
+        cur.mig, cur.healthy, cur.model, cur.uuid = (
+            bool(g["mig"]),
+            bool(g["healthy"]),
+            g["model"],
+            g.get("uuid", ""),
+        )
+        store._save(sh, cur, "claim")
+    sh.nodes[node] = {
+        "state": "up",
+        "last_seen": repr(now),
+        "registered_at": repr(now),
+        "gpus": ",".join(ids),
+    }
+    return {"requeued": requeued, "drift": drift, "gpus": ids}
+
+
+def lost(store: Any, sh: Any, node: str, now: float, reason: str) -> dict[str, Any]:
+    h = sh.nodes.get(node)
+    if h is None or h.get("state") != "up":
+        return {"requeued": [], "drift": [], "gpus": []}
+    requeued: list[str] = []
+    ids = [g for g in h["gpus"].split(",") if g]
+    for gid in ids:
+        g = sh.gpus[gid]
+        _evict(store, sh, g.instances, lambda i: False, reason, now, requeued)
+        g.healthy = False
+        g.instances = []
+        store._save(sh, g, "claim")
+    h["state"] = "lost"
+    h["lost_at"] = repr(now)
+    return {"requeued": requeued, "drift": [], "gpus": ids}

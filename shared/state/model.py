@@ -1,0 +1,236 @@
+"""What the state store holds, as data: stored GPUs and instances, jobs, transition inputs and results.
+
+The store keeps each GPU's instances as one JSON array in the GPU's hash (field ``inst``) so that a transition
+is
+one read-modify-write of one key inside one Lua script. ``StoredGpu.view()`` projects a stored GPU onto the
+policies' ``GpuView``: instances in any state but ``idle`` occupy their slices (a ``retiring`` instance, being
+destroyed, appears busy under the pseudo job ``RETIRING`` so no policy reuses or moves it).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Literal
+
+import msgspec
+
+from shared.policy.snapshot import GpuView, InstanceView
+
+JobState = Literal[
+    "pending", "placing", "running", "migrating", "finished", "failed", "cancelled", "rejected"
+]
+JOB_STATES: tuple[str, ...] = (
+    "pending",
+    "placing",
+    "running",
+    "migrating",
+    "finished",
+    "failed",
+    "cancelled",
+    "rejected",
+)
+ACTIVE_STATES = frozenset({"placing", "running", "migrating"})
+TERMINAL_STATES = frozenset({"finished", "failed", "cancelled", "rejected"})
+InstanceState = Literal["idle", "reserved", "busy", "retiring", "target"]
+RETIRING = "~retiring"
+"""Pseudo job id under which a retiring (being destroyed) instance appears in a ``GpuView``."""
+
+EXIT_TO_STATE: dict[str, str] = {
+    "completed": "finished",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "preempted": "pending",
+    "lost": "pending",
+}
+
+
+class StoredInstance(msgspec.Struct, kw_only=True, omit_defaults=True):
+    id: str
+    profile: str
+    start: int
+    size: int
+    compute: int
+    state: str = "idle"
+    job: str | None = None
+    prio: int = 0
+    ls: bool = False
+    mig: bool = True
+    tenant: str = ""
+    moved: float = 0.0
+    started: float = 0.0
+    created: bool = False
+    """Created by the job's own reservation (a failed placement removes it; a reused one goes back to idle).
+    """
+
+    @property
+    def mask(self) -> int:
+        return ((1 << self.size) - 1) << self.start
+
+    def view(self) -> InstanceView:
+        if self.state == "idle":
+            return InstanceView(
+                id=self.id, profile=self.profile, start=self.start, size=self.size, compute=self.compute
+            )
+        if self.state == "retiring":
+            return InstanceView(
+                id=self.id,
+                profile=self.profile,
+                start=self.start,
+                size=self.size,
+                compute=self.compute,
+                job_id=RETIRING,
+                migratable=False,
+                latency_sensitive=True,
+            )
+        return InstanceView(
+            id=self.id,
+            profile=self.profile,
+            start=self.start,
+            size=self.size,
+            compute=self.compute,
+            job_id=self.job,
+            migratable=self.mig and self.state == "busy",
+            latency_sensitive=self.ls,
+            priority=self.prio,
+            tenant=self.tenant,
+            last_moved_at=self.moved if self.moved > 0 else -math.inf,
+            started_at=self.started,
+        )
+
+
+class StoredGpu(msgspec.Struct, kw_only=True):
+    id: str
+    node: str
+    index: int
+    model: str
+    mig: bool = True
+    healthy: bool = True
+    ver: int = 0
+    """Compare-and-set version: moves when capacity is claimed (see ``lua/prelude.lua``)."""
+    rev: int = 0
+    """Moves on every change."""
+    pos: int = 0
+    uuid: str = ""
+    instances: list[StoredInstance] = []
+
+    def view(self) -> GpuView:
+        return GpuView.build(
+            id=self.id,
+            node=self.node,
+            index=self.index,
+            model=self.model,
+            mig=self.mig,
+            healthy=self.healthy,
+            instances=[i.view() for i in self.instances],
+        )
+
+    @property
+    def busy_mask(self) -> int:
+        m = 0
+        for i in self.instances:
+            if i.state != "idle":
+                m |= i.mask
+        return m
+
+
+class JobRecord(msgspec.Struct, kw_only=True):
+    job_id: str
+    state: str
+    reason: str = ""
+    spec: bytes = b""
+    """The job's ``JobSubmit`` JSON, kept so that a re-queued job can be re-decided without its publisher."""
+    prio: int = 0
+    at: float = 0.0
+    gpu: str = ""
+    inst: str = ""
+    node: str = ""
+    attempts: int = 0
+    cancel: bool = False
+    mig_gpu: str = ""
+    mig_inst: str = ""
+    updated: float = 0.0
+    traceparent: str = ""
+    """The W3C trace of the job's submit: a placement from the queue continues it."""
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True):
+    at: float
+    to: str
+    reason: str = ""
+    # "from" is a Python keyword: stored under that name, exposed as ``prev``
+    prev: str = msgspec.field(default="", name="from")
+
+
+class Reservation(msgspec.Struct, frozen=True, kw_only=True):
+    """Input of the ``reserve`` transition: put ``job_id`` on ``gpu_id`` if the GPU is still at
+    ``expected_ver``."""
+
+    job_id: str
+    gpu_id: str
+    expected_ver: int
+    instance: StoredInstance
+    action: Literal["create", "reuse"]
+    destroy: tuple[str, ...] = ()
+    max_count: int = 8
+    spec: bytes = b""
+    prio: int = 0
+    submitted_at: float = 0.0
+    reason: str = ""
+    traceparent: str = ""
+
+
+class ReserveResult(msgspec.Struct, frozen=True, kw_only=True):
+    """``status``: ok | conflict (version moved) | overlap | busy | gone | count | nogpu | unhealthy | known
+    (the job is already past pending: the submit is a replay and nothing was done)."""
+
+    status: str
+    job_id: str
+    gpu_id: str
+    ver: int = 0
+    detail: str = ""
+    """ok: the job's placement attempts so far (names its ``sched.placed`` message); else what stood in the
+    way."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class ReleaseResult(msgspec.Struct, frozen=True, kw_only=True):
+    """``status``: ok (slices freed now) | noop (already released or never placed) | stale (the exit names
+    another instance than the job's current one). ``gpu``: the GPU right after the release (ok), or as it is
+    now
+    when an already released job's exit names its last instance (noop)."""
+
+    status: str
+    job_id: str
+    state: str = ""
+    gpu_id: str = ""
+    node: str = ""
+    instance_id: str = ""
+    profile: str = ""
+    gpu: StoredGpu | None = None
+
+
+class Violation(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    subject: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] {self.subject}: {self.detail}"
+
+
+def shard_of(name: str, shards: int) -> int:
+    """A node's or a job's shard (scheduling cell): stable across processes and restarts."""
+    return 0 if shards <= 1 else zlib.crc32(name.encode()) % shards
+
+
+def gpu_id_of(node: str, index: int) -> str:
+    return f"{node}/{index}"
+
+
+def prio_score(prio: int, at: float) -> float:
+    """Pending-queue order: higher priority first, then older first (lower score pops first)."""
+    return (1000 - prio) * 1e10 + at

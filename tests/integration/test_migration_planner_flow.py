@@ -1,0 +1,108 @@
+"""The migration planner against real NATS + Redis: an exit leaves a lazy GPU, the planner pulls a job from
+the
+busy one, and the partitioner carries the move out make-before-break."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from shared.events import JobExited, new_id
+from shared.mig.geometry import default_geometry
+from shared.state import Reservation, StoredInstance, audit
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(40)]
+GEO = default_geometry()
+A100 = GEO.model("A100-40GB")
+
+
+async def until(pred, timeout: float = 8.0) -> bool:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await pred():
+            return True
+        await asyncio.sleep(0.05)
+    return bool(await pred())
+
+
+async def run_job(ns: Namespace, job: str, gpu: str, profile: str, start: int) -> str:
+    p = A100.profile(profile)
+    (g,) = await ns.state.get_gpus([gpu])
+    iid = f"{gpu}:{profile}@{start}:{job}"
+    inst = StoredInstance(
+        id=iid, profile=profile, start=start, size=p.memory_slices, compute=p.compute_slices
+    )
+    r = await ns.state.reserve(
+        Reservation(
+            job_id=job,
+            gpu_id=gpu,
+            expected_ver=g.ver,
+            instance=inst,  # type: ignore[union-attr]
+            action="create",
+            max_count=p.max_count,
+            spec=b"",
+        ),
+        time.time(),
+    )
+    assert r.ok
+    assert await ns.state.mark_running(job, iid, time.time()) == "ok"
+    return iid
+
+
+async def test_an_exit_on_a_lazy_gpu_pulls_a_job_from_a_busy_one(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, planner=True)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=2)
+        await ex.start()
+
+        async def registered() -> bool:
+            return len(await ns.state.gpu_ids()) == 2
+
+        assert await until(registered)
+        await run_job(ns, "ja", "n1/0", "3g.20gb", 4)
+        await run_job(ns, "jb", "n1/0", "1g.5gb", 0)
+        await run_job(ns, "jc", "n1/0", "1g.5gb", 2)
+        jd = await run_job(ns, "jd", "n1/1", "1g.5gb", 6)
+        await ns.bus.publish(
+            ns.bus.subjects.node_report("n1"),
+            JobExited(
+                id=new_id("x"),
+                node="n1",
+                at=time.time(),
+                job_id="jd",
+                gpu_index=1,
+                instance_id=jd,
+                exit="completed",
+            ),
+        )
+
+        async def moved() -> bool:
+            j = await ns.state.job("jb")
+            return j is not None and j.state == "running" and j.gpu == "n1/1"
+
+        assert await until(moved)
+        (start,) = ex.commands("migrate_start")
+        (stop,) = ex.commands("migrate_stop")
+        assert start.job_id == "jb" and start.src_instance_id == "n1/0:1g.5gb@0:jb"
+        assert [o.kind for o in start.ops][-2:] == ["create_gi", "create_ci"]
+        assert (
+            stop.node == "n1"
+            and stop.src_instance_id == "n1/0:1g.5gb@0:jb"
+            and stop.instance_id == start.instance_id
+        )
+        hist = [h.to for h in await ns.state.history("jb")]
+        assert hist[-2:] == ["migrating", "running"]
+        g0, g1 = await ns.state.get_gpus(["n1/0", "n1/1"])
+        assert g1 is not None and any(i.job == "jb" and i.state == "busy" for i in g1.instances)
+        assert g0 is not None and not any(i.job == "jb" for i in g0.instances)
+        assert stack.planner.ordered == 1
+        assert await audit(ns.state, GEO) == []
+        await ex.stop()
+        await stack.stop()

@@ -1,0 +1,228 @@
+"""The partitioner and its node registry against real NATS + Redis: commands, failures, liveness."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from shared.events import Demand, JobSubmit, now
+from shared.mig.geometry import default_geometry
+from shared.state import audit
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(40)]
+GEO = default_geometry()
+
+
+def submit(job: str, profile: str) -> JobSubmit:
+    return JobSubmit(
+        id=f"s-{job}", job_id=job, demand=Demand(kind="mig", profile=profile), submitted_at=now()
+    )
+
+
+async def until(pred, timeout: float = 8.0) -> bool:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await pred():
+            return True
+        await asyncio.sleep(0.05)
+    return bool(await pred())
+
+
+def is_(ns: Namespace, job: str, state: str):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        j = await ns.state.job(job)
+        return j is not None and j.state == state
+
+    return check
+
+
+def ready(stack: Stack, n: int):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return len(stack.balancer.mirrors[0]) >= n
+
+    return check
+
+
+async def started(
+    prefix: str, nats_url: str, redis_url: str, ns: Namespace, gpus: int = 1, instances=(), **kw
+):  # type: ignore[no-untyped-def]
+    stack = Stack(prefix, nats_url, redis_url, **kw)
+    await stack.start()
+    ex = ScriptedExecutor(ns.bus, "n1", gpus=gpus)
+    await ex.start(instances)
+    assert await until(ready(stack, gpus))
+    return stack, ex
+
+
+async def test_a_placement_becomes_destroy_then_create_then_start(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        # the node reports two idle 1g instances at slices 0 and 1: a 4g at 0 must destroy both first
+        stack, ex = await started(
+            prefix, nats_url, redis_url, ns, instances=[(0, "1g.5gb", 0), (0, "1g.5gb", 1), (0, "3g.20gb", 4)]
+        )
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "4g.20gb"))
+        assert await until(is_(ns, "j1", "running"))
+        (cmd,) = ex.commands("place")
+        assert [(o.kind, o.profile, o.start) for o in cmd.ops] == [
+            ("destroy_ci", "1g.5gb", 0),
+            ("destroy_gi", "1g.5gb", 0),
+            ("destroy_ci", "1g.5gb", 1),
+            ("destroy_gi", "1g.5gb", 1),
+            ("create_gi", "4g.20gb", 0),
+            ("create_ci", "4g.20gb", 0),
+        ]
+        assert cmd.node == "n1" and cmd.gpu_index == 0 and cmd.instance_id == "n1/0:4g.20gb@0:j1"
+        assert cmd.job_id == "j1" and cmd.submitted_at > 0
+        # the idle 3g is reused as it is: no operations at all
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j2", "3g.20gb"))
+        assert await until(is_(ns, "j2", "running"))
+        assert (
+            ex.commands("place")[1].ops == ()
+            and ex.commands("place")[1].instance_id == "n1/0:3g.20gb@4:adopted3"
+        )
+        assert await ns.state.commands(0) == {}
+        assert await audit(ns.state, GEO) == []
+        await ex.stop()
+        await stack.stop()
+
+
+async def test_a_failed_command_releases_the_reservation_and_the_job_is_placed_again(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack, ex = await started(prefix, nats_url, redis_url, ns)
+        ex.fail_jobs.add("j1")
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "2g.10gb"))
+        assert await until(lambda: _gt(len(ex.commands("place")), 1))
+        ex.fail_jobs.clear()
+        assert await until(lambda: _gt(len(ex.commands("place")), 2))
+        assert await until(is_(ns, "j1", "running"))
+        hist = await ns.state.history("j1")
+        assert [h.to for h in hist][:3] == ["placing", "pending", "placing"]
+        assert "scripted failure" in hist[1].reason
+        assert [c.cmd_id for c in ex.commands("place")][:2] == ["place:j1:0", "place:j1:1"]
+        assert await audit(ns.state, GEO) == []
+        await ex.stop()
+        await stack.stop()
+
+
+async def test_a_job_that_fails_everywhere_is_failed_after_max_attempts(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack, ex = await started(prefix, nats_url, redis_url, ns, max_attempts=2)
+        ex.fail_jobs.add("j1")
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "1g.5gb"))
+        assert await until(is_(ns, "j1", "failed"))
+        assert len(ex.commands("place")) == 2
+        assert await audit(ns.state, GEO) == []
+        await ex.stop()
+        await stack.stop()
+
+
+async def _gt(a: int, b: int) -> bool:
+    return a >= b
+
+
+async def test_an_idle_instance_nobody_asks_for_is_destroyed_after_the_exit(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack, ex = await started(prefix, nats_url, redis_url, ns)
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "3g.20gb"))
+        assert await until(is_(ns, "j1", "running"))
+        stack.partitioner.demand._counts.clear()  # as if the window had passed with no 3g demand
+        stack.partitioner.demand._events.clear()
+        await ex.exit(["j1"])
+        assert await until(lambda: _gt(len(ex.commands("destroy_idle")), 1))
+        (cmd,) = ex.commands("destroy_idle")
+        assert [o.kind for o in cmd.ops] == [
+            "destroy_ci",
+            "destroy_gi",
+        ] and cmd.instance_id == "n1/0:3g.20gb@4:j1"
+
+        async def gone() -> bool:
+            (g,) = await ns.state.get_gpus(["n1/0"])
+            return g is not None and g.instances == []
+
+        assert await until(gone)
+        assert (await ns.state.job("j1")).state == "finished"  # type: ignore[union-attr]
+        await ex.stop()
+        await stack.stop()
+
+
+async def test_an_idle_instance_in_recent_demand_is_kept(prefix: str, nats_url: str, redis_url: str) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack, ex = await started(prefix, nats_url, redis_url, ns)
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "3g.20gb"))
+        assert await until(is_(ns, "j1", "running"))
+        await ex.exit(["j1"])
+        assert await until(is_(ns, "j1", "finished"))
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j2", "3g.20gb"))
+        assert await until(is_(ns, "j2", "running"))
+        assert ex.commands("destroy_idle") == []
+        assert ex.commands("place")[1].ops == ()  # reused
+        await ex.stop()
+        await stack.stop()
+
+
+async def test_a_silent_node_is_marked_lost_and_its_jobs_requeued(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack, ex = await started(prefix, nats_url, redis_url, ns, node_timeout_s=1.0)
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "1g.5gb"))
+        assert await until(is_(ns, "j1", "running"))
+        assert await until(is_(ns, "j1", "pending"), timeout=10)  # no heartbeats at all
+        hist = await ns.state.history("j1")
+        assert "missed heartbeats" in hist[-1].reason
+        assert (await ns.state.nodes())["n1"]["state"] == "lost"
+        (g,) = await ns.state.get_gpus(["n1/0"])
+        assert g is not None and not g.healthy
+        # the node speaks again: it is told to resync, re-registers, and the job runs again
+        await ex.heartbeat()
+        assert await until(lambda: _gt(len(ex.commands("resync")), 1))
+        await ex.register()
+        assert await until(is_(ns, "j1", "running"))
+        assert await audit(ns.state, GEO) == []
+        await ex.stop()
+        await stack.stop()
+
+
+async def test_a_reservation_whose_command_never_went_out_is_requeued_and_placed(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    import time
+
+    from shared.state import Reservation, StoredInstance
+
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack, ex = await started(prefix, nats_url, redis_url, ns, cmd_timeout_s=1.0)
+        spec = submit("orphan", "1g.5gb")
+        from shared.events import encode
+
+        # as if a balancer had committed and crashed before publishing sched.placed
+        inst = StoredInstance(id="n1/0:1g.5gb@6:orphan", profile="1g.5gb", start=6, size=1, compute=1)
+        (g,) = await ns.state.get_gpus(["n1/0"])
+        r = Reservation(
+            job_id="orphan",
+            gpu_id="n1/0",
+            expected_ver=g.ver,
+            instance=inst,
+            action="create",
+            max_count=7,
+            spec=encode(spec),
+            submitted_at=spec.submitted_at,
+        )
+        assert (await ns.state.reserve(r, time.time() - 5)).ok
+        assert await until(is_(ns, "orphan", "running"), timeout=15)
+        hist = await ns.state.history("orphan")
+        assert "no command was sent" in hist[1].reason
+        assert await audit(ns.state, GEO) == []
+        await ex.stop()
+        await stack.stop()

@@ -1,0 +1,77 @@
+"""What ``migsched status`` draws and prints for machines, from stored GPUs (no Redis needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from migsched.clusterview import ClusterView, as_json, gpu_row, render
+from shared.mig.geometry import default_geometry
+from shared.state import StoredGpu, StoredInstance
+
+pytestmark = pytest.mark.unit
+GEO = default_geometry()
+
+
+def gpu() -> StoredGpu:
+    return StoredGpu(
+        id="n1/0",
+        node="n1",
+        index=0,
+        model="A100-40GB",
+        instances=[
+            StoredInstance(
+                id="n1/0:3g.20gb@4:job-a",
+                profile="3g.20gb",
+                start=4,
+                size=4,
+                compute=3,
+                state="busy",
+                job="job-a",
+            ),
+            StoredInstance(id="n1/0:1g.5gb@0:x", profile="1g.5gb", start=0, size=1, compute=1, state="idle"),
+        ],
+    )
+
+
+def test_a_gpu_row_shows_who_holds_each_slice_its_load_and_fragcost() -> None:
+    row = gpu_row(gpu(), GEO)
+    assert row.load == pytest.approx(3 / 7, abs=1e-4)
+    assert 0.0 < row.frag_cost <= 1.0
+    assert "job-a" in row.slices and "idle" in row.slices
+    assert row.slices.count("[") == 5  # 1g idle, three free slices, the 3g holding four
+
+
+def test_status_json_gives_every_instance_and_every_job_state() -> None:
+    view = ClusterView(
+        at=0.0,
+        namespace="",
+        nodes={"n1": "up"},
+        gpus=(gpu_row(gpu(), GEO),),
+        jobs={"job-a": "running", "job-b": "pending"},
+        counts={"running": 1, "pending": 1},
+    )
+    doc = json.loads(as_json(view))
+    assert doc["jobs"] == {"job-a": "running", "job-b": "pending"}
+    insts = doc["gpus"][0]["instances"]
+    assert {(i["profile"], i["start"], i["state"], i["job_id"]) for i in insts} == {
+        ("3g.20gb", 4, "busy", "job-a"),
+        ("1g.5gb", 0, "idle", None),
+    }
+
+
+def test_the_rendered_view_lists_gpus_and_jobs_by_state() -> None:
+    view = ClusterView(
+        at=0.0,
+        namespace="",
+        nodes={"n1": "up"},
+        gpus=(gpu_row(gpu(), GEO),),
+        jobs={"job-a": "running"},
+        counts={"running": 1, "finished": 0},
+    )
+    console = Console(record=True, width=160)
+    console.print(render(view))
+    text = console.export_text()
+    assert "n1/0 A100-40GB" in text and "job-a" in text and "running 1" in text

@@ -1,0 +1,100 @@
+"""The live-stack verbs of ``migsched`` without a stack: argument checking, schema output, dry runs, help."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from migsched.cli import main
+from shared.client import MigschedClient
+from shared.events import encode
+
+pytestmark = pytest.mark.unit
+
+
+def run(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def run_stdout(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.stdout
+
+
+def test_schema_prints_a_json_schema_per_external_message() -> None:
+    code, out = run("schema")
+    assert code == 0
+    schemas = json.loads(out)
+    assert {"JobSubmit", "JobCancel", "JobExit", "Command", "NodeReport", "Heartbeat"} <= set(schemas)
+    for s in schemas.values():
+        jsonschema.Draft202012Validator.check_schema(s)
+
+
+def test_a_submit_the_client_builds_validates_against_the_printed_schema() -> None:
+    code, out = run("schema", "JobSubmit")
+    assert code == 0
+    schema = json.loads(out)
+    msg = MigschedClient.job(job_id="j-1", profile="3g.20gb", tenant="team-a", priority=2, duration_s=60.0)
+    jsonschema.validate(json.loads(encode(msg)), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**json.loads(encode(msg)), "priority": 5000}, schema)
+
+
+def test_schema_of_an_unknown_message_is_a_usage_error() -> None:
+    code, out = run("schema", "NoSuchMessage")
+    assert code == 2 and "unknown message" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--profile", "3g", "--gpus", "2"], "exactly one of"),
+        (["--compute", "3"], "needs both"),
+        (["--profile", "9g"], "unknown profile"),
+        ([], "exactly one of"),
+    ],
+)
+def test_submit_rejects_a_malformed_request_before_connecting(args: list[str], why: str) -> None:
+    code, out = run("submit", "--nats-url", "nats://127.0.0.1:1", *args)  # nothing listens on port 1
+    assert code == 2 and why in out
+
+
+def test_cancel_needs_at_least_one_job_id() -> None:
+    code, out = run("cancel")
+    assert code == 2 and "JOB_IDS" in out
+
+
+def test_replay_dry_run_summarises_a_synthetic_workload_without_publishing() -> None:
+    code, out = run_stdout(
+        "replay",
+        "synthetic",
+        "--jobs",
+        "50",
+        "--speedup",
+        "1000",
+        "--dry-run",
+        "--nats-url",
+        "nats://127.0.0.1:1",
+    )
+    assert code == 0
+    summary = json.loads(out.strip().splitlines()[0])
+    assert summary["jobs"] == 50 and summary["skipped"] == {}
+    assert summary["wall_s"] == pytest.approx(summary["span_s"] / 1000)
+
+
+def test_replay_dry_run_of_openb_leaves_out_gangs_and_says_so() -> None:
+    code, out = run_stdout("replay", "default", "--limit", "300", "--dry-run")
+    assert code == 0
+    summary = json.loads(out.strip().splitlines()[0])
+    assert summary["workload"] == "openb:default"
+    assert summary["jobs"] + sum(summary["skipped"].values()) == 300
+
+
+@pytest.mark.parametrize("verb", ["up", "submit", "cancel", "status", "replay", "schema"])
+def test_every_live_stack_verb_has_help(verb: str) -> None:
+    code, out = run(verb, "--help")
+    assert code == 0 and "Usage:" in out

@@ -1,0 +1,34 @@
+"""The keep-or-destroy policy for idle instances, and its sliding window of recent demand."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.policy.retention import RecentDemand, RetentionParams, keep_idle
+
+pytestmark = pytest.mark.unit
+P = RetentionParams(window_s=60, min_share=0.1, max_idle_same=2)
+
+
+def test_a_profile_in_recent_demand_is_kept() -> None:
+    r = keep_idle("3g.20gb", {"3g.20gb": 5, "1g.5gb": 5}, 0, P)
+    assert r.keep and "50.0%" in r.reason
+
+
+def test_a_profile_nobody_asks_for_is_destroyed() -> None:
+    assert not keep_idle("7g.40gb", {"1g.5gb": 30, "7g.40gb": 1}, 0, P).keep
+    assert not keep_idle("1g.5gb", {}, 0, P).keep
+
+
+def test_a_gpu_keeps_at_most_a_few_idle_instances_of_one_profile() -> None:
+    assert not keep_idle("1g.5gb", {"1g.5gb": 10}, 2, P).keep
+    assert keep_idle("1g.5gb", {"1g.5gb": 10}, 1, P).keep
+
+
+def test_the_window_forgets_old_demand() -> None:
+    d = RecentDemand(window_s=60)
+    d.observe("3g.20gb", 0.0)
+    d.observe("1g.5gb", 30.0)
+    assert dict(d.counts(59.0)) == {"3g.20gb": 1, "1g.5gb": 1}
+    assert dict(d.counts(61.0)) == {"1g.5gb": 1}
+    assert dict(d.counts(200.0)) == {}
