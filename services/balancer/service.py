@@ -26,6 +26,7 @@ from shared import telemetry
 from shared.bus import Consumer, Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, Placed, wire_gpu
 from shared.policy.balancer import BalancerParams, place
+from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.placement import CannotPlace, JobRequest, Placement
 from shared.settings import BalancerSettings
 from shared.state import Reservation, shard_of
@@ -111,6 +112,8 @@ class Balancer(Service):
                 fresh[shard_of(g.node, self.settings.shards)].put(g)
             self.mirrors = fresh
         m.QUEUE_DEPTH.labels(self.name).set(await self.state.pending_count())
+        if len(self.mirrors) == 1 and len(self.mirrors[0]):
+            m.FRAG_RATE.labels(self.name).set(frag_rate(self.mirrors[0].snapshot(), UNIFORM_SHAPES))
         self.request_backfill_now(queue_grew=True)
 
     async def _refresh_if_wanted(self) -> None:

@@ -171,9 +171,14 @@ class ReportsMixin:
             cid = r.cmd_id.removesuffix(":start") + ":orphan"
             tail = target.split(":", 1)[0].rsplit("/", 1)[-1]
             orphan = Command(
-                id=cid, cmd_id=cid, kind="migrate_stop", node=r.node,
+                id=cid,
+                cmd_id=cid,
+                kind="migrate_stop",
+                node=r.node,
                 gpu_index=int(tail) if tail.isdigit() else None,
-                src_instance_id=target, job_id=r.job_id, at=now,
+                src_instance_id=target,
+                job_id=r.job_id,
+                at=now,
             )
             return [Outgoing(self.subjects.cmd(r.node), orphan, d.ctx)]
         if job is None or job.state != "migrating":

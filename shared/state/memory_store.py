@@ -15,6 +15,7 @@ import msgspec
 
 from shared.mig.geometry import Geometry
 from shared.policy.snapshot import ClusterSnapshot, SnapshotBuilder
+from shared.state.codec import CancelResult
 from shared.state.model import (
     EXIT_TO_STATE,
     HistoryEntry,
@@ -27,7 +28,6 @@ from shared.state.model import (
     prio_score,
     shard_of,
 )
-from shared.state.redis_store import CancelResult
 
 _ACTIVE = ("placing", "running", "migrating")
 

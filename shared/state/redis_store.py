@@ -13,329 +13,37 @@ Single transitions have a shortcut each (``await state.release(...)``). Reads: `
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Sequence
-from importlib import resources
 from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
 
-from shared.errors import MigschedError
 from shared.mig.geometry import Geometry
 from shared.policy.snapshot import ClusterSnapshot, SnapshotBuilder
+from shared.state.batch import Batch
+from shared.state.codec import (  # noqa: F401  (re-exported: callers import them from here)
+    _ENC,
+    _HIST,
+    SCRIPTS,
+    CancelResult,
+    StateError,
+    _s,
+    decode_gpu,
+    decode_instances,
+    decode_job,
+    script_source,
+)
 from shared.state.keys import Keys
 from shared.state.model import (
-    EXIT_TO_STATE,
     HistoryEntry,
     JobRecord,
     ReleaseResult,
     Reservation,
     ReserveResult,
     StoredGpu,
-    StoredInstance,
     shard_of,
 )
-
-_ENC = msgspec.json.Encoder()
-_INSTS = msgspec.json.Decoder(list[StoredInstance])
-_HIST = msgspec.json.Decoder(HistoryEntry)
-SCRIPTS = (
-    "reserve",
-    "enqueue",
-    "settle",
-    "release",
-    "mark_running",
-    "fail_placement",
-    "cancel",
-    "instance",
-    "migrate",
-    "node",
-    "dump",
-)
-
-
-class StateError(MigschedError):
-    """Redis refused a transition (a script error, not a lost race: races are results)."""
-
-
-@functools.cache
-def script_source(name: str) -> str:
-    lua = resources.files("shared.state").joinpath("lua")
-    return lua.joinpath("prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
-
-
-def decode_instances(raw: Any) -> list[StoredInstance]:
-    if not raw or raw in (b"{}", b"[]", "{}", "[]"):
-        return []
-    return _INSTS.decode(raw)
-
-
-def decode_gpu(gpu_id: str, h: dict[bytes, bytes]) -> StoredGpu | None:
-    if not h:
-        return None
-    g = {k.decode(): v for k, v in h.items()}
-    return StoredGpu(
-        id=gpu_id,
-        node=_s(g.get("node")),
-        index=int(g.get("index", 0)),
-        model=_s(g.get("model")),
-        mig=g.get("mig", b"1") == b"1",
-        healthy=g.get("healthy", b"1") == b"1",
-        ver=int(g.get("ver", 0)),
-        rev=int(g.get("rev", 0)),
-        pos=int(g.get("pos", 0)),
-        uuid=_s(g.get("uuid")),
-        instances=decode_instances(g.get("inst")),
-    )
-
-
-def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
-    if not h:
-        return None
-    g = {k.decode(): v for k, v in h.items()}
-    return JobRecord(
-        job_id=job_id,
-        state=_s(g.get("state")),
-        reason=_s(g.get("reason")),
-        spec=g.get("spec") or b"",
-        prio=int(float(g.get("prio", 0))),
-        at=float(g.get("at", 0)),
-        gpu=_s(g.get("gpu")),
-        inst=_s(g.get("inst")),
-        node=_s(g.get("node")),
-        attempts=int(g.get("attempts", 0)),
-        cancel=g.get("cancel") == b"1",
-        mig_gpu=_s(g.get("mig_gpu")),
-        mig_inst=_s(g.get("mig_inst")),
-        traceparent=_s(g.get("tp")),
-        updated=float(g.get("updated", 0)),
-    )
-
-
-class CancelResult(msgspec.Struct, frozen=True, kw_only=True):
-    """``status``: cancelled | stop (the job is active: stop its workload on ``node``) | noop."""
-
-    status: str
-    state: str = ""
-    node: str = ""
-    gpu_id: str = ""
-    instance_id: str = ""
-
-
-class Batch:
-    """Transitions queued for one pipelined round trip; ``run()`` returns one result per call."""
-
-    def __init__(self, store: RedisState) -> None:
-        self.store = store
-        self.pipe = store.redis.pipeline(transaction=False)
-        self._calls: list[tuple[str, Sequence[str], Sequence[Any], Any]] = []
-
-    def __len__(self) -> int:
-        return len(self._calls)
-
-    def _add(self, script: str, keys: Sequence[str], args: Sequence[Any], parse: Any) -> int:
-        self._calls.append((script, keys, args, parse))
-        return len(self._calls) - 1
-
-    def _jk(self, job_id: str) -> Keys:
-        return self.store.job_keys(job_id)
-
-    def reserve(self, r: Reservation, now: float) -> int:
-        k = self._jk(r.job_id)
-        # the spec travels as its own argument: it is JSON already and is stored as it came
-        args = [_ENC.encode(msgspec.structs.replace(r, spec=b"")), repr(now), r.spec]
-
-        def parse(v: Any) -> ReserveResult:
-            return ReserveResult(
-                status=_s(v[0]), job_id=r.job_id, gpu_id=r.gpu_id, ver=int(v[1]), detail=_s(v[2])
-            )
-
-        return self._add("reserve", [k.gpus, k.gpu(r.gpu_id), k.job(r.job_id)], args, parse)
-
-    def enqueue(
-        self,
-        job_id: str,
-        spec: bytes,
-        prio: int,
-        submitted_at: float,
-        reason: str,
-        now: float,
-        traceparent: str = "",
-    ) -> int:
-        """``traceparent``: the job's trace, so that its placement from the queue continues it."""
-        k = self._jk(job_id)
-        return self._add(
-            "enqueue",
-            [k.gpus, k.job(job_id)],
-            [job_id, spec, prio, repr(submitted_at), reason, repr(now), traceparent],
-            _s,
-        )
-
-    def settle(self, job_id: str, to: str, reason: str, now: float, from_states: Iterable[str]) -> int:
-        """A job-only transition from one of ``from_states`` ('-' = unknown job) to ``to``; 'ok' or 'noop'."""
-        k = self._jk(job_id)
-        return self._add(
-            "settle",
-            [k.gpus, k.job(job_id)],
-            [job_id, to, reason, repr(now), ",".join(from_states)],
-            lambda v: _s(v[0]),
-        )
-
-    def release(self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "") -> int:
-        k = self._jk(job_id)
-
-        def parse(v: Any) -> ReleaseResult:
-            status = _s(v[0])
-            if status != "ok" and len(v) <= 8:
-                return ReleaseResult(
-                    status=status, job_id=job_id, state=_s(v[1]), gpu_id=_s(v[2]), node=_s(v[3])
-                )
-            gpu = None
-            if len(v) > 8:
-                gpu = StoredGpu(
-                    id=_s(v[2]),
-                    node=_s(v[3]),
-                    index=int(v[8]),
-                    model=_s(v[7]),
-                    ver=int(v[6]),
-                    instances=decode_instances(v[5]),
-                )
-            return ReleaseResult(
-                status=status,
-                job_id=job_id,
-                state=_s(v[1]),
-                gpu_id=_s(v[2]),
-                node=_s(v[3]),
-                instance_id=instance_id,
-                profile=_s(v[4]),
-                gpu=gpu,
-            )
-
-        return self._add(
-            "release",
-            [k.gpus, k.job(job_id)],
-            [job_id, kind, EXIT_TO_STATE[kind], reason, repr(now), instance_id],
-            parse,
-        )
-
-    def mark_running(self, job_id: str, instance_id: str, now: float, cmd_id: str = "") -> int:
-        k = self._jk(job_id)
-        return self._add(
-            "mark_running",
-            [k.gpus, k.job(job_id)],
-            [job_id, instance_id, repr(now), cmd_id],
-            lambda v: _s(v[0]),
-        )
-
-    def fail_placement(
-        self, job_id: str, reason: str, now: float, max_attempts: int, cmd_id: str = ""
-    ) -> int:
-        """-> (status, new state, gpu id)."""
-        k = self._jk(job_id)
-        return self._add(
-            "fail_placement",
-            [k.gpus, k.job(job_id)],
-            [job_id, reason, repr(now), max_attempts, cmd_id],
-            lambda v: (_s(v[0]), _s(v[1]), _s(v[2])),
-        )
-
-    def cancel(self, job_id: str, reason: str, now: float) -> int:
-        k = self._jk(job_id)
-
-        def parse(v: Any) -> CancelResult:
-            st = _s(v[0])
-            return CancelResult(
-                status=st if st in ("cancelled", "stop") else "noop",
-                state=_s(v[1]) if st == "noop" else "",
-                node=_s(v[1]) if st == "stop" else "",
-                gpu_id=_s(v[2]),
-                instance_id=_s(v[3]),
-            )
-
-        return self._add("cancel", [k.gpus, k.job(job_id)], [job_id, reason, repr(now)], parse)
-
-    def instance(self, op: str, node: str, gpu_id: str, instance_id: str, now: float) -> int:
-        """op: retire | drop | restore (see instance.lua) -> status."""
-        k = self.store.node_keys(node)
-        return self._add(
-            "instance", [k.gpus, k.gpu(gpu_id)], [op, instance_id, repr(now)], lambda v: _s(v[0])
-        )
-
-    def migrate_reserve(
-        self,
-        job_id: str,
-        src_instance: str,
-        dst_gpu: str,
-        dst_ver: int,
-        instance: StoredInstance,
-        destroy: Sequence[str],
-        max_count: int,
-        cooldown_s: float,
-        reason: str,
-        now: float,
-    ) -> int:
-        """-> (status, detail): ok with the target instance id, or why not."""
-        k = self._jk(job_id)
-        args = [
-            "reserve",
-            job_id,
-            repr(now),
-            src_instance,
-            dst_gpu,
-            dst_ver,
-            _ENC.encode(instance),
-            _ENC.encode(list(destroy)),
-            max_count,
-            cooldown_s,
-            reason,
-        ]
-        return self._add("migrate", [k.gpus, k.job(job_id)], args, lambda v: (_s(v[0]), _s(v[1])))
-
-    def migrate_finish(self, op: str, job_id: str, reason: str, now: float) -> int:
-        """op: commit | abort -> (status, detail)."""
-        k = self._jk(job_id)
-        return self._add(
-            "migrate",
-            [k.gpus, k.job(job_id)],
-            [op, job_id, repr(now), reason],
-            lambda v: (_s(v[0]), _s(v[1])),
-        )
-
-    def track_command(self, shard: int, cmd_id: str, info: dict[str, Any]) -> int:
-        self.pipe.hset(self.store.keys(shard).cmds, cmd_id, _ENC.encode(info))
-        return self._add("", (), (), lambda v: v)
-
-    async def run(self) -> list[Any]:
-        """One round trip: EVALSHA for every queued call (no SCRIPT EXISTS first, unlike redis-py's pipelined
-        Script); the calls Redis answers NOSCRIPT (a restarted or flushed Redis) did not run, so they are
-        loaded and sent again, in their order."""
-        if not self._calls:
-            return []
-        for name, keys, args, _ in self._calls:
-            if name:
-                self.pipe.evalsha(self.store.sha(name), len(keys), *keys, *args)
-        raw = await self.pipe.execute(raise_on_error=False)
-        missing = [n for n, v in enumerate(raw) if isinstance(v, NoScriptError)]
-        if missing:
-            await self.store.load_scripts()
-            again = self.store.redis.pipeline(transaction=False)
-            for n in missing:
-                name, keys, args, _ = self._calls[n]
-                again.evalsha(self.store.sha(name), len(keys), *keys, *args)
-            for n, v in zip(missing, await again.execute(raise_on_error=False), strict=True):
-                raw[n] = v
-        out: list[Any] = []
-        for (name, _, _, parse), v in zip(self._calls, raw, strict=True):
-            if isinstance(v, Exception):
-                raise StateError(f"{name or 'command'} failed: {v}")
-            out.append(parse(v))
-        return out
 
 
 class RedisState:

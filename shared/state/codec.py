@@ -1,0 +1,106 @@
+"""Decoding what the Redis store returns, and the Lua sources: shared by ``RedisState`` and ``Batch``."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+import msgspec
+
+from shared.errors import MigschedError
+from shared.state.model import (
+    HistoryEntry,
+    JobRecord,
+    StoredGpu,
+    StoredInstance,
+)
+
+_ENC = msgspec.json.Encoder()
+_INSTS = msgspec.json.Decoder(list[StoredInstance])
+_HIST = msgspec.json.Decoder(HistoryEntry)
+SCRIPTS = (
+    "reserve",
+    "enqueue",
+    "settle",
+    "release",
+    "mark_running",
+    "fail_placement",
+    "cancel",
+    "instance",
+    "migrate",
+    "node",
+    "dump",
+)
+
+
+class StateError(MigschedError):
+    """Redis refused a transition (a script error, not a lost race: races are results)."""
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    lua = resources.files("shared.state").joinpath("lua")
+    return lua.joinpath("prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
+
+
+def decode_instances(raw: Any) -> list[StoredInstance]:
+    if not raw or raw in (b"{}", b"[]", "{}", "[]"):
+        return []
+    return _INSTS.decode(raw)
+
+
+def decode_gpu(gpu_id: str, h: dict[bytes, bytes]) -> StoredGpu | None:
+    if not h:
+        return None
+    g = {k.decode(): v for k, v in h.items()}
+    return StoredGpu(
+        id=gpu_id,
+        node=_s(g.get("node")),
+        index=int(g.get("index", 0)),
+        model=_s(g.get("model")),
+        mig=g.get("mig", b"1") == b"1",
+        healthy=g.get("healthy", b"1") == b"1",
+        ver=int(g.get("ver", 0)),
+        rev=int(g.get("rev", 0)),
+        pos=int(g.get("pos", 0)),
+        uuid=_s(g.get("uuid")),
+        instances=decode_instances(g.get("inst")),
+    )
+
+
+def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
+    if not h:
+        return None
+    g = {k.decode(): v for k, v in h.items()}
+    return JobRecord(
+        job_id=job_id,
+        state=_s(g.get("state")),
+        reason=_s(g.get("reason")),
+        spec=g.get("spec") or b"",
+        prio=int(float(g.get("prio", 0))),
+        at=float(g.get("at", 0)),
+        gpu=_s(g.get("gpu")),
+        inst=_s(g.get("inst")),
+        node=_s(g.get("node")),
+        attempts=int(g.get("attempts", 0)),
+        cancel=g.get("cancel") == b"1",
+        mig_gpu=_s(g.get("mig_gpu")),
+        mig_inst=_s(g.get("mig_inst")),
+        traceparent=_s(g.get("tp")),
+        updated=float(g.get("updated", 0)),
+    )
+
+
+class CancelResult(msgspec.Struct, frozen=True, kw_only=True):
+    """``status``: cancelled | stop (the job is active: stop its workload on ``node``) | noop."""
+
+    status: str
+    state: str = ""
+    node: str = ""
+    gpu_id: str = ""
+    instance_id: str = ""
