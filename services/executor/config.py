@@ -40,6 +40,16 @@ class ExecutorSettings(Settings):
     """Migration: how long the target copy must stay up before the source copy is stopped."""
     executor_latency_log: str = ""
     """Benchmarks: append ``job_id submitted_at received_at`` for every place command to this file."""
+    executor_env_allowlist: str = "PATH,HOME,LANG,LC_*,TZ,TMPDIR,USER,LOGNAME"
+    """nvml: variables a workload may receive (shell patterns); CUDA_VISIBLE_DEVICES is always set."""
+    executor_destroy_foreign: bool = False
+    """nvml: allow destroying instances this executor did not create."""
+    executor_in_use_retry_s: float = 2.0
+    """nvml: how long a destroy retries NVML's "in use" answer after a process exits."""
+    executor_stop_grace_s: float = 10.0
+    """nvml: SIGTERM to SIGKILL delay when a workload is stopped."""
+    executor_keep_logs: bool = False
+    """nvml: keep each workload's log file after it exits."""
 
 
 def parse_gpus(spec: str) -> list[str]:
@@ -85,5 +95,10 @@ def build_backend(settings: ExecutorSettings, node: str) -> Backend:
             models=parse_gpus(settings.executor_gpus),
             state_dir=settings.executor_state_dir,
             confirm_s=settings.executor_confirm_s,
+            env_allowlist=tuple(p.strip() for p in settings.executor_env_allowlist.split(",") if p.strip()),
+            destroy_foreign=settings.executor_destroy_foreign,
+            in_use_retry_s=settings.executor_in_use_retry_s,
+            stop_grace_s=settings.executor_stop_grace_s,
+            keep_logs=settings.executor_keep_logs,
         )
     raise ExecutorError(f"MIGSCHED_EXECUTOR_BACKEND={kind!r}: expected sim or nvml")

@@ -14,7 +14,7 @@ from services.executor.backend import Backend, InstanceInfo
 from services.executor.config import parse_gpus
 from services.executor.instances import InstanceBook, report
 from shared.bus import Outgoing
-from shared.events import Drift, GpuReport, JobExited, Registered, new_id, now
+from shared.events import Drift, GpuReport, Registered, new_id, now
 from shared.mig.geometry import default_geometry
 
 
@@ -32,9 +32,12 @@ class RegistrationMixin:
         gpus = await self.backend.discover()
         running = {(i.gpu_index, i.gi_id): job for job, i in self.backend.running().items()}
         reports, drift = [], []
+        node_model = getattr(self.backend, "gpu_model", None)
         for g in gpus:
             try:
-                self.book.models[g.index] = geometry.model(g.model)
+                # the NVML view of a MIG GPU's profiles wins over the built-in table on this node
+                nvml_view = node_model is not None and g.mig_enabled
+                self.book.models[g.index] = node_model(g.index) if nvml_view else geometry.model(g.model)
             except KeyError:
                 drift.append(f"GPU {g.index} is a {g.model!r}, which the geometry tables do not know")
             instances: Sequence[InstanceInfo] = ()
@@ -81,18 +84,5 @@ class RegistrationMixin:
                     Drift(id=new_id("drift"), node=self.node, at=at, details=tuple(drift[:64])),
                 )
             )
-        for job in getattr(rec, "lost_jobs", ()) or ():
-            out.append(
-                Outgoing(
-                    self.subjects.node_report(self.node),
-                    JobExited(
-                        id=new_id("exit"),
-                        node=self.node,
-                        at=at,
-                        job_id=job,
-                        exit="lost",
-                        reason="the executor restarted and could not collect this job's exit status",
-                    ),
-                )
-            )
+        # jobs lost while the executor was down come out of backend.next_exit() as kind "lost": not here too
         await self.bus.publish_batch(out)
