@@ -59,6 +59,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     """job id -> state"""
     counts: dict[str, int]
     """state -> number of jobs"""
+    reasons: dict[str, str] = {}
+    """pending job id -> why it waits (quota | capacity | reserved capacity | preempted by ...: detail)"""
 
     @property
     def busy_slices(self) -> int:
@@ -102,7 +104,9 @@ def gpu_row(g: StoredGpu, geometry: Geometry) -> GpuRow:
 async def read(state: RedisState, geometry: Geometry) -> ClusterView:
     gpus = await state.load_gpus()
     ids = [j for s in range(state.shards) for j in await state.all_job_ids(s)]
-    jobs = {j: rec.state for j, rec in zip(ids, await state.jobs(ids), strict=True) if rec is not None}
+    recs = [r for r in await state.jobs(ids) if r is not None]
+    jobs = {r.job_id: r.state for r in recs}
+    reasons = {r.job_id: r.reason for r in recs if r.state == "pending"}
     nodes = {n: h.get("state", "?") for n, h in (await state.nodes()).items()}
     counts = Counter(jobs.values())
     return ClusterView(
@@ -112,6 +116,7 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
         gpus=tuple(gpu_row(g, geometry) for g in sorted(gpus, key=lambda g: (g.node, g.index))),
         jobs=jobs,
         counts={s: counts.get(s, 0) for s in JOB_STATES},
+        reasons=reasons,
     )
 
 
@@ -181,8 +186,9 @@ def render(
         )
         t.add_column("job")
         t.add_column("state")
+        t.add_column("why it waits")
         for j, s in sorted(active, key=lambda x: (JOB_STATES.index(x[1]), x[0]))[:show_jobs]:
-            t.add_row(j, Text(s, style=_STYLE.get(s, "")))
+            t.add_row(j, Text(s, style=_STYLE.get(s, "")), view.reasons.get(j, "")[:80])
         parts.append(t)
     return Group(*parts)  # type: ignore[arg-type]
 

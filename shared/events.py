@@ -188,6 +188,10 @@ class Placed(Message, frozen=True, kw_only=True):
     job: JobInfo
     attempt: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 0
     decided_at: Timestamp
+    preempted: Annotated[tuple[JobId, ...], msgspec.Meta(max_length=64)] = ()
+    """Jobs preempted for this placement (already re-queued in the state store; ``gpu`` shows their instances
+    idle): the node must stop their workloads before it destroys or reuses those instances, so the command
+    carries them as ``stop_jobs`` ahead of its ops."""
 
 
 class MoveSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -240,7 +244,8 @@ class Command(Message, frozen=True, kw_only=True):
     """``cmd.<node>``: one idempotent order for one executor. ``id`` == ``cmd_id``; replaying a command
     whose ops are done must be harmless (each op names its target instance).
 
-    kinds: ``place`` (apply ``ops`` in order, then start ``workload`` for ``job_id`` on ``instance_id``);
+    kinds: ``place`` (stop ``stop_jobs`` first, preempted: no exit is reported for them; then apply ``ops`` in
+    order, then start ``workload`` for ``job_id`` on ``instance_id``);
     ``stop`` (stop ``job_id``; the executor reports its exit with kind cancelled);
     ``migrate_start`` (``ops`` then start ``job_id`` on the target ``instance_id`` while it still runs on
     ``src_instance_id``); ``migrate_stop`` (stop ``job_id``'s workload on ``src_instance_id`` only, without a
@@ -467,6 +472,8 @@ def decode(
         raise DecodeError(f"invalid: {exc}", subject) from None
     except msgspec.DecodeError as exc:
         raise DecodeError(f"malformed JSON: {exc}", subject) from None
+    except RecursionError:  # adversarial nesting ([[[[...]]]]): msgspec gives up past the recursion limit
+        raise DecodeError("malformed JSON: nested too deeply", subject) from None
     if kind == "submit":
         try:
             check_demand(msg.demand, geometry)

@@ -82,6 +82,14 @@ class BalancerSettings(Settings):
     """Pending jobs examined per backfill pass, in priority-then-age order."""
     mirror_refresh_s: float = 10.0
     """Full reload of the local cluster mirror from Redis (conflicts also reload the GPUs concerned)."""
+    tenancy_file: str = ""
+    """The tenancy file (TOML: quotas, cohorts, priority classes; docs/tenancy.md), hot-reloaded. Empty: no
+    quotas, no preemption, placement as before."""
+    reserve_full: int = 0
+    """GPUs kept able to host a full-size job (docs/tenancy.md §6; the seeds advise 1). Applies only with a
+    tenancy file; 0 turns the reserve off."""
+    tenancy_poll_s: float = 2.0
+    """How often the tenancy file's mtime/size is checked for a hot reload."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -161,6 +161,22 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
 )
 @click.option("--ablation", is_flag=True, help="run lb-static -> migsched-nomig -> migsched")
 @click.option("--check-invariants", is_flag=True, help="check the state at every event (slow)")
+@click.option(
+    "--tenancy",
+    "tenancy_file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="tenancy file (quotas, cohorts, priority classes; docs/tenancy.md): quota -> place -> preempt, "
+    "fair-share queue, per-tenant report (policies migsched / migsched-nomig)",
+)
+@click.option(
+    "--teams",
+    default=None,
+    help="with --tenancy: give jobs synthetic tenants, e.g. team-a,team-b,team-c (crc32 of the job id); "
+    "each job's class is qos-<its old tenant, lower case> (openb: its QoS)",
+)
+@click.option("--reserve-full", type=int, default=0, show_default=True, help="with --tenancy: GPUs kept free")
+@click.option("--no-preempt", is_flag=True, help="with --tenancy: never preempt")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="sim-out", show_default=True)
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def command(**o: Any) -> None:
@@ -255,6 +271,9 @@ def _run(o: dict[str, Any]) -> None:
         raise click.BadParameter(
             f"unknown policy {', '.join(bad)}; known: {', '.join(known)}", param_hint="--policy"
         )
+    if o["tenancy_file"]:
+        _run_tenancy(o, workload, cluster, cfg, geo, [n for n in names if n != "all"] or ["migsched"])
+        return
     out = Path(str(o["out_dir"]))
     cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
     update, bar = _progress(bool(o["progress"]))
@@ -304,6 +323,50 @@ def _run(o: dict[str, Any]) -> None:
     written = report.write(out, sections, header=header)
     for s in sections:
         click.echo(report.kpi_table([r.kpis for r in s.runs]))
+    click.echo(f"wrote {len(written)} files to {out}/ (report.md, kpis.json, series.json, PNGs)")
+
+
+def _run_tenancy(
+    o: dict[str, Any], workload: Any, cluster: Any, cfg: Any, geo: Any, names: list[str]
+) -> None:
+    from shared.sim import report
+    from shared.sim.tenancy import run_tenancy, synthetic_tenants, tenant_table
+    from shared.tenancy import load_tenancy
+
+    tenancy = load_tenancy(str(o["tenancy_file"]), geo)
+    classes: dict[str, str] = {}
+    if o["teams"]:
+        workload, classes = synthetic_tenants(workload, [t for t in str(o["teams"]).split(",") if t])
+    runs = [
+        run_tenancy(
+            workload,
+            cluster,
+            n,
+            cfg,
+            tenancy,
+            classes=classes,
+            reserve_full=int(o["reserve_full"]),
+            preempt=not o["no_preempt"],
+            geometry=geo,
+        )
+        for n in names
+    ]
+    cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    table = tenant_table(runs)
+    header = [
+        f"- workload: `{workload.name}`, {len(workload.jobs)} jobs; dropped: {workload.dropped or 'none'}",
+        f"- cluster: {cluster.label()} ({len(cluster.nodes)} nodes)",
+        f"- parameters: `{_params(cfg)}`; tenancy `{o['tenancy_file']}`, reserve {o['reserve_full']}",
+        "",
+        "## Tenants",
+        "",
+        table,
+    ]
+    out = Path(str(o["out_dir"]))
+    sections = [report.Section(title="Tenancy", kind="compare", runs=runs, command=cmd)]
+    written = report.write(out, sections, header=header)
+    click.echo(report.kpi_table([r.kpis for r in runs]))
+    click.echo(table)
     click.echo(f"wrote {len(written)} files to {out}/ (report.md, kpis.json, series.json, PNGs)")
 
 

@@ -79,6 +79,7 @@ class Mirror:
                 priority=inst.prio,
                 tenant=inst.tenant,
                 latency_sensitive=inst.ls,
+                preemptible=inst.pre,
             )
         )
         self.builder.put(gpu.with_instances(keep))

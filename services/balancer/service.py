@@ -20,16 +20,25 @@ import msgspec
 from opentelemetry import context as otel_context
 
 from services.balancer.mirror import Mirror, reservation_instance
+from services.balancer.preempting import (
+    admit_job,
+    fair_order,
+    placed_view,
+    record_preemptions,
+    wire_priority,
+)
+from services.balancer.tenancy import TenantLedger
 from services.common import metrics as m
 from services.common.service import Service
 from shared import telemetry
 from shared.bus import Consumer, Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, Placed, wire_gpu
+from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams, place
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.placement import CannotPlace, JobRequest, Placement
 from shared.settings import BalancerSettings
-from shared.state import Reservation, shard_of
+from shared.state import Eviction, Reservation, shard_of
 
 _SUBMIT = msgspec.json.Decoder(JobSubmit)
 
@@ -44,6 +53,12 @@ class Candidate:
     delivery: Delivery | None = None
     from_queue: bool = False
     attempt: int = 0
+    prio: int | None = None
+    """The priority resolved from the tenancy's classes (None: the submit's own ``priority``)."""
+
+    @property
+    def priority(self) -> int:
+        return self.submit.priority if self.prio is None else self.prio
 
     @property
     def traceparent(self) -> str:
@@ -69,6 +84,8 @@ class Balancer(Service):
         self._queue_maybe_nonempty = True
         self._refresh_wanted = False
         self.placed = 0
+        # tenancy (quotas, priority classes, preemption); inactive without MIGSCHED_TENANCY_FILE
+        self.ledger = TenantLedger(st.tenancy_file, st.reserve_full, st.tenancy_poll_s, self.geometry)
         # decoded specs of the jobs this replica queued, so a backfill pass reads only the queue's ids
         self._waiting: dict[str, tuple[JobSubmit, bytes, Any]] = {}
         # metric children resolved once: labels() per decision costs as much as a small decision
@@ -98,7 +115,14 @@ class Balancer(Service):
             ("backfill", 0.02, self._backfill_tick),
             ("backfill-sweep", 1.0, self.request_backfill),
             ("refresh-on-demand", 0.2, self._refresh_if_wanted),
+            *([("tenancy-reload", st.tenancy_poll_s, self._poll_tenancy)] if self.ledger.active else []),
         ]
+
+    async def _poll_tenancy(self) -> None:
+        async with self.lock:
+            r = self.ledger.poll()
+        if r is not None and r.ok:
+            self.request_backfill_now(queue_grew=True)  # a raised quota may let held jobs start
 
     async def prepare(self) -> None:
         await self.refresh()
@@ -111,6 +135,8 @@ class Balancer(Service):
             for g in gpus:
                 fresh[shard_of(g.node, self.settings.shards)].put(g)
             self.mirrors = fresh
+            if self.ledger.active:
+                self.ledger.rebuild(mm.snapshot() for mm in fresh)
         m.QUEUE_DEPTH.labels(self.name).set(await self.state.pending_count())
         if len(self.mirrors) == 1 and len(self.mirrors[0]):
             m.FRAG_RATE.labels(self.name).set(frag_rate(self.mirrors[0].snapshot(), UNIFORM_SHAPES))
@@ -124,9 +150,15 @@ class Balancer(Service):
     async def _reload(self, gpu_ids: set[str]) -> None:
         if not gpu_ids:
             return
+        touched: dict[int, list[str]] = {}
         for g in await self.state.get_gpus(sorted(gpu_ids)):
             if g is not None:
-                self.mirrors[shard_of(g.node, self.settings.shards)].put(g)
+                shard = shard_of(g.node, self.settings.shards)
+                self.mirrors[shard].put(g)
+                touched.setdefault(shard, []).append(g.id)
+        if self.ledger.active:
+            for shard, ids in touched.items():
+                self.ledger.reloaded(self.mirrors[shard].snapshot(), ids)
 
     # --- jobs.submit ----------------------------------------------------------------------------------------
     async def on_submit(self, ds: list[Delivery]) -> None:
@@ -155,6 +187,8 @@ class Balancer(Service):
             # within a round the mirror only loses room, so a demand that cannot be placed stays so: decide it
             # once
             no_room: dict[tuple[int, Any], CannotPlace] = {}
+            # likewise a tenancy hold (the book only grows within a round): per shard, demand, tenant, class
+            held: dict[tuple[Any, ...], Any] = {}
             for c in todo:
                 sub = c.submit
                 shard = shard_of(sub.job_id, st.shards)
@@ -185,17 +219,43 @@ class Balancer(Service):
                     batch.settle(sub.job_id, "rejected", why_not, now, ("-", "pending"))
                     self._m_outcome["rejected"].inc()
                     continue
-                req = JobRequest(
-                    job_id=sub.job_id,
-                    demand=sub.demand,
-                    tenant=sub.tenant,
-                    priority=sub.priority,
-                    latency_sensitive=sub.latency_sensitive,
-                    migratable=sub.migratable,
-                )
+                klass: Any = None
+                victims: tuple[Any, ...] = ()
+                usage: dict[str, float] = {}
                 t0 = time.perf_counter()
-                dec = place(mirror.snapshot(), req, self.params)
-                self._m_decide.observe(time.perf_counter() - t0)
+                if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
+                    hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority)
+                    adm = held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now)
+                    self._m_decide.observe(time.perf_counter() - t0)
+                    if isinstance(adm, str):  # a request error (unknown priority class): never placeable
+                        batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"))
+                        self._m_outcome["rejected"].inc()
+                        continue
+                    klass, c.prio, answer = adm
+                    if isinstance(answer, Hold):  # waits: quota | capacity | reserved capacity
+                        held[hk] = adm
+                        why = f"{answer.reason}: {answer.detail}"[:1000]
+                        hold = CannotPlace(
+                            job_id=sub.job_id, policy="tenancy", reasons=(why, *answer.reasons)
+                        )
+                        idx = batch.enqueue(
+                            sub.job_id, c.spec, c.priority, sub.submitted_at, why, now, c.traceparent
+                        )
+                        decided.append((c, hold, idx, None))
+                        continue
+                    assert isinstance(answer, Start)
+                    dec, victims, usage = answer.placement, answer.victims, answer.usage
+                else:
+                    req = JobRequest(
+                        job_id=sub.job_id,
+                        demand=sub.demand,
+                        tenant=sub.tenant,
+                        priority=sub.priority,
+                        latency_sensitive=sub.latency_sensitive,
+                        migratable=sub.migratable,
+                    )
+                    dec = place(mirror.snapshot(), req, self.params)
+                    self._m_decide.observe(time.perf_counter() - t0)
                 if isinstance(dec, Placement) and not self._single_mig_slot(dec):
                     # never placeable here (it would wait forever): rejected now, with the reason
                     why = (
@@ -209,10 +269,13 @@ class Balancer(Service):
                     continue
                 if isinstance(dec, Placement):
                     slot = dec.slot
-                    gpu_before = mirror.get(slot.gpu_id)
+                    # the partitioner plans from this view: preempted jobs' instances show idle in it
+                    gpu_before = placed_view(mirror.get(slot.gpu_id), victims)
                     inst = reservation_instance(
-                        slot, sub.job_id, sub.priority, sub.tenant, sub.latency_sensitive, sub.migratable
+                        slot, sub.job_id, c.priority, sub.tenant, sub.latency_sensitive, sub.migratable
                     )
+                    if klass is not None:
+                        inst.pre = klass.preemptible
                     ver = mirror.apply(slot, sub.job_id, inst)
                     r = Reservation(
                         job_id=sub.job_id,
@@ -223,12 +286,27 @@ class Balancer(Service):
                         destroy=slot.destroy,
                         max_count=self.geometry.model(slot.model).profile(slot.profile).max_count,
                         spec=c.spec,
-                        prio=sub.priority,
+                        prio=c.priority,
                         submitted_at=sub.submitted_at,
                         reason=dec.explain()[:500],
                         traceparent=c.traceparent,
+                        tenant=sub.tenant if self.ledger.active else "",
+                        usage=usage,
+                        victims=tuple(
+                            Eviction(
+                                job_id=v.job_id,
+                                instance_id=v.instance_ids[0],
+                                reason=f"preempted by {sub.job_id}: {v.detail}"[:500],
+                            )
+                            for v in victims
+                        ),
                     )
-                    decided.append((c, dec, batch.reserve(r, now), (gpu_before, ver)))
+                    booked = False
+                    if self.ledger.active:  # booked now: the next decision of this batch must see it
+                        booked = self.ledger.charge(sub.job_id, sub.tenant, usage, slot.gpu_id)
+                        for v in victims:
+                            self.ledger.uncharge(v.job_id)
+                    decided.append((c, dec, batch.reserve(r, now), (gpu_before, ver, victims, booked)))
                 else:
                     no_room[(shard, sub.demand)] = dec
                     reason = "; ".join(dec.reasons)[:1000]
@@ -259,24 +337,28 @@ class Balancer(Service):
                         c.delivery.span.set_attribute("migsched.decision", dec.explain()[:1000])
                     continue
                 res = results[idx]
-                gpu_before, ver = extra
+                gpu_before, ver, victims, booked = extra
                 self._waiting.pop(c.submit.job_id, None)
                 if res.ok:
                     self._m_outcome["placed"].inc()
                     self.placed += 1
                     c.attempt = int(res.detail or 0)
-                    out.append(
-                        Outgoing(
-                            self.subjects.sched_placed, self._placed(c, dec, gpu_before, ver, now), c.ctx
-                        )
-                    )
+                    if victims:
+                        record_preemptions(self.ledger, self.log, c, victims, now)
+                        self.request_backfill_now(queue_grew=True)  # the victims wait to run again
+                    placed = self._placed(c, dec, gpu_before, ver, now)
+                    if victims:
+                        placed = msgspec.structs.replace(placed, preempted=tuple(v.job_id for v in victims))
+                    out.append(Outgoing(self.subjects.sched_placed, placed, c.ctx))
                     if c.delivery is not None:
                         sp = c.delivery.span
                         sp.set_attribute("migsched.decision", dec.explain()[:1000])
                         sp.set_attribute("migsched.gpu", dec.slot.gpu_id)
                         sp.set_attribute("migsched.frag_after", dec.frag_after)
                     continue
-                reload.add(dec.slot.gpu_id)
+                reload.add(dec.slot.gpu_id)  # also re-derives the quota charges of that GPU's jobs
+                if booked:
+                    self.ledger.uncharge(c.submit.job_id)
                 if res.status == "known":
                     self._m_outcome["duplicate"].inc()  # a replayed submit: nothing to do
                     continue
@@ -292,7 +374,7 @@ class Balancer(Service):
                 b.enqueue(
                     c.submit.job_id,
                     c.spec,
-                    c.submit.priority,
+                    c.priority,
                     c.submit.submitted_at,
                     f"lost {st.max_rounds} compare-and-set races",
                     time.time(),
@@ -323,7 +405,7 @@ class Balancer(Service):
             decided_at=now,
             job=JobInfo(
                 tenant=sub.tenant,
-                priority=sub.priority,
+                priority=wire_priority(c.priority),
                 latency_sensitive=sub.latency_sensitive,
                 migratable=sub.migratable,
                 duration_hint_s=sub.duration_hint_s,
@@ -369,6 +451,7 @@ class Balancer(Service):
             cands: list[Candidate] = []
             expired = self.state.batch()
             for jid in ids:
+                preempted = False
                 if jid in self._waiting:
                     sub, spec, ctx = self._waiting[jid]
                     attempts = 0
@@ -376,14 +459,15 @@ class Balancer(Service):
                     rec = records.get(jid)
                     if rec is None:
                         continue
-                    spec, attempts = rec.spec, rec.attempts
+                    spec, attempts, preempted = rec.spec, rec.attempts, rec.preempted > 0
                     ctx = telemetry.extract({"traceparent": rec.traceparent}) if rec.traceparent else None
                     try:
                         sub = _SUBMIT.decode(spec)
                     except msgspec.DecodeError:
                         expired.settle(jid, "rejected", "stored spec unreadable", now, ("pending",))
                         continue
-                if sub.patience_s is not None and now - sub.submitted_at > sub.patience_s:
+                # a preempted job keeps its submit time for its place in the queue, not to run out of patience
+                if not preempted and sub.patience_s is not None and now - sub.submitted_at > sub.patience_s:
                     expired.settle(
                         jid,
                         "rejected",
@@ -399,6 +483,8 @@ class Balancer(Service):
             if len(expired):
                 await expired.run()
             async with self.lock:
+                if self.ledger.active:  # priority, then fair share between tenants, then age
+                    cands = fair_order(self.ledger, self.mirrors[shard].snapshot(), cands)
                 out = await self.decide_and_commit(cands)
             await self.bus.publish_batch(out)
         m.QUEUE_DEPTH.labels(self.name).set(depth)
@@ -415,8 +501,10 @@ class Balancer(Service):
         for d in ds:
             e = d.data
             mirror = self.mirrors[shard_of(e.node, self.settings.shards)]
-            if not mirror.release(e.gpu_id, e.instance_id, e.job_id):
-                stale.add(e.gpu_id)
+            if mirror.release(e.gpu_id, e.instance_id, e.job_id):
+                self.ledger.uncharge(e.job_id)
+            else:
+                stale.add(e.gpu_id)  # the reload re-derives the quota charges of that GPU's jobs
         if stale:  # the mirror had not seen that placement yet: read those GPUs
             async with self.lock:
                 await self._reload(stale)

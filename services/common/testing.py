@@ -125,6 +125,8 @@ class ScriptedExecutor:
                 )
             ]
         if c.kind == "place" and c.job_id:
+            for victim in c.stop_jobs:  # preempted: stopped first, no exit (as the executor does)
+                self.running.pop(victim, None)
             self.running[c.job_id] = c
         if c.kind == "migrate_start" and c.job_id:
             self.running[c.job_id] = c

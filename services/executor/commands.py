@@ -98,6 +98,8 @@ class CommandsMixin:
     ) -> list[Any]:
         """``place`` / ``migrate_start``: the ops, then the workload on the target instance."""
         assert cmd.job_id is not None and cmd.instance_id is not None
+        if cmd.kind == "place":
+            await self._stop_preempted(cmd)
         changed = await self._ops(cmd, created)
         lane = self._lane(cmd)
         target = await self.book.find(lane, cmd.instance_id)
@@ -146,6 +148,15 @@ class CommandsMixin:
                 instance_id=cmd.instance_id,
             ),
         ]
+
+    async def _stop_preempted(self, cmd: Command) -> None:
+        """A placement that preempted jobs: stop their workloads before the ops destroy or reuse their
+        instances. The state store re-queued them already, so their stop is not reported as an exit."""
+        for job in cmd.stop_jobs:
+            if job == cmd.job_id or job not in self.backend.running():
+                continue  # a replayed command: stopped already
+            self._retired.add(job)
+            await self.backend.stop_workload(job)
 
     async def _ops(self, cmd: Command, created: list[InstanceInfo] | None = None) -> int:
         if not cmd.ops:

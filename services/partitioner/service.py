@@ -93,6 +93,7 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
                 duration_s=p.job.duration_hint_s,
                 at=now,
                 submitted_at=p.job.submitted_at,
+                stop_jobs=p.preempted,
             )
             track.track_command(
                 shard_of(slot.node, self.settings.shards),

@@ -26,6 +26,20 @@ class TenantKpis(msgspec.Struct, frozen=True, kw_only=True):
     wait_mean_s: float
     usage_slice_h: float
     """Compute slices held x hours while running."""
+    # with tenancy (shared/sim/tenancy.py); 0 without
+    wait_p50_s: float = 0.0
+    wait_p95_s: float = 0.0
+    wait_max_s: float = 0.0
+    quota_held_s: float = 0.0
+    """Seconds its jobs waited with reason "quota" (over their quota), summed."""
+    preempted: int = 0
+    lost_work_s: float = 0.0
+    book_slice_h: float = 0.0
+    """Compute slices charged in the quota book x hours."""
+    book_gib_h: float = 0.0
+    borrowed_slice_h: float = 0.0
+    """Compute slices above its nominal quota (borrowed in its cohort) x hours."""
+    peak_slices: float = 0.0
 
 
 class Kpis(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +78,12 @@ class Kpis(msgspec.Struct, frozen=True, kw_only=True):
     events: int
     wall_s: float
     tenants: dict[str, TenantKpis] = {}
+    preemptions: int = 0
+    """Jobs preempted (tenancy runs; each re-queued with its arrival time)."""
+    lost_work_s: float = 0.0
+    """Run time lost by preempted jobs (progress since their last checkpoint)."""
+    holds: dict[str, int] = {}
+    """Queue passes that held a job, per reason (quota | capacity | reserved capacity)."""
 
 
 class Series(msgspec.Struct, frozen=True, kw_only=True):

@@ -93,6 +93,7 @@ def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
         mig_inst=_s(g.get("mig_inst")),
         traceparent=_s(g.get("tp")),
         updated=float(g.get("updated", 0)),
+        preempted=int(g.get("preempted", 0)),
     )
 
 

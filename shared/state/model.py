@@ -62,6 +62,8 @@ class StoredInstance(msgspec.Struct, kw_only=True, omit_defaults=True):
     created: bool = False
     """Created by the job's own reservation (a failed placement removes it; a reused one goes back to idle).
     """
+    pre: bool = True
+    """Its job may be preempted (its priority class is preemptible); only a running (busy) job ever is."""
 
     @property
     def mask(self) -> int:
@@ -82,6 +84,7 @@ class StoredInstance(msgspec.Struct, kw_only=True, omit_defaults=True):
                 job_id=RETIRING,
                 migratable=False,
                 latency_sensitive=True,
+                preemptible=False,
             )
         return InstanceView(
             id=self.id,
@@ -96,6 +99,7 @@ class StoredInstance(msgspec.Struct, kw_only=True, omit_defaults=True):
             tenant=self.tenant,
             last_moved_at=self.moved if self.moved > 0 else -math.inf,
             started_at=self.started,
+            preemptible=self.pre and self.state == "busy",
         )
 
 
@@ -152,6 +156,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     updated: float = 0.0
     traceparent: str = ""
     """The W3C trace of the job's submit: a placement from the queue continues it."""
+    preempted: int = 0
+    """Times the job was preempted (re-queued for a higher-priority job or a quota reclaim)."""
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
@@ -160,6 +166,14 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     reason: str = ""
     # "from" is a Python keyword: stored under that name, exposed as ``prev``
     prev: str = msgspec.field(default="", name="from")
+
+
+class Eviction(msgspec.Struct, frozen=True, kw_only=True):
+    """A preemption victim inside a ``reserve`` transition."""
+
+    job_id: str
+    instance_id: str
+    reason: str
 
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -178,6 +192,12 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     submitted_at: float = 0.0
     reason: str = ""
     traceparent: str = ""
+    tenant: str = ""
+    usage: dict[str, float] = {}
+    """The quota charge of the placement, stored with the job so that its release uncharges exactly it."""
+    victims: tuple[Eviction, ...] = ()
+    """Running jobs preempted in the same transition: each must still run on ``gpu_id``; its instance is idled
+    (then reused or destroyed per ``action``/``destroy``) and the job re-queued with ``reason``."""
 
 
 class ReserveResult(msgspec.Struct, frozen=True, kw_only=True):

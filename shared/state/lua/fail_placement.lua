@@ -4,7 +4,7 @@
 local job, jkey = ARGV[1], KEYS[2]
 local now = tonumber(ARGV[3])
 if ARGV[5] ~= '' then redis.call('HDEL', CMDS, ARGV[5]) end
-local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'attempts')
+local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'attempts', 'preempted')
 if f[1] ~= 'placing' then return {'noop', f[1] or '', ''} end
 local gkey = gk(f[2])
 local insts = decode_insts(redis.call('HGET', gkey, 'inst'))
@@ -13,7 +13,8 @@ if i and i.job == job then
   if i.created then table.remove(insts, n) else idle(i) end
 end
 save_gpu(gkey, insts, true)
-if tonumber(f[4] or '0') + 1 >= tonumber(ARGV[4]) then
+-- preemptions count as attempts (each placement needs its own command id) but never fail a job
+if tonumber(f[4] or '0') - tonumber(f[5] or '0') + 1 >= tonumber(ARGV[4]) then
   redis.call('HINCRBY', jkey, 'attempts', 1)
   set_state(job, 'placing', 'failed', ARGV[2], now)
   return {'ok', 'failed', f[2]}

@@ -9,6 +9,7 @@
 local op, node, nkey = ARGV[1], ARGV[2], KEYS[2]
 local now = tonumber(ARGV[3])
 local requeued, drift = {}, {}
+local moves, reported_ids = {}, {}
 local function evict(insts, keep, reason)
   -- re-queue the jobs of instances not kept; returns the kept instances
   local out = {}
@@ -21,6 +22,10 @@ local function evict(insts, keep, reason)
         local jg = redis.call('HGET', jk(i.job), 'inst')
         local mg = redis.call('HGET', jk(i.job), 'mig_inst')
         if jg == i.id or mg == i.id then
+          if st == 'migrating' then
+            local f = redis.call('HMGET', jk(i.job), 'gpu', 'inst', 'mig_gpu', 'mig_inst')
+            table.insert(moves, {i.job, f[1], f[2], f[3], f[4]})
+          end
           requeue(i.job, st, reason, now)
           table.insert(requeued, i.job)
         end
@@ -28,6 +33,28 @@ local function evict(insts, keep, reason)
     end
   end
   return out
+end
+-- A re-queued job that was moving leaves its other copy's instance behind (the target of its move, or the
+-- source when the target went): free it, or it stays held by a job that no longer names it. On the node that
+-- registers, an instance it did not report does not exist: it is removed; elsewhere it idles.
+local function free_moves()
+  for _, m in ipairs(moves) do
+    for _, pair in ipairs({{m[2], m[3]}, {m[4], m[5]}}) do
+      local g, iid = pair[1], pair[2]
+      if g and iid and redis.call('EXISTS', gk(g)) == 1 then
+        local insts = decode_insts(redis.call('HGET', gk(g), 'inst'))
+        local n, i = find(insts, iid)
+        if i and i.job == m[1] and i.state ~= 'idle' then
+          if op == 'register' and redis.call('HGET', gk(g), 'node') == node and not reported_ids[iid] then
+            table.remove(insts, n)
+          else
+            idle(i)
+          end
+          save_gpu(gk(g), insts, true)
+        end
+      end
+    end
+  end
 end
 if op == 'register' then
   local ids = {}
@@ -45,7 +72,7 @@ if op == 'register' then
       save_gpu(key, reported, 'claim')
     else
       local byid = {}
-      for _, r in ipairs(reported) do byid[r.id] = r end
+      for _, r in ipairs(reported) do byid[r.id] = r; reported_ids[r.id] = true end
       local insts = decode_insts(redis.call('HGET', key, 'inst'))
       local kept = evict(insts, function(i)
         if byid[i.id] then byid[i.id] = nil; return true end
@@ -67,6 +94,7 @@ if op == 'register' then
       save_gpu(key, kept, 'claim')
     end
   end
+  free_moves()
   redis.call('SADD', NODES, node)
   redis.call('HSET', nkey, 'state', 'up', 'last_seen', now, 'registered_at', now, 'gpus', cjson.encode(ids))
   return cjson.encode({requeued = requeued, drift = drift, gpus = ids})
@@ -81,5 +109,6 @@ for _, id in ipairs(ids) do
   redis.call('HSET', key, 'healthy', 0)
   save_gpu(key, {}, 'claim')
 end
+free_moves()
 redis.call('HSET', nkey, 'state', 'lost', 'lost_at', now)
 return cjson.encode({requeued = requeued, drift = drift, gpus = ids})

@@ -67,5 +67,5 @@ local function requeue(job, from, reason, now)
 end
 local function idle(i)
   i.state = 'idle'; i.job = nil; i.prio = nil; i.ls = nil; i.mig = nil; i.tenant = nil; i.started = nil
-  i.created = nil
+  i.created = nil; i.pre = nil
 end

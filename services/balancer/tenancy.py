@@ -1,0 +1,119 @@
+"""The balancer's tenancy state: the tenancy file (hot-reloaded), the quota book, each running job's charge.
+
+The book is a function of the mirror: at every full refresh it is rebuilt from the busy instances of the
+shard (each carries its job's tenant; ``charges.instance_usage`` gives the charge), so it starts right after a
+restart and cannot drift. Between refreshes it follows the balancer's own transitions: ``charge`` on a
+committed reservation (the exact ``placement_usage``, also stored with the job in Redis), ``uncharge`` on the
+job's exit or preemption — once, since the charge is popped. A partial reload of some GPUs re-derives the
+charges of the jobs on them.
+
+No tenancy file: ``active`` is False and the balancer places exactly as before (no quotas, no preemption).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from shared.policy.charges import instance_usage
+from shared.policy.priority import PriorityClass
+from shared.policy.queue_order import PendingJob, QueueEntry, order
+from shared.policy.quota import QuotaBook, QuotaError, Usage, charge, uncharge
+from shared.policy.reserve import ReserveParams
+from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.tenancy import Reload, Tenancy, TenancyWatcher
+
+log = logging.getLogger("migsched.balancer")
+
+
+class TenantLedger:
+    """Tenancy configuration plus usage. Not thread-safe: the balancer calls it under its lock."""
+
+    def __init__(self, path: str, reserve_full: int, poll_s: float = 2.0, geometry: Any = None) -> None:
+        self.path = path
+        self.active = bool(path)
+        # a bad file fails start-up (TenancyError): a scheduler must not run without its quotas
+        self.watcher = TenancyWatcher(path, time.monotonic, poll_s, geometry) if path else None
+        self.tenancy: Tenancy = self.watcher.current if self.watcher else Tenancy(source="(none)")
+        self.book = QuotaBook(self.tenancy.quotas)
+        self.reserve = ReserveParams(reserve_full=reserve_full)
+        # job -> (tenant, charge, gpu id)
+        self.charges: dict[str, tuple[str, Usage, str]] = {}
+        self.preemptions = 0
+
+    # --- configuration --------------------------------------------------------------------------------------
+    def poll(self) -> Reload | None:
+        """Hot reload: a valid edit replaces the configuration (usage kept); an invalid one is logged and the
+        previous configuration stays in force."""
+        if self.watcher is None:
+            return None
+        r = self.watcher.poll()
+        if r is None:
+            return None
+        if r.ok:
+            self.tenancy = self.watcher.current
+            self.book = self.book.with_policy(self.tenancy.quotas)
+            log.info("tenancy file %s reloaded: %s", self.path, r.diff)
+        else:
+            log.error("tenancy file %s not reloaded (previous configuration kept): %s", self.path, r.error)
+        return r
+
+    def job_priority(self, tenant: str, class_name: str | None, explicit: int) -> tuple[PriorityClass, int]:
+        """The job's class and priority; raises UnknownPriorityClassError (a request error)."""
+        return self.tenancy.job_priority(tenant, class_name, explicit)
+
+    # --- usage ----------------------------------------------------------------------------------------------
+    def rebuild(self, snaps: Iterable[ClusterSnapshot]) -> None:
+        """Usage from scratch: every job-holding instance of the mirror, charged to its tenant."""
+        self.charges = {}
+        totals: dict[str, Usage] = {}
+        for snap in snaps:
+            for g in snap.gpus:
+                for job, tenant, usage in _held(snap, g):
+                    self.charges[job] = (tenant, usage, g.id)
+                    totals[tenant] = totals.get(tenant, Usage()) + usage
+        self.book = QuotaBook(self.tenancy.quotas, totals)
+
+    def reloaded(self, snap: ClusterSnapshot, gpu_ids: Iterable[str]) -> None:
+        """Some GPUs were re-read: re-derive the charges of the jobs on them."""
+        ids = set(gpu_ids)
+        for job in [j for j, (_, _, g) in self.charges.items() if g in ids]:
+            self.uncharge(job)
+        for gid in ids:
+            if gid in snap.position:
+                for job, tenant, usage in _held(snap, snap.gpus[snap.position[gid]]):
+                    if job not in self.charges:
+                        self.charge(job, tenant, usage, gid)
+
+    def charge(self, job: str, tenant: str, usage: Mapping[str, float], gpu_id: str) -> bool:
+        """Book the job's charge; False (nothing done) when it is booked already."""
+        if job in self.charges:
+            return False
+        u = Usage(usage)
+        self.charges[job] = (tenant, u, gpu_id)
+        self.book = charge(self.book, tenant, u)
+        return True
+
+    def uncharge(self, job: str) -> bool:
+        """The job left its instance (exit, preemption): give its charge back, once."""
+        held = self.charges.pop(job, None)
+        if held is None:
+            return False
+        try:
+            self.book = uncharge(self.book, held[0], held[1])
+        except QuotaError as exc:  # cannot happen while the charges sum to the book; never go negative
+            log.error("quota book out of step (%s); rebuilt at the next refresh", exc)
+        return True
+
+    # --- queue ----------------------------------------------------------------------------------------------
+    def order(self, pending: Iterable[PendingJob], capacity: Mapping[str, float]) -> list[QueueEntry]:
+        return order(pending, self.book, capacity)
+
+
+def _held(snap: ClusterSnapshot, g: GpuView) -> Iterable[tuple[str, str, Usage]]:
+    model = snap.geometry.model(g.model)
+    for inst in g.instances:
+        if inst.job_id and inst.job_id != "~retiring" and inst.tenant:
+            yield inst.job_id, inst.tenant, instance_usage(g, model, inst)
