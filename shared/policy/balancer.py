@@ -208,29 +208,33 @@ def place_mig(
     if n == 0:
         return CannotPlace(job_id=job.job_id, policy=policy, reasons=("no GPU in the cluster",))
     comp = _compile(snap.model_list, job.demand, params.dynamic, params.allow_larger, params.rank == "delta")
-    mi = snap.model_idx.astype(np.intp)
-    base = (mi << 16) | (snap.busy.astype(np.intp) << 8)
-    used: npt.NDArray[np.uint8] = np.asarray(snap.used)
-    ok: npt.NDArray[np.bool_] = np.asarray(snap.mig) & np.asarray(snap.healthy)
-    tl = _tier_load(snap.model_list, params.threshold, params.lazy_first)[(mi << 4) | used]
+    mi: npt.NDArray[np.intp] = snap.model_idx  # type: ignore[assignment]  # uint8: indexes the same
+    ok = snap.ok
+    all_ok = bool(ok.all())
+    tl = _tier_load(snap.model_list, params.threshold, params.lazy_first)[snap.load_idx]
     # reuse: only GPUs holding an idle instance the job can take (usually a minority) are looked up
     rpos = np.zeros(0, dtype=np.intp)
     rkeys = np.zeros(0, dtype=np.int64)
     if comp.reuse:
-        bits = comp.idle_bits[mi]
+        # one model: the bits are a scalar, not a gather per GPU
+        bits = comp.idle_bits[0] if len(snap.model_list) == 1 else comp.idle_bits[mi]
         idle_profiles: npt.NDArray[np.uint32] = np.asarray(snap.idle_profiles)
-        rpos = np.flatnonzero(ok & ((idle_profiles & bits) != 0))
+        holds = (idle_profiles & bits) != 0
+        rpos = np.flatnonzero(holds if all_ok else ok & holds)
         if rpos.size:
             rkeys = np.full(rpos.size, _UNFIT, dtype=np.int64)
-            mi_r, base_r = mi[rpos], base[rpos]
+            mi_r = mi[rpos].astype(np.intp)
+            base_r = snap.pair[rpos] & ~0xFF
             starts_all = snap.idle_starts
             for table, pidx in comp.reuse:
                 rkeys = np.minimum(rkeys, table[base_r | starts_all[rpos, pidx[mi_r]]])
             rkeys += tl[rpos]
     ckeys = None
     if comp.create is not None:
-        ckeys = comp.create[base | np.asarray(snap.idle)] + tl
-        ckeys[~ok] = _UNFIT
+        ckeys = comp.create[snap.pair]
+        ckeys += tl
+        if not all_ok:
+            ckeys[~ok] = _UNFIT
     cands = _shortlist(snap, comp, mi, rpos, rkeys, ckeys, params.top_k)
     counts: Counter[str] = Counter()
     chosen = _first_legal(snap, cands[:1], counts)
@@ -376,7 +380,8 @@ def _decision(
         cands.append(
             Candidate(
                 gpu_id=g.id, profile=s.profile, start=s.start, action=s.action, tier=_tier_name(key, params),
-                frag_before=t.cost(g.busy_mask), frag_after=_unpack_cost(key, int(t.fragcost_q[g.busy_mask]) if delta else 0),
+                frag_before=t.cost(g.busy_mask),
+                frag_after=_unpack_cost(key, int(t.fragcost_q[g.busy_mask]) if delta else 0),
                 load=g.used_compute / snap.models[model_name].compute_slices,
                 idle_slices_destroyed=int((key >> 15) & 0xF),
             )

@@ -21,6 +21,7 @@ lower source start; then, on the target, lowest FragCost after, fewest idle slic
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Sequence
 from typing import Literal
@@ -29,10 +30,17 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from shared.mig.geometry import Profile
+from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
-from shared.policy.migration_search import VirtualGpu, move_bounds, removal_bound, shape_target
+from shared.policy.consolidate import consolidate
+from shared.policy.migration_search import (
+    VirtualGpu,
+    move_bounds,
+    removal_bound,
+    removal_by_starts,
+    shape_target,
+)
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
 
 IntraMove = tuple[tuple[int, int, int, int, str], InstanceView, Profile, int]
@@ -50,6 +58,13 @@ class MigrationParams(msgspec.Struct, frozen=True, kw_only=True):
     """Most moves in one plan (one call)."""
     intra: bool = True
     inter: bool = True
+    pull_into_empty: bool = True
+    consolidate: bool = False
+    """After an exit leaves a Lazy GPU with a few jobs, move all of them onto GPUs that already run jobs so it
+    becomes empty for a whole-GPU job (``shared.policy.consolidate``), before any pull into it."""
+    """Whether an inter move may target a GPU with no job. The seeds pull into any Lazy GPU, which spreads
+    jobs onto empty GPUs and costs the whole-GPU jobs that dominate real traces their room; False pulls only
+    into partly used Lazy GPUs (filling their holes) and keeps empty GPUs empty."""
 
 
 class Move(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,7 +103,10 @@ class _Plan:
         self._changed: dict[int, VirtualGpu] = {}
         """GPUs that planned moves have changed, by position: the only ones the columns do not describe."""
         self._removal = np.zeros(0, dtype=np.int64)
-        self._removal_to: dict[str, npt.NDArray[np.int64]] = {}
+        self._drops: dict[tuple[int, str], npt.NDArray[np.int64]] = {}
+        self._by_c: dict[tuple[frozenset[str], ...], npt.NDArray[np.int64]] = {}
+        self._asked: set[tuple[frozenset[str], ...]] = set()
+
         # sources() depends only on the snapshot and the moves planned so far: cache it per move count
         # (plan_defrag asks once per Lazy GPU, which made a tick quadratic in the GPU count)
         self._sources: tuple[int, list[SourceJob]] | None = None
@@ -112,34 +130,78 @@ class _Plan:
             self._removal = removal
         return self._cols
 
-    def removal_bound(self, t: VirtualGpu) -> npt.NDArray[np.int64]:
-        """Per GPU (columns): the removal bound counting only jobs small enough to move to ``t`` without
-        leaving ``t`` more loaded than the source, i.e. c <= (U_s C_t - U_t C_s) / (C_s + C_t)."""
-        _, ok, base, _ = self.columns()
+    def removal_bound(self, t: VirtualGpu, hostable: tuple[frozenset[str], ...] | None = None
+                      ) -> npt.NDArray[np.int64]:
+        """Per GPU (columns): the best FragCost drop among the jobs it really holds that ``t`` can host and
+        that are small enough to move to ``t`` without leaving ``t`` more loaded than the source, i.e.
+        c <= (U_s C_t - U_t C_s) / (C_s + C_t). A lower bound (it ignores cooldowns and the like)."""
         u_s = np.asarray(self.snap.used, dtype=np.int64)
         c_s = np.asarray(self.snap.compute, dtype=np.int64)
         cmax = np.clip((u_s * t.compute - t.used * c_s) // np.maximum(c_s + t.compute, 1), 0, 8)
-        stacked = self._removal_to.get(t.model.name)
-        if stacked is None:
-            stacked = np.concatenate([removal_bound(m, t.model) for m in self.snap.model_list])
-            self._removal_to[t.model.name] = stacked
-        return np.where(ok, stacked[base + cmax], 0)
+        hostable = self.hostable(t) if hostable is None else hostable
+        by_c = self._by_c.get(hostable)
+        if by_c is not None:
+            return by_c[cmax, np.arange(cmax.size)]
+        if hostable in self._asked:
+            # asked again in this plan (a defragmentation tick tries many targets): tabulate per size once
+            by_c = np.zeros((9, cmax.size), dtype=np.int64)
+            for k, (m, names) in enumerate(zip(self.snap.model_list, hostable, strict=True)):
+                for name in names:
+                    c = m.profile(name).compute_slices
+                    by_c[c:] = np.minimum(by_c[c:], self._drops_of(k, m, name))
+            self._by_c[hostable] = by_c
+            return by_c[cmax, np.arange(cmax.size)]
+        self._asked.add(hostable)
+        # first time (the common case after an exit: one target per plan): only the sizes that can move
+        bound = np.zeros(cmax.size, dtype=np.int64)
+        top = int(cmax.max()) if cmax.size else 0
+        for k, (m, names) in enumerate(zip(self.snap.model_list, hostable, strict=True)):
+            for name in names:
+                c = m.profile(name).compute_slices
+                if c <= top:
+                    bound = np.minimum(bound, np.where(cmax >= c, self._drops_of(k, m, name), 0))
+        return bound
+
+    def _drops_of(self, k: int, m: GpuModel, name: str) -> npt.NDArray[np.int64]:
+        """Per GPU: the best FragCost drop among the busy ``name`` instances it holds (0 if none, or not a
+        usable Busy GPU of model ``k``). Independent of the target: computed once per plan and profile."""
+        vals = self._drops.get((k, name))
+        if vals is None:
+            snap = self.snap
+            _, ok, _, _ = self.columns()
+            busy8 = np.asarray(snap.busy, dtype=np.intp) << 8
+            vals = removal_by_starts(m, name)[busy8 | snap.busy_starts[:, tables_for(m).index[name]]]
+            if len(snap.model_list) > 1:
+                ok = ok & (np.asarray(snap.model_idx) == k)
+            vals = np.where(ok, vals, 0)
+            self._drops[(k, name)] = vals
+        return vals
+
+    def hostable(self, t: VirtualGpu) -> tuple[frozenset[str], ...]:
+        """Per snapshot model: the source profiles that have a destination placement on ``t`` now. Exact
+        (``dst_placement`` does not depend on the source), so bounds over them skip only impossible moves."""
+        sig = tuple((i.profile, i.start, i.busy) for i in t.insts)
+        return _hostable(self.snap.model_list, t.model, sig)
 
     def removal_bound_of(self, g: VirtualGpu, t: VirtualGpu) -> int:
         cmax = (g.used * t.compute - t.used * g.compute) // max(g.compute + t.compute, 1)
         return int(removal_bound(g.model, t.model)[g.busy_mask * 9 + min(max(cmax, 0), 8)])
 
+    def model_at(self, pos: int) -> GpuModel:
+        # the model column, not the geometry's name normalisation (a hot spot when many GPUs are visited)
+        return self.snap.model_list[int(self.snap.model_idx[pos])]
+
     def peek(self, pos: int) -> VirtualGpu:
         """The GPU at ``pos`` as the plan sees it, without keeping a copy of an unchanged one."""
         view = self.snap.gpus[pos]
-        return self._gpus.get(view.id) or VirtualGpu(view, self.snap.geometry.model(view.model), pos)
+        return self._gpus.get(view.id) or VirtualGpu(view, self.model_at(pos), pos)
 
     def gpu(self, gpu_id: str) -> VirtualGpu:
         g = self._gpus.get(gpu_id)
         if g is None:
             pos = self.snap.position[gpu_id]
             view = self.snap.gpus[pos]
-            g = VirtualGpu(view, self.snap.geometry.model(view.model), pos)
+            g = VirtualGpu(view, self.model_at(pos), pos)
             self._gpus[gpu_id] = g
         return g
 
@@ -243,7 +305,7 @@ class _Plan:
             else:
                 view = snap.gpus[pos]
                 insts, busy, lq = view.instances, view.busy_mask, int(load_q[pos])
-                table = tables_for(snap.geometry.model(view.model)).fragcost_q
+                table = tables_for(self.model_at(pos)).fragcost_q
             before = int(table[busy])
             for inst in insts:
                 if not self.may_move(inst, inter=True):
@@ -298,7 +360,10 @@ class _Plan:
         start): GPUs are visited best bound first and the search stops once no bound can beat the best."""
         load_q = self.columns()[0]
         touched = self._changed
-        removal = self.removal_bound(t)
+        hostable = self.hostable(t)
+        if not any(hostable):
+            return None  # no profile has a place on the target: nothing can be pulled
+        removal = self.removal_bound(t, hostable)
         mask = removal < 0
         if touched:
             mask[list(touched)] = False
@@ -339,7 +404,7 @@ class _Plan:
             insts, busy, lq, table = g.insts, g.busy_mask, g.load_q(), g.tables.fragcost_q
         else:
             insts, busy, lq = view.instances, view.busy_mask, int(self.columns()[0][pos])
-            table = tables_for(self.snap.geometry.model(view.model)).fragcost_q
+            table = tables_for(self.model_at(pos)).fragcost_q
         before = int(table[busy])
         out = []
         for inst in insts:
@@ -354,6 +419,8 @@ class _Plan:
         """Plan one pull into Lazy ``t``. ``exhaustive`` scans the full source list (the reference the
         best-first search is tested against)."""
         if self.full() or self.busy_tier(t):
+            return False
+        if not self.params.pull_into_empty and t.busy_mask == 0:
             return False
         found: tuple[str, InstanceView, Profile, int] | None = None
         if exhaustive:
@@ -394,6 +461,38 @@ class _Plan:
             self.changed(g)
 
 
+@functools.lru_cache(maxsize=65536)
+def _hostable(
+    models: tuple[GpuModel, ...], target: GpuModel, insts: tuple[tuple[str, int, bool], ...]
+) -> tuple[frozenset[str], ...]:
+    """``_Plan.hostable`` for a target holding ``insts`` (profile, start, busy): per source model, the
+    profiles whose target shape has a start free of busy slices with room under its max count. Cached
+    across plans: a cluster shows few distinct GPU states, and every pull asks."""
+    busy = 0
+    for name, start, b in insts:
+        if b:
+            busy |= span(target.profile(name).memory_slices, start)
+    out = []
+    for m in models:
+        names = set()
+        for p in m.profiles:
+            prof = shape_target(p, target)
+            if prof is None:
+                continue
+            for st in prof.placements:
+                pm = span(prof.memory_slices, st)
+                if pm & busy:
+                    continue
+                # VirtualGpu.count_ok: instances of the profile that stay (busy, or idle and not in the way)
+                n = sum(1 for name, s0, b in insts if name == prof.name
+                        and (b or not span(prof.memory_slices, s0) & pm))
+                if n + 1 <= prof.max_count:
+                    names.add(p.name)
+                    break
+        out.append(frozenset(names))
+    return tuple(out)
+
+
 def plan_after_exit(
     snap: ClusterSnapshot, gpu_id: str, now: float, params: MigrationParams
 ) -> tuple[Move, ...]:
@@ -409,8 +508,11 @@ def plan_after_exit(
     if plan.busy_tier(g):
         if params.intra:
             plan.intra_on(g, "after exit, busy GPU")
+    elif params.consolidate and g.busy_mask and consolidate(plan, g, "after exit, consolidate"):
+        return tuple(plan.moves)
     elif params.inter:
-        plan.pull_into(g, "after exit, lazy GPU")
+        plan = _Plan(snap, now, params)  # a failed consolidation leaves nothing behind
+        plan.pull_into(plan.gpu(gpu_id), "after exit, lazy GPU")
     return tuple(plan.moves)
 
 
@@ -454,16 +556,27 @@ def plan_defrag(snap: ClusterSnapshot, now: float, params: MigrationParams) -> t
         loads = np.array([plan.peek(int(p)).load_q() if int(p) in plan._changed else load_q[p]
                           for p in order], dtype=np.int64)
         targets = order[np.lexsort((order, loads))] if order.size else order
-        failed: tuple[int, set[tuple[object, ...]]] = (len(plan.moves), set())
+        failed: tuple[int, set[object]] = (len(plan.moves), set())
+        # an untouched GPU's instance set is given by its columns, so that skipping a GPU identical to one
+        # that failed is a look-up, not a walk over its instances
+        pair, busy_starts, idle_starts = snap.pair, snap.busy_starts, snap.idle_starts
+        exists: tuple[int, bool] = (-1, False)
         for p in targets.tolist():
-            if plan.full() or not plan.sources_exist():
+            if exists[0] != len(plan.moves):  # sources change only when a move is planned
+                exists = (len(plan.moves), plan.sources_exist())
+            if plan.full() or not exists[1]:
                 break
-            t = plan.peek(p)
             if failed[0] != len(plan.moves):
                 failed = (len(plan.moves), set())
-            sig = (t.model.name, t.busy_mask, tuple((i.profile, i.start, i.busy) for i in t.insts))
+            if p in plan._changed:
+                t = plan.peek(p)
+                sig: object = (t.model.name, t.busy_mask,
+                               tuple((i.profile, i.start, i.busy) for i in t.insts))
+            else:
+                sig = (int(pair[p]), busy_starts[p].tobytes(), idle_starts[p].tobytes())
             if sig in failed[1]:
                 continue  # an identical GPU found nothing to pull since the last move
+            t = plan.peek(p)
             if not plan.pull_into(t, "defragmentation, lazy GPU"):
                 failed[1].add(sig)
     return tuple(plan.moves)

@@ -115,7 +115,8 @@ Column = npt.NDArray[np.generic]
 class ClusterSnapshot:
     """An immutable cluster view: the GPUs in a fixed order plus one read-only column per quantity."""
 
-    __slots__ = ("_idle_starts", "busy", "compute", "geometry", "gpus", "groups", "healthy", "idle",
+    __slots__ = ("_busy_starts", "_idle_starts", "_load_idx", "_ok", "_pair", "busy", "compute", "geometry",
+                 "gpus", "groups", "healthy", "idle",
                  "idle_profiles", "mig", "model_idx", "model_list", "models", "position", "used")
 
     def __init__(
@@ -135,6 +136,10 @@ class ClusterSnapshot:
         model_idx: Column | None = None,
         model_list: tuple[GpuModel, ...] | None = None,
         idle_starts: Column | None = None,
+        pair: Column | None = None,
+        load_idx: Column | None = None,
+        ok: Column | None = None,
+        busy_starts: Column | None = None,
     ) -> None:
         self.geometry = geometry
         self.gpus = gpus
@@ -157,8 +162,12 @@ class ClusterSnapshot:
         self.model_idx = model_idx
         self.model_list = model_list
         self._idle_starts = idle_starts
-        for col in (busy, idle, used, compute, mig, healthy, idle_profiles, model_idx):
-            col.setflags(write=False)
+        self._pair, self._load_idx, self._ok = pair, load_idx, ok
+        self._busy_starts = busy_starts
+        for col in (busy, idle, used, compute, mig, healthy, idle_profiles, model_idx, pair, load_idx, ok,
+                    busy_starts):
+            if col is not None:
+                col.setflags(write=False)
 
     @property
     def idle_starts(self) -> npt.NDArray[np.uint8]:
@@ -176,12 +185,53 @@ class ClusterSnapshot:
             self._idle_starts = col
         return self._idle_starts  # type: ignore[return-value]
 
+    @property
+    def busy_starts(self) -> npt.NDArray[np.uint8]:
+        """As ``idle_starts`` for busy instances: which jobs a GPU holds, so the migration planner can bound
+        what moving one of them gains without reading the GPU's instances."""
+        if self._busy_starts is None:
+            width = max((len(m.profiles) for m in self.model_list), default=1)
+            col = np.zeros((len(self.gpus), width), dtype=np.uint8)
+            for p in np.flatnonzero(np.asarray(self.busy)).tolist():
+                gpu = self.gpus[p]
+                _fill_starts(col[p], gpu, tables_for(self.geometry.model(gpu.model)).index, busy=True)
+            col.setflags(write=False)
+            self._busy_starts = col
+        return self._busy_starts  # type: ignore[return-value]
+
+    @property
+    def pair(self) -> npt.NDArray[np.intp]:
+        """Per GPU: ``model << 16 | busy << 8 | idle``, indexing the balancer's stacked create tables."""
+        if self._pair is None:
+            col = (self.model_idx.astype(np.intp) << 16) | (self.busy.astype(np.intp) << 8) | self.idle.astype(np.intp)
+            col.setflags(write=False)
+            self._pair = col
+        return self._pair  # type: ignore[return-value]
+
+    @property
+    def load_idx(self) -> npt.NDArray[np.intp]:
+        """Per GPU: ``model << 4 | used compute slices``, the index into the balancer's tier/load table."""
+        if self._load_idx is None:
+            col = (self.model_idx.astype(np.intp) << 4) | self.used.astype(np.intp)
+            col.setflags(write=False)
+            self._load_idx = col
+        return self._load_idx  # type: ignore[return-value]
+
+    @property
+    def ok(self) -> npt.NDArray[np.bool_]:
+        """Per GPU: usable for MIG placements (in MIG mode and healthy)."""
+        if self._ok is None:
+            col = np.asarray(self.mig, dtype=bool) & np.asarray(self.healthy, dtype=bool)
+            col.setflags(write=False)
+            self._ok = col
+        return self._ok  # type: ignore[return-value]
+
     def with_columns(self, **columns: Column) -> ClusterSnapshot:
         """The same snapshot with some columns replaced (e.g. ``healthy``), sharing everything else."""
         current: dict[str, Any] = {
             "busy": self.busy, "idle": self.idle, "used": self.used, "compute": self.compute, "mig": self.mig,
             "healthy": self.healthy, "idle_profiles": self.idle_profiles, "model_idx": self.model_idx,
-            "idle_starts": self._idle_starts,
+            "idle_starts": self._idle_starts, "busy_starts": self._busy_starts,
         }
         unknown = set(columns) - set(current)
         if unknown:
@@ -218,9 +268,13 @@ class ClusterSnapshot:
 
 
 def _fill_idle_starts(row: npt.NDArray[np.uint8], gpu: GpuView, index: Mapping[str, int]) -> None:
+    _fill_starts(row, gpu, index, busy=False)
+
+
+def _fill_starts(row: npt.NDArray[np.uint8], gpu: GpuView, index: Mapping[str, int], *, busy: bool) -> None:
     row[:] = 0
     for inst in gpu.instances:
-        if not inst.busy and inst.profile in index:
+        if inst.busy == busy and inst.profile in index:
             row[index[inst.profile]] |= 1 << inst.start
 
 
@@ -243,9 +297,11 @@ class SnapshotBuilder:
 
     def _grow(self, cap: int) -> None:
         specs = {"busy": np.uint8, "idle": np.uint8, "used": np.uint8, "compute": np.uint8,
-                 "mig": np.bool_, "healthy": np.bool_, "idle_profiles": np.uint32, "model_idx": np.uint8}
+                 "mig": np.bool_, "healthy": np.bool_, "idle_profiles": np.uint32, "model_idx": np.uint8,
+                 "pair": np.intp, "load_idx": np.intp, "ok": np.bool_}
         new: dict[str, np.ndarray] = {k: np.zeros(cap, dtype=t) for k, t in specs.items()}
         new["idle_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
+        new["busy_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
         for k, col in self._cols.items():
             new[k][: self._n] = col[: self._n]
         self._cols = new
@@ -300,8 +356,20 @@ class SnapshotBuilder:
         else:
             row[:] = 0
         c["idle_profiles"][pos] = bits
+        brow = c["busy_starts"][pos]
+        if gpu.busy_mask:
+            _fill_starts(brow, gpu, tables_for(model).index, busy=True)
+        else:
+            brow[:] = 0
+        # derived columns the balancer indexes with, kept here so a decision skips ~10 array operations
+        c["pair"][pos] = (mid << 16) | (gpu.busy_mask << 8) | gpu.idle_mask
+        c["load_idx"][pos] = (mid << 4) | gpu.used_compute
+        c["ok"][pos] = gpu.mig and gpu.healthy
 
-    def snapshot(self) -> ClusterSnapshot:
+    def snapshot(self, copy: bool = True) -> ClusterSnapshot:
+        """An immutable snapshot. ``copy=False`` hands out read-only views of the builder's columns instead of
+        copies: valid only until the next ``put`` (the simulator asks a policy and applies the answer before
+        it changes anything, so it need not pay for ten column copies per decision)."""
         if self._groups is None:
             groups: dict[str, list[int]] = {}
             for i, g in enumerate(self._gpus):
@@ -312,7 +380,7 @@ class SnapshotBuilder:
         if self._frozen_pos is None:
             self._frozen_pos = MappingProxyType(dict(self._pos))
         n = self._n
-        c = {k: v[:n].copy() for k, v in self._cols.items()}
+        c = {k: v[:n].copy() if copy else v[:n] for k, v in self._cols.items()}
         return ClusterSnapshot(
             self.geometry, tuple(self._gpus), groups=self._groups, position=self._frozen_pos,
             model_list=tuple(self._model_list), **c

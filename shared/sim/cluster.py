@@ -155,7 +155,9 @@ class SimCluster:
     # reading -----------------------------------------------------------------------------------------------
     def snapshot(self) -> ClusterSnapshot:
         if self._snap is None:
-            self._snap = self.builder.snapshot()
+            # views, not copies: every reader (policy, planner, metrics) is done with it before the next
+            # change
+            self._snap = self.builder.snapshot(copy=False)
         return self._snap
 
     def gpu(self, gpu_id: str) -> GpuView:

@@ -108,6 +108,8 @@ class Simulator:
             self.mig_params = migration.MigrationParams(
                 threshold=self.cfg.threshold, cooldown_s=self.cfg.cooldown_s, max_moves=self.cfg.max_moves,
                 intra=getattr(spec, "migrate_intra", True), inter=getattr(spec, "migrate_inter", True),
+                pull_into_empty=getattr(spec, "pull_into_empty", True),
+                consolidate=getattr(spec, "consolidate", False),
             )
         self._initial_layout()
 

@@ -22,7 +22,7 @@ from shared.sim.metrics import RunResult
 ABLATION = ("lb-static", "migsched-nomig", "migsched")
 """Load balancing only, + dynamic partitioning, + migration."""
 
-THRESHOLD_POLICIES = {"migsched", "migsched-nomig", "lb-static"}
+THRESHOLD_POLICIES = {"migsched", "migsched-nomig", "migsched-pack", "lb-static"}
 LAYOUT_POLICIES = {"static", "lb-static"}
 
 Progress = Callable[[str, int, int], None]
@@ -33,6 +33,8 @@ def policy_params(name: str, workload: Workload, cfg: SimConfig) -> dict[str, ob
     params: dict[str, object] = {}
     if name in THRESHOLD_POLICIES:
         params["threshold"] = cfg.threshold
+        # the simulator reads only the choice, never the runners-up a decision lists to explain itself
+        params["top_k"] = 0
     if name in LAYOUT_POLICIES:
         params["layout"] = cfg.static_layout if cfg.static_layout != "mix" else "all-balanced"
     if name == "fgd":

@@ -172,8 +172,8 @@ def test_lb_static_balances_over_the_static_layout() -> None:
 
 
 def test_the_registry_describes_each_policy() -> None:
-    assert set(policy_names()) == {"migsched", "migsched-nomig", "first-fit", "best-fit", "spread",
-                                   "driver-default", "fgd", "static", "lb-static"}
+    assert set(policy_names()) == {"migsched", "migsched-nomig", "migsched-pack", "first-fit", "best-fit",
+                                   "spread", "driver-default", "fgd", "static", "lb-static"}
     assert get_policy("migsched")[0].migrates and not get_policy("migsched-nomig")[0].migrates
     assert get_policy("static")[0].initial_layout == "all-balanced"
     assert get_policy("first-fit")[0].initial_layout is None

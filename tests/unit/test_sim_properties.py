@@ -32,7 +32,7 @@ def _json_without_wall(k: object) -> bytes:
     return msgspec.json.encode(d)
 
 
-@pytest.mark.parametrize("policy", ["migsched", "first-fit", "lb-static"])
+@pytest.mark.parametrize("policy", ["migsched", "migsched-pack", "first-fit", "lb-static"])
 def test_the_same_seed_and_input_give_byte_identical_kpis_apart_from_wall_time(policy: str) -> None:
     cfg = SimConfig(seed=3, patience_s=1800.0, defrag_interval_s=600.0)
     a = experiment.run_one(_workload(3, 150, 1.2), CLUSTER, policy, cfg)
@@ -48,7 +48,9 @@ def test_a_different_seed_gives_a_different_workload_and_result() -> None:
     assert _json_without_wall(a.kpis) != _json_without_wall(b.kpis)
 
 
-@pytest.mark.parametrize("policy", ["migsched", "migsched-nomig", "first-fit", "static", "fgd"])
+@pytest.mark.parametrize(
+    "policy", ["migsched", "migsched-pack", "migsched-nomig", "first-fit", "static", "fgd"]
+)
 def test_every_job_ends_exactly_once_and_no_slice_is_ever_double_booked(policy: str) -> None:
     wl = _workload(7, 160, 1.6)  # overloaded, so jobs queue, time out, backfill and (for migsched) move
     from shared.policy.baselines import get_policy
