@@ -17,6 +17,7 @@ a
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
 from typing import Any
@@ -72,6 +73,7 @@ class ReportsMixin:
         results = await b.run() if len(b) else []
         out: list[Outgoing] = []
         freed: list[str] = []
+        gone = self.state.batch()
         for d, idx, what in after:
             r = d.data
             if what == "done" and r.command == "migrate_start":
@@ -93,11 +95,16 @@ class ReportsMixin:
                 freed.append(_gpu_of(r))
             elif what == "failed" and r.command == "place" and res[0] == "ok":
                 freed.append(res[2])
+                missing = _MISSING.search(r.error)
+                if missing and res[2]:  # a reused instance the node lacks: forget it, or it is reused (and
+                    gone.instance("drop", r.node, res[2], missing.group(1), now)  # fails) again and again
                 self.log.info(
                     "placement of %s failed on %s (%s): job now %s", r.job_id, r.node, r.error, res[1]
                 )
             elif what == "failed" and r.command == "migrate_start":
                 m.MIGRATIONS.labels("move", "aborted").inc()
+        if len(gone):
+            await gone.run()
         if freed:
             out.append(
                 Outgoing(
@@ -144,6 +151,13 @@ class ReportsMixin:
     def _exit_out(self, d: Delivery, r: JobExited, res: Any, now: float) -> list[Outgoing]:
         if res.status == "stale" or (res.status == "noop" and not res.state):
             self.log.info("ignored exit of %s from %s: %s", r.job_id, r.node, res.status)
+            return []
+        if res.status == "noop" and r.instance_id and (not res.gpu_id or d.deliveries <= 1):
+            # the job was released already. A redelivered exit (this process, or one before it, may have
+            # crashed between the release and this publish) of the job's last instance is published again (the
+            # same id: JetStream drops it if it went out). A first delivery is the exit of another copy of the
+            # job (both copies of a move ending on their own): the job's exit went out already.
+            self.log.info("ignored exit of %s from %s: released already", r.job_id, r.node)
             return []
         gpu = res.gpu_id or gpu_id_of(r.node, r.gpu_index or 0)
         iid = r.instance_id or res.instance_id or ""
@@ -199,6 +213,10 @@ class ReportsMixin:
         )
         m.COMMANDS.labels("migrate_stop", "sent").inc()
         return [Outgoing(self.subjects.cmd(job.node), cmd, d.ctx)]
+
+
+# services/executor/commands.py: a place command whose (reused) instance is not on the GPU
+_MISSING = re.compile(r"instance (\S+) does not exist on GPU")
 
 
 def _instance_of(cmd_id: str) -> str:

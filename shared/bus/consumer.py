@@ -211,6 +211,10 @@ class Consumer:
             except DecodeError as exc:
                 await self._dead(m, exc.reason, span)
                 continue
+            except Exception as exc:  # a decoder bug must not kill the consumer: dead-letter the message
+                log.exception("decoder of %s failed on %s", self.durable, m.subject)
+                await self._dead(m, f"undecodable: {exc!r}"[:500], span)
+                continue
             d = Delivery(m, data, span, sctx)
             if d.deliveries > self.max_deliver:
                 await self._dead(m, f"exceeded {self.max_deliver} deliveries", span)

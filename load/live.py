@@ -1,0 +1,136 @@
+"""Run one load scenario against the real stack as processes, on private servers, and profile the services.
+
+    .venv/bin/python -m load.live steady-1000-2x8 --duration 20 --report load/REPORT.md --profile .run/prof
+
+Starts a private nats-server (JetStream on disk) and redis-server (AOF) on free ports, the stack
+(``migsched.stack``: balancer, partitioner, migration-planner and the scenario's simulated executors) in a
+fresh namespace with ``MIGSCHED_PROFILE`` set, runs ``python -m load scenario <name>`` against it (sampling
+every service's RSS), stops the stack with SIGTERM (the services then write their CPU profiles) and prints
+the top functions of each profile by own CPU time.
+
+A scenario of ``n`` nodes × 8 GPUs runs as ``ceil(n * 8 / 64)`` executor processes of up to 64 GPUs each (a
+registration carries at most 64 GPUs; 64 executor processes would not fit on two cores): the same GPUs and
+slices, fewer processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from load.scenarios import scenario
+from migsched.stack import Stack, StackConfig
+from shared.localservers import free_port, start_nats, start_redis
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hot_spots(profile_dir: Path, top: int = 8) -> str:
+    out: list[str] = []
+    for f in sorted(profile_dir.glob("*.prof")):
+        st = pstats.Stats(str(f))
+        total = st.total_tt  # type: ignore[attr-defined]
+        rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]  # type: ignore[attr-defined]
+        out.append(f"{f.stem}: {total:.1f} s CPU")
+        for (file, line, fn), (_cc, _nc, tt, ct, _callers) in rows:
+            out.append(f"    {tt:7.2f} s own {ct:7.2f} s cum  {Path(file).name}:{line} {fn}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m load.live", description=__doc__.splitlines()[0])
+    ap.add_argument("name", help="a scenario of `python -m load scenarios`")
+    ap.add_argument("--duration", type=float, help="seconds of arrivals (phases scaled in proportion)")
+    ap.add_argument("--report", help="Markdown report to update")
+    ap.add_argument("--profile", help="directory for the services' CPU profiles")
+    ap.add_argument("--drain", type=float, default=30.0)
+    ap.add_argument("--note", action="append", default=[])
+    args = ap.parse_args(argv)
+    sc = scenario(args.name)
+    work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
+    (work / "nats").mkdir()
+    (work / "redis").mkdir()
+    nats = start_nats(free_port(), work / "nats")
+    redis = start_redis(free_port(), work / "redis", appendonly=True)
+    gpus = sc.gpus
+    procs = max(1, math.ceil(gpus / 64))
+    per = gpus // procs
+    ns = "live" + uuid.uuid4().hex[:6]
+    env = {"MIGSCHED_LOG_LEVEL": "WARNING", "MIGSCHED_NODE_TIMEOUT_S": "60"}
+    prof = Path(args.profile).resolve() if args.profile else None
+    if prof is not None:
+        prof.mkdir(parents=True, exist_ok=True)
+        for old in prof.glob("*.prof"):
+            old.unlink()
+        env["MIGSCHED_PROFILE"] = str(prof)
+    config = StackConfig(
+        namespace=ns,
+        executors=procs,
+        gpus=f"{sc.model}:{per}",
+        run_dir=work / "run",
+        reconfig_latency_s=0.0,
+        heartbeat_s=2.0,
+        stream_storage="file",
+        metrics=False,
+        env=env,
+    )
+    os.environ["MIGSCHED_NATS_URL"] = nats.url
+    os.environ["MIGSCHED_REDIS_URL"] = redis.url
+    stack = Stack(config)
+    rc = 1
+    try:
+        stack.start()
+        asyncio.run(stack.wait_ready(120))
+        pids = [f"{p.name}={p.popen.pid}" for p in stack.procs if p.popen is not None]
+        cmd = [
+            sys.executable,
+            "-m",
+            "load",
+            "scenario",
+            sc.name,
+            "--nats",
+            nats.url,
+            "--namespace",
+            ns,
+            "--rss",
+            "--rss-interval",
+            "2",
+            "--drain",
+            str(args.drain),
+        ]
+        for p in pids:
+            cmd += ["--pid", p]
+        if args.duration:
+            cmd += ["--duration", str(args.duration)]
+        if args.report:
+            cmd += ["--report", args.report]
+        notes = [
+            f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
+            f"partitioner, migration-planner, {procs} sim executor(s) × {per} {sc.model}. "
+            f"Driver: `python -m load.live {' '.join(argv or sys.argv[1:])}`.",
+            *args.note,
+        ]
+        for n in notes:
+            cmd += ["--note", n]
+        print("+", " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd, cwd=str(REPO))
+    finally:
+        status = stack.stop(grace_s=20)
+        nats.stop()
+        redis.stop()
+        print("exit status:", status, flush=True)
+    if prof is not None:
+        print(hot_spots(prof), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,272 @@
+"""``migsched check``: audit the invariants of a live Redis; exit non-zero with a readable list of violations.
+
+What is checked (``shared.state.check`` plus the cross-key checks below, each shard read by one read-only
+Lua script so a live system cannot change under the read):
+
+- no two instances of a GPU overlap; every instance is a legal placement of a known profile; no profile
+  exceeds its max count; the occupancy byte equals the busy mask (``shared.state.check.audit``);
+- every job is in exactly one known state: ``pending`` exactly when queued, ``placing`` exactly when in the
+  placing set (``placing``), and an active job holds the instance it names (``reservation``/``orphan``);
+- with ``--executors SECONDS``: the reservations match what the executors report (their heartbeats' running
+  jobs, listened to for that long): a job the state has running on a node that the node does not run, or a
+  workload a node runs that the state does not have running there (``executor``).
+
+Read-only on purpose: it works as the ``audit`` Redis user (``shared/access.py``: read commands and
+``EVAL_RO``/``EVALSHA_RO`` only), so scripts run with ``EVAL_RO`` and nothing is ever loaded or written.
+
+Exit status: 0 clean, 1 violations found, 2 the audit could not run (connection, permission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from migsched import endpoints
+from shared.errors import MigschedError
+from shared.mig.geometry import default_geometry
+from shared.state import RedisState, Violation
+from shared.state.check import audit
+from shared.state.codec import _s, script_source
+
+ACTIVE = ("placing", "running", "migrating")
+
+# One consistent read of what ``audit`` does not cover: the placing set against the jobs' states, and where
+# every active job runs (node, last change) for the executor cross-check. Read-only (EVAL_RO).
+_EXTRA = """
+local P = string.sub(KEYS[1], 1, -6)
+local placing = redis.call('ZRANGE', P .. ':placing', 0, -1)
+local jobs = {}
+for _, id in ipairs(redis.call('SMEMBERS', P .. ':jobs')) do
+  local f = redis.call('HMGET', P .. ':job:' .. id, 'state', 'node', 'updated')
+  table.insert(jobs, id)
+  for n = 1, 3 do table.insert(jobs, f[n] or '') end
+end
+return {placing, jobs}
+"""
+
+
+class CheckError(MigschedError):
+    """The audit could not run (Redis unreachable, a permission missing, NATS unreachable)."""
+
+
+class _EvalRo:
+    """Stands in for a redis-py ``Script``: runs the source with EVAL_RO (no SCRIPT LOAD, no write)."""
+
+    def __init__(self, redis: Any, source: str) -> None:
+        self.redis = redis
+        self.source = source
+
+    async def __call__(self, keys: Sequence[str] = (), args: Sequence[Any] = (), client: Any = None) -> Any:
+        return await self.redis.eval_ro(self.source, len(keys), *keys, *args)
+
+
+class ReadOnlyState(RedisState):
+    """A ``RedisState`` whose scripts run with EVAL_RO: fit for the ``audit`` user (reads only)."""
+
+    def script(self, name: str) -> Any:
+        s = self._scripts.get(name)
+        if s is None:
+            s = self._scripts[name] = _EvalRo(self.redis, script_source(name))
+        return s
+
+
+async def cross_checks(
+    state: RedisState, shard: int
+) -> tuple[list[Violation], dict[str, tuple[str, str, float]]]:
+    """Placing-set violations of one shard, and job -> (state, node, updated) for every known job."""
+    k = state.keys(shard)
+    placing_raw, raw_jobs = await state.redis.eval_ro(_EXTRA, 1, k.gpus)
+    placing = {_s(p) for p in placing_raw}
+    jobs: dict[str, tuple[str, str, float]] = {}
+    for n in range(0, len(raw_jobs), 4):
+        upd = _s(raw_jobs[n + 3])
+        try:
+            at = float(upd) if upd else 0.0
+        except ValueError:
+            at = 0.0
+        jobs[_s(raw_jobs[n])] = (_s(raw_jobs[n + 1]), _s(raw_jobs[n + 2]), at)
+    out: list[Violation] = []
+    for job, (st, _node, _at) in sorted(jobs.items()):
+        if st == "placing" and job not in placing:
+            out.append(
+                Violation(kind="placing", subject=job, detail="state placing but not in the placing set")
+            )
+        if st != "placing" and job in placing:
+            out.append(Violation(kind="placing", subject=job, detail=f"state {st} but in the placing set"))
+    for job in sorted(placing - set(jobs)):
+        out.append(Violation(kind="placing", subject=job, detail="in the placing set but unknown"))
+    return out, jobs
+
+
+def executor_checks(
+    jobs: dict[str, tuple[str, str, float]],
+    heartbeats: dict[str, list[tuple[float, set[str]]]],
+    lost_nodes: set[str],
+    margin_s: float = 1.0,
+) -> list[Violation]:
+    """Compare the state with what each node reported. ``heartbeats``: node -> [(received at, running)].
+
+    Only what is settled is judged: a job whose state changed after the node's first heartbeat of the window
+    (minus ``margin_s``) may legitimately still be on its way, and a lost node is not expected to report."""
+    out: list[Violation] = []
+    for node, beats in sorted(heartbeats.items()):
+        if not beats or node in lost_nodes:
+            continue
+        first = min(t for t, _ in beats) - margin_s
+        last_running = max(beats, key=lambda b: b[0])[1]
+        always = set.intersection(*(r for _, r in beats))
+        for job, (st, jnode, at) in sorted(jobs.items()):
+            if st in ("running",) and jnode == node and at < first and job not in last_running:
+                out.append(
+                    Violation(
+                        kind="executor",
+                        subject=job,
+                        detail=f"running on {node} per the state, but {node}'s heartbeat does not list it",
+                    )
+                )
+        for job in sorted(always):
+            st, jnode, at = jobs.get(job, ("unknown", "", 0.0))
+            if at >= first:
+                continue
+            if st not in ACTIVE or jnode != node:
+                where = f" on {jnode}" if jnode and st in ACTIVE else ""
+                out.append(
+                    Violation(
+                        kind="executor",
+                        subject=job,
+                        detail=f"{node} runs it, but the state has it {st}{where}",
+                    )
+                )
+    return out
+
+
+async def listen_heartbeats(
+    nats_url: str, namespace: str, seconds: float
+) -> dict[str, list[tuple[float, set[str]]]]:
+    """Every node's heartbeats (core NATS subscription, as the audit NATS user may) for ``seconds``."""
+    import nats
+
+    from shared.events import DecodeError, Subjects, decode
+
+    subjects = Subjects(namespace)
+    got: dict[str, list[tuple[float, set[str]]]] = defaultdict(list)
+
+    async def on(msg: Any) -> None:
+        try:
+            hb = decode(msg.subject, msg.data, subjects)
+        except DecodeError:
+            return
+        got[hb.node].append((time.time(), set(hb.running)))
+
+    try:
+        nc = await nats.connect(nats_url, name="migsched-check", connect_timeout=5, max_reconnect_attempts=1)
+    except Exception as exc:
+        raise CheckError(f"cannot reach NATS at {nats_url}: {exc!r}") from None
+    try:
+        await nc.subscribe(subjects.node_heartbeats, cb=on)
+        await asyncio.sleep(seconds)
+    finally:
+        await nc.close()
+    return dict(got)
+
+
+async def run_check(
+    redis_url: str, namespace: str, shards: int = 1, nats_url: str = "", executors_s: float = 0.0
+) -> list[Violation]:
+    """Every violation found on the live state of ``namespace`` (empty: all invariants hold)."""
+    import redis.asyncio as aioredis
+    import redis.exceptions as rex
+
+    client = aioredis.from_url(redis_url, decode_responses=False)
+    state = ReadOnlyState(client, namespace, shards)
+    geometry = default_geometry()
+    try:
+        beats = await listen_heartbeats(nats_url, namespace, executors_s) if executors_s > 0 else {}
+        out = list(await audit(state, geometry))
+        jobs: dict[str, tuple[str, str, float]] = {}
+        for shard in range(shards):
+            extra, js = await cross_checks(state, shard)
+            out.extend(extra)
+            jobs.update(js)
+        if executors_s > 0:
+            nodes = await state.nodes()
+            lost = {n for n, h in nodes.items() if h.get("state") == "lost"}
+            out.extend(executor_checks(jobs, beats, lost))
+        return out
+    except rex.NoPermissionError as exc:
+        raise CheckError(f"the Redis user may not run the audit's reads: {exc}") from None
+    except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
+        raise CheckError(f"cannot reach Redis at {_safe(redis_url)}: {exc}") from None
+    except rex.ResponseError as exc:
+        raise CheckError(f"Redis refused the audit: {exc}") from None
+    finally:
+        await client.aclose()
+
+
+def _safe(url: str) -> str:
+    """The URL without its password (it goes into error messages)."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    if u.password:
+        return url.replace(f":{u.password}@", ":***@")
+    return url
+
+
+def render(violations: Sequence[Violation], namespace: str) -> str:
+    where = f"namespace {namespace!r}" if namespace else "the default namespace"
+    if not violations:
+        return f"OK: every invariant holds in {where}."
+    lines = [f"FAIL: {len(violations)} violation(s) in {where}:"]
+    by_kind: dict[str, list[Violation]] = defaultdict(list)
+    for v in violations:
+        by_kind[v.kind].append(v)
+    for kind in sorted(by_kind):
+        lines.append(f"  {kind} ({len(by_kind[kind])}):")
+        lines += [f"    - {v.subject}: {v.detail}" for v in by_kind[kind]]
+    return "\n".join(lines)
+
+
+def as_json(violations: Sequence[Violation], namespace: str) -> str:
+    return json.dumps(
+        {
+            "namespace": namespace,
+            "ok": not violations,
+            "violations": [{"kind": v.kind, "subject": v.subject, "detail": v.detail} for v in violations],
+        },
+        indent=2,
+    )
+
+
+@click.command("check")
+@endpoints.options
+@click.option("--json", "as_json_", is_flag=True, help="Print {namespace, ok, violations: [...]} as JSON.")
+@click.option("--shards", type=int, default=None, help="Shards of the deployment (default MIGSCHED_SHARDS).")
+@click.option(
+    "--executors",
+    "executors_s",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Also listen to the executors' heartbeats for this many seconds and compare what they run.",
+)
+def command(
+    nats_url: str, redis_url: str, namespace: str, as_json_: bool, shards: int | None, executors_s: float
+) -> None:
+    """Verify the invariants on the live state; exit 1 with the list of violations, 2 when it cannot run."""
+    st = endpoints.settings(nats_url, redis_url, namespace)
+    try:
+        found = asyncio.run(run_check(redis_url, namespace, shards or st.shards, nats_url, executors_s))
+    except CheckError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(as_json(found, namespace) if as_json_ else render(found, namespace))
+    sys.exit(1 if found else 0)
