@@ -48,6 +48,8 @@ class ScriptedExecutor:
         self.model = model
         self.auto_ack = auto_ack
         self.fail_jobs: set[str] = set()
+        self.fail_once: set[str] = set()
+        """Jobs whose next placement fails, once: deterministic however fast the retry comes back."""
         self.arrivals: list[tuple[float, Command]] = []
         self.running: dict[str, Command] = {}
         self.seq = 0
@@ -108,7 +110,9 @@ class ScriptedExecutor:
     def reply(self, c: Command) -> list[Outgoing]:
         subj = self.bus.subjects.node_report(self.node)
         now = time.time()
-        if c.kind in ("place", "migrate_start") and c.job_id in self.fail_jobs:
+        failing_once = c.kind == "place" and c.job_id in self.fail_once
+        self.fail_once.discard(c.job_id if failing_once else "")
+        if failing_once or (c.kind in ("place", "migrate_start") and c.job_id in self.fail_jobs):
             return [
                 Outgoing(
                     subj,
