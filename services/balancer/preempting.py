@@ -107,7 +107,7 @@ def record_preemptions(
         span.set_attribute("migsched.job_id", sub.job_id)
         span.set_attribute("migsched.preempted", [v.job_id for v in victims])
         for v in victims:
-            attrs = {
+            attrs: dict[str, str | int | float | bool] = {
                 "migsched.preemptor": sub.job_id,
                 "migsched.victim": v.job_id,
                 "migsched.victim_tenant": v.tenant,

@@ -244,7 +244,8 @@ class Balancer(Service):
                         decided.append((c, hold, idx, None))
                         continue
                     assert isinstance(answer, Start)
-                    dec, victims, usage = answer.placement, answer.victims, answer.usage
+                    dec: Placement | CannotPlace = answer.placement
+                    victims, usage = answer.victims, answer.usage
                 else:
                     req = JobRequest(
                         job_id=sub.job_id,

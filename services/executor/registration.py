@@ -36,8 +36,10 @@ class RegistrationMixin:
         for g in gpus:
             try:
                 # the NVML view of a MIG GPU's profiles wins over the built-in table on this node
-                nvml_view = node_model is not None and g.mig_enabled
-                self.book.models[g.index] = node_model(g.index) if nvml_view else geometry.model(g.model)
+                if node_model is not None and g.mig_enabled:
+                    self.book.models[g.index] = node_model(g.index)
+                else:
+                    self.book.models[g.index] = geometry.model(g.model)
             except KeyError:
                 drift.append(f"GPU {g.index} is a {g.model!r}, which the geometry tables do not know")
             instances: Sequence[InstanceInfo] = ()

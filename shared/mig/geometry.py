@@ -8,7 +8,6 @@ replace or extend the built-in ones by name.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import tomllib
 from collections.abc import Iterable, Mapping

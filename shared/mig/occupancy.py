@@ -167,10 +167,7 @@ def draw(model: GpuModel, layout: Iterable[tuple[str, int]], labels: Sequence[st
         while j + 1 < model.memory_slices and owner[i] >= 0 and owner[j + 1] == owner[i]:
             j += 1
         width = (j - i + 1) * 8 - 1
-        if owner[i] < 0:
-            label = "."
-        else:
-            label = labels[owner[i]] if labels is not None else items[owner[i]][0]
+        label = "." if owner[i] < 0 else labels[owner[i]] if labels is not None else items[owner[i]][0]
         out.append("[" + label[:width].center(width) + "]")
         i = j + 1
     return "".join(out)

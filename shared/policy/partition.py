@@ -76,7 +76,7 @@ def plan_partition(gpu: GpuView, model: GpuModel, slot: Slot, nonce: str) -> Par
             )
         p = model.profile(inst.profile)
         for kind in ("destroy_ci", "destroy_gi"):
-            ops.append(MigOp(kind=kind, gpu_id=gpu.id, instance_id=inst.id, profile=p.name,  # type: ignore[arg-type]
+            ops.append(MigOp(kind=kind, gpu_id=gpu.id, instance_id=inst.id, profile=p.name,
                              profile_id=p.profile_id, start=inst.start, size=inst.size))
     if sum(1 for i in gpu.instances if i.profile == profile.name and not i.mask & pm) >= profile.max_count:
         return PlanConflict(gpu_id=gpu.id, reason=f"{profile.name} is at its max count {profile.max_count}")
