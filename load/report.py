@@ -75,7 +75,8 @@ def verdict(s: RunSummary, budget: Budget) -> list[Check]:
     rate = s.throughput.get("command", (0.0, 0))[0]
     checks = [
         Check("nothing lost", s.unacked == 0 and not s.ack_errors and s.lost.get(s.final, 1) == 0,
-              f"{s.submitted} submitted, {s.acked} acked, lost before {s.final}: {s.lost.get(s.final)}")]
+              f"{s.submitted} submitted, {s.acked} acked, not at {s.final} when the recorder stopped "
+              f"(lost or still queued): {s.lost.get(s.final)}")]
     if budget.p99_submit_to_command_ms is not None:
         checks.append(Check(f"p99 submit→command ≤ {budget.p99_submit_to_command_ms:g} ms",
                             measured and cmd.p99 <= budget.p99_submit_to_command_ms,  # type: ignore[union-attr]
