@@ -13,8 +13,6 @@ from typing import Any
 
 import msgspec
 
-from shared.mig.geometry import Geometry
-from shared.policy.snapshot import ClusterSnapshot, SnapshotBuilder
 from shared.state.codec import CancelResult
 from shared.state.model import (
     EXIT_TO_STATE,
@@ -28,6 +26,7 @@ from shared.state.model import (
     prio_score,
     shard_of,
 )
+from shared.state.reads import DerivedReads
 
 _ACTIVE = ("placing", "running", "migrating")
 
@@ -79,7 +78,7 @@ class MemoryBatch:
         return [getattr(self.store, "_t_" + name)(*args) for name, args in self._calls]
 
 
-class MemoryState:
+class MemoryState(DerivedReads):
     """``RedisState``'s interface over dictionaries."""
 
     def __init__(self, namespace: str = "", shards: int = 1) -> None:
@@ -534,19 +533,6 @@ class MemoryState:
 
     async def get_gpus(self, gpu_ids: Sequence[str]) -> list[StoredGpu | None]:
         return [copy.deepcopy(self._gpu(g)[1]) for g in gpu_ids]
-
-    async def load_gpus(self, shard: int | None = None) -> list[StoredGpu]:
-        return [g for g in await self.get_gpus(await self.gpu_ids(shard)) if g is not None]
-
-    async def snapshot(
-        self, geometry: Geometry, shard: int | None = None
-    ) -> tuple[ClusterSnapshot, dict[str, int]]:
-        b = SnapshotBuilder(geometry)
-        vers: dict[str, int] = {}
-        for g in await self.load_gpus(shard):
-            b.put(g.view())
-            vers[g.id] = g.ver
-        return b.snapshot(), vers
 
     async def occupancy(self, shard: int = 0) -> bytes:
         return bytes(self._s[shard].occ)

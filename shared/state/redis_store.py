@@ -19,8 +19,6 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 
-from shared.mig.geometry import Geometry
-from shared.policy.snapshot import ClusterSnapshot, SnapshotBuilder
 from shared.state.batch import Batch
 from shared.state.codec import (  # noqa: F401  (re-exported: callers import them from here)
     _ENC,
@@ -44,9 +42,10 @@ from shared.state.model import (
     StoredGpu,
     shard_of,
 )
+from shared.state.reads import DerivedReads
 
 
-class RedisState:
+class RedisState(DerivedReads):
     """The store for one namespace. ``shards`` must be the same in every process of a deployment."""
 
     def __init__(self, redis: aioredis.Redis, namespace: str = "", shards: int = 1) -> None:
@@ -168,21 +167,6 @@ class RedisState:
         for g in gpu_ids:
             pipe.hgetall(self.node_keys(g.rsplit("/", 1)[0]).gpu(g))
         return [decode_gpu(g, h) for g, h in zip(gpu_ids, await pipe.execute(), strict=True)]
-
-    async def load_gpus(self, shard: int | None = None) -> list[StoredGpu]:
-        """Every GPU of a shard (all shards when None), in position order: two round trips."""
-        return [g for g in await self.get_gpus(await self.gpu_ids(shard)) if g is not None]
-
-    async def snapshot(
-        self, geometry: Geometry, shard: int | None = None
-    ) -> tuple[ClusterSnapshot, dict[str, int]]:
-        """The policies' view of the shard(s) plus each GPU's version (for compare-and-set)."""
-        builder = SnapshotBuilder(geometry)
-        vers: dict[str, int] = {}
-        for g in await self.load_gpus(shard):
-            builder.put(g.view())
-            vers[g.id] = g.ver
-        return builder.snapshot(), vers
 
     async def occupancy(self, shard: int = 0) -> bytes:
         """The shard's compact occupancy array: byte i = busy mask of the GPU at position i."""
