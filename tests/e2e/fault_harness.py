@@ -12,12 +12,12 @@ import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from stack_fixture import environ
 
 from migsched.stack import Proc, Stack, StackConfig
 from shared.bus import Bus, Outgoing
@@ -67,22 +67,6 @@ def private_servers(workdir: Path) -> Servers:
         nats.stop()
         raise
     return Servers(nats, redis)
-
-
-@contextlib.contextmanager
-def environ(values: dict[str, str]) -> Iterator[None]:
-    import os
-
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def make_stack(servers: Servers, namespace: str, run_dir: Path, env: dict[str, str] | None = None) -> Stack:

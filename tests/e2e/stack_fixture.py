@@ -53,7 +53,7 @@ def running_stack(
     stack = Stack(config)
     # the test's servers, whichever the resolution order found (an env URL, the default port, a private one)
     stack_env = {"MIGSCHED_NATS_URL": nats_url, "MIGSCHED_REDIS_URL": redis_url}
-    with _environ(stack_env):
+    with environ(stack_env):
         stack.start()
     try:
         yield stack
@@ -63,7 +63,7 @@ def running_stack(
 
 
 @contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
+def environ(values: dict[str, str]) -> Iterator[None]:
     import os
 
     old = {k: os.environ.get(k) for k in values}
