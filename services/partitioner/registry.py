@@ -81,7 +81,9 @@ class RegistryMixin:
             )
         if not gpus:
             return
-        res = await self.state.register_node(r.node, gpus, now)
+        res = await self.state.register_node(r.node, gpus, now, r.id)
+        if res.get("replay"):
+            self.log.info("node %s: registration %s already applied (redelivered); nothing changed", r.node, r.id)
         self.node_state[r.node] = "up"
         if res["drift"]:
             self.log.warning("node %s registered with drift: %s", r.node, "; ".join(res["drift"]))

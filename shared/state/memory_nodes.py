@@ -26,7 +26,12 @@ def _evict(
     return out
 
 
-def register(store: Any, sh: Any, node: str, gpus: list[dict[str, Any]], now: float) -> dict[str, Any]:
+def register(
+    store: Any, sh: Any, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""
+) -> dict[str, Any]:
+    h = sh.nodes.get(node)
+    if reg_id and h is not None and h.get("reg_id") == reg_id:  # redelivered: applied already
+        return {"requeued": [], "drift": [], "gpus": [g for g in h["gpus"].split(",") if g], "replay": True}
     requeued: list[str] = []
     drift: list[str] = []
     ids = []
@@ -88,6 +93,7 @@ def register(store: Any, sh: Any, node: str, gpus: list[dict[str, Any]], now: fl
         "last_seen": repr(now),
         "registered_at": repr(now),
         "gpus": ",".join(ids),
+        "reg_id": reg_id,
     }
     return {"requeued": requeued, "drift": drift, "gpus": ids}
 

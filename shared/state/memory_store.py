@@ -511,10 +511,12 @@ class MemoryState(DerivedReads):
     async def instance(self, op: str, node: str, gpu_id: str, instance_id: str, now: float) -> str:
         return self._t_instance(op, node, gpu_id, instance_id, now)
 
-    async def register_node(self, node: str, gpus: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    async def register_node(
+        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""
+    ) -> dict[str, Any]:
         from shared.state.memory_nodes import register
 
-        return register(self, self._ns(node), node, gpus, now)
+        return register(self, self._ns(node), node, gpus, now, reg_id)
 
     async def node_lost(self, node: str, now: float, reason: str) -> dict[str, Any]:
         from shared.state.memory_nodes import lost

@@ -132,12 +132,15 @@ class RedisState(DerivedReads):
     async def instance(self, op: str, node: str, gpu_id: str, instance_id: str, now: float) -> str:
         return await self._one("instance", op, node, gpu_id, instance_id, now)
 
-    async def register_node(self, node: str, gpus: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    async def register_node(
+        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""
+    ) -> dict[str, Any]:
         """gpus: [{id, index, model, mig, healthy, uuid, instances: [StoredInstance-like dicts]}] ->
-        {requeued: [job ids], drift: [text], gpus: [ids]}."""
+        {requeued: [job ids], drift: [text], gpus: [ids]}, plus ``replay: True`` (and nothing changed) when
+        ``reg_id`` is the node's last applied registration."""
         k = self.node_keys(node)
         raw = await self.script("node")(
-            [k.gpus, k.node(node)], ["register", node, repr(now), _ENC.encode(gpus)]
+            [k.gpus, k.node(node)], ["register", node, repr(now), _ENC.encode(gpus), reg_id]
         )
         return _lists(msgspec.json.decode(raw))
 
@@ -265,4 +268,4 @@ class RedisState(DerivedReads):
 
 def _lists(d: dict[str, Any]) -> dict[str, Any]:
     # cjson writes an empty Lua table as {}: make the lists lists again
-    return {k: (v if isinstance(v, list) else []) for k, v in d.items()}
+    return {k: ([] if isinstance(v, dict) else v) for k, v in d.items()}

@@ -280,3 +280,26 @@ async def test_a_release_does_not_invalidate_a_reservation_decided_before_it(sta
     assert await state.instance("retire", "n1", "n1/0", "n1/0:1g.5gb@6:a", now) == "ok"  # claims: version 4
     assert (await state.reserve(res("c", "1g.5gb", 4, ver=3), now)).status == "conflict"
     assert await audit(state, GEO) == []
+
+
+async def test_a_redelivered_registration_changes_nothing_but_a_new_one_is_applied(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    st = RedisState.from_settings(make_settings(prefix, nats_url, redis_url))
+    await st.register_node("n1", [gpu(0)], time.time(), "reg-1")
+    try:
+        assert (await st.reserve(res("j1", "3g.20gb", 0, ver=1), time.time())).ok
+        await st.mark_running("j1", "n1/0:3g.20gb@0:j1", time.time())
+        await st.release("j1", "completed", "done", time.time())
+        again = await st.register_node("n1", [gpu(0)], time.time(), "reg-1")
+        assert again["replay"] is True and again["gpus"] == ["n1/0"]
+        (g,) = await st.get_gpus(["n1/0"])
+        assert g is not None and [(i.id, i.state) for i in g.instances] == [("n1/0:3g.20gb@0:j1", "idle")]
+        fresh = await st.register_node("n1", [gpu(0)], time.time(), "reg-2")  # new: unreported = gone
+        assert "replay" not in fresh
+        (g,) = await st.get_gpus(["n1/0"])
+        assert g is not None and g.instances == []
+        assert await audit(st, GEO) == []
+    finally:
+        await st.wipe()
+        await st.close()

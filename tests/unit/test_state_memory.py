@@ -177,3 +177,19 @@ async def _replay(steps: list) -> None:  # type: ignore[type-arg]
         elif op == "cancel":
             await s.cancel(job, "user", t)
         assert await audit(s, GEO) == [], (n, op)
+
+
+async def test_a_redelivered_registration_changes_nothing_but_a_new_one_is_applied() -> None:
+    s = MemoryState()
+    await s.register_node("n1", [gpu(0)], 1.0, "reg-1")
+    assert (await s.reserve(res("a", "3g.20gb", 0, 1), 2.0)).ok
+    await s.mark_running("a", "n1/0:3g.20gb@0:a", 3.0)
+    await s.release("a", "completed", "done", 4.0)
+    again = await s.register_node("n1", [gpu(0)], 5.0, "reg-1")
+    assert again["replay"] is True and again["gpus"] == ["n1/0"]
+    (g,) = await s.get_gpus(["n1/0"])
+    assert g is not None and [(i.id, i.state) for i in g.instances] == [("n1/0:3g.20gb@0:a", "idle")]
+    fresh_reg = await s.register_node("n1", [gpu(0)], 6.0, "reg-2")  # a new registration: unreported = gone
+    assert "replay" not in fresh_reg
+    (g,) = await s.get_gpus(["n1/0"])
+    assert g is not None and g.instances == []

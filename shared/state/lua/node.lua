@@ -1,5 +1,7 @@
 -- node: registration and loss of one node. KEYS[2] node hash.
---   register ARGV: 'register', node, now, gpus_json
+--   register ARGV: 'register', node, now, gpus_json, registration id ('' = none)
+--     A registration already applied (the same id, redelivered after a handler fault) changes nothing: replayed
+--     late, its stale instance list would drop instances created since and re-queue their jobs.
 --     gpus_json: [{id, index, model, mig, healthy, uuid, instances: [{id, profile, start, size, compute, job?}]}]
 --     A new GPU adopts the reported instances as idle. A known GPU keeps the state's view of instances the node
 --     still reports; a busy instance it no longer reports is drift: its job is re-queued; an unreported
@@ -57,6 +59,11 @@ local function free_moves()
   end
 end
 if op == 'register' then
+  local reg_id = ARGV[5] or ''
+  if reg_id ~= '' and redis.call('HGET', nkey, 'reg_id') == reg_id then
+    return cjson.encode({requeued = {}, drift = {}, gpus = cjson.decode(redis.call('HGET', nkey, 'gpus') or '[]'),
+      replay = true})
+  end
   local ids = {}
   for _, g in ipairs(cjson.decode(ARGV[4])) do
     table.insert(ids, g.id)
@@ -96,7 +103,8 @@ if op == 'register' then
   end
   free_moves()
   redis.call('SADD', NODES, node)
-  redis.call('HSET', nkey, 'state', 'up', 'last_seen', now, 'registered_at', now, 'gpus', cjson.encode(ids))
+  redis.call('HSET', nkey, 'state', 'up', 'last_seen', now, 'registered_at', now, 'gpus', cjson.encode(ids),
+    'reg_id', reg_id)
   return cjson.encode({requeued = requeued, drift = drift, gpus = ids})
 end
 -- lost
