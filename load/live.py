@@ -6,7 +6,8 @@ Starts a private nats-server (JetStream on disk) and redis-server (AOF) on free 
 (``migsched.stack``: balancer, partitioner, migration-planner and the scenario's simulated executors) in a
 fresh namespace with ``MIGSCHED_PROFILE`` set, runs ``python -m load scenario <name>`` against it (sampling
 every service's RSS), stops the stack with SIGTERM (the services then write their CPU profiles) and prints
-the top functions of each profile by own CPU time.
+the top functions of each profile by own CPU time. It also prints each stack process's CPU seconds (from
+``/proc``, no profiler needed) spent while the scenario ran, the figure to compare runs by on a shared machine.
 
 A scenario of ``n`` nodes × 8 GPUs runs as ``ceil(n * 8 / 64)`` executor processes of up to 64 GPUs each (a
 registration carries at most 64 GPUs; 64 executor processes would not fit on two cores): the same GPUs and
@@ -26,6 +27,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from load.bench_pipeline import cpu_seconds
 from load.scenarios import scenario
 from migsched.stack import Stack, StackConfig
 from shared.localservers import free_port, start_nats, start_redis
@@ -121,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         for n in notes:
             cmd += ["--note", n]
         print("+", " ".join(cmd), flush=True)
+        procs_by_name = {p.name: p.popen.pid for p in stack.procs if p.popen is not None}
+        cpu0 = {name: cpu_seconds(pid) for name, pid in procs_by_name.items()}
         rc = subprocess.call(cmd, cwd=str(REPO))
+        print("CPU seconds while the scenario ran (stack processes):", flush=True)
+        for name, pid in sorted(procs_by_name.items()):
+            print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
     finally:
         status = stack.stop(grace_s=20)
         nats.stop()

@@ -12,5 +12,6 @@ A handler receives ``list[Delivery]`` (decoded ``.data``, trace ``.ctx``) and ma
 
 from shared.bus.connection import Bus, BusError, Outgoing
 from shared.bus.consumer import Consumer, Delivery, Handler
+from shared.bus.health import BusHealth
 
-__all__ = ["Bus", "BusError", "Consumer", "Delivery", "Handler", "Outgoing"]
+__all__ = ["Bus", "BusError", "BusHealth", "Consumer", "Delivery", "Handler", "Outgoing"]

@@ -23,6 +23,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import context as otel_context
 
 from shared import telemetry
+from shared.bus.health import BusHealth
 from shared.errors import MigschedError
 from shared.events import Subjects, encode
 from shared.settings import Settings
@@ -46,8 +47,9 @@ class Outgoing(NamedTuple):
 class Bus:
     """JetStream access for one namespace. Create with ``await Bus.connect(settings)``."""
 
-    def __init__(self, nc: NATS, settings: Settings) -> None:
+    def __init__(self, nc: NATS, settings: Settings, health: BusHealth | None = None) -> None:
         self.nc = nc
+        self.health = health or BusHealth(connected=nc.is_connected)
         self.js: JetStreamContext = nc.jetstream(publish_async_max_pending=8192)
         self.settings = settings
         self.subjects = Subjects(settings.namespace)
@@ -55,15 +57,16 @@ class Bus:
     @classmethod
     async def connect(cls, settings: Settings, name: str = "migsched", **options: Any) -> Bus:
         servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
+        health = BusHealth()
         nc = await nats.connect(
             servers=servers,
             name=name,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             pending_size=64 * 1024 * 1024,
-            **options,
+            **health.options(dict(options)),
         )
-        return cls(nc, settings)
+        return cls(nc, settings, health)
 
     async def close(self) -> None:
         if not self.nc.is_closed:

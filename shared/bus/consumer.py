@@ -193,19 +193,25 @@ class Consumer:
     async def process(self, msgs: list[Msg]) -> None:
         """Decode, hand to the handler, settle every message."""
         good: list[Delivery] = []
+        # Nothing records without an SDK provider: the sender's (non-recording) span then stands for ours, so
+        # what is published while handling continues the sender's trace, and no span is made per message.
+        recording = telemetry.recording()
         for m in msgs:
             ctx = telemetry.extract(m.headers)
-            span = _tracer.start_span(
-                f"{self.subject} process",
-                context=ctx,
-                kind=trace.SpanKind.CONSUMER,
-                attributes={
-                    "messaging.system": "nats",
-                    "messaging.destination.name": m.subject,
-                    "messaging.consumer.group.name": self.durable,
-                },
-            )
-            sctx = trace.set_span_in_context(span, ctx)
+            if recording:
+                span = _tracer.start_span(
+                    f"{self.subject} process",
+                    context=ctx,
+                    kind=trace.SpanKind.CONSUMER,
+                    attributes={
+                        "messaging.system": "nats",
+                        "messaging.destination.name": m.subject,
+                        "messaging.consumer.group.name": self.durable,
+                    },
+                )
+                sctx = trace.set_span_in_context(span, ctx)
+            else:
+                span, sctx = trace.get_current_span(ctx), ctx
             try:
                 data = self.decoder(m.subject, m.data)
             except DecodeError as exc:

@@ -36,6 +36,7 @@ class Puller:
         self._ready = asyncio.Event()
         self._requests: deque[list[float]] = deque()  # [expires at (monotonic), messages still owed]
         self._sub: Any = None
+        self._reconnects = self._reconnect_count()
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(
@@ -62,8 +63,19 @@ class Puller:
         self._buf.append(msg)
         self._ready.set()
 
+    def _reconnect_count(self) -> int:
+        stats = getattr(self.nc, "stats", None)
+        return int(stats.get("reconnects", 0)) if isinstance(stats, dict) else 0
+
     def _owed(self) -> int:
         now = time.monotonic()
+        n = self._reconnect_count()
+        if n != self._reconnects:
+            # A restarted server forgot our pull requests: counting them as owed until they would have expired
+            # left the consumer deaf for up to ``expires_s`` after every reconnect (heartbeats unread, nodes
+            # declared lost). Ask again; a server that did keep them only sends at most one batch more.
+            self._reconnects = n
+            self._requests.clear()
         while self._requests and self._requests[0][0] <= now:
             self._requests.popleft()
         return int(sum(r[1] for r in self._requests))
