@@ -31,6 +31,13 @@ class StackError(MigschedError):
     """A stack process failed to start or died, or the stack did not become ready in time."""
 
 
+def gpus_per_node(spec: str) -> int:
+    """GPUs of each executor's ``MIGSCHED_EXECUTOR_GPUS`` (``MODEL[:COUNT[:MODE]],...``)."""
+    from services.executor.config import parse_gpus
+
+    return len(parse_gpus(spec))
+
+
 @dataclass
 class StackConfig:
     namespace: str = ""
@@ -231,7 +238,7 @@ class Stack:
         want = set(self.nodes())
         if not want <= {n for n, h in nodes.items() if h.get("state") == "up"}:
             return False
-        per_node = sum(int(x.rpartition(":")[2] or 1) for x in self.config.gpus.split(","))
+        per_node = gpus_per_node(self.config.gpus)
         return len(await state.gpu_ids()) >= per_node * len(want)  # type: ignore[attr-defined]
 
     def stop(self, grace_s: float = 10.0, servers: bool = True) -> dict[str, int | None]:

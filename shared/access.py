@@ -83,7 +83,7 @@ ROLES: tuple[Role, ...] = (
     Role("publisher", "external job queues, `migsched submit/cancel`, the load generator",
          publish=("jobs.submit", "jobs.cancel")),
     # No jobs.exit: the partitioner's node registry checks a node's report against the state and publishes the
-    # exit itself (shared/events.py), so an executor cannot end another node's jobs.
+    # exit itself (shared/events/), so an executor cannot end another node's jobs.
     Role("executor-{node}", "the executor of one GPU node",
          publish=("node.{node}.report", "node.{node}.heartbeat", "dlq.cmd.{node}"),
          subscribe=("cmd.{node}",),

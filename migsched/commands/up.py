@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from migsched import clusterview, livekpis, replayer
-from migsched.stack import Stack, StackConfig, StackError
+from migsched.stack import Stack, StackConfig, StackError, gpus_per_node
 from shared.mig.geometry import default_geometry
 from shared.state import TERMINAL_STATES
 
@@ -182,7 +182,7 @@ async def _demo(
 
     geometry = default_geometry()
     model = geometry.model(MODEL)
-    per_node = sum(int(x.rpartition(":")[2] or 1) for x in stack.config.gpus.split(","))
+    per_node = gpus_per_node(stack.config.gpus)
     n_gpus = per_node * stack.config.executors
     workload, skipped = replayer.single_instance(
         replayer.load(trace, model, limit=limit, seed=seed, gpus=n_gpus)

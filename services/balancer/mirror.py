@@ -8,11 +8,14 @@ expected version of the GPU moves with it, as the Lua script will move it.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from shared.mig.geometry import Geometry
 from shared.policy.partition import new_instance_id
 from shared.policy.placement import Slot
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
 from shared.state import StoredGpu, StoredInstance
+from shared.state.model import PLAIN_PROFILES
 
 
 class Mirror:
@@ -53,6 +56,10 @@ class Mirror:
         inst = gpu.instance(instance_id)
         if inst is None or inst.job_id != job_id:
             return False
+        if inst.profile in PLAIN_PROFILES:  # a whole GPU or a share: removed, as the release removed it
+            self.builder.put(gpu.with_instances([i for i in gpu.instances if i.id != instance_id]))
+            self._snap = None
+            return True
         idle = InstanceView(
             id=inst.id, profile=inst.profile, start=inst.start, size=inst.size, compute=inst.compute
         )
@@ -63,10 +70,20 @@ class Mirror:
     def get(self, gpu_id: str) -> GpuView:
         return self.builder.get(gpu_id)
 
-    def apply(self, slot: Slot, job_id: str, inst: StoredInstance) -> int:
-        """Apply a reservation locally; return the version the commit must find (the current one)."""
+    def apply(
+        self, slot: Slot, job_id: str, inst: StoredInstance, victims: Collection[str] = ()
+    ) -> int:
+        """Apply one slot of a reservation locally; return the version the commit must find (the current one).
+        ``victims``: jobs preempted by it, whose plain instances on this GPU go (their MIG ones idle, then are
+        destroyed or reused per the slot)."""
         gpu = self.builder.get(slot.gpu_id)
-        keep = [i for i in gpu.instances if i.id not in slot.destroy and i.id != inst.id]
+        keep = [
+            i
+            for i in gpu.instances
+            if i.id not in slot.destroy
+            and i.id != inst.id
+            and not (i.job_id in victims and i.profile in PLAIN_PROFILES)
+        ]
         keep.append(
             InstanceView(
                 id=inst.id,
@@ -107,5 +124,5 @@ def reservation_instance(
         prio=prio,
         tenant=tenant,
         ls=ls,
-        mig=mig,
+        mig=mig and slot.profile not in PLAIN_PROFILES,  # a whole GPU or a share never moves
     )

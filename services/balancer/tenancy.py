@@ -20,7 +20,7 @@ from typing import Any
 from shared.policy.charges import instance_usage
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob, QueueEntry, order
-from shared.policy.quota import QuotaBook, QuotaError, Usage, charge, uncharge
+from shared.policy.quota import GPU, SHARED, QuotaBook, QuotaError, Usage, charge, uncharge
 from shared.policy.reserve import ReserveParams
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 from shared.tenancy import Reload, Tenancy, TenancyWatcher
@@ -39,8 +39,8 @@ class TenantLedger:
         self.tenancy: Tenancy = self.watcher.current if self.watcher else Tenancy(source="(none)")
         self.book = QuotaBook(self.tenancy.quotas)
         self.reserve = ReserveParams(reserve_full=reserve_full)
-        # job -> (tenant, charge, gpu id)
-        self.charges: dict[str, tuple[str, Usage, str]] = {}
+        # job -> gpu id -> (tenant, the charge of its instance there): a gang has one entry per GPU
+        self.charges: dict[str, dict[str, tuple[str, Usage]]] = {}
         self.preemptions = 0
 
     # --- configuration --------------------------------------------------------------------------------------
@@ -72,40 +72,61 @@ class TenantLedger:
         for snap in snaps:
             for g in snap.gpus:
                 for job, tenant, usage in _held(snap, g):
-                    self.charges[job] = (tenant, usage, g.id)
-                    totals[tenant] = totals.get(tenant, Usage()) + usage
+                    if self._book_slot(job, g.id, tenant, usage):
+                        totals[tenant] = totals.get(tenant, Usage()) + usage
         self.book = QuotaBook(self.tenancy.quotas, totals)
 
+    def _book_slot(self, job: str, gpu_id: str, tenant: str, usage: Usage) -> bool:
+        """Record one instance's charge; False when the job is charged there (or, for a job on a MIG instance,
+        anywhere: a moving job's target is not a second charge) already."""
+        held = self.charges.setdefault(job, {})
+        if gpu_id in held:
+            return False
+        if held and not usage.get(GPU) and not usage.get(SHARED):
+            return False
+        held[gpu_id] = (tenant, usage)
+        return True
+
     def reloaded(self, snap: ClusterSnapshot, gpu_ids: Iterable[str]) -> None:
-        """Some GPUs were re-read: re-derive the charges of the jobs on them."""
+        """Some GPUs were re-read: re-derive the charges held on them (one entry per GPU, so a gang's other
+        GPUs keep theirs)."""
         ids = set(gpu_ids)
-        for job in [j for j, (_, _, g) in self.charges.items() if g in ids]:
-            self.uncharge(job)
+        for job, held in list(self.charges.items()):
+            for gid in ids & held.keys():
+                tenant, usage = held.pop(gid)
+                self._give_back(tenant, usage)
+            if not held:
+                del self.charges[job]
         for gid in ids:
             if gid in snap.position:
                 for job, tenant, usage in _held(snap, snap.gpus[snap.position[gid]]):
-                    if job not in self.charges:
-                        self.charge(job, tenant, usage, gid)
+                    if self._book_slot(job, gid, tenant, usage):
+                        self.book = charge(self.book, tenant, usage)
 
-    def charge(self, job: str, tenant: str, usage: Mapping[str, float], gpu_id: str) -> bool:
-        """Book the job's charge; False (nothing done) when it is booked already."""
+    def charge(self, job: str, tenant: str, usages: Mapping[str, Mapping[str, float]]) -> bool:
+        """Book the job's charge, per GPU it holds (``charges.slot_usages``); False (nothing done) when it is
+        booked already."""
         if job in self.charges:
             return False
-        u = Usage(usage)
-        self.charges[job] = (tenant, u, gpu_id)
-        self.book = charge(self.book, tenant, u)
+        self.charges[job] = {gid: (tenant, Usage(u)) for gid, u in usages.items()}
+        for _, u in self.charges[job].values():
+            self.book = charge(self.book, tenant, u)
         return True
 
     def uncharge(self, job: str) -> bool:
-        """The job left its instance (exit, preemption): give its charge back, once."""
+        """The job left its instances (exit, preemption): give its charge back, once."""
         held = self.charges.pop(job, None)
         if held is None:
             return False
+        for tenant, usage in held.values():
+            self._give_back(tenant, usage)
+        return True
+
+    def _give_back(self, tenant: str, usage: Usage) -> None:
         try:
-            self.book = uncharge(self.book, held[0], held[1])
+            self.book = uncharge(self.book, tenant, usage)
         except QuotaError as exc:  # cannot happen while the charges sum to the book; never go negative
             log.error("quota book out of step (%s); rebuilt at the next refresh", exc)
-        return True
 
     # --- queue ----------------------------------------------------------------------------------------------
     def order(self, pending: Iterable[PendingJob], capacity: Mapping[str, float]) -> list[QueueEntry]:

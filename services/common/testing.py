@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.bus import Bus, Consumer, Delivery, Outgoing
@@ -31,7 +31,8 @@ class ScriptedExecutor:
     """Registers ``gpus`` GPUs of ``model`` for ``node``, confirms every command (or fails the placements of
     the
     jobs in ``fail_jobs``), and lets the test end jobs with ``exit()``. ``arrivals`` holds (receive time,
-    command) for every command, in order."""
+    command) for every command, in order. ``plain`` maps GPU indexes that are not in MIG mode to their
+    time-slice replicas (0: whole-GPU jobs only)."""
 
     def __init__(
         self,
@@ -41,8 +42,10 @@ class ScriptedExecutor:
         model: str = "A100-40GB",
         auto_ack: bool = True,
         batch: int = 256,
+        plain: Mapping[int, int] | None = None,
     ) -> None:
         self.bus = bus
+        self.plain = dict(plain or {})
         self.node = node
         self.gpus = gpus
         self.model = model
@@ -77,7 +80,13 @@ class ScriptedExecutor:
             )
         gpus = tuple(
             GpuReport(
-                index=i, uuid=f"GPU-{self.node}-{i}", model=self.model, instances=tuple(found.get(i, ()))
+                index=i,
+                uuid=f"GPU-{self.node}-{i}",
+                model=self.model,
+                instances=tuple(found.get(i, ())),
+                mig_enabled=i not in self.plain,
+                replicas=self.plain.get(i, 0),
+                jobs=tuple(j for j, c in self.running.items() if any(s.gpu_index == i for s in c.plain)),
             )
             for i in range(self.gpus)
         )

@@ -76,6 +76,13 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The MIG device UUID (``MIG-...``) for ``CUDA_VISIBLE_DEVICES``; empty until the CI exists."""
     owned: bool = True
     """Created by this executor (adopted ones are never destroyed unless configured)."""
+    gpus: tuple[int, ...] = ()
+    """A plain binding (``services.executor.plain``): the non-MIG GPUs a workload runs on, whole or as one
+    time-sliced share; ``uuid`` then lists their ``GPU-...`` UUIDs. Empty for a MIG instance."""
+
+    @property
+    def plain(self) -> bool:
+        return bool(self.gpus)
 
 
 class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,7 @@ from opentelemetry import context as otel_context
 
 from services.executor.backend import Backend, BackendError, InstanceInfo, WorkloadError, WorkloadSpec
 from services.executor.instances import InstanceBook, report, undo
+from services.executor.plain import plain_target
 from shared.errors import MigschedError
 from shared.events import CmdDone, Command, JobStarted, now
 
@@ -53,7 +54,12 @@ class CommandsMixin:
             job_id=cmd.job_id,
         )
         if cmd.kind in ("stop", "migrate_stop", "resync"):
-            for job in cmd.stop_jobs if cmd.kind == "resync" else (cmd.job_id,):
+            # A resync means the scheduler holds no job on this node (lost: all re-queued; unknown: never
+            # registered), so every workload here runs unbeknown to it, including ones started after the
+            # heartbeat that ``stop_jobs`` was read from; left running, registration would report their
+            # instances and the scheduler would adopt them idle and place other jobs on them (refused).
+            resync = (*cmd.stop_jobs, *(j for j in self.backend.running() if j not in cmd.stop_jobs))
+            for job in resync if cmd.kind == "resync" else (cmd.job_id,):
                 if not job:
                     continue
                 if cmd.kind == "migrate_stop":
@@ -100,11 +106,18 @@ class CommandsMixin:
         assert cmd.job_id is not None and cmd.instance_id is not None
         if cmd.kind == "place":
             await self._stop_preempted(cmd)
-        changed = await self._ops(cmd, created)
-        lane = self._lane(cmd)
-        target = await self.book.find(lane, cmd.instance_id)
-        if target is None:
-            raise WorkloadError(f"instance {cmd.instance_id} does not exist on GPU {lane} of {self.node}")
+        changed = 0
+        if cmd.plain:  # whole GPU(s) or a time-sliced share: no MIG operation, bound to the GPUs themselves
+            if cmd.kind != "place" or cmd.ops:
+                raise WorkloadError(f"{cmd.cmd_id}: plain GPU slots come only in a place command without ops")
+            target = plain_target(cmd, await self.backend.discover())
+        else:
+            changed = await self._ops(cmd, created)
+            lane = self._lane(cmd)
+            found = await self.book.find(lane, cmd.instance_id)
+            if found is None:
+                raise WorkloadError(f"instance {cmd.instance_id} does not exist on GPU {lane} of {self.node}")
+            target = found
         spec = WorkloadSpec(
             argv=cmd.workload.argv,
             env=cmd.workload.env,
@@ -124,7 +137,8 @@ class CommandsMixin:
         self._job_instance[cmd.job_id] = (cmd.instance_id, target.gpu_index)
         if cmd.job_id not in self._job_started or cmd.kind == "place":
             self._job_started[cmd.job_id] = (time.monotonic(), cmd.duration_s)
-        inst = report(target, cmd.instance_id, cmd.job_id)
+        # a plain binding is no MIG instance to report (the registry knows its instance ids already)
+        inst = None if target.plain else report(target, cmd.instance_id, cmd.job_id)
         done = CmdDone(
             id=done.id,
             node=self.node,

@@ -27,7 +27,9 @@ class ExecutorSettings(Settings):
     executor_backend: str = "sim"
     """``sim`` (simulated GPUs) or ``nvml`` (real MIG through NVML)."""
     executor_gpus: str = "A100-40GB:8"
-    """Simulated GPUs as MODEL:COUNT[,MODEL:COUNT...]; with nvml a cross-check of what the node has."""
+    """GPUs as MODEL[:COUNT[:MODE]],... in index order; MODE is mig (default), whole (not in MIG mode: whole-GPU
+    jobs) or shared=N (not in MIG mode, time-sliced into N shares). sim: the simulated GPUs; nvml: a cross-check
+    of the models, and the replicas of GPUs that NVML reports not in MIG mode (NVML decides the mode)."""
     executor_reconfig_latency_s: float = 0.15
     """Simulated duration of one GPU-instance create or destroy (divided by the speed-up)."""
     executor_speedup: float = 1.0
@@ -52,12 +54,43 @@ class ExecutorSettings(Settings):
     """nvml: keep each workload's log file after it exits."""
 
 
-def parse_gpus(spec: str) -> list[str]:
-    """``A100-40GB:8,H100-80GB:2`` -> one model name per GPU, in index order."""
+@dataclasses.dataclass(frozen=True)
+class GpuSpec:
+    """One configured GPU: its model and sharing mode (set per GPU, not per node)."""
+
+    model: str
+    mig: bool = True
+    replicas: int = 0
+    """Not in MIG mode: time-sliced into this many shares (0: whole-GPU jobs only)."""
+
+
+def _mode(spec: str, part: str, mode: str) -> tuple[bool, int]:
+    mode = mode.strip().lower()
+    if mode in ("", "mig"):
+        return True, 0
+    if mode == "whole":
+        return False, 0
+    name, eq, value = mode.partition("=")
+    if name == "shared" and eq:
+        try:
+            replicas = int(value)
+        except ValueError:
+            replicas = 0
+        if 1 <= replicas <= 64:
+            return False, replicas
+        raise ExecutorError(f"MIGSCHED_EXECUTOR_GPUS={spec!r}: {part!r}: shared=N needs N in 1..64")
+    raise ExecutorError(
+        f"MIGSCHED_EXECUTOR_GPUS={spec!r}: {part!r}: mode {mode!r} is not mig, whole or shared=N"
+    )
+
+
+def parse_gpu_specs(spec: str) -> list[GpuSpec]:
+    """``A100-40GB:4,A100-40GB:2:whole,H100-80GB:1:shared=4`` -> one ``GpuSpec`` per GPU, in index order."""
     geometry = default_geometry()
-    models: list[str] = []
+    out: list[GpuSpec] = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, count = part.partition(":")
+        name, _, rest = part.partition(":")
+        count, _, mode = rest.partition(":")
         try:
             n = int(count or "1")
             model = geometry.model(name.strip()).name
@@ -65,10 +98,18 @@ def parse_gpus(spec: str) -> list[str]:
             raise ExecutorError(f"MIGSCHED_EXECUTOR_GPUS={spec!r}: bad entry {part!r} ({exc})") from None
         if not 1 <= n <= 64:
             raise ExecutorError(f"MIGSCHED_EXECUTOR_GPUS={spec!r}: count {n} must be 1..64")
-        models += [model] * n
-    if not models:
+        mig, replicas = _mode(spec, part, mode)
+        out += [GpuSpec(model=model, mig=mig, replicas=replicas)] * n
+    if not out:
         raise ExecutorError("MIGSCHED_EXECUTOR_GPUS names no GPU")
-    return models
+    if len(out) > 64:
+        raise ExecutorError(f"MIGSCHED_EXECUTOR_GPUS={spec!r}: {len(out)} GPUs, at most 64 per node")
+    return out
+
+
+def parse_gpus(spec: str) -> list[str]:
+    """``A100-40GB:8,H100-80GB:2`` -> one model name per GPU, in index order."""
+    return [g.model for g in parse_gpu_specs(spec)]
 
 
 def node_name(configured: str) -> str:
@@ -81,12 +122,14 @@ def node_name(configured: str) -> str:
 def build_backend(settings: ExecutorSettings, node: str) -> Backend:
     kind = settings.executor_backend
     if kind == "sim":
+        specs = parse_gpu_specs(settings.executor_gpus)
         return make_backend(
             "sim",
             node=node,
-            models=parse_gpus(settings.executor_gpus),
+            models=[g.model for g in specs],
             reconfig_latency_s=settings.executor_reconfig_latency_s,
             speedup=settings.executor_speedup,
+            mig_disabled=[i for i, g in enumerate(specs) if not g.mig],
         )
     if kind == "nvml":
         return make_backend(

@@ -1,22 +1,25 @@
 """The real backend: MIG instances through NVML (pynvml), workloads as processes bound to their instance.
 
 Every NVML call runs in a worker thread (``asyncio.to_thread``); operations on one GPU are serialised by that
-GPU's lock, as the driver serialises them anyway. Safety rules: a GPU not in MIG mode is refused (the mode is
-never changed here); at start-up existing instances and this executor's running jobs are adopted, never torn
+GPU's lock, as the driver serialises them anyway. Safety rules: MIG operations on a GPU not in MIG mode are
+refused (the mode is never changed here; such a GPU runs whole-GPU jobs and time-sliced shares, bound by its
+``GPU-`` UUID); at start-up existing instances and this executor's running jobs are adopted, never torn
 down; only instances this executor created are destroyed unless ``destroy_foreign``. The ``nvml`` argument is
 the module to call (default: the real ``pynvml``; tests pass ``nvml_fake.FakeNvml``).
+
+This module holds the backend itself (NVML plumbing, discovery, MIG instance operations); its start-up
+reconciliation is in ``nvml_adopt`` and its workloads in ``nvml_workloads``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import msgspec
 import pynvml
 
 from services.executor import nvml_ops
@@ -28,13 +31,13 @@ from services.executor.backend import (
     InUseError,
     NotOwnedError,
     Reconciliation,
-    WorkloadExit,
-    WorkloadSpec,
 )
+from services.executor.nvml_adopt import NvmlAdoption
 from services.executor.nvml_discovery import NvmlGpu, build_model, compare, match_builtin, read_gpu
 from services.executor.nvml_errors import error_for_code, not_mig_error, translate
 from services.executor.nvml_state import JobRecord, OwnedInstance, StateFile, StateStore
-from services.executor.process import DEFAULT_ENV_ALLOWLIST, AdoptedRun, ProcessRun, launch, log_path
+from services.executor.nvml_workloads import NvmlWorkloads
+from services.executor.process import DEFAULT_ENV_ALLOWLIST, AdoptedRun, ProcessRun
 from services.executor.workload import JobTable
 from shared.errors import GeometryError, MigschedError, UnknownModelError
 from shared.mig.geometry import Geometry, GpuModel, default_geometry
@@ -55,7 +58,7 @@ class _Gpu:
     differences: list[str]
 
 
-class NvmlBackend:
+class NvmlBackend(NvmlAdoption, NvmlWorkloads):
     name = "nvml"
 
     def __init__(
@@ -193,62 +196,6 @@ class NvmlBackend:
         owned = sorted(self._owned, key=lambda o: (o.gpu_uuid, o.gi_id))
         self._store.save(StateFile(node=self.node, instances=owned, jobs=jobs))
 
-    # ---- start-up reconciliation ----
-
-    async def _reconcile(self) -> None:
-        state = self._store.load()
-        recorded = set(state.instances)
-        listed: list[tuple[_Gpu, GpuModel, nvml_ops.RawInstance]] = []
-        for gpu in self._gpus:
-            if gpu.model is None:
-                continue
-            raws = await self._nv(
-                f"list instances on GPU {gpu.index}",
-                nvml_ops.list_instances,
-                self._nvml,
-                gpu.handle,
-                gpu.model,
-            )
-            listed += [(gpu, gpu.model, raw) for raw in raws]
-        present = {
-            OwnedInstance(gpu_uuid=g.raw.uuid, gi_id=r.gi_id, profile_id=r.profile_id, start=r.start)
-            for g, _, r in listed
-        }
-        self._owned = recorded & present
-        notes = [
-            f"instance {o.gi_id} (profile id {o.profile_id} @{o.start}) on {o.gpu_uuid} recorded as ours "
-            "no longer exists"
-            for o in sorted(recorded - present, key=lambda o: (o.gpu_uuid, o.gi_id))
-        ]
-        existing = {(g.raw.uuid, r.gi_id): self._info(g, m, r) for g, m, r in listed}
-        for gpu in self._gpus:
-            notes += [f"GPU {gpu.index}: {d}" for d in gpu.differences]
-        by_uuid = {g.raw.uuid: g for g in self._gpus}
-        adopted: list[str] = []
-        lost: list[str] = []
-        for rec in state.jobs:
-            owner = by_uuid.get(rec.gpu_uuid)
-            instance = existing.get((rec.gpu_uuid, rec.instance.gi_id), rec.instance)
-            if owner is not None and instance.gpu_index != owner.index:  # indices can change across reboots
-                instance = msgspec.structs.replace(instance, gpu_index=owner.index)
-            run = AdoptedRun(instance, rec.pid, rec.start_time, Path(rec.log), self._poll_s)
-            run.gpu_uuid = rec.gpu_uuid
-            (adopted if run.alive() and owner is not None else lost).append(rec.job_id)
-            self._jobs.add(rec.job_id, run)  # a lost one reports its exit (status unknown) at the first poll
-        found = sorted(g.builtin.name if g.builtin else g.raw.name for g in self._gpus)
-        if self._expected and sorted(self._expected) != found:
-            notes.append(f"configured models {sorted(self._expected)} differ from the GPUs found {found}")
-        self.reconciliation = Reconciliation(
-            owned_instances=len(self._owned),
-            foreign_instances=len(existing) - sum(1 for i in existing.values() if i.owned),
-            adopted_jobs=tuple(adopted),
-            lost_jobs=tuple(lost),
-            notes=tuple(notes),
-        )
-        self._save()
-        for line in notes:
-            log.warning("reconciliation: %s", line)
-
     # ---- discovery ----
 
     async def discover(self) -> Sequence[GpuInfo]:
@@ -349,67 +296,6 @@ class NvmlBackend:
         if mine is not None:
             self._owned.discard(mine)
         self._save()
-
-    # ---- workloads ----
-
-    async def _resolve(self, instance: InstanceInfo) -> InstanceInfo:
-        """The instance as NVML sees it now (fresh MIG UUID); NOT_FOUND if it was destroyed."""
-        for info in await self.list_instances(instance.gpu_index):
-            if info.gi_id == instance.gi_id:
-                return info
-        raise error_for_code(
-            pynvml.NVML_ERROR_NOT_FOUND,
-            f"find GI {instance.gi_id} on GPU {instance.gpu_index} for a workload",
-        )
-
-    async def _launch(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> ProcessRun:
-        self._serial += 1
-        run, dropped = await launch(
-            job_id,
-            instance,
-            spec,
-            allowlist=self._allowlist,
-            keep_log=self._keep_logs,
-            log=log_path(self._store.log_dir, job_id, self._serial),
-        )
-        if dropped:
-            log.warning(
-                "job %s: environment variables not in the allowlist were dropped: %s", job_id, dropped
-            )
-        return run
-
-    async def start_workload(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> None:
-        await self._ensure()
-        if self._jobs.check_can_start(job_id, instance):
-            return  # redelivered command: already running there
-        current = await self._resolve(instance)
-        self._jobs.add(job_id, await self._launch(job_id, current, spec))
-
-    async def move_workload(
-        self, job_id: str, target: InstanceInfo, spec: WorkloadSpec, *, confirm_s: float | None = None
-    ) -> None:
-        await self._ensure()
-        current = await self._resolve(target)
-        busy = self._jobs.job_on(current.gpu_index, current.gi_id)
-        if busy is not None:
-            raise InUseError(
-                f"move target GPU {current.gpu_index} GI {current.gi_id} is busy with job {busy}"
-            )
-
-        async def start() -> ProcessRun:
-            return await self._launch(job_id, current, spec)
-
-        wait = self._confirm_s if confirm_s is None else confirm_s
-        await self._jobs.move(job_id, start, confirm_s=wait, grace_s=self._grace)
-
-    async def stop_workload(self, job_id: str) -> None:
-        await self._jobs.stop(job_id, self._grace)
-
-    async def next_exit(self) -> WorkloadExit:
-        return await self._jobs.next_exit()
-
-    def running(self) -> Mapping[str, InstanceInfo]:
-        return self._jobs.running()
 
     async def close(self) -> None:
         """Stop watching; workloads keep running and instances stay (a restarted executor adopts them)."""

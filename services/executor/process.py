@@ -40,7 +40,8 @@ def build_env(
 ) -> tuple[dict[str, str], list[str]]:
     """The workload's environment and the names dropped because the allowlist does not cover them.
 
-    ``CUDA_VISIBLE_DEVICES`` is always the instance's MIG UUID: a job can never pick another device.
+    ``CUDA_VISIBLE_DEVICES`` is always the instance's MIG UUID (or, on GPUs not in MIG mode, the ``GPU-`` UUIDs
+    of the whole GPUs or the shared GPU): a job can never pick another device.
     """
     source = os.environ if base is None else base
     env = {k: v for k, v in source.items() if _allowed(k, allowlist)}
@@ -197,9 +198,10 @@ async def launch(
     keep_log: bool = False,
 ) -> tuple[ProcessRun, list[str]]:
     """Start ``spec.argv`` on ``instance`` (never through a shell); returns the run and dropped env names."""
-    if not instance.uuid.startswith("MIG-"):
+    want = "GPU-" if instance.plain else "MIG-"
+    if not all(u.startswith(want) for u in instance.uuid.split(",")):
         raise WorkloadError(
-            f"instance GPU {instance.gpu_index} GI {instance.gi_id} has no MIG device UUID yet"
+            f"instance GPU {instance.gpu_index} GI {instance.gi_id} has no {want[:-1]} device UUID yet"
         )
     argv = check_argv(spec.argv)
     user = resolve_user(spec.run_as)

@@ -1,8 +1,10 @@
 """Registration and start-up reconciliation: the executor reports every GPU with what it found on it.
 
-Instances found are adopted, never torn down; anything that differs from what the scheduler expects (a GPU
-not in MIG mode, a foreign instance, a model the tables do not know, the backend's own notes) is reported as
-``Drift``; jobs the backend could not re-attach to are reported as exits of kind ``lost``.
+Instances found are adopted, never torn down; a GPU not in MIG mode is reported with its time-slice
+``replicas`` (from ``MIGSCHED_EXECUTOR_GPUS``) and the jobs bound to it. Anything that differs from what the
+scheduler expects (a GPU whose MIG mode is not the configured one, a foreign instance, a model the tables do
+not know, the backend's own notes) is reported as ``Drift``; jobs the backend could not re-attach to are
+reported as exits of kind ``lost``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.executor.backend import Backend, InstanceInfo
-from services.executor.config import parse_gpus
+from services.executor.config import parse_gpu_specs
 from services.executor.instances import InstanceBook, report
 from shared.bus import Outgoing
 from shared.events import Drift, GpuReport, Registered, new_id, now
@@ -31,6 +33,11 @@ class RegistrationMixin:
         geometry = default_geometry()
         gpus = await self.backend.discover()
         running = {(i.gpu_index, i.gi_id): job for job, i in self.backend.running().items()}
+        plain_jobs: dict[int, list[str]] = {}  # GPU index -> jobs bound to it whole or as a share
+        for job, i in self.backend.running().items():
+            for index in i.gpus:
+                plain_jobs.setdefault(index, []).append(job)
+        specs = parse_gpu_specs(self.settings.executor_gpus)
         reports, drift = [], []
         node_model = getattr(self.backend, "gpu_model", None)
         for g in gpus:
@@ -43,10 +50,14 @@ class RegistrationMixin:
             except KeyError:
                 drift.append(f"GPU {g.index} is a {g.model!r}, which the geometry tables do not know")
             instances: Sequence[InstanceInfo] = ()
+            spec = specs[g.index] if g.index < len(specs) else None
             if g.mig_enabled:
                 instances = await self.backend.list_instances(g.index)
-            else:
+                if spec is not None and not spec.mig:
+                    drift.append(f"GPU {g.index} is in MIG mode, configured not to be: it takes MIG jobs only")
+            elif spec is None or spec.mig:
                 drift.append(f"GPU {g.index} is not in MIG mode: it takes whole-GPU or time-sliced jobs only")
+            replicas = spec.replicas if spec is not None and not g.mig_enabled else 0
             for info in instances:
                 if not info.owned:
                     drift.append(
@@ -62,9 +73,11 @@ class RegistrationMixin:
                     instances=tuple(
                         report(i, self.book.name_of(i), running.get((g.index, i.gi_id))) for i in instances
                     ),
+                    replicas=replicas,
+                    jobs=() if g.mig_enabled else tuple(sorted(plain_jobs.get(g.index, ())))[:1024],
                 )
             )
-        expected = parse_gpus(self.settings.executor_gpus) if self.backend.name != "sim" else []
+        expected = [g.model for g in specs] if self.backend.name != "sim" else []
         if expected and [g.model for g in gpus] != expected:
             drift.append(f"configured GPUs {expected} differ from the GPUs found {[g.model for g in gpus]}")
         rec = getattr(self.backend, "reconciliation", None)

@@ -19,6 +19,7 @@ from services.executor.backend import (
     InstanceInfo,
     InUseError,
     Reconciliation,
+    WorkloadError,
     WorkloadExit,
     WorkloadSpec,
 )
@@ -164,6 +165,15 @@ class SimBackend:
     # ---- workloads ----
 
     def _check_instance(self, instance: InstanceInfo) -> None:
+        if instance.plain:  # whole GPU(s) or a share: the GPUs must not be in MIG mode (no GI to find)
+            for i in instance.gpus:
+                self._gpu(i)
+                if i not in self._mig_disabled:
+                    raise BackendError(
+                        f"GPU {i} is in MIG mode: a whole-GPU or time-sliced job cannot run on it",
+                        code=pynvml.NVML_ERROR_INVALID_ARGUMENT,
+                    )
+            return
         self._mig_gpu(instance.gpu_index)
         if instance.gi_id not in self._gis[instance.gpu_index]:
             raise error_for_code(
@@ -182,6 +192,8 @@ class SimBackend:
     async def move_workload(
         self, job_id: str, target: InstanceInfo, spec: WorkloadSpec, *, confirm_s: float | None = None
     ) -> None:
+        if target.plain:
+            raise WorkloadError(f"cannot move job {job_id}: jobs on whole GPUs or time-sliced shares never move")
         self._check_instance(target)
         busy = self._jobs.job_on(target.gpu_index, target.gi_id)
         if busy is not None:

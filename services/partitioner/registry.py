@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from services.common import metrics as m
+from services.partitioner.liveness import LivenessWatch, overdue
 from shared.bus import Delivery, Outgoing
 from shared.errors import UnknownModelError
 from shared.events import CapacityChanged, Command, Registered
@@ -53,7 +54,9 @@ class RegistryMixin:
                 continue
             gid = gpu_id_of(r.node, g.index)
             insts = []
-            for i in g.instances:
+            # a GPU not in MIG mode holds no MIG instances (a report of some is drift, never adopted); its jobs
+            # (whole GPU or time-sliced shares) are reported by job id
+            for i in g.instances if g.mig_enabled else ():
                 if not model.has_profile(i.profile):
                     self.log.warning("node %s GPU %d: unknown profile %r ignored", r.node, g.index, i.profile)
                     continue
@@ -77,6 +80,8 @@ class RegistryMixin:
                     "healthy": g.healthy,
                     "uuid": g.uuid,
                     "instances": insts,
+                    "replicas": 0 if g.mig_enabled else g.replicas,
+                    "jobs": [] if g.mig_enabled else list(g.jobs),
                 }
             )
         if not gpus:
@@ -101,44 +106,63 @@ class RegistryMixin:
             ctx=d.ctx,
         )
 
+    def liveness_watch(self) -> LivenessWatch:
+        """The registry's hearing (``liveness.py``), created on first use: ``init_registry`` runs at start."""
+        w: LivenessWatch | None = getattr(self, "_liveness", None)
+        if w is None:
+            w = self._liveness = LivenessWatch(self.settings.node_timeout_s, time.monotonic())
+        return w
+
     async def on_heartbeat(self, ds: list[Delivery]) -> None:
         now = time.time()
+        self.liveness_watch().heard(time.monotonic())
         await self.state.heartbeat([(d.data.node, now) for d in ds])
         out: list[Outgoing] = []
+        fresh: dict[str, dict[str, str]] | None = None
         for d in ds:
             hb = d.data
-            st = self.node_state.get(hb.node)
-            if st is None:
-                st = (await self.state.nodes()).get(hb.node, {}).get("state", "unknown")
-                self.node_state[hb.node] = st
-            if st != "up":
-                cid = f"resync:{hb.node}:{int(now // 10)}"
-                out.append(
-                    Outgoing(
-                        self.subjects.cmd(hb.node),
-                        Command(
-                            id=cid,
-                            cmd_id=cid,
-                            kind="resync",
-                            node=hb.node,
-                            stop_jobs=hb.running if st == "lost" else (),
-                            at=now,
-                        ),
-                    )
+            if self.node_state.get(hb.node) == "up":
+                continue
+            # Not up in this process's view: ask Redis, not the cache. Another replica may have applied the
+            # node's new registration already, and a resync sent then would stop jobs placed there since.
+            if fresh is None:
+                fresh = await self.state.nodes()
+            h = fresh.get(hb.node, {})
+            st = self.node_state[hb.node] = h.get("state", "unknown")
+            if st == "up":
+                continue
+            # One resync per loss (its id names the loss): each one re-registers the node, and a registration
+            # racing with the node's placements re-queues jobs that run. Unknown nodes: one per 10 s.
+            episode = h.get("lost_at", "") if st == "lost" else ""
+            cid = f"resync:{hb.node}:{episode or int(now // 10)}"
+            out.append(
+                Outgoing(
+                    self.subjects.cmd(hb.node),
+                    Command(
+                        id=cid,
+                        cmd_id=cid,
+                        kind="resync",
+                        node=hb.node,
+                        stop_jobs=hb.running if st == "lost" else (),
+                        at=now,
+                    ),
                 )
+            )
         if out:
             await self.bus.publish_batch(out)
 
     async def check_liveness(self) -> None:
         now = time.time()
+        mono = time.monotonic()
+        start = self.liveness_watch().silence_from(getattr(self.bus, "health", None), mono)
+        heard_from = None if start is None else now - (mono - start)
         nodes = await self.state.nodes()
         counts = {"up": 0, "lost": 0}
+        timeout = self.settings.node_timeout_s
         for node, h in nodes.items():
             st = h.get("state", "up")
-            if st == "up" and float(h.get("last_seen", "0") or 0) < now - self.settings.node_timeout_s:
-                res = await self.state.node_lost(
-                    node, now, f"node {node} missed heartbeats for {self.settings.node_timeout_s:g}s"
-                )
+            if st == "up" and overdue(float(h.get("last_seen", "0") or 0), now, timeout, heard_from):
+                res = await self.state.node_lost(node, now, f"node {node} missed heartbeats for {timeout:g}s")
                 self.log.warning("node %s lost; re-queued %d job(s)", node, len(res["requeued"]))
                 st = "lost"
                 await self.bus.publish(
@@ -184,6 +208,9 @@ class RegistryMixin:
             await self.bus.publish(
                 self.subjects.sched_capacity,
                 CapacityChanged(
-                    id=f"cap-fail-{job_id}-{int(now * 1000)}"[:200], gpu_ids=(gpu,), reason=why[:500], at=now
+                    id=f"cap-fail-{job_id}-{int(now * 1000)}"[:200],
+                    gpu_ids=tuple(g for g in gpu.split(",") if g),
+                    reason=why[:500],
+                    at=now,
                 ),
             )

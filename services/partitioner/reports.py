@@ -24,7 +24,16 @@ from typing import Any
 
 from services.common import metrics as m
 from shared.bus import Delivery, Outgoing
-from shared.events import CapacityChanged, CmdDone, CmdFailed, Command, JobExit, JobExited, JobStarted
+from shared.events import (
+    CapacityChanged,
+    CmdDone,
+    CmdFailed,
+    Command,
+    JobExit,
+    JobExited,
+    JobStarted,
+    SlotRef,
+)
 from shared.state import gpu_id_of
 
 
@@ -94,10 +103,10 @@ class ReportsMixin:
             elif what == "done" and r.command == "destroy_idle" and res == "ok":
                 freed.append(_gpu_of(r))
             elif what == "failed" and r.command == "place" and res[0] == "ok":
-                freed.append(res[2])
+                freed.extend(g for g in res[2].split(",") if g)  # a gang frees several GPUs
                 missing = _MISSING.search(r.error)
                 if missing and res[2]:  # a reused instance the node lacks: forget it, or it is reused (and
-                    gone.instance("drop", r.node, res[2], missing.group(1), now)  # fails) again and again
+                    gone.instance("drop", r.node, res[2].split(",")[0], missing.group(1), now)  # fails) again
                 self.log.info(
                     "placement of %s failed on %s (%s): job now %s", r.job_id, r.node, r.error, res[1]
                 )
@@ -172,6 +181,7 @@ class ReportsMixin:
             reason=r.reason,
             at=r.at,
             profile=res.profile or None,
+            slots=tuple(SlotRef(gpu_id=g, instance_id=i) for g, i in res.slots),
         )
         return [Outgoing(self.subjects.jobs_exit, e, d.ctx)]
 

@@ -23,16 +23,48 @@ from services.common.service import Service
 from services.partitioner.registry import RegistryMixin
 from services.partitioner.reports import ReportsMixin
 from shared.bus import Consumer, Delivery, Outgoing
-from shared.events import Command, MigrateOrder, Placed
-from shared.policy.partition import PartitionPlan, plan_partition
+from shared.events import Command, MigrateOrder, Placed, PlainSlot
+from shared.policy.partition import PartitionPlan, new_instance_id, plan_partition
 from shared.policy.placement import Slot
 from shared.policy.retention import RecentDemand, RetentionParams, keep_idle
 from shared.settings import PartitionerSettings
 from shared.state import StoredGpu, shard_of
+from shared.state.model import PLAIN_PROFILES
 
 
 def place_cmd_id(job_id: str, attempt: int) -> str:
     return f"place:{job_id}:{attempt}"
+
+
+def plain_place_command(p: Placed, cmd_id: str, now: float) -> Command:
+    """A placement on non-MIG GPUs (every slot of a gang, or one share): no ops, the workload bound to the
+    GPUs. The instance ids are the ones the balancer reserved (``new_instance_id`` of each slot)."""
+    slots = tuple(
+        PlainSlot(
+            gpu_index=int(s.gpu_id.rsplit("/", 1)[1]),
+            instance_id=new_instance_id(s.gpu_id, s.profile, s.start, p.job_id),
+            profile="shared" if s.profile == "shared" else "gpu",
+            replica=s.start if s.profile == "shared" else 0,
+        )
+        for s in p.placement.slots
+    )
+    first = p.placement.slot
+    return Command(
+        id=cmd_id,
+        cmd_id=cmd_id,
+        kind="place",
+        node=first.node,
+        gpu_id=first.gpu_id,
+        gpu_index=slots[0].gpu_index,
+        instance_id=slots[0].instance_id,
+        job_id=p.job_id,
+        workload=p.job.workload,
+        duration_s=p.job.duration_hint_s,
+        at=now,
+        submitted_at=p.job.submitted_at,
+        stop_jobs=p.preempted,
+        plain=slots,
+    )
 
 
 class Partitioner(RegistryMixin, ReportsMixin, Service):
@@ -74,6 +106,16 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         for d in ds:
             p: Placed = d.data
             slot = p.placement.slot
+            if slot.profile in PLAIN_PROFILES:  # whole GPU(s) or a time-sliced share: no MIG operation
+                cmd = plain_place_command(p, place_cmd_id(p.job_id, p.attempt), now)
+                track.track_command(
+                    shard_of(slot.node, self.settings.shards),
+                    cmd.cmd_id,
+                    {"node": slot.node, "kind": "place", "job": p.job_id, "gpu": slot.gpu_id, "at": now},
+                )
+                out.append(Outgoing(self.subjects.cmd(slot.node), cmd, d.ctx))
+                d.span.set_attribute("migsched.plain_slots", len(cmd.plain))
+                continue
             plan = plan_partition(p.gpu, self.geometry.model(slot.model), slot, p.job_id)
             if not isinstance(plan, PartitionPlan):  # cannot happen after a CAS on this view; never act on it
                 failed.append((p, f"partition plan conflict: {plan.reason}"))

@@ -10,6 +10,7 @@ the job, and uncharge exactly it when the job ends or is preempted.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from shared.mig.geometry import GpuModel, Profile
@@ -69,6 +70,14 @@ def placement_usage(snap: ClusterSnapshot, placement: Placement, demand: Demand)
         else:
             total = total + profile_usage(model.profile(slot.profile))
     return total
+
+
+def slot_usages(snap: ClusterSnapshot, placement: Placement, demand: Demand) -> tuple[Usage, ...]:
+    """``placement_usage`` split by slot (they sum to it): a gang's charge per GPU, so that re-deriving one
+    GPU's charges from its instances (``instance_usage``) agrees with what was booked for it."""
+    return tuple(
+        placement_usage(snap, msgspec.structs.replace(placement, slots=(slot,)), demand) for slot in placement.slots
+    )
 
 
 def instance_usage(gpu: GpuView, model: GpuModel, inst: InstanceView) -> Usage:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from redis.exceptions import NoScriptError
 
-from shared.state.codec import _ENC, CancelResult, StateError, _s, decode_instances
+from shared.state.codec import _ENC, CancelResult, StateError, _s, decode_instances, decode_slots
 from shared.state.keys import Keys
 from shared.state.model import (
     EXIT_TO_STATE,
@@ -111,6 +111,7 @@ class Batch:
                 instance_id=instance_id,
                 profile=_s(v[4]),
                 gpu=gpu,
+                slots=decode_slots(v[9]) if len(v) > 9 else (),
             )
 
         return self._add(
@@ -132,7 +133,7 @@ class Batch:
     def fail_placement(
         self, job_id: str, reason: str, now: float, max_attempts: int, cmd_id: str = ""
     ) -> int:
-        """-> (status, new state, gpu id)."""
+        """-> (status, new state, the GPU id freed: several comma-separated for a gang)."""
         k = self._jk(job_id)
         return self._add(
             "fail_placement",

@@ -5,8 +5,11 @@
 2. no profile exceeds its max count on a GPU;
 3. the occupancy byte of every GPU equals the busy mask of its instances;
 4. every job is in exactly one known state; a pending job is in the queue and a queued job is pending;
-5. an active job (placing/running/migrating) holds exactly the instance it names, and that instance names it;
-   every non-idle instance with a job belongs to an active job that names it (reservations match instances).
+5. an active job (placing/running/migrating) holds exactly the instance(s) it names (every slot of a gang),
+   and each names it; every non-idle instance with a job belongs to an active job that names it;
+6. sharing modes: no MIG instance on a non-MIG GPU and no plain instance (``gpu``, ``shared``) on a MIG GPU;
+   a whole GPU is exclusive (its ``gpu`` instance is the only one); shares use distinct replicas
+   ``0..replicas-1`` and at most ``replicas`` of them; plain instances are never idle.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Sequence
 
 from shared.errors import UnknownModelError
 from shared.mig.geometry import Geometry
-from shared.state.model import ACTIVE_STATES, JOB_STATES, JobRecord, StoredGpu, Violation
+from shared.state.model import ACTIVE_STATES, JOB_STATES, PLAIN_PROFILES, JobRecord, StoredGpu, Violation
 
 
 def check_state(
@@ -34,9 +37,14 @@ def check_state(
         except UnknownModelError:
             out.append(Violation(kind="model", subject=g.id, detail=f"unknown model {g.model!r}"))
             continue
+        out.extend(_plain_violations(g))
         seen = 0
         counts: Counter[str] = Counter()
         for i in g.instances:
+            if i.profile in PLAIN_PROFILES or not g.mig:
+                if i.job and i.state != "idle":
+                    holders[(g.id, i.id)] = i.job
+                continue  # checked by _plain_violations
             if i.mask & seen:
                 out.append(
                     Violation(kind="overlap", subject=g.id, detail=f"{i.id} overlaps another instance")
@@ -87,9 +95,12 @@ def check_state(
                 )
             )
         if j.state in ACTIVE_STATES:
-            for gpu, inst in (
-                ((j.gpu, j.inst), (j.mig_gpu, j.mig_inst)) if j.state == "migrating" else ((j.gpu, j.inst),)
-            ):
+            held = j.slots or ((j.gpu, j.inst),)
+            if j.slots and j.slots[0] != (j.gpu, j.inst):
+                out.append(
+                    Violation(kind="reservation", subject=j.job_id, detail=f"first slot is not {j.gpu} {j.inst}")
+                )
+            for gpu, inst in (*held, (j.mig_gpu, j.mig_inst)) if j.state == "migrating" else held:
                 named.add((gpu, inst))
                 if holders.get((gpu, inst)) != j.job_id:
                     out.append(
@@ -133,4 +144,36 @@ async def audit(store: object, geometry: Geometry) -> list[Violation]:
         pend |= set(await store.pending_ids(shard)) if hasattr(store, "pending_ids") else set()
         occ = await store.occupancy(shard)  # type: ignore[attr-defined]
         out.extend(check_state(geometry, gpus, jobs, pend, occ))
+    return out
+
+
+def _plain_violations(g: StoredGpu) -> list[Violation]:
+    """The sharing-mode rules of one GPU (6. above)."""
+    out: list[Violation] = []
+
+    def bad(detail: str) -> None:
+        out.append(Violation(kind="sharing", subject=g.id, detail=detail))
+
+    plain = [i for i in g.instances if i.profile in PLAIN_PROFILES]
+    if g.mig:
+        for i in plain:
+            bad(f"{i.id}: a {i.profile} instance on a GPU in MIG mode")
+        return out
+    for i in g.instances:
+        if i.profile not in PLAIN_PROFILES:
+            bad(f"{i.id}: MIG instance {i.profile} on a GPU not in MIG mode")
+        elif i.state == "idle" or not i.job:
+            bad(f"{i.id}: idle {i.profile} instance (plain instances exist only while a job holds them)")
+    whole = [i for i in plain if i.profile == "gpu"]
+    if whole and len(g.instances) > 1:
+        bad(f"whole-GPU {whole[0].id} shares the GPU with {len(g.instances) - 1} other instance(s)")
+    shares = [i for i in plain if i.profile == "shared"]
+    if len(shares) > g.replicas:
+        bad(f"{len(shares)} shares in use > replicas {g.replicas}")
+    starts = [i.start for i in shares]
+    if len(set(starts)) != len(starts):
+        bad(f"two shares on one replica: {sorted(starts)}")
+    for i in shares:
+        if not 0 <= i.start < g.replicas:
+            bad(f"{i.id}: replica {i.start} outside 0..{g.replicas - 1}")
     return out

@@ -69,6 +69,7 @@ def decode_gpu(gpu_id: str, h: dict[bytes, bytes]) -> StoredGpu | None:
         rev=int(g.get("rev", 0)),
         pos=int(g.get("pos", 0)),
         uuid=_s(g.get("uuid")),
+        replicas=int(g.get("replicas", 0)),
         instances=decode_instances(g.get("inst")),
     )
 
@@ -94,7 +95,18 @@ def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
         traceparent=_s(g.get("tp")),
         updated=float(g.get("updated", 0)),
         preempted=int(g.get("preempted", 0)),
+        slots=decode_slots(g.get("slots")),
     )
+
+
+_SLOTS = msgspec.json.Decoder(list[tuple[str, str]])
+
+
+def decode_slots(raw: Any) -> tuple[tuple[str, str], ...]:
+    """A gang's ``slots`` field: JSON ``[[gpu, inst], ...]``; absent for a single-slot job."""
+    if not raw or raw in (b"{}", b"[]", "{}", "[]"):
+        return ()
+    return tuple(_SLOTS.decode(raw))
 
 
 class CancelResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,10 +5,11 @@ all keys a transition touches live in one Redis Cluster slot.
 key                        type    content
 =========================  ======  ===========================================================================
 ``{ns:s}:gpus``            zset    GPU id -> position (its byte in ``occ``); the shard's GPU index
-``{ns:s}:gpu:<gpu_id>``    hash    node, index, model, uuid, mig, healthy, pos, ver (CAS), inst (JSON array)
+``{ns:s}:gpu:<gpu_id>``    hash    node, index, model, uuid, mig, replicas (time-slice shares of a non-MIG
+                                   GPU), healthy, pos, ver (CAS), inst (JSON array)
 ``{ns:s}:occ``             string  one byte per GPU position: the busy mask (non-idle instances)
 ``{ns:s}:job:<job_id>``    hash    state, reason, spec (JobSubmit JSON), prio, at, gpu, inst, node, attempts,
-                                   cancel, mig_gpu, mig_inst, updated
+                                   cancel, mig_gpu, mig_inst, updated, slots (a gang: JSON [[gpu, inst], ...])
 ``{ns:s}:hist:<job_id>``   list    JSON {at, from, to, reason} per transition (last 64)
 ``{ns:s}:jobs``            set     every job id known to the shard (audit)
 ``{ns:s}:pending``         zset    pending job ids, score (1000 - priority) * 1e10 + submitted_at

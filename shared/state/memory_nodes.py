@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.state.model import StoredGpu, StoredInstance
+from shared.state.memory_slots import names, vacate
+from shared.state.model import PLAIN_PROFILES, StoredGpu, StoredInstance
 
 
 def _evict(
-    store: Any, sh: Any, insts: list[StoredInstance], keep: Any, reason: str, now: float, requeued: list[str]
+    store: Any,
+    sh: Any,
+    insts: list[StoredInstance],
+    keep: Any,
+    reason: str,
+    now: float,
+    requeued: list[str],
+    gangs: list[tuple[str, tuple[tuple[str, str], ...]]],
 ) -> list[StoredInstance]:
     out = []
     for i in insts:
@@ -16,14 +24,23 @@ def _evict(
             out.append(i)
         elif i.job and i.state != "idle":
             j = sh.jobs.get(i.job)
-            if (
-                j is not None
-                and j.state in ("placing", "running", "migrating")
-                and i.id in (j.inst, j.mig_inst)
-            ):
+            if j is not None and j.state in ("placing", "running", "migrating") and names(j, i.id):
+                if j.slots:
+                    gangs.append((i.job, j.slots))
                 store._requeue(sh, i.job, j.state, reason, now)
                 requeued.append(i.job)
     return out
+
+
+def _free_gangs(store: Any, sh: Any, gangs: list[tuple[str, tuple[tuple[str, str], ...]]]) -> None:
+    """A re-queued gang leaves its instances on its other GPUs behind: free them (as ``free_gangs``)."""
+    for job, slots in gangs:
+        for gid, iid in slots:
+            _, g = store._gpu(gid)
+            i = next((x for x in g.instances if x.id == iid), None) if g else None
+            if g is not None and i is not None and i.job == job and i.state != "idle":
+                vacate(g.instances, iid, job, False)
+                store._save(sh, g)
 
 
 def register(
@@ -34,6 +51,7 @@ def register(
         return {"requeued": [], "drift": [], "gpus": [g for g in h["gpus"].split(",") if g], "replay": True}
     requeued: list[str] = []
     drift: list[str] = []
+    gangs: list[tuple[str, tuple[tuple[str, str], ...]]] = []
     ids = []
     for g in gpus:
         ids.append(g["id"])
@@ -55,15 +73,24 @@ def register(
                 ver=0,
                 pos=len(sh.gpus),
                 uuid=g.get("uuid", ""),
+                replicas=int(g.get("replicas", 0)),
                 instances=reported,
             )
             store._save(sh, cur, "claim")
             continue
         by_id = {r.id: r for r in reported}
+        running = set(g.get("jobs", ()))
 
-        def keep(i: StoredInstance, gid: str = g["id"], by_id: dict[str, StoredInstance] = by_id) -> bool:
+        def keep(
+            i: StoredInstance,
+            gid: str = g["id"],
+            by_id: dict[str, StoredInstance] = by_id,
+            running: set[str] = running,
+        ) -> bool:
             if i.id in by_id:
                 del by_id[i.id]
+                return True
+            if i.profile in PLAIN_PROFILES and i.job and i.job in running:
                 return True
             if i.state in ("reserved", "target"):
                 return True
@@ -72,7 +99,14 @@ def register(
             return False
 
         kept = _evict(
-            store, sh, cur.instances, keep, f"node {node} re-registered without the instance", now, requeued
+            store,
+            sh,
+            cur.instances,
+            keep,
+            f"node {node} re-registered without the instance",
+            now,
+            requeued,
+            gangs,
         )
         for r in reported:
             if r.id in by_id:
@@ -81,13 +115,15 @@ def register(
                 else:
                     kept.append(r)
         cur.instances = kept
-        cur.mig, cur.healthy, cur.model, cur.uuid = (
+        cur.mig, cur.healthy, cur.model, cur.uuid, cur.replicas = (
             bool(g["mig"]),
             bool(g["healthy"]),
             g["model"],
             g.get("uuid", ""),
+            int(g.get("replicas", 0)),
         )
         store._save(sh, cur, "claim")
+    _free_gangs(store, sh, gangs)
     sh.nodes[node] = {
         "state": "up",
         "last_seen": repr(now),
@@ -103,13 +139,15 @@ def lost(store: Any, sh: Any, node: str, now: float, reason: str) -> dict[str, A
     if h is None or h.get("state") != "up":
         return {"requeued": [], "drift": [], "gpus": []}
     requeued: list[str] = []
+    gangs: list[tuple[str, tuple[tuple[str, str], ...]]] = []
     ids = [g for g in h["gpus"].split(",") if g]
     for gid in ids:
         g = sh.gpus[gid]
-        _evict(store, sh, g.instances, lambda i: False, reason, now, requeued)
+        _evict(store, sh, g.instances, lambda i: False, reason, now, requeued, gangs)
         g.healthy = False
         g.instances = []
         store._save(sh, g, "claim")
+    _free_gangs(store, sh, gangs)
     h["state"] = "lost"
     h["lost_at"] = repr(now)
     return {"requeued": requeued, "drift": [], "gpus": ids}

@@ -33,6 +33,8 @@ JOB_STATES: tuple[str, ...] = (
 ACTIVE_STATES = frozenset({"placing", "running", "migrating"})
 TERMINAL_STATES = frozenset({"finished", "failed", "cancelled", "rejected"})
 InstanceState = Literal["idle", "reserved", "busy", "retiring", "target"]
+PLAIN_PROFILES = frozenset({"gpu", "shared"})
+"""Instances of a non-MIG GPU: the whole GPU (``gpu``) or one time-sliced share (``shared``); never idle."""
 RETIRING = "~retiring"
 """Pseudo job id under which a retiring (being destroyed) instance appears in a ``GpuView``."""
 
@@ -116,6 +118,8 @@ class StoredGpu(msgspec.Struct, kw_only=True):
     """Moves on every change."""
     pos: int = 0
     uuid: str = ""
+    replicas: int = 0
+    """Non-MIG GPUs only: time-sliced into this many shares (0: whole-GPU jobs only). Ignored in MIG mode."""
     instances: list[StoredInstance] = []
 
     def view(self) -> GpuView:
@@ -126,6 +130,7 @@ class StoredGpu(msgspec.Struct, kw_only=True):
             model=self.model,
             mig=self.mig,
             healthy=self.healthy,
+            replicas=0 if self.mig else self.replicas,
             instances=[i.view() for i in self.instances],
         )
 
@@ -158,6 +163,15 @@ class JobRecord(msgspec.Struct, kw_only=True):
     """The W3C trace of the job's submit: a placement from the queue continues it."""
     preempted: int = 0
     """Times the job was preempted (re-queued for a higher-priority job or a quota reclaim)."""
+    slots: tuple[tuple[str, str], ...] = ()
+    """A gang (several whole GPUs): every (gpu id, instance id) it holds, the first being ``gpu``/``inst``.
+    Empty for a single-slot job (then ``gpu``/``inst`` is its one slot)."""
+
+    def held(self) -> tuple[tuple[str, str], ...]:
+        """Every (gpu id, instance id) the job's placement names (without a migration target)."""
+        if self.slots:
+            return self.slots
+        return ((self.gpu, self.inst),) if self.gpu and self.inst else ()
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
@@ -176,9 +190,23 @@ class Eviction(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
+class SlotReservation(msgspec.Struct, frozen=True, kw_only=True):
+    """One more slot of a gang reservation (``Reservation.extra``): the same fields as the first slot's."""
+
+    gpu_id: str
+    expected_ver: int
+    instance: StoredInstance
+    action: Literal["create", "reuse"] = "create"
+    destroy: tuple[str, ...] = ()
+    max_count: int = 8
+
+
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     """Input of the ``reserve`` transition: put ``job_id`` on ``gpu_id`` if the GPU is still at
-    ``expected_ver``."""
+    ``expected_ver`` (and, for a gang, on every GPU of ``extra`` at its version: all or nothing).
+
+    A slot is a MIG instance (create or reuse, on a GPU in MIG mode) or a plain one on a non-MIG GPU: profile
+    ``gpu`` (the whole GPU, exclusive) or ``shared`` (time-slice replica ``start`` of ``replicas``)."""
 
     job_id: str
     gpu_id: str
@@ -196,13 +224,29 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     usage: dict[str, float] = {}
     """The quota charge of the placement, stored with the job so that its release uncharges exactly it."""
     victims: tuple[Eviction, ...] = ()
-    """Running jobs preempted in the same transition: each must still run on ``gpu_id``; its instance is idled
-    (then reused or destroyed per ``action``/``destroy``) and the job re-queued with ``reason``."""
+    """Running jobs preempted in the same transition: each must still run on the instance the decision saw;
+    all its instances are vacated (MIG ones idled, then reused or destroyed per ``action``/``destroy``; plain
+    ones removed) and the job re-queued with ``reason``."""
+    extra: tuple[SlotReservation, ...] = ()
+    """The other slots of a gang (``gpus: n`` on one node); the job record then lists all in ``slots``."""
+
+    def all_slots(self) -> tuple[SlotReservation, ...]:
+        first = SlotReservation(
+            gpu_id=self.gpu_id,
+            expected_ver=self.expected_ver,
+            instance=self.instance,
+            action=self.action,
+            destroy=self.destroy,
+            max_count=self.max_count,
+        )
+        return (first, *self.extra)
 
 
 class ReserveResult(msgspec.Struct, frozen=True, kw_only=True):
-    """``status``: ok | conflict (version moved) | overlap | busy | gone | count | nogpu | unhealthy | known
-    (the job is already past pending: the submit is a replay and nothing was done)."""
+    """``status``: ok | conflict (version moved) | overlap | busy | gone | count | nogpu | unhealthy | mode (a
+    MIG slot on a non-MIG GPU or a plain one on a MIG GPU) | node (a gang across nodes) | victim | known (the
+    job is already past pending: the submit is a replay and nothing was done). ``gpu_id``/``ver``: the first
+    slot's; ``detail`` names the GPU that refused a gang."""
 
     status: str
     job_id: str
@@ -231,6 +275,8 @@ class ReleaseResult(msgspec.Struct, frozen=True, kw_only=True):
     instance_id: str = ""
     profile: str = ""
     gpu: StoredGpu | None = None
+    slots: tuple[tuple[str, str], ...] = ()
+    """A gang's every (gpu id, instance id), all freed by this release (empty for a single-slot job)."""
 
 
 class Violation(msgspec.Struct, frozen=True, kw_only=True):

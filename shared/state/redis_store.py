@@ -30,6 +30,7 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     decode_gpu,
     decode_instances,
     decode_job,
+    decode_slots,
     script_source,
 )
 from shared.state.keys import Keys
@@ -250,8 +251,9 @@ class RedisState(DerivedReads):
                 inst=_s(raw_jobs[n + 3]),
                 mig_gpu=_s(raw_jobs[n + 4]),
                 mig_inst=_s(raw_jobs[n + 5]),
+                slots=decode_slots(raw_jobs[n + 6]),
             )
-            for n in range(0, len(raw_jobs), 6)
+            for n in range(0, len(raw_jobs), 7)
         ]
         return gpus, jobs, {_s(p) for p in pend}, bytes(occ or b"")
 

@@ -43,7 +43,7 @@ def test_usage_is_rebuilt_from_the_running_instances_of_the_mirror(tmp_path: Pat
 
 def test_a_charge_is_given_back_once_however_often_the_exit_is_seen(tmp_path: Path) -> None:
     led = ledger(tmp_path)
-    led.charge("j1", "team-a", {"compute_slices": 3.0}, "n1/0")
+    led.charge("j1", "team-a", {"n1/0": {"compute_slices": 3.0}})
     assert led.uncharge("j1") is True
     assert led.uncharge("j1") is False
     assert led.book.used("team-a").amount("compute_slices") == 0
@@ -59,7 +59,7 @@ def test_a_reloaded_gpu_rederives_the_charges_of_its_jobs(tmp_path: Path) -> Non
 
 def test_an_invalid_edit_is_ignored_and_a_valid_one_applies_with_usage_kept(tmp_path: Path) -> None:
     led = ledger(tmp_path)
-    led.charge("j1", "team-a", {"compute_slices": 3.0}, "n1/0")
+    led.charge("j1", "team-a", {"n1/0": {"compute_slices": 3.0}})
     path = tmp_path / "t.toml"
     path.write_text(FILE + "\n[tenants.bad]\nquota = { compute_slices = -1 }\n")
     os.utime(path, ns=(1, 1))
@@ -77,3 +77,39 @@ def test_an_invalid_edit_is_ignored_and_a_valid_one_applies_with_usage_kept(tmp_
 def test_without_a_file_the_ledger_is_inactive(tmp_path: Path) -> None:
     led = TenantLedger("", 1)
     assert not led.active and led.poll() is None
+
+
+def _gang_snap(*gpus: str):  # type: ignore[no-untyped-def]
+    """Job g1 (team-a) holding whole non-MIG A100s ``gpus`` of node n1 (GPUs n1/0 and n1/1 exist)."""
+    b = SnapshotBuilder(GEO)
+    for n in range(2):
+        gid = f"n1/{n}"
+        insts = (
+            [InstanceView(id=f"{gid}:gpu@0:g1", profile="gpu", start=0, size=8, compute=7, job_id="g1",
+                          tenant="team-a")]
+            if gid in gpus
+            else []
+        )
+        b.put(GpuView.build(id=gid, node="n1", index=n, model="A100-40GB", mig=False, instances=insts))
+    return b.snapshot()
+
+
+def test_a_gang_is_charged_per_gpu_so_reloading_one_gpu_keeps_the_other_charge(tmp_path: Path) -> None:
+    led = ledger(tmp_path)
+    led.rebuild([_gang_snap("n1/0", "n1/1")])
+    assert led.book.used("team-a")["nvidia.com/gpu"] == 2
+    assert led.book.used("team-a")["compute_slices"] == 14
+    led.reloaded(_gang_snap("n1/0", "n1/1"), ["n1/1"])  # re-derived, not doubled
+    assert led.book.used("team-a")["nvidia.com/gpu"] == 2
+    assert led.uncharge("g1") is True
+    assert led.book.used("team-a").amount("nvidia.com/gpu") == 0
+
+
+def test_a_committed_gang_charge_is_given_back_whole(tmp_path: Path) -> None:
+    led = ledger(tmp_path)
+    per_gpu = {g: {"nvidia.com/gpu": 1.0, "compute_slices": 7.0} for g in ("n1/0", "n1/1")}
+    assert led.charge("g1", "team-a", per_gpu) is True
+    assert led.charge("g1", "team-a", per_gpu) is False
+    assert led.book.used("team-a")["nvidia.com/gpu"] == 2
+    led.uncharge("g1")
+    assert led.book.used("team-a").amount("compute_slices") == 0

@@ -1,5 +1,6 @@
 -- dump: a consistent read of a whole shard for the audit (read-only; blocks Redis for O(GPUs + jobs)).
--- Returns {occ, {gpu_id, {field, value, ...}, ...}, {pending ids}, {job_id, state, gpu, inst, mig_gpu, mig_inst, ...}}
+-- Returns {occ, {gpu_id, {field, value, ...}, ...}, {pending ids},
+--   {job_id, state, gpu, inst, mig_gpu, mig_inst, slots, ...}}
 local occ = redis.call('GET', OCC) or ''
 local gpus = {}
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
@@ -8,8 +9,8 @@ for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
 end
 local jobs = {}
 for _, id in ipairs(redis.call('SMEMBERS', JOBS)) do
-  local f = redis.call('HMGET', jk(id), 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst')
+  local f = redis.call('HMGET', jk(id), 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'slots')
   table.insert(jobs, id)
-  for n = 1, 5 do table.insert(jobs, f[n] or '') end
+  for n = 1, 6 do table.insert(jobs, f[n] or '') end
 end
 return {occ, gpus, redis.call('ZRANGE', PENDING, 0, -1), jobs}

@@ -14,12 +14,14 @@ if op == 'reserve' then
   local sinsts = decode_insts(redis.call('HGET', skey, 'inst'))
   local _, src = find(sinsts, f[3])
   if not src or src.job ~= job then return {'gone', f[3]} end
-  if src.mig == false then return {'pinned', ''} end
+  -- a job on a whole GPU or a time-sliced share (or a gang) never moves: plain slots have no MIG geometry
+  if src.mig == false or is_plain(src) or redis.call('HEXISTS', jkey, 'slots') == 1 then return {'pinned', ''} end
   if (src.moved or 0) > 0 and (src.moved + tonumber(ARGV[10])) > now then return {'cooldown', tostring(src.moved)} end
-  local d = redis.call('HMGET', dkey, 'ver', 'healthy')
+  local d = redis.call('HMGET', dkey, 'ver', 'healthy', 'mig')
   if not d[1] then return {'nogpu', ARGV[5]} end
   if tonumber(d[1]) ~= tonumber(ARGV[6]) then return {'conflict', d[1]} end
   if d[2] ~= '1' then return {'unhealthy', ARGV[5]} end
+  if d[3] == '0' then return {'mode', ARGV[5]} end
   local same_gpu = (skey == dkey)
   local dinsts = sinsts
   if not same_gpu then dinsts = decode_insts(redis.call('HGET', dkey, 'inst')) end

@@ -2,16 +2,18 @@
 --   register ARGV: 'register', node, now, gpus_json, registration id ('' = none)
 --     A registration already applied (the same id, redelivered after a handler fault) changes nothing: replayed
 --     late, its stale instance list would drop instances created since and re-queue their jobs.
---     gpus_json: [{id, index, model, mig, healthy, uuid, instances: [{id, profile, start, size, compute, job?}]}]
+--     gpus_json: [{id, index, model, mig, healthy, uuid, replicas, instances: [{id, profile, start, size,
+--     compute, job?}], jobs: [job ids running on a non-MIG GPU]}]
 --     A new GPU adopts the reported instances as idle. A known GPU keeps the state's view of instances the node
---     still reports; a busy instance it no longer reports is drift: its job is re-queued; an unreported
---     placing reservation is kept (its command may still be on its way).
+--     still reports (a plain one, on a non-MIG GPU, while the node reports its job in 'jobs'); a busy instance
+--     it no longer reports is drift: its job is re-queued (a gang once, with all its slots freed); an
+--     unreported placing reservation is kept (its command may still be on its way).
 --   lost ARGV: 'lost', node, now, reason
 --     Every GPU of the node becomes unhealthy and empty; every job on it is re-queued.
 local op, node, nkey = ARGV[1], ARGV[2], KEYS[2]
 local now = tonumber(ARGV[3])
 local requeued, drift = {}, {}
-local moves, reported_ids = {}, {}
+local moves, reported_ids, gangs = {}, {}, {}
 local function evict(insts, keep, reason)
   -- re-queue the jobs of instances not kept; returns the kept instances
   local out = {}
@@ -21,9 +23,9 @@ local function evict(insts, keep, reason)
     elseif i.job and i.state ~= 'idle' then
       local st = redis.call('HGET', jk(i.job), 'state')
       if st == 'placing' or st == 'running' or st == 'migrating' then
-        local jg = redis.call('HGET', jk(i.job), 'inst')
-        local mg = redis.call('HGET', jk(i.job), 'mig_inst')
-        if jg == i.id or mg == i.id then
+        if names(i.job, i.id) then
+          local sl = redis.call('HGET', jk(i.job), 'slots')
+          if sl then table.insert(gangs, {i.job, job_slots(nil, nil, sl)}) end
           if st == 'migrating' then
             local f = redis.call('HMGET', jk(i.job), 'gpu', 'inst', 'mig_gpu', 'mig_inst')
             table.insert(moves, {i.job, f[1], f[2], f[3], f[4]})
@@ -58,6 +60,17 @@ local function free_moves()
     end
   end
 end
+-- A re-queued gang leaves its instances on its other GPUs behind: free them (plain ones are removed).
+local function free_gangs()
+  for _, gang in ipairs(gangs) do
+    for _, e in ipairs(slot_insts(gang[1], gang[2])) do
+      if e.i and e.i.state ~= 'idle' then
+        vacate(e.insts, e.i.id, gang[1], false)
+        save_gpu(e.key, e.insts, true)
+      end
+    end
+  end
+end
 if op == 'register' then
   local reg_id = ARGV[5] or ''
   if reg_id ~= '' and redis.call('HGET', nkey, 'reg_id') == reg_id then
@@ -75,14 +88,16 @@ if op == 'register' then
       redis.call('HSET', key, 'node', node, 'index', g.index, 'model', g.model, 'pos', pos, 'ver', 0, 'rev', 0,
         'uuid', g.uuid or '')
       for _, r in ipairs(reported) do r.state = 'idle'; r.job = nil end
-      redis.call('HSET', key, 'mig', g.mig and 1 or 0, 'healthy', g.healthy and 1 or 0)
+      redis.call('HSET', key, 'mig', g.mig and 1 or 0, 'healthy', g.healthy and 1 or 0, 'replicas', g.replicas or 0)
       save_gpu(key, reported, 'claim')
     else
-      local byid = {}
+      local byid, running = {}, {}
       for _, r in ipairs(reported) do byid[r.id] = r; reported_ids[r.id] = true end
+      for _, j in ipairs(g.jobs or {}) do running[j] = true end
       local insts = decode_insts(redis.call('HGET', key, 'inst'))
       local kept = evict(insts, function(i)
         if byid[i.id] then byid[i.id] = nil; return true end
+        if is_plain(i) and i.job and running[i.job] then return true end
         if i.state == 'reserved' or i.state == 'target' then return true end
         if i.state ~= 'idle' then table.insert(drift, g.id .. ': ' .. i.id .. ' (' .. i.state .. ') not reported') end
         return false
@@ -97,11 +112,12 @@ if op == 'register' then
         end
       end
       redis.call('HSET', key, 'mig', g.mig and 1 or 0, 'healthy', g.healthy and 1 or 0, 'model', g.model,
-        'uuid', g.uuid or '')
+        'uuid', g.uuid or '', 'replicas', g.replicas or 0)
       save_gpu(key, kept, 'claim')
     end
   end
   free_moves()
+  free_gangs()
   redis.call('SADD', NODES, node)
   redis.call('HSET', nkey, 'state', 'up', 'last_seen', now, 'registered_at', now, 'gpus', cjson.encode(ids),
     'reg_id', reg_id)
@@ -118,5 +134,6 @@ for _, id in ipairs(ids) do
   save_gpu(key, {}, 'claim')
 end
 free_moves()
+free_gangs()
 redis.call('HSET', nkey, 'state', 'lost', 'lost_at', now)
 return cjson.encode({requeued = requeued, drift = drift, gpus = ids})

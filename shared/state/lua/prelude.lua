@@ -61,11 +61,50 @@ local function prio_score(prio, at) return (1000 - prio) * 1e10 + at end
 local function requeue(job, from, reason, now)
   local f = redis.call('HMGET', jk(job), 'prio', 'at')
   redis.call('HINCRBY', jk(job), 'attempts', 1)
-  redis.call('HDEL', jk(job), 'gpu', 'inst', 'node', 'mig_gpu', 'mig_inst')
+  redis.call('HDEL', jk(job), 'gpu', 'inst', 'node', 'mig_gpu', 'mig_inst', 'slots')
   redis.call('ZADD', PENDING, prio_score(tonumber(f[1] or '0'), tonumber(f[2] or '0')), job)
   set_state(job, from, 'pending', reason, now)
 end
 local function idle(i)
   i.state = 'idle'; i.job = nil; i.prio = nil; i.ls = nil; i.mig = nil; i.tenant = nil; i.started = nil
   i.created = nil; i.pre = nil
+end
+-- Non-MIG GPUs hold plain instances: 'gpu' (the whole GPU, its busy mask full) or 'shared' (one time-slice
+-- replica, start = replica index, size 0). They are never idle: a job leaving one removes it.
+local function is_plain(i) return i.profile == 'gpu' or i.profile == 'shared' end
+-- A job's slots {{gpu, inst}, ...}: a gang lists them all in its 'slots' field, a single-slot job only has
+-- 'gpu'/'inst'.
+local function job_slots(gpu, inst, raw)
+  if raw and raw ~= '' and raw ~= '[]' and raw ~= '{}' then return cjson.decode(raw) end
+  if gpu and inst and gpu ~= '' then return {{gpu, inst}} end
+  return {}
+end
+-- Every slot of a job read once: {key, insts, i} with i nil when the GPU no longer holds the job there. The
+-- caller changes the tables and saves them, so a transition checks every slot before it writes any.
+local function slot_insts(job, slots)
+  local out = {}
+  for _, s in ipairs(slots) do
+    local key = gk(s[1])
+    local insts = decode_insts(redis.call('HGET', key, 'inst'))
+    local _, i = find(insts, s[2])
+    if i and i.job ~= job then i = nil end
+    table.insert(out, {key = key, insts = insts, i = i})
+  end
+  return out
+end
+-- The job leaves instance id: a MIG instance idles (kept for reuse; removed instead when 'drop_created' and
+-- its own reservation created it), a plain one is removed. Returns the instance (nil if it was not the job's).
+local function vacate(insts, id, job, drop_created)
+  local n, i = find(insts, id)
+  if not i or i.job ~= job then return nil end
+  if is_plain(i) or (drop_created and i.created) then table.remove(insts, n) else idle(i) end
+  return i
+end
+-- Whether the job's record names instance iid: one of its slots or its migration target (instance ids carry
+-- their GPU id, so the id alone is unique).
+local function names(job, iid)
+  local f = redis.call('HMGET', jk(job), 'inst', 'mig_inst', 'slots')
+  if f[1] == iid or f[2] == iid then return true end
+  for _, s in ipairs(job_slots(nil, nil, f[3])) do if s[2] == iid then return true end end
+  return false
 end

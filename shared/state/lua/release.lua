@@ -1,27 +1,30 @@
--- release: a job left its instance. Idempotent: the first call frees the slices, later ones are no-ops.
--- KEYS[2] job hash. ARGV: job_id, exit_kind, new_state, reason, now, instance_id ('' = any)
+-- release: a job left its instances (every slot of a gang). Idempotent: the first call frees them, later ones
+-- are no-ops. KEYS[2] job hash. ARGV: job_id, exit_kind, new_state, reason, now, instance_id ('' = any)
 local job, jkey = ARGV[1], KEYS[2]
 local now = tonumber(ARGV[5])
-local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'node')
+local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'node', 'slots')
 local st = f[1]
 if st ~= 'placing' and st ~= 'running' and st ~= 'migrating' then
   -- already released: still hand back the GPU as it is now when the exit names the job's last instance, so a
   -- consumer acting after the release (retention) needs no second read
   if f[2] and ARGV[6] ~= '' and ARGV[6] == f[3] then
     local gm = redis.call('HMGET', gk(f[2]), 'inst', 'model', 'index', 'ver')
-    if gm[2] then return {'noop', st or '', f[2], f[6] or '', '', gm[1], tonumber(gm[4]), gm[2], gm[3]} end
+    if gm[2] then
+      return {'noop', st or '', f[2], f[6] or '', '', gm[1], tonumber(gm[4]), gm[2], gm[3], f[7] or ''}
+    end
   end
   return {'noop', st or '', '', '', '', ''}
 end
 if ARGV[6] ~= '' and ARGV[6] ~= f[3] and ARGV[6] ~= f[5] then
   return {'stale', st, f[2], f[6] or '', '', ''}
 end
-local profile = ''
-local gkey = gk(f[2])
-local insts = decode_insts(redis.call('HGET', gkey, 'inst'))
-local _, i = find(insts, f[3])
-if i and i.job == job then profile = i.profile; idle(i) end
-local ver = save_gpu(gkey, insts, true)
+local profile, ver = '', 0
+for n, e in ipairs(slot_insts(job, job_slots(f[2], f[3], f[7]))) do
+  local i = e.i and vacate(e.insts, e.i.id, job, false)
+  if n == 1 and i then profile = i.profile end
+  local v = save_gpu(e.key, e.insts, true)
+  if n == 1 then ver = v end
+end
 if st == 'migrating' and f[4] then
   local mkey = gk(f[4])
   local minsts = decode_insts(redis.call('HGET', mkey, 'inst'))
@@ -35,5 +38,5 @@ if ARGV[3] == 'pending' then
 else
   set_state(job, st, ARGV[3], ARGV[4], now)
 end
-local gm = redis.call('HMGET', gkey, 'inst', 'model', 'index')
-return {'ok', ARGV[3], f[2], f[6] or '', profile, gm[1], ver, gm[2] or '', gm[3] or '0'}
+local gm = redis.call('HMGET', gk(f[2]), 'inst', 'model', 'index')
+return {'ok', ARGV[3], f[2], f[6] or '', profile, gm[1], ver, gm[2] or '', gm[3] or '0', f[7] or ''}

@@ -1,74 +1,124 @@
--- reserve: KEYS[2] gpu hash, KEYS[3] job hash.
+-- reserve: KEYS[2] first slot's gpu hash, KEYS[3] job hash.
 -- ARGV: reservation JSON (shared.state.model.Reservation without its spec), now, spec (the JobSubmit JSON)
+-- All or nothing: every slot (the reservation's own fields, then 'extra' for a gang) is checked against its
+-- GPU's version and contents, and every victim against the job store, on in-memory copies; only then is
+-- anything written.
 local r = cjson.decode(ARGV[1])
-local job, gkey, jkey = r.job_id, KEYS[2], KEYS[3]
+local job, jkey = r.job_id, KEYS[3]
 local now = tonumber(ARGV[2])
 local st = redis.call('HGET', jkey, 'state')
 if st and st ~= 'pending' then return {'known', 0, st} end
-local g = redis.call('HMGET', gkey, 'ver', 'healthy', 'node')
-if not g[1] then return {'nogpu', 0, ''} end
-if tonumber(g[1]) ~= r.expected_ver then return {'conflict', tonumber(g[1]), 'version ' .. g[1]} end
-if g[2] ~= '1' then return {'unhealthy', tonumber(g[1]), ''} end
-local insts = decode_insts(redis.call('HGET', gkey, 'inst'))
--- preemption in the same transition: every victim must still run on this GPU, on the instance the decision
--- saw; checked for all before anything is written, then each instance idles and its job is re-queued with its
--- reason and its original submit time (it keeps its age in the queue)
+local slots = {{gpu_id = r.gpu_id, expected_ver = r.expected_ver, instance = r.instance, action = r.action,
+  destroy = r.destroy or {}, max_count = r.max_count}}
+for _, s in ipairs(r.extra or {}) do table.insert(slots, s) end
+-- the GPUs touched, read once: id -> {key, insts, ver, claim}; a slot's GPU is claimed (its version moves)
+local gpus, order = {}, {}
+local function load(id)
+  local g = gpus[id]
+  if not g then
+    local key = gk(id)
+    local h = redis.call('HMGET', key, 'ver', 'healthy', 'node', 'mig', 'replicas')
+    if not h[1] then return nil end
+    g = {key = key, ver = tonumber(h[1]), healthy = h[2] == '1', node = h[3], mig = h[4] ~= '0',
+      replicas = tonumber(h[5] or '0'), insts = decode_insts(redis.call('HGET', key, 'inst'))}
+    gpus[id] = g
+    table.insert(order, id)
+  end
+  return g
+end
+local first
+for _, s in ipairs(slots) do
+  local g = load(s.gpu_id)
+  if not g then return {'nogpu', 0, s.gpu_id} end
+  first = first or g
+  if g.ver ~= s.expected_ver then return {'conflict', first.ver, s.gpu_id .. ' version ' .. g.ver} end
+  if not g.healthy then return {'unhealthy', first.ver, s.gpu_id} end
+  if g.node ~= first.node then return {'node', first.ver, s.gpu_id .. ' is on another node'} end
+  g.claim = true
+end
+-- preemption in the same transition: every victim must still run on the instance the decision saw; all its
+-- instances are vacated (in memory), then its job is re-queued with its reason and original submit time
 local victims = r.victims or {}
-local gpu_id = string.sub(gkey, string.len(P) + 6)
 for _, v in ipairs(victims) do
-  local vf = redis.call('HMGET', jk(v.job_id), 'state', 'gpu', 'inst')
-  if vf[1] ~= 'running' or vf[2] ~= gpu_id or vf[3] ~= v.instance_id then
-    return {'victim', tonumber(g[1]), v.job_id .. ' is ' .. (vf[1] or 'unknown') .. ' on ' .. (vf[2] or '-')}
+  local vf = redis.call('HMGET', jk(v.job_id), 'state', 'gpu', 'inst', 'slots')
+  if vf[1] ~= 'running' or not names(v.job_id, v.instance_id) then
+    return {'victim', first.ver, v.job_id .. ' is ' .. (vf[1] or 'unknown') .. ' on ' .. (vf[2] or '-')}
   end
-  local _, vi = find(insts, v.instance_id)
-  if not vi or vi.job ~= v.job_id or vi.pre == false then return {'victim', tonumber(g[1]), v.instance_id} end
+  for _, s in ipairs(job_slots(vf[2], vf[3], vf[4])) do
+    local g = load(s[1])
+    local _, vi = find(g and g.insts or {}, s[2])
+    if not vi or vi.job ~= v.job_id or vi.pre == false then return {'victim', first.ver, s[2]} end
+    vacate(g.insts, s[2], v.job_id, false)
+  end
 end
-for _, v in ipairs(victims) do
-  local _, vi = find(insts, v.instance_id)
-  idle(vi)  -- in memory only: written below, once every check has passed
-end
-local new = r.instance
-if r.action == 'reuse' then
-  local _, i = find(insts, new.id)
-  if not i then return {'gone', tonumber(g[1]), new.id} end
-  if i.state ~= 'idle' then return {'busy', tonumber(g[1]), new.id} end
-  i.state = 'reserved'; i.job = job; i.prio = new.prio; i.ls = new.ls; i.mig = new.mig; i.tenant = new.tenant
-  i.pre = new.pre; i.created = nil
-else
-  for _, id in ipairs(r.destroy) do
-    local n, i = find(insts, id)
-    if i then
-      if i.state ~= 'idle' then return {'busy', tonumber(g[1]), id} end
-      table.remove(insts, n)
+local new_ids = {}
+for _, s in ipairs(slots) do
+  local g, new = gpus[s.gpu_id], s.instance
+  local ver = first.ver
+  if is_plain(new) then
+    if g.mig then return {'mode', ver, s.gpu_id .. ' is in MIG mode'} end
+    local shares = 0
+    for _, i in ipairs(g.insts) do
+      if new.profile == 'gpu' or i.profile == 'gpu' then return {'busy', ver, i.id} end
+      if i.start == new.start then return {'overlap', ver, i.id} end
+      shares = shares + 1
     end
+    if new.profile == 'shared' and (new.start >= g.replicas or shares >= g.replicas) then
+      return {'count', ver, s.gpu_id .. ' has ' .. g.replicas .. ' replicas'}
+    end
+    new.state = 'reserved'; new.job = job; new.created = true
+    table.insert(g.insts, new)
+  elseif not g.mig then
+    return {'mode', ver, s.gpu_id .. ' is not in MIG mode'}
+  elseif s.action == 'reuse' then
+    local _, i = find(g.insts, new.id)
+    if not i then return {'gone', ver, new.id} end
+    if i.state ~= 'idle' then return {'busy', ver, new.id} end
+    i.state = 'reserved'; i.job = job; i.prio = new.prio; i.ls = new.ls; i.mig = new.mig; i.tenant = new.tenant
+    i.pre = new.pre; i.created = nil
+  else
+    for _, id in ipairs(s.destroy or {}) do
+      local n, i = find(g.insts, id)
+      if i then
+        if i.state ~= 'idle' then return {'busy', ver, id} end
+        table.remove(g.insts, n)
+      end
+    end
+    local m = imask(new)
+    local same = 0
+    for _, i in ipairs(g.insts) do
+      if bit.band(imask(i), m) ~= 0 then return {'overlap', ver, i.id} end
+      if i.profile == new.profile then same = same + 1 end
+    end
+    if same >= s.max_count then return {'count', ver, new.profile} end
+    new.state = 'reserved'; new.job = job; new.created = true
+    table.insert(g.insts, new)
   end
-  local m = imask(new)
-  local same = 0
-  for _, i in ipairs(insts) do
-    if bit.band(imask(i), m) ~= 0 then return {'overlap', tonumber(g[1]), i.id} end
-    if i.profile == new.profile then same = same + 1 end
-  end
-  if same >= r.max_count then return {'count', tonumber(g[1]), new.profile} end
-  new.state = 'reserved'; new.job = job; new.created = true
-  table.insert(insts, new)
+  table.insert(new_ids, {s.gpu_id, new.id})
 end
 for _, v in ipairs(victims) do
   local vk = jk(v.job_id)
   local f = redis.call('HMGET', vk, 'prio', 'at')
-  redis.call('HDEL', vk, 'gpu', 'inst', 'node', 'mig_gpu', 'mig_inst')
+  redis.call('HDEL', vk, 'gpu', 'inst', 'node', 'mig_gpu', 'mig_inst', 'slots')
   redis.call('HINCRBY', vk, 'preempted', 1)
   redis.call('HINCRBY', vk, 'attempts', 1)  -- its next placement gets new message and command ids
   redis.call('ZADD', PENDING, prio_score(tonumber(f[1] or '0'), tonumber(f[2] or '0')), v.job_id)
   set_state(v.job_id, 'running', 'pending', v.reason, now)
 end
-local ver = save_gpu(gkey, insts, 'claim')
+local ver = 0
+for n, id in ipairs(order) do
+  local g = gpus[id]
+  local v = save_gpu(g.key, g.insts, g.claim and 'claim' or true)
+  if n == 1 then ver = v end
+end
 if st == 'pending' then
   redis.call('ZREM', PENDING, job)
 else
   redis.call('HSET', jkey, 'spec', ARGV[3], 'prio', r.prio, 'at', r.submitted_at, 'attempts', 0, 'tp', r.traceparent or '')
   redis.call('SADD', JOBS, job)
 end
-redis.call('HSET', jkey, 'gpu', string.sub(gkey, string.len(P) + 6), 'inst', new.id, 'node', g[3])
+redis.call('HSET', jkey, 'gpu', r.gpu_id, 'inst', new_ids[1][2], 'node', first.node)
+if #new_ids > 1 then redis.call('HSET', jkey, 'slots', cjson.encode(new_ids)) end
 if r.tenant and r.tenant ~= '' then
   redis.call('HSET', jkey, 'tenant', r.tenant, 'usage', cjson.encode(r.usage or {}))
 end

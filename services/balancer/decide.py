@@ -1,0 +1,339 @@
+"""The balancer's batch decision and commit: ``decide_and_commit`` decides each job of a batch on its shard's
+mirror (``shared.policy.balancer.place``; with tenancy: quota -> place behind the reserve -> preempt), commits
+every reservation of the batch as one Redis pipeline of compare-and-set Lua calls, re-decides the losers and
+returns the ``sched.placed`` messages. No room: the job waits in the shard's priority queue with the policy's
+reasons. ``Candidate`` is one job to decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from opentelemetry import context as otel_context
+from prometheus_client import Counter, Histogram
+
+from services.balancer.mirror import Mirror, reservation_instance
+from services.balancer.preempting import admit_job, placed_view, record_preemptions, wire_priority
+from services.balancer.tenancy import TenantLedger
+from services.common import metrics as m
+from services.common.service import Service
+from shared import telemetry
+from shared.bus import Delivery, Outgoing
+from shared.events import JobInfo, JobSubmit, Placed, wire_gpu
+from shared.policy.admission import Hold, Start
+from shared.policy.balancer import BalancerParams, place
+from shared.policy.charges import slot_usages
+from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
+from shared.settings import BalancerSettings
+from shared.state import Eviction, Reservation, SlotReservation, shard_of
+from shared.state.model import PLAIN_PROFILES
+
+
+@dataclass
+class Candidate:
+    """One job to decide now: fresh from ``jobs.submit`` or taken from the pending queue."""
+
+    submit: JobSubmit
+    spec: bytes
+    ctx: otel_context.Context | None
+    delivery: Delivery | None = None
+    from_queue: bool = False
+    attempt: int = 0
+    prio: int | None = None
+    """The priority resolved from the tenancy's classes (None: the submit's own ``priority``)."""
+
+    @property
+    def priority(self) -> int:
+        return self.submit.priority if self.prio is None else self.prio
+
+    @property
+    def traceparent(self) -> str:
+        """The W3C traceparent of ``ctx``, stored with a queued job: its later placement continues it."""
+        if self.ctx is None:
+            return ""
+        carrier: dict[str, str] = {}
+        telemetry.inject(carrier, self.ctx)
+        return carrier.get("traceparent", "")
+
+
+class Decisions(Service):
+    """The decide/commit half of ``Balancer``, which sets these attributes (and the backfill methods)."""
+
+    settings: BalancerSettings
+    params: BalancerParams
+    mirrors: list[Mirror]
+    lock: asyncio.Lock
+    ledger: TenantLedger
+    placed: int
+    _queue_maybe_nonempty: bool
+    _waiting: dict[str, tuple[JobSubmit, bytes, Any]]
+    _m_decide: Histogram
+    _m_outcome: dict[str, Counter]
+
+    if TYPE_CHECKING:
+
+        def request_backfill_now(self, queue_grew: bool = False) -> None: ...
+
+        async def _reload(self, gpu_ids: set[str]) -> None: ...
+
+    async def decide_and_commit(self, cands: list[Candidate]) -> list[Outgoing]:
+        """Decide each job in order on the mirror, commit the batch in one pipeline, re-decide CAS losers;
+        return the ``sched.placed`` messages to publish. Call under ``self.lock``."""
+        st = self.settings
+        out: list[Outgoing] = []
+        todo = cands
+        for _round in range(st.max_rounds):
+            if not todo:
+                break
+            now = time.time()
+            batch = self.state.batch()
+            decided: list[tuple[Candidate, Any, int, Any]] = []
+            # within a round the mirror only loses room, so a demand that cannot be placed stays so: decide it
+            # once
+            no_room: dict[tuple[int, Any], CannotPlace] = {}
+            # likewise a tenancy hold (the book only grows within a round): per shard, demand, tenant, class
+            held: dict[tuple[Any, ...], Any] = {}
+            for c in todo:
+                sub = c.submit
+                shard = shard_of(sub.job_id, st.shards)
+                mirror = self.mirrors[shard]
+                known = no_room.get((shard, sub.demand))
+                if known is not None:
+                    decided.append(
+                        (
+                            c,
+                            known,
+                            -1
+                            if c.from_queue
+                            else batch.enqueue(
+                                sub.job_id,
+                                c.spec,
+                                sub.priority,
+                                sub.submitted_at,
+                                "cannot place: " + "; ".join(known.reasons)[:1000],
+                                now,
+                                c.traceparent,
+                            ),
+                            None,
+                        )
+                    )
+                    continue
+                klass: Any = None
+                victims: tuple[Any, ...] = ()
+                usage: dict[str, float] = {}
+                t0 = time.perf_counter()
+                if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
+                    hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority)
+                    adm = held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now)
+                    self._m_decide.observe(time.perf_counter() - t0)
+                    if isinstance(adm, str):  # a request error (unknown priority class): never placeable
+                        batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"))
+                        self._m_outcome["rejected"].inc()
+                        continue
+                    klass, c.prio, answer = adm
+                    if isinstance(answer, Hold):  # waits: quota | capacity | reserved capacity
+                        held[hk] = adm
+                        why = f"{answer.reason}: {answer.detail}"[:1000]
+                        hold = CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=(why, *answer.reasons))
+                        idx = batch.enqueue(sub.job_id, c.spec, c.priority, sub.submitted_at, why, now, c.traceparent)
+                        decided.append((c, hold, idx, None))
+                        continue
+                    assert isinstance(answer, Start)
+                    dec: Placement | CannotPlace = answer.placement
+                    victims, usage = answer.victims, answer.usage
+                else:
+                    req = JobRequest(
+                        job_id=sub.job_id,
+                        demand=sub.demand,
+                        tenant=sub.tenant,
+                        priority=sub.priority,
+                        latency_sensitive=sub.latency_sensitive,
+                        migratable=sub.migratable,
+                    )
+                    dec = place(mirror.snapshot(), req, self.params)
+                    self._m_decide.observe(time.perf_counter() - t0)
+                if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
+                    dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)
+                if isinstance(dec, Placement):
+                    slot = dec.slot
+                    # the partitioner plans from this view: preempted jobs' instances show idle in it
+                    gpu_before = placed_view(mirror.get(slot.gpu_id), victims)
+                    victim_jobs = {v.job_id for v in victims}
+                    slot_res: list[SlotReservation] = []
+                    for s in dec.slots:
+                        inst = reservation_instance(
+                            s, sub.job_id, c.priority, sub.tenant, sub.latency_sensitive, sub.migratable
+                        )
+                        if klass is not None:
+                            inst.pre = klass.preemptible
+                        ver = mirror.apply(s, sub.job_id, inst, victim_jobs)
+                        slot_res.append(
+                            SlotReservation(
+                                gpu_id=s.gpu_id,
+                                expected_ver=ver,
+                                instance=inst,
+                                action=s.action,
+                                destroy=s.destroy,
+                                max_count=self._max_count(s),
+                            )
+                        )
+                    first = slot_res[0]
+                    ver = first.expected_ver
+                    r = Reservation(
+                        job_id=sub.job_id,
+                        gpu_id=first.gpu_id,
+                        expected_ver=first.expected_ver,
+                        instance=first.instance,
+                        action=first.action,
+                        destroy=first.destroy,
+                        max_count=first.max_count,
+                        extra=tuple(slot_res[1:]),
+                        spec=c.spec,
+                        prio=c.priority,
+                        submitted_at=sub.submitted_at,
+                        reason=dec.explain()[:500],
+                        traceparent=c.traceparent,
+                        tenant=sub.tenant if self.ledger.active else "",
+                        usage=usage,
+                        victims=tuple(
+                            Eviction(
+                                job_id=v.job_id,
+                                instance_id=v.instance_ids[0],
+                                reason=f"preempted by {sub.job_id}: {v.detail}"[:500],
+                            )
+                            for v in victims
+                        ),
+                    )
+                    booked = False
+                    if self.ledger.active:  # booked now: the next decision of this batch must see it
+                        split = slot_usages(mirror.snapshot(), dec, sub.demand) if len(dec.slots) > 1 else (usage,)
+                        per_gpu = {s.gpu_id: u for s, u in zip(dec.slots, split, strict=True)}
+                        booked = self.ledger.charge(sub.job_id, sub.tenant, per_gpu)
+                        for v in victims:
+                            self.ledger.uncharge(v.job_id)
+                    decided.append((c, dec, batch.reserve(r, now), (gpu_before, ver, victims, booked)))
+                else:
+                    no_room[(shard, sub.demand)] = dec
+                    reason = "; ".join(dec.reasons)[:1000]
+                    idx = (
+                        -1
+                        if c.from_queue
+                        else batch.enqueue(
+                            sub.job_id,
+                            c.spec,
+                            sub.priority,
+                            sub.submitted_at,
+                            f"cannot place: {reason}",
+                            now,
+                            c.traceparent,
+                        )
+                    )
+                    decided.append((c, dec, idx, None))
+            results = await batch.run() if len(batch) else []
+            retry: list[Candidate] = []
+            reload: set[str] = set()
+            for c, dec, idx, extra in decided:
+                if isinstance(dec, CannotPlace):
+                    self._queue_maybe_nonempty = True
+                    self._m_outcome["pending"].inc()
+                    if len(self._waiting) < 100_000:
+                        self._waiting[c.submit.job_id] = (c.submit, c.spec, c.ctx)
+                    if c.delivery is not None:
+                        c.delivery.span.set_attribute("migsched.decision", dec.explain()[:1000])
+                    continue
+                res = results[idx]
+                gpu_before, ver, victims, booked = extra
+                self._waiting.pop(c.submit.job_id, None)
+                if res.ok:
+                    self._m_outcome["placed"].inc()
+                    self.placed += 1
+                    c.attempt = int(res.detail or 0)
+                    if victims:
+                        record_preemptions(self.ledger, self.log, c, victims, now)
+                        self.request_backfill_now(queue_grew=True)  # the victims wait to run again
+                        # a victim's instances on GPUs outside this placement (a gang) were freed too
+                        reload.update(g for v in victims for g in v.gpu_ids if g not in placed_on(dec))
+                    placed = self._placed(c, dec, gpu_before, ver, now)
+                    if victims:
+                        placed = msgspec.structs.replace(placed, preempted=tuple(v.job_id for v in victims))
+                    out.append(Outgoing(self.subjects.sched_placed, placed, c.ctx))
+                    if c.delivery is not None:
+                        sp = c.delivery.span
+                        sp.set_attribute("migsched.decision", dec.explain()[:1000])
+                        sp.set_attribute("migsched.gpu", dec.slot.gpu_id)
+                        sp.set_attribute("migsched.frag_after", dec.frag_after)
+                    continue
+                reload.update(placed_on(dec))  # also re-derives the quota charges of those GPUs' jobs
+                if booked:
+                    self.ledger.uncharge(c.submit.job_id)
+                if res.status == "known":
+                    self._m_outcome["duplicate"].inc()  # a replayed submit: nothing to do
+                    continue
+                m.CONFLICTS.labels(self.name).inc()
+                self._m_outcome["conflict"].inc()
+                self.log.debug("reservation of %s lost: %s %s", c.submit.job_id, res.status, res.detail)
+                retry.append(c)
+            await self._reload(reload)
+            todo = retry
+        if todo:  # still losing races after max_rounds: wait in the queue, the next backfill tries again
+            b = self.state.batch()
+            for c in todo:
+                b.enqueue(
+                    c.submit.job_id,
+                    c.spec,
+                    c.priority,
+                    c.submit.submitted_at,
+                    f"lost {st.max_rounds} compare-and-set races",
+                    time.time(),
+                    c.traceparent,
+                )
+            await b.run()
+            self.request_backfill_now(queue_grew=True)
+        return out
+
+    def _max_count(self, slot: Slot) -> int:
+        if slot.profile in PLAIN_PROFILES:
+            return 1  # unused: a whole GPU is exclusive, shares are bounded by the GPU's replicas
+        return self.geometry.model(slot.model).profile(slot.profile).max_count
+
+    def _placed(self, c: Candidate, dec: Placement, gpu_before: Any, ver: int, now: float) -> Placed:
+        sub = c.submit
+        return Placed(
+            id=f"placed:{sub.job_id}:{c.attempt}",
+            job_id=sub.job_id,
+            placement=dec,
+            gpu=wire_gpu(gpu_before),
+            gpu_version=ver,
+            attempt=c.attempt,
+            decided_at=now,
+            job=JobInfo(
+                tenant=sub.tenant,
+                priority=wire_priority(c.priority),
+                latency_sensitive=sub.latency_sensitive,
+                migratable=sub.migratable,
+                duration_hint_s=sub.duration_hint_s,
+                workload=sub.workload,
+                submitted_at=sub.submitted_at,
+            ),
+        )
+
+
+def placed_on(dec: Placement) -> list[str]:
+    return [s.gpu_id for s in dec.slots]
+
+
+def mig_gang_refused(dec: Placement) -> CannotPlace:
+    """``gpus: n > 1`` that only fits on n entirely free MIG GPUs: CUDA enumerates one MIG device per process,
+    so a gang bound to n MIG instances would see one GPU. It waits for n plain (non-MIG) GPUs on one node."""
+    return CannotPlace(
+        job_id=dec.job_id,
+        policy=dec.policy,
+        reasons=(
+            f"{len(dec.slots)} whole GPUs fit only as MIG instances ({dec.slot.profile} on node {dec.slot.node}); "
+            "a process sees one MIG device, so a gang waits for non-MIG GPUs",
+        ),
+    )

@@ -1,0 +1,56 @@
+"""``cmd.<node>`` messages: the partitioner's idempotent orders to one executor (``Command``, ``PlainSlot``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from shared.events.envelope import Message
+from shared.events.fields import CommandKind, GpuId, InstanceId, JobId, MsgId, NodeName, Seconds, Timestamp
+from shared.events.jobs import Workload
+from shared.policy.partition import MigOp
+
+
+class PlainSlot(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``place`` command's binding to a non-MIG GPU: the whole GPU (``gpu``) or one time-slice replica of it
+    (``shared``). No MIG operation happens: the workload is started with the GPU's UUID."""
+
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, le=1023)]
+    instance_id: InstanceId
+    profile: Literal["gpu", "shared"] = "gpu"
+    replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] = 0
+
+
+class Command(Message, frozen=True, kw_only=True):
+    """``cmd.<node>``: one idempotent order for one executor. ``id`` == ``cmd_id``; replaying a command
+    whose ops are done must be harmless (each op names its target instance).
+
+    kinds: ``place`` (stop ``stop_jobs`` first, preempted: no exit is reported for them; then apply ``ops`` in
+    order, then start ``workload`` for ``job_id`` on ``instance_id``);
+    ``stop`` (stop ``job_id``; the executor reports its exit with kind cancelled);
+    A ``place`` with ``plain`` slots has no ops: it starts the workload on those whole GPUs (all of a gang,
+    ``instance_id`` naming the first) or on one time-sliced share.
+    ``migrate_start`` (``ops`` then start ``job_id`` on the target ``instance_id`` while it still runs on
+    ``src_instance_id``); ``migrate_stop`` (stop ``job_id``'s workload on ``src_instance_id`` only, without a
+    job exit); ``destroy_idle`` (apply ``ops``: destroy an idle instance); ``resync`` (stop ``stop_jobs``,
+    then register again).
+    """
+
+    cmd_id: MsgId
+    kind: CommandKind
+    node: NodeName
+    gpu_id: GpuId | None = None
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    ops: tuple[MigOp, ...] = ()
+    instance_id: InstanceId | None = None
+    src_instance_id: InstanceId | None = None
+    job_id: JobId | None = None
+    workload: Workload = Workload()
+    duration_s: Seconds | None = None
+    stop_jobs: tuple[JobId, ...] = ()
+    at: Timestamp
+    submitted_at: Timestamp = 0.0
+    """The job's submit time, carried for submit -> command latency measurement."""
+    plain: Annotated[tuple[PlainSlot, ...], msgspec.Meta(max_length=64)] = ()
+    """``place`` on non-MIG GPUs: every GPU (or the one share) the workload is bound to."""

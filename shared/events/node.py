@@ -1,0 +1,107 @@
+"""``node.<node>.*`` messages, what an executor says about its node: the reports (``NodeReport``: registered,
+command done or failed, job started or exited, drift) and the heartbeat."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from shared.events.envelope import Message
+from shared.events.fields import (
+    CommandKind,
+    ExitKind,
+    InstanceId,
+    JobId,
+    MsgId,
+    NodeName,
+    ProfileName,
+    Reason,
+    Size,
+    Slice,
+    Timestamp,
+)
+
+
+class InstanceReport(msgspec.Struct, frozen=True, kw_only=True):
+    """A MIG instance an executor found or created (``InstanceInfo`` of ``services.executor.backend``)."""
+
+    instance_id: InstanceId | None = None
+    """migsched's id when the executor knows it (created by a command); None for one found on the GPU."""
+    gi_id: Annotated[int, msgspec.Meta(ge=0, le=1023)] = 0
+    ci_id: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    profile: ProfileName
+    profile_id: Annotated[int, msgspec.Meta(ge=0, le=255)] = 0
+    start: Slice
+    size: Size
+    uuid: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    job_id: JobId | None = None
+
+
+class GpuReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU of a registering node (``GpuInfo`` of ``services.executor.backend`` plus its instances)."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, le=1023)]
+    uuid: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    model: ProfileName
+    mig_enabled: bool = True
+    healthy: bool = True
+    instances: Annotated[tuple[InstanceReport, ...], msgspec.Meta(max_length=8)] = ()
+    replicas: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
+    """A GPU not in MIG mode: time-sliced into this many shares (0: whole-GPU jobs only). Ignored in MIG mode."""
+    jobs: Annotated[tuple[JobId, ...], msgspec.Meta(max_length=1024)] = ()
+    """A GPU not in MIG mode: the jobs running on it (whole or shared), so a re-registration keeps them."""
+
+
+class _Report(Message, frozen=True, kw_only=True, tag_field="kind"):
+    node: NodeName
+    at: Timestamp
+
+
+class Registered(_Report, frozen=True, kw_only=True, tag="registered"):
+    gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(min_length=1, max_length=64)]
+    backend: Annotated[str, msgspec.Meta(max_length=32)] = "sim"
+
+
+class CmdDone(_Report, frozen=True, kw_only=True, tag="cmd_done"):
+    cmd_id: MsgId
+    command: CommandKind
+    job_id: JobId | None = None
+    instance: InstanceReport | None = None
+
+
+class CmdFailed(_Report, frozen=True, kw_only=True, tag="cmd_failed"):
+    cmd_id: MsgId
+    command: CommandKind
+    job_id: JobId | None = None
+    error: Reason
+    code: int | None = None
+
+
+class JobStarted(_Report, frozen=True, kw_only=True, tag="job_started"):
+    job_id: JobId
+    instance_id: InstanceId
+
+
+class JobExited(_Report, frozen=True, kw_only=True, tag="job_exit"):
+    job_id: JobId
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    instance_id: InstanceId | None = None
+    status: Annotated[int, msgspec.Meta(ge=-255, le=255)] = 0
+    exit: ExitKind = "completed"
+    reason: Reason = ""
+
+
+class Drift(_Report, frozen=True, kw_only=True, tag="drift"):
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    details: Annotated[tuple[Reason, ...], msgspec.Meta(max_length=64)] = ()
+
+
+NodeReport = Registered | CmdDone | CmdFailed | JobStarted | JobExited | Drift
+
+
+class Heartbeat(Message, frozen=True, kw_only=True):
+    node: NodeName
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    at: Timestamp
+    running: Annotated[tuple[JobId, ...], msgspec.Meta(max_length=4096)] = ()

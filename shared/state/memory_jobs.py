@@ -1,0 +1,161 @@
+"""``MemoryState``'s job transitions (mirror ``lua/enqueue.lua``, ``settle.lua``, ``release.lua``,
+``mark_running.lua``, ``fail_placement.lua`` and ``cancel.lua``): a job queued, settled, leaving its
+instances, started, failed to place, cancelled."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+from shared.state.codec import CancelResult
+from shared.state.memory_prelude import _ACTIVE, MemoryPrelude
+from shared.state.memory_slots import idle as _idle
+from shared.state.memory_slots import vacate
+from shared.state.model import EXIT_TO_STATE, JobRecord, ReleaseResult, StoredGpu, prio_score
+
+
+class JobTransitions(MemoryPrelude):
+    """The job transitions of ``MemoryState`` (``_t_<name>`` is what ``batch().<name>`` queues)."""
+
+    def _t_enqueue(
+        self, job: str, spec: bytes, prio: int, at: float, reason: str, now: float, traceparent: str = ""
+    ) -> str:
+        sh = self._js(job)
+        j = sh.jobs.get(job)
+        if j is not None:
+            if j.state == "pending":
+                j.reason = reason
+            return j.state
+        sh.jobs[job] = JobRecord(job_id=job, state="", spec=spec, prio=prio, at=at, traceparent=traceparent)
+        sh.pending[job] = prio_score(prio, at)
+        self._state(sh, job, "", "pending", reason, now)
+        return "queued"
+
+    def _t_settle(self, job: str, to: str, reason: str, now: float, from_states: Iterable[str]) -> str:
+        sh = self._js(job)
+        j = sh.jobs.get(job)
+        st = j.state if j else "-"
+        if st not in tuple(from_states):
+            return "noop"
+        sh.pending.pop(job, None)
+        if j is None:
+            sh.jobs[job] = JobRecord(job_id=job, state="")
+        self._state(sh, job, "" if st == "-" else st, to, reason, now)
+        return "ok"
+
+    def _t_release(
+        self, job: str, kind: str, reason: str, now: float, instance_id: str = ""
+    ) -> ReleaseResult:
+        sh = self._js(job)
+        j = sh.jobs.get(job)
+        if j is None or j.state not in _ACTIVE:
+            if j is not None and j.gpu and instance_id and instance_id == j.inst:
+                _, g0 = self._gpu(j.gpu)
+                if g0 is not None:
+                    return ReleaseResult(
+                        status="noop",
+                        job_id=job,
+                        state=j.state,
+                        gpu_id=j.gpu,
+                        node=j.node,
+                        gpu=copy.deepcopy(g0),
+                    )
+            return ReleaseResult(status="noop", job_id=job, state=j.state if j else "")
+        if instance_id and instance_id not in (j.inst, j.mig_inst):
+            return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
+        prev, gpu_id, node, slots = j.state, j.gpu, j.node, j.slots
+        profile = ""
+        first: StoredGpu | None = None
+        for n, (gid, iid) in enumerate(j.held()):
+            _, g = self._gpu(gid)
+            if g is None:
+                continue
+            left = vacate(g.instances, iid, job, False)
+            if n == 0:
+                first, profile = g, left.profile if left else ""
+            self._save(sh, g)
+        if prev == "migrating" and j.mig_gpu:
+            _, mg = self._gpu(j.mig_gpu)
+            if mg is not None:
+                for i in mg.instances:
+                    if i.id == j.mig_inst and i.job == job:
+                        _idle(i)
+                self._save(sh, mg)
+        j.mig_gpu = j.mig_inst = ""
+        to = EXIT_TO_STATE[kind]
+        if to == "pending":
+            self._requeue(sh, job, prev, reason, now)
+        else:
+            self._state(sh, job, prev, to, reason, now)
+        return ReleaseResult(
+            status="ok",
+            job_id=job,
+            state=to,
+            gpu_id=gpu_id,
+            node=node,
+            instance_id=instance_id,
+            profile=profile,
+            gpu=copy.deepcopy(first),
+            slots=slots,
+        )
+
+    def _t_mark_running(self, job: str, instance_id: str, now: float, cmd_id: str = "") -> str:
+        sh = self._js(job)
+        if cmd_id:
+            sh.cmds.pop(cmd_id, None)
+        j = sh.jobs.get(job)
+        if j is None or j.state != "placing":
+            return "noop"
+        if instance_id and instance_id != j.inst:
+            return "stale"
+        held = []
+        for gid, iid in j.held():
+            _, g = self._gpu(gid)
+            i = next((x for x in g.instances if x.id == iid), None) if g else None
+            if g is None or i is None or i.job != job:
+                return "gone"
+            held.append((g, i))
+        for g, i in held:
+            i.state, i.started, i.created = "busy", now, False
+            self._save(sh, g, bump=False)
+        self._state(sh, job, "placing", "running", "executor started the workload", now)
+        return "ok"
+
+    def _t_fail_placement(
+        self, job: str, reason: str, now: float, max_attempts: int, cmd_id: str = ""
+    ) -> tuple[str, str, str]:
+        sh = self._js(job)
+        if cmd_id:
+            sh.cmds.pop(cmd_id, None)
+        j = sh.jobs.get(job)
+        if j is None or j.state != "placing":
+            return ("noop", j.state if j else "", "")
+        gpu_id = ",".join(gid for gid, _ in j.held())  # a gang frees several GPUs
+        for gid, iid in j.held():
+            _, g = self._gpu(gid)
+            if g is not None:
+                vacate(g.instances, iid, job, True)
+                self._save(sh, g)
+        if j.attempts + 1 >= max_attempts:
+            j.attempts += 1
+            self._state(sh, job, "placing", "failed", reason, now)
+            return ("ok", "failed", gpu_id)
+        self._requeue(sh, job, "placing", reason, now)
+        return ("ok", "pending", gpu_id)
+
+    def _t_cancel(self, job: str, reason: str, now: float) -> CancelResult:
+        sh = self._js(job)
+        j = sh.jobs.get(job)
+        if j is None:
+            sh.jobs[job] = JobRecord(job_id=job, state="")
+            self._state(sh, job, "", "cancelled", reason, now)
+            return CancelResult(status="cancelled")
+        if j.state == "pending":
+            sh.pending.pop(job, None)
+            self._state(sh, job, "pending", "cancelled", reason, now)
+            return CancelResult(status="cancelled")
+        if j.state in _ACTIVE:
+            j.cancel = True
+            self._hist(sh, job, j.state, j.state, "cancel requested: " + reason, now)
+            return CancelResult(status="stop", node=j.node, gpu_id=j.gpu, instance_id=j.inst)
+        return CancelResult(status="noop", state=j.state)

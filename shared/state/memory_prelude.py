@@ -1,0 +1,73 @@
+"""What every ``MemoryState`` transition builds on (mirrors ``lua/prelude.lua``): the per-shard dictionaries
+(``_Shard``) and ``MemoryPrelude``, the helpers that find a job's or node's shard and a GPU, save a GPU (its
+occupancy bit, revision and compare-and-set version), move a job's state with its history, and re-queue it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.state.model import HistoryEntry, JobRecord, StoredGpu, prio_score, shard_of
+
+_ACTIVE = ("placing", "running", "migrating")
+
+
+class _Shard:
+    def __init__(self) -> None:
+        self.gpus: dict[str, StoredGpu] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.hist: dict[str, list[HistoryEntry]] = {}
+        self.pending: dict[str, float] = {}
+        self.cmds: dict[str, dict[str, Any]] = {}
+        self.placing: dict[str, float] = {}
+        self.nodes: dict[str, dict[str, str]] = {}
+        self.occ = bytearray()
+
+
+class MemoryPrelude:
+    """The shared helpers of ``MemoryState``'s transitions; ``MemoryState`` sets the attributes."""
+
+    namespace: str
+    shards: int
+    _s: list[_Shard]
+
+    def _js(self, job: str) -> _Shard:
+        return self._s[shard_of(job, self.shards)]
+
+    def _ns(self, node: str) -> _Shard:
+        return self._s[shard_of(node, self.shards)]
+
+    # --- helpers mirroring prelude.lua ----------------------------------------------------------------------
+    def _save(self, sh: _Shard, g: StoredGpu, bump: bool | str = True) -> int:
+        if bump:
+            g.rev += 1
+        if bump == "claim":
+            g.ver += 1
+        while len(sh.occ) <= g.pos:
+            sh.occ.append(0)
+        sh.occ[g.pos] = g.busy_mask
+        return g.ver
+
+    def _state(self, sh: _Shard, job: str, prev: str, to: str, reason: str, now: float) -> None:
+        j = sh.jobs[job]
+        j.state, j.reason, j.updated = to, reason, now
+        self._hist(sh, job, prev, to, reason, now)
+        if to == "placing":
+            sh.placing[job] = now
+        elif prev == "placing":
+            sh.placing.pop(job, None)
+
+    def _hist(self, sh: _Shard, job: str, prev: str, to: str, reason: str, now: float) -> None:
+        sh.hist.setdefault(job, []).append(HistoryEntry(at=now, to=to, reason=reason, prev=prev))
+        del sh.hist[job][:-64]
+
+    def _requeue(self, sh: _Shard, job: str, prev: str, reason: str, now: float) -> None:
+        j = sh.jobs[job]
+        j.attempts += 1
+        j.gpu = j.inst = j.node = j.mig_gpu = j.mig_inst = ""
+        j.slots = ()
+        sh.pending[job] = prio_score(j.prio, j.at)
+        self._state(sh, job, prev, "pending", reason, now)
+
+    def _gpu(self, gpu_id: str) -> tuple[_Shard, StoredGpu | None]:
+        sh = self._ns(gpu_id.rsplit("/", 1)[0])
+        return sh, sh.gpus.get(gpu_id)
