@@ -391,6 +391,8 @@ def _balancer(name: str, params: BalancerParams) -> PlacementPolicy:
         decision = place(snap, job, params)
         return msgspec.structs.replace(decision, policy=name)
 
+    # exactly ``place`` with these parameters, so the simulator may answer it with its PlacementIndex
+    policy.balancer_params = params  # type: ignore[attr-defined]
     return policy
 
 

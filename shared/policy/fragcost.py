@@ -126,10 +126,19 @@ def frag_rate(snap: ClusterSnapshot, weights: Mapping[str, float]) -> float:
     """
     if len(snap) == 0:
         return 0.0
-    key = weights_key(weights) or weights_key(UNIFORM_SHAPES)
-    table = _stacked(snap.model_list, key)
     ok = np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool)
-    idx = (np.asarray(snap.model_idx, dtype=np.intp) << 8) | np.asarray(snap.busy)
+    return frag_rate_columns(snap.model_list, snap.model_idx, snap.busy, ok, weights)
+
+
+def frag_rate_columns(
+    model_list: tuple[GpuModel, ...], model_idx: npt.NDArray[np.generic], busy: npt.NDArray[np.generic],
+    ok: npt.NDArray[np.bool_], weights: Mapping[str, float],
+) -> float:
+    """``frag_rate`` from the columns it reads (model index per GPU into ``model_list``, busy mask, usable),
+    for a caller that keeps them itself (the simulator samples it without building a snapshot)."""
+    key = weights_key(weights) or weights_key(UNIFORM_SHAPES)
+    table = _stacked(model_list, key)
+    idx = (np.asarray(model_idx, dtype=np.intp) << 8) | np.asarray(busy)
     unusable, free = table[idx[ok]].sum(axis=0)
     if free <= 0:
         return 0.0

@@ -38,7 +38,6 @@ from shared.policy.migration_search import (
     VirtualGpu,
     move_bounds,
     removal_bound,
-    removal_by_starts,
     shape_target,
 )
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
@@ -106,12 +105,14 @@ class _Plan:
         self._drops: dict[tuple[int, str], npt.NDArray[np.int64]] = {}
         self._by_c: dict[tuple[frozenset[str], ...], npt.NDArray[np.int64]] = {}
         self._asked: set[tuple[frozenset[str], ...]] = set()
+        self._every: npt.NDArray[np.intp] | None = None
 
         # sources() depends only on the snapshot and the moves planned so far: cache it per move count
         # (plan_defrag asks once per Lazy GPU, which made a tick quadratic in the GPU count)
         self._sources: tuple[int, list[SourceJob]] | None = None
         self._cols: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64],
                           npt.NDArray[np.int64]] | None = None
+        self._load_ok: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]] | None = None
 
     def columns(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64],
                                npt.NDArray[np.int64]]:
@@ -119,10 +120,7 @@ class _Plan:
         usable, and the per-GPU bounds of the best removal and best intra move (see ``_bounds``)."""
         if self._cols is None:
             snap = self.snap
-            load_q = np.rint(np.asarray(snap.used, dtype=np.float64) * 1000.0
-                             / np.maximum(np.asarray(snap.compute), 1)).astype(np.int64)
-            usable = np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool)
-            ok = (load_q >= self.t_q) & usable
+            load_q, ok = self.load_ok()
             idx = (np.asarray(snap.model_idx, dtype=np.intp) << 8) | np.asarray(snap.busy)
             removal = np.concatenate([move_bounds(m)[0] for m in snap.model_list] or [np.zeros(0, np.int64)])
             intra = np.concatenate([move_bounds(m)[1] for m in snap.model_list] or [np.zeros(0, np.int64)])
@@ -130,18 +128,27 @@ class _Plan:
             self._removal = removal
         return self._cols
 
+    def load_ok(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """The first two of ``columns()``, alone: a pull needs only them, the bounds are for the tick."""
+        if self._load_ok is None:
+            # columns the snapshot builder keeps (derived once for a hand-built snapshot)
+            load_q = self.snap.load_q
+            self._load_ok = (load_q, (load_q >= self.t_q) & self.snap.ok)
+        return self._load_ok
+
     def removal_bound(self, t: VirtualGpu, hostable: tuple[frozenset[str], ...] | None = None
                       ) -> npt.NDArray[np.int64]:
         """Per GPU (columns): the best FragCost drop among the jobs it really holds that ``t`` can host and
         that are small enough to move to ``t`` without leaving ``t`` more loaded than the source, i.e.
         c <= (U_s C_t - U_t C_s) / (C_s + C_t). A lower bound (it ignores cooldowns and the like)."""
-        u_s = np.asarray(self.snap.used, dtype=np.int64)
-        c_s = np.asarray(self.snap.compute, dtype=np.int64)
-        cmax = np.clip((u_s * t.compute - t.used * c_s) // np.maximum(c_s + t.compute, 1), 0, 8)
+        if self._every is None:
+            self._every = np.arange(len(self.snap))
+        every = self._every
+        cmax = _size_cap(t.used, t.compute)[self.snap.cu_idx]
         hostable = self.hostable(t) if hostable is None else hostable
         by_c = self._by_c.get(hostable)
         if by_c is not None:
-            return by_c[cmax, np.arange(cmax.size)]
+            return by_c[cmax, every]
         if hostable in self._asked:
             # asked again in this plan (a defragmentation tick tries many targets): tabulate per size once
             by_c = np.zeros((9, cmax.size), dtype=np.int64)
@@ -150,27 +157,39 @@ class _Plan:
                     c = m.profile(name).compute_slices
                     by_c[c:] = np.minimum(by_c[c:], self._drops_of(k, m, name))
             self._by_c[hostable] = by_c
-            return by_c[cmax, np.arange(cmax.size)]
+            return by_c[cmax, every]
         self._asked.add(hostable)
-        # first time (the common case after an exit: one target per plan): only the sizes that can move
+        # first time (the common case after an exit: one target per plan): only the sizes that can move.
+        # A GPU that is no usable Busy source of model k gets size cap -1, so that no profile counts there:
+        # the same as masking each drop column (``_drops_of``), in one operation per model.
         bound = np.zeros(cmax.size, dtype=np.int64)
-        top = int(cmax.max()) if cmax.size else 0
-        for k, (m, names) in enumerate(zip(self.snap.model_list, hostable, strict=True)):
+        snap = self.snap
+        single = len(snap.model_list) == 1
+        for k, (m, names) in enumerate(zip(snap.model_list, hostable, strict=True)):
+            if not names:
+                continue
+            ok = self.load_ok()[1] if single else self.load_ok()[1] & (np.asarray(snap.model_idx) == k)
+            cap = np.where(ok, cmax, -1)
+            top = int(cap.max()) if cap.size else -1
+            index = tables_for(m).index
             for name in names:
                 c = m.profile(name).compute_slices
                 if c <= top:
-                    bound = np.minimum(bound, np.where(cmax >= c, self._drops_of(k, m, name), 0))
+                    np.minimum(bound, snap.movable_drops[:, index[name]], out=bound, where=cap >= c)
         return bound
 
     def _drops_of(self, k: int, m: GpuModel, name: str) -> npt.NDArray[np.int64]:
-        """Per GPU: the best FragCost drop among the busy ``name`` instances it holds (0 if none, or not a
-        usable Busy GPU of model ``k``). Independent of the target: computed once per plan and profile."""
+        """Per GPU: the best FragCost drop among the busy ``name`` instances it holds that may move to
+        another GPU (0 if none, or not a usable Busy GPU of model ``k``). Independent of the target: computed
+        once per plan and profile."""
         vals = self._drops.get((k, name))
         if vals is None:
             snap = self.snap
-            _, ok, _, _ = self.columns()
-            busy8 = np.asarray(snap.busy, dtype=np.intp) << 8
-            vals = removal_by_starts(m, name)[busy8 | snap.busy_starts[:, tables_for(m).index[name]]]
+            ok = self.load_ok()[1]
+            # only jobs that may leave their GPU at all (``removal_by_starts`` over ``movable_starts``, kept by
+            # the snapshot builder): a tighter bound than every busy instance, still a lower bound (cooldowns
+            # are not counted), so the best-first search finds the same move sooner
+            vals = snap.movable_drops[:, tables_for(m).index[name]]
             if len(snap.model_list) > 1:
                 ok = ok & (np.asarray(snap.model_idx) == k)
             vals = np.where(ok, vals, 0)
@@ -358,7 +377,7 @@ class _Plan:
     def best_pull(self, t: VirtualGpu) -> tuple[str, InstanceView, Profile, int] | None:
         """The allowed pull into ``t`` with the smallest (source change, -source load, source position,
         start): GPUs are visited best bound first and the search stops once no bound can beat the best."""
-        load_q = self.columns()[0]
+        load_q = self.load_ok()[0]
         touched = self._changed
         hostable = self.hostable(t)
         if not any(hostable):
@@ -403,7 +422,7 @@ class _Plan:
         if g is not None:
             insts, busy, lq, table = g.insts, g.busy_mask, g.load_q(), g.tables.fragcost_q
         else:
-            insts, busy, lq = view.instances, view.busy_mask, int(self.columns()[0][pos])
+            insts, busy, lq = view.instances, view.busy_mask, int(self.load_ok()[0][pos])
             table = tables_for(self.model_at(pos)).fragcost_q
         before = int(table[busy])
         out = []
@@ -459,6 +478,18 @@ class _Plan:
         for g in (src, t):
             self._gpus[g.id] = g
             self.changed(g)
+
+
+@functools.lru_cache(maxsize=4096)
+def _size_cap(t_used: int, t_compute: int) -> npt.NDArray[np.int64]:
+    """Per source ``compute << 4 | used`` (the snapshot's ``cu_idx``): the largest job, in compute slices,
+    that may move to a target with ``t_used`` of ``t_compute`` slices without leaving it more loaded than
+    the source, ``(U_s C_t - U_t C_s) // (C_s + C_t)`` clipped to [0, 8] (``removal_bound``)."""
+    idx = np.arange(256, dtype=np.int64)
+    c_s, u_s = idx >> 4, idx & 0xF
+    cap = np.minimum(np.maximum((u_s * t_compute - t_used * c_s) // np.maximum(c_s + t_compute, 1), 0), 8)
+    cap.setflags(write=False)
+    return cap
 
 
 @functools.lru_cache(maxsize=65536)

@@ -1,9 +1,10 @@
 """The simulated cluster: what GPUs exist (parsed from ``MODEL:COUNT`` or a node file) and the live MIG state.
 
-``SimCluster`` is the only writer of the state. It keeps a ``SnapshotBuilder`` up to date, so a policy
-decision
-reads ``snapshot()`` exactly as the services would, and it applies decisions through ``plan_partition`` so the
-reconfiguration count is the one the partitioner would execute.
+``SimCluster`` is the only writer of the state. It keeps the current ``GpuView`` of every GPU and a
+``SnapshotBuilder`` that it brings up to date when a snapshot is asked for, so a policy decision reads
+``snapshot()`` exactly as the services would; it applies decisions through ``plan_partition`` so the
+reconfiguration count is the one the partitioner would execute; and it drives the ``PlacementIndex`` that
+answers the balancer family's MIG requests (``attach_index``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from shared.errors import MigschedError
 from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.occupancy import span
+from shared.policy.balancer import BalancerParams
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement import Slot
+from shared.policy.placement_index import PlacementIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
 from shared.sim.errors import ClusterSpecError, InvariantError
 
@@ -127,13 +131,22 @@ def gpu_views(spec: ClusterSpec) -> list[GpuView]:
     ]
 
 
+def _build_order(inst: InstanceView) -> tuple[int, str]:
+    return (inst.start, inst.id)
+
+
 class SimCluster:
     """Mutable MIG state of every GPU; all changes go through here so the columns stay consistent."""
 
     def __init__(self, geometry: Geometry, spec: ClusterSpec) -> None:
         self.geometry = geometry
         self.spec = spec
-        self.builder = SnapshotBuilder(geometry)
+        self._builder = SnapshotBuilder(geometry)
+        self.views: dict[str, GpuView] = {}
+        """GPU id -> its current view, in snapshot order. The builder's columns lag behind until a snapshot is
+        asked for (``_dirty``): most events need none (the placement index answers MIG requests)."""
+        self._dirty: dict[str, None] = {}
+        self.index: PlacementIndex | None = None
         self.where: dict[str, str] = {}
         """instance id -> GPU id"""
         self.used = 0
@@ -144,15 +157,36 @@ class SimCluster:
         """GPU id -> model, so the hot path skips the geometry's name normalisation."""
         self.node_gpus: dict[str, list[str]] = {}
         for g in gpu_views(spec):
-            self.builder.put(g)
+            self._builder.put(g)
+            self.views[g.id] = g
             self.node_gpus.setdefault(g.node, []).append(g.id)
             self.models[g.id] = geometry.model(g.model)
             self.capacity += self.models[g.id].compute_slices
         self._snap: ClusterSnapshot | None = None
+        # what the fragmentation rate reads, kept current on every change (mode and health never change here)
+        self.position = {gid: p for p, gid in enumerate(self.views)}
+        first = self._builder.snapshot()
+        self.model_list, self.model_idx, self.usable = first.model_list, first.model_idx, first.ok
+        self.busy = np.array(first.busy, dtype=np.uint8)
         self.last_conflict = ""
         self.changes = 0
 
+    def attach_index(self, params: BalancerParams) -> PlacementIndex:
+        """Keep a ``PlacementIndex`` for the balancer with ``params`` up to date from now on."""
+        self.index = PlacementIndex(self.geometry, list(self.views.values()), params)
+        return self.index
+
     # reading -----------------------------------------------------------------------------------------------
+    @property
+    def builder(self) -> SnapshotBuilder:
+        """The snapshot builder, brought up to date."""
+        if self._dirty:
+            put = self._builder.put
+            for gid in self._dirty:
+                put(self.views[gid])
+            self._dirty.clear()
+        return self._builder
+
     def snapshot(self) -> ClusterSnapshot:
         if self._snap is None:
             # views, not copies: every reader (policy, planner, metrics) is done with it before the next
@@ -161,22 +195,39 @@ class SimCluster:
         return self._snap
 
     def gpu(self, gpu_id: str) -> GpuView:
-        return self.builder.get(gpu_id)
+        return self.views[gpu_id]
 
     def model(self, gpu_id: str) -> GpuModel:
         return self.models[gpu_id]
 
     def instance(self, inst_id: str) -> InstanceView | None:
         gid = self.where.get(inst_id)
-        return None if gid is None else self.builder.get(gid).instance(inst_id)
+        return None if gid is None else self.views[gid].instance(inst_id)
 
     # writing -----------------------------------------------------------------------------------------------
-    def _put(self, gpu: GpuView, instances: Iterable[InstanceView]) -> None:
-        new = gpu.with_instances(instances)
+    def _put(self, gpu: GpuView, instances: Iterable[InstanceView], ordered: bool = False) -> None:
+        """Replace the GPU's instances; ``ordered`` = already in ``GpuView.build``'s order (start, id).
+
+        The view is derived as ``GpuView.build`` derives it, without re-validating its fields: this runs
+        several times per simulated job."""
+        insts = tuple(instances) if ordered else tuple(sorted(instances, key=_build_order))
+        busy = idle = used = 0
+        for i in insts:
+            m = ((1 << i.size) - 1) << i.start
+            if i.job_id is None:
+                idle |= m
+            else:
+                busy |= m
+                used += i.compute
+        new = msgspec.structs.replace(gpu, instances=insts, busy_mask=busy, idle_mask=idle, used_compute=used)
         self.used += new.used_compute - gpu.used_compute
-        self.builder.put(new)
+        self.views[gpu.id] = new
+        self.busy[self.position[gpu.id]] = new.busy_mask
+        self._dirty[gpu.id] = None
         self._snap = None
         self.changes += 1
+        if self.index is not None:
+            self.index.update(new)
 
     def apply_slot(self, slot: Slot, job: InstanceView, nonce: str) -> tuple[str, int]:
         """Make ``slot`` real for the job described by ``job`` (a template carrying its fields); return the
@@ -198,7 +249,6 @@ class SimCluster:
             self.last_conflict = plan.reason
             return None
         destroyed = {op.instance_id for op in plan.ops if op.kind == "destroy_gi"}
-        keep = [i for i in gpu.instances if i.id not in destroyed and i.id != plan.instance_id]
         prof = model.profile(slot.profile)
         inst = msgspec.structs.replace(
             job,
@@ -211,7 +261,12 @@ class SimCluster:
         for iid in destroyed:
             del self.where[iid]
         self.where[inst.id] = gpu.id
-        self._put(gpu, [*keep, inst])
+        if not plan.ops and all(i.start == inst.start for i in gpu.instances if i.id == inst.id):
+            # reuse in place: the instance keeps its id and start, so the order holds
+            self._put(gpu, [inst if i.id == inst.id else i for i in gpu.instances], ordered=True)
+        else:
+            keep = [i for i in gpu.instances if i.id not in destroyed and i.id != plan.instance_id]
+            self._put(gpu, [*keep, inst])
         ops = plan.reconfigurations
         self.reconfigurations += ops
         return inst.id, ops
@@ -233,7 +288,7 @@ class SimCluster:
             else i
             for i in gpu.instances
         ]
-        self._put(gpu, insts)
+        self._put(gpu, insts, ordered=True)
         return self.gpu(gpu.id)
 
     def destroy(self, inst_id: str) -> None:
@@ -242,7 +297,7 @@ class SimCluster:
         if inst is None or inst.busy:
             raise InvariantError(f"cannot destroy {inst_id}: {'busy' if inst else 'missing'}")
         del self.where[inst_id]
-        self._put(gpu, [i for i in gpu.instances if i.id != inst_id])
+        self._put(gpu, [i for i in gpu.instances if i.id != inst_id], ordered=True)
         self.reconfigurations += 1
 
     def add_idle(self, gpu_id: str, profile: str, start: int, inst_id: str) -> None:
@@ -258,13 +313,14 @@ class SimCluster:
     def update(self, inst_id: str, **fields: object) -> None:
         gpu = self.gpu(self.where[inst_id])
         self._put(
-            gpu, [msgspec.structs.replace(i, **fields) if i.id == inst_id else i for i in gpu.instances]
+            gpu, [msgspec.structs.replace(i, **fields) if i.id == inst_id else i for i in gpu.instances],
+            ordered="start" not in fields and "id" not in fields,
         )
 
     # checking ----------------------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise InvariantError if any slice is double-booked or a placement is illegal."""
-        for gpu in self.builder._gpus:
+        for gpu in self.views.values():
             model = self.geometry.model(gpu.model)
             seen = busy = 0
             counts: dict[str, int] = {}

@@ -18,13 +18,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from shared.mig.geometry import Geometry, Profile, default_geometry
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Slot
-from shared.policy.request import resolve_profile
+from shared.mig.geometry import Geometry, default_geometry
+from shared.policy.balancer import BalancerParams
+from shared.policy.placement import Decision, JobRequest, Slot
+from shared.policy.placement_index import PlacementIndex
 from shared.policy.retention import RecentDemand, keep_idle
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
+from shared.sim import backfill, invariants, moves
 from shared.sim import events as ev
-from shared.sim import invariants, moves
 from shared.sim.cluster import ClusterSpec, SimCluster
 from shared.sim.config import SimConfig
 from shared.sim.errors import InvariantError
@@ -33,6 +34,8 @@ from shared.sim.jobs import DONE, FUTURE, QUEUED, REJECTED, RUNNING, STARTING, S
 from shared.sim.metrics import Outcome, Recorder, RunResult
 
 Policy = Callable[[ClusterSnapshot, JobRequest], Decision]
+ARRIVED = ev.Event(0.0, ev.ARRIVAL, 0, -1, 0)
+"""Stands for an arrival event when no hook will read it (building one per arrival is measurable)."""
 
 
 class Spec(Protocol):
@@ -88,8 +91,11 @@ class Simulator:
         self.now = self.jobs[0].arrival if n else 0.0
         self.freed: list[str] = []
         """GPUs in the order room was freed on them; ``version`` = its length (see _schedule's memo)."""
-        self._profiles: dict[tuple[str, str], Profile | None] = {}
+        self._profiles: dict[tuple[str, str], tuple[int, ...]] = {}
+        """(shape, model) -> the slice masks of the profile's placements (none: no such profile)."""
         self.failed: dict[tuple[str, int], int] = {}
+        self._memo_keys = [(j.demand.label(), j.gpus) for j in self.jobs]
+        """Per job, the demand its failures are remembered under (see _schedule)."""
         self.pressure: dict[str, dict[int, float]] = {}
         self.gpu_free_at: dict[str, float] = {}
         self.demand = RecentDemand(self.cfg.retention.window_s)
@@ -112,6 +118,11 @@ class Simulator:
                 consolidate=getattr(spec, "consolidate", False),
             )
         self._initial_layout()
+        self.placer: PlacementIndex | None = None
+        params = getattr(policy, "balancer_params", None)
+        if isinstance(params, BalancerParams):
+            # the balancer's exact choice for MIG requests, kept incrementally (shared.policy.placement_index)
+            self.placer = self.cluster.attach_index(params)
 
     @property
     def version(self) -> int:
@@ -122,7 +133,7 @@ class Simulator:
         self.layouts: dict[str, tuple[tuple[str, int], ...]] = {}
         if not self.spec.initial_layout:
             return
-        gpus = list(self.cluster.builder._gpus)
+        gpus = list(self.cluster.views.values())
         if self.spec.initial_layout == "mix":
             from shared.sim.layouts import mix_layouts
 
@@ -154,16 +165,21 @@ class Simulator:
             ev.TIMEOUT: self._on_timeout,
             ev.DEFRAG: self._on_defrag,
         }
+        arrivals = [j.arrival for j in jobs]
+        heap = q.heap
+        hook, check, progress = self.hook, self.cfg.check_invariants, self.progress
         while True:
-            # arrivals are read from the sorted workload rather than pushed: half the heap traffic
-            if nxt < n and (jobs[nxt].arrival, ev.ARRIVAL) < q.peek_key():
-                t = jobs[nxt].arrival
+            # arrivals are read from the sorted workload rather than pushed: half the heap traffic; an arrival
+            # goes first unless the next event is earlier, or as early and of a kind ordered before arrivals
+            if nxt < n and (not heap or arrivals[nxt] < heap[0].time
+                            or (arrivals[nxt] == heap[0].time and heap[0].kind > ev.ARRIVAL)):
+                t = arrivals[nxt]
                 rec.advance(t)
                 self.now = t
-                event = ev.Event(t, ev.ARRIVAL, 0, nxt, 0)
+                event = ev.Event(t, ev.ARRIVAL, 0, nxt, 0) if hook is not None else ARRIVED
                 self._on_arrival(nxt)
                 nxt += 1
-            elif len(q):
+            elif heap:
                 e = q.pop()
                 if e.kind == ev.DEFRAG and nxt >= n and (self.out.live == 0 or self.cluster.used == 0):
                     continue  # nothing left to defragment: stop ticking so the run can end
@@ -175,12 +191,12 @@ class Simulator:
             else:
                 break
             self.events += 1
-            if self.hook is not None:
-                self.hook(self, event)
-            if self.cfg.check_invariants:
+            if hook is not None:
+                hook(self, event)
+            if check:
                 self.check()
-            if self.progress is not None and self.events % 4096 == 0:
-                self.progress(self.out.ended, n)
+            if progress is not None and self.events % 4096 == 0:
+                progress(self.out.ended, n)
         for i in list(self._queued()):  # nothing left that could free room: the rest starve
             self._reject(i)
         return rec.result(wall_s=time.perf_counter() - wall0)
@@ -247,56 +263,11 @@ class Simulator:
         return [k[2] for k in self.queue]
 
     def _schedule(self) -> None:
-        """One bounded pass over the queue in priority-then-age order; later jobs backfill around ones that do
-        not fit. A demand that failed since the last time room was freed fails again, so it is skipped."""
-        if not self.queue:
-            return
-        placed: list[tuple[int, float, int]] = []
-        for key in self.queue[: self.cfg.backfill_depth]:
-            i = key[2]
-            job = self.jobs[i]
-            memo = (job.demand.label(), job.gpus)
-            seen = self.failed.get(memo)
-            if seen is not None and not self._may_fit_since(job, seen):
-                self.failed[memo] = self.version
-                continue
-            decision = self.policy(self.cluster.snapshot(), job.request())
-            if isinstance(decision, CannotPlace):
-                self.failed[memo] = self.version
-                continue
-            placed.append(key)
-            self._start(i, decision.slots)
-        for key in placed:
-            del self.queue[bisect.bisect_left(self.queue, key)]
+        """One bounded pass over the queue in priority-then-age order (shared/sim/backfill.py)."""
+        backfill.schedule(self)
 
     def _may_fit_since(self, job: SimJob, version: int) -> bool:
-        """Could ``job``, which failed at ``version``, fit now? Only GPUs freed since then have more room, so
-        only they can host it; this is a necessary condition (slices not busy, ignoring idle instances and max
-        counts), so skipping the policy call when it is false never misses a placement."""
-        changed = self.freed[version:]
-        if len(changed) > 64:
-            return True
-        for gid in set(changed):
-            gpu = self.cluster.gpu(gid)
-            if job.demand.kind == "gpus":  # a gang needs n empty GPUs on one node
-                node = self.cluster.node_gpus[gpu.node]
-                if gpu.busy_mask == 0 and sum(self.cluster.gpu(g).busy_mask == 0 for g in node) >= job.gpus:
-                    return True
-                continue
-            if job.demand.kind != "mig":
-                return True
-            model = self.cluster.models[gid]
-            key = (job.shape, model.name)
-            if key not in self._profiles:
-                self._profiles[key] = resolve_profile(job.demand, model)
-            prof = self._profiles[key]
-            if prof is None:
-                continue
-            busy = gpu.busy_mask
-            size = prof.memory_slices
-            if any(not busy & (((1 << size) - 1) << s) for s in prof.placements):
-                return True
-        return False
+        return backfill.may_fit_since(self, job, version)
 
     def _template(self, i: int) -> InstanceView:
         j = self.jobs[i]
@@ -354,7 +325,7 @@ class Simulator:
 
     def _join(self, i: int, iid: str) -> None:
         gid = self.cluster.where[iid]
-        inst = self.cluster.instance(iid)
+        inst = self.cluster.views[gid].instance(iid)
         assert inst is not None
         gpu_compute = self.cluster.model(gid).compute_slices
         self.pressure.setdefault(gid, {})[i] = self.interf.pressure(
@@ -371,16 +342,18 @@ class Simulator:
         """Give every running job on ``gid`` its speed under the current co-runners; move their exits."""
         on = self.pressure[gid]
         total = sum(on.values())
+        speed, epoch, now, work, t_last = self.speed, self.epoch, self.now, self.work, self.t_last
+        interf = self.interf
         for j, own in on.items():
-            s = self.interf.speed(total, own)
-            if j == new or s != self.speed[j]:
+            s = interf.speed(total, own)
+            if j == new or s != speed[j]:
                 if j != new:
-                    self._advance(j)
-                else:
-                    self.t_last[j] = self.now
-                self.speed[j] = s
-                self.epoch[j] += 1
-                self.q.push(self.now + self.work[j] / s, ev.EXIT, j, self.epoch[j])
+                    # _advance, inlined: this runs for every co-runner of every start and exit
+                    work[j] = max(0.0, work[j] - (now - t_last[j]) * speed[j])
+                t_last[j] = now
+                speed[j] = s
+                epoch[j] += 1
+                self.q.push(now + work[j] / s, ev.EXIT, j, epoch[j])
 
     # freeing -----------------------------------------------------------------------------------------------
     def _free(self, iid: str, job: int = -1) -> None:
@@ -395,7 +368,10 @@ class Simulator:
             return
         inst = gpu.instance(iid)
         assert inst is not None
-        same = sum(1 for i in gpu.instances if not i.busy and i.profile == inst.profile and i.id != iid)
+        same = 0
+        for other in gpu.instances:
+            if other.job_id is None and other.profile == inst.profile and other.id != iid:
+                same += 1
         if not keep_idle(inst.profile, self.demand.counts(self.now), same, self.cfg.retention).keep:
             self.cluster.destroy(iid)
             self._ops_ready(gid, 1)

@@ -44,6 +44,11 @@ class EventQueue:
         self._heap: list[Event] = []
         self._seq = 0
 
+    @property
+    def heap(self) -> list[Event]:
+        """The heap itself, for a loop that peeks at its top without a call per event (read only)."""
+        return self._heap
+
     def push(self, time: float, kind: int, job: int = -1, epoch: int = 0) -> None:
         self._seq += 1
         heapq.heappush(self._heap, Event(time, kind, self._seq, job, epoch))

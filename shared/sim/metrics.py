@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
-from shared.policy.fragcost import demand_weights, frag_rate
+from shared.policy.fragcost import demand_weights, frag_rate_columns
 from shared.policy.snapshot import GpuView
 
 if TYPE_CHECKING:
@@ -185,7 +185,8 @@ class Recorder:
         cl = self.sim.cluster
         if self._frag_cache[0] != cl.changes:
             rate = (
-                frag_rate(cl.snapshot(), self.weights) if self.sim.spec.repartitions else self._static_frag()
+                frag_rate_columns(cl.model_list, cl.model_idx, cl.busy, cl.usable, self.weights)
+                if self.sim.spec.repartitions else self._static_frag()
             )
             self._frag_cache = (cl.changes, rate)
         self.t.append(_r(t - self.t0))
@@ -202,7 +203,7 @@ class Recorder:
         instances as reclaimable, which a static cluster cannot do.)"""
         cl = self.sim.cluster
         free = unusable = 0.0
-        for gpu in cl.builder._gpus:
+        for gpu in cl.views.values():
             hit = self._static_cache.get(gpu.id)
             if hit is None or hit[0] is not gpu:
                 hit = (gpu, *self._static_gpu(gpu))
