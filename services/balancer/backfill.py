@@ -96,5 +96,5 @@ class Backfill(Decisions):
                     cands = fair_order(self.ledger, self.mirrors[shard].snapshot(), cands)
                 out = await self.decide_and_commit(cands)
             await self.bus.publish_batch(out)
-        m.QUEUE_DEPTH.labels(self.name).set(depth)
+        m.child(m.QUEUE_DEPTH, self.name).set(depth)
         return self.placed - placed_before

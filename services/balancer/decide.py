@@ -273,7 +273,7 @@ class Decisions(Service):
                 if res.status == "known":
                     self._m_outcome["duplicate"].inc()  # a replayed submit: nothing to do
                     continue
-                m.CONFLICTS.labels(self.name).inc()
+                m.child(m.CONFLICTS, self.name).inc()
                 self._m_outcome["conflict"].inc()
                 self.log.debug("reservation of %s lost: %s %s", c.submit.job_id, res.status, res.detail)
                 retry.append(c)

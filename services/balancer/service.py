@@ -51,9 +51,9 @@ class Balancer(Backfill):
         # decoded specs of the jobs this replica queued, so a backfill pass reads only the queue's ids
         self._waiting: dict[str, tuple[JobSubmit, bytes, Any]] = {}
         # metric children resolved once: labels() per decision costs as much as a small decision
-        self._m_decide = m.DECISION_SECONDS.labels(self.name)
+        self._m_decide = m.child(m.DECISION_SECONDS, self.name)
         self._m_outcome = {
-            o: m.DECISIONS.labels(self.name, o) for o in ("placed", "pending", "duplicate", "conflict", "rejected")
+            o: m.child(m.DECISIONS, self.name, o) for o in ("placed", "pending", "duplicate", "conflict", "rejected")
         }
 
     def consumers(self) -> list[Consumer]:
@@ -96,9 +96,9 @@ class Balancer(Backfill):
             self.mirrors = fresh
             if self.ledger.active:
                 self.ledger.rebuild(mm.snapshot() for mm in fresh)
-        m.QUEUE_DEPTH.labels(self.name).set(await self.state.pending_count())
+        m.child(m.QUEUE_DEPTH, self.name).set(await self.state.pending_count())
         if len(self.mirrors) == 1 and len(self.mirrors[0]):
-            m.FRAG_RATE.labels(self.name).set(frag_rate(self.mirrors[0].snapshot(), UNIFORM_SHAPES))
+            m.child(m.FRAG_RATE, self.name).set(frag_rate(self.mirrors[0].snapshot(), UNIFORM_SHAPES))
         self.request_backfill_now(queue_grew=True)
 
     async def _refresh_if_wanted(self) -> None:
@@ -128,8 +128,8 @@ class Balancer(Backfill):
         # published outside the lock: the reservations are committed, and the next batch can be decided
         # meanwhile
         await self.bus.publish_batch(out)
-        m.BATCH_SECONDS.labels(self.name, "submit").observe(time.perf_counter() - t0)
-        m.BATCH_SIZE.labels(self.name, "submit").observe(len(ds))
+        m.child(m.BATCH_SECONDS, self.name, "submit").observe(time.perf_counter() - t0)
+        m.child(m.BATCH_SIZE, self.name, "submit").observe(len(ds))
 
     # --- jobs.exit, sched.capacity, jobs.cancel -------------------------------------------------------------
     async def on_exit(self, ds: list[Delivery]) -> None:

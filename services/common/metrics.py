@@ -5,6 +5,8 @@ Exposed on ``MIGSCHED_METRICS_PORT`` (balancer 9101, partitioner 9102, migration
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 DECISIONS = Counter("migsched_decisions_total", "Scheduling decisions by outcome", ["service", "outcome"])
@@ -42,6 +44,20 @@ NODES = Gauge("migsched_nodes", "Nodes by state", ["state"])
 TRANSITIONS = Counter(
     "migsched_transitions_total", "State transitions applied", ["service", "transition", "status"]
 )
+
+
+_CHILDREN: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+
+def child(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, kept: ``labels()`` costs ≈ 3 µs a call (it validates and locks), a dict hit
+    ≈ 0.2 µs, and the hot paths call it per message. Label values are from small closed sets (service names,
+    command kinds, outcomes), so the cache stays small."""
+    key = (metric, values)
+    c = _CHILDREN.get(key)
+    if c is None:
+        c = _CHILDREN[key] = metric.labels(*values)
+    return c
 
 
 def serve(port: int) -> None:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from services.common import metrics
@@ -25,21 +26,26 @@ def run(service_cls: Any, settings_cls: Any, **overrides: Any) -> None:
         uvloop.install()
     except ImportError:  # optional speed-up
         pass
+    run_profiled(service_cls.name, lambda: _main(service_cls, settings))
+
+
+def run_profiled(name: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``asyncio.run(main())``; with ``MIGSCHED_PROFILE=<dir>`` under a cProfile of the whole run, written to
+    ``<dir>/<name>-<pid>.prof`` at a graceful stop (where the time goes)."""
     profile = os.environ.get("MIGSCHED_PROFILE", "")
     if not profile:
-        asyncio.run(_main(service_cls, settings))
+        asyncio.run(main())
         return
-    # MIGSCHED_PROFILE=<dir>: a cProfile of the whole run, written at a graceful stop (where the time goes)
     import cProfile
 
     prof = cProfile.Profile(time.process_time)  # CPU time: a shared machine descheduling us is not our cost
     prof.enable()
     try:
-        asyncio.run(_main(service_cls, settings))
+        asyncio.run(main())
     finally:
         prof.disable()
         os.makedirs(profile, exist_ok=True)
-        prof.dump_stats(os.path.join(profile, f"{service_cls.name}-{os.getpid()}.prof"))
+        prof.dump_stats(os.path.join(profile, f"{name}-{os.getpid()}.prof"))
 
 
 async def _main(service_cls: Any, settings: Any) -> None:

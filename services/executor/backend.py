@@ -102,6 +102,8 @@ class WorkloadExit(msgspec.Struct, frozen=True, kw_only=True):
     output_tail: str = ""
     status_known: bool = True
     """False for a job adopted after an executor restart whose exit status nobody could collect."""
+    instance: InstanceInfo | None = None
+    """Where the run that ended ran (the job may already run again elsewhere: a replayed or retried place)."""
 
 
 class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,6 +138,10 @@ class Backend(Protocol):
 
     async def next_exit(self) -> WorkloadExit:
         """Wait for the next workload exit."""
+        ...
+
+    def exits_ready(self, limit: int) -> list[WorkloadExit]:
+        """Up to ``limit`` exits already there, without waiting (the executor batches its exit reports)."""
         ...
 
     def running(self) -> Mapping[str, InstanceInfo]:

@@ -175,7 +175,9 @@ class CommandsMixin:
     async def _ops(self, cmd: Command, created: list[InstanceInfo] | None = None) -> int:
         if not cmd.ops:
             return 0
-        busy = {(i.gpu_index, i.gi_id) for i in self.backend.running().values()}
+        # only a destroy needs the running instances (mapping every running job costs per command)
+        destroys = any(op.kind == "destroy_gi" for op in cmd.ops)
+        busy = {(i.gpu_index, i.gi_id) for i in self.backend.running().values()} if destroys else set()
         return await self.book.apply(self._lane(cmd), cmd.ops, busy, created)
 
     def _runs_on(self, job: str, instance_id: str | None) -> bool:

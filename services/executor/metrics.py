@@ -3,11 +3,13 @@ it)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.common.metrics import child
 from shared.events import CmdFailed, Command
 
 _COMMANDS = Counter(
@@ -34,28 +36,33 @@ _RUNNING = Gauge("migsched_executor_running_jobs", "Workloads running on this no
 
 
 class ExecutorMetrics:
+    """The node's children are kept (``services.common.metrics.child``): ``labels()`` is ≈ 3 µs a call and
+    every command and exit records several."""
+
     def __init__(self, node: str) -> None:
         self.node = node
+        self._latency = _LATENCY.labels(node)
+        self._reconfig = _RECONFIG.labels(node)
+        self._migrations = _MIGRATIONS.labels(node)
+        self._running = _RUNNING.labels(node)
 
     def received(self, cmd: Command) -> None:
         if cmd.kind == "place" and cmd.submitted_at > 0:
-            import time
-
-            _LATENCY.labels(self.node).observe(max(0.0, time.time() - cmd.submitted_at))
+            self._latency.observe(max(0.0, time.time() - cmd.submitted_at))
 
     def applied(self, cmd: Command, reports: Sequence[Any], seconds: float) -> None:
         failed = any(isinstance(r, CmdFailed) for r in reports)
-        _COMMANDS.labels(self.node, cmd.kind, "failed" if failed else "done").inc()
-        _APPLY.labels(self.node, cmd.kind).observe(seconds)
+        child(_COMMANDS, self.node, cmd.kind, "failed" if failed else "done").inc()
+        child(_APPLY, self.node, cmd.kind).observe(seconds)
 
     def reconfigured(self, n: int) -> None:
-        _RECONFIG.labels(self.node).inc(n)
+        self._reconfig.inc(n)
 
     def migrated(self) -> None:
-        _MIGRATIONS.labels(self.node).inc()
+        self._migrations.inc()
 
     def exited(self, kind: str) -> None:
-        _EXITS.labels(self.node, kind).inc()
+        child(_EXITS, self.node, kind).inc()
 
     def running(self, n: int) -> None:
-        _RUNNING.labels(self.node).set(n)
+        self._running.set(n)

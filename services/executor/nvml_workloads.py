@@ -108,5 +108,8 @@ class NvmlWorkloads:
     async def next_exit(self) -> WorkloadExit:
         return await self._jobs.next_exit()
 
+    def exits_ready(self, limit: int) -> list[WorkloadExit]:
+        return self._jobs.exits_ready(limit)
+
     def running(self) -> Mapping[str, InstanceInfo]:
         return self._jobs.running()

@@ -142,11 +142,9 @@ class Executor(RegistrationMixin, CommandsMixin):
                 self._start_reported[o.msg.job_id].set()
 
     def _lane(self, cmd: Command) -> int:
-        for candidate in (
-            cmd.gpu_index,
-            gpu_index_of(cmd.gpu_id),
-            *(gpu_index_of(op.gpu_id) for op in cmd.ops),
-        ):
+        if cmd.gpu_index is not None:  # nearly always: asked several times per command, so no scan first
+            return cmd.gpu_index
+        for candidate in (gpu_index_of(cmd.gpu_id), *(gpu_index_of(op.gpu_id) for op in cmd.ops)):
             if candidate is not None:
                 return candidate
         job = cmd.job_id or (cmd.stop_jobs[0] if cmd.stop_jobs else None)
@@ -155,55 +153,70 @@ class Executor(RegistrationMixin, CommandsMixin):
 
     async def _run_lane(self, deliveries: list[Delivery]) -> list[Outgoing]:
         out: list[Outgoing] = []
+        subject = self.subjects.node_report(self.node)
+        # Without an SDK tracer provider nothing records: no span per command (as in the bus's consumer), the
+        # sender's context carries the trace on to the reports.
+        recording = telemetry.recording()
         for d in deliveries:
             cmd: Command = d.data
             self.metrics.received(cmd)
             if cmd.cmd_id in self._done:
                 out += self._done[cmd.cmd_id]
                 continue
-            lane = self._lane(cmd)
-            async with self._gpu_locks[lane]:
-                with _tracer.start_as_current_span(
-                    f"executor {cmd.kind}",
-                    context=d.ctx,
-                    attributes={
-                        "migsched.node": self.node,
-                        "migsched.cmd_id": cmd.cmd_id,
-                        "migsched.job_id": cmd.job_id or "",
-                        "migsched.ops": len(cmd.ops),
-                    },
-                ) as span:
-                    ctx = trace.set_span_in_context(span, d.ctx)
-                    t0 = time.perf_counter()
-                    try:
-                        msgs = await self.apply(cmd, ctx)
-                    except MigschedError as exc:
-                        code = exc.code if isinstance(exc, BackendError) else None
-                        span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
-                        log.warning("command %s (%s) failed: %s", cmd.cmd_id, cmd.kind, exc)
-                        msgs = [
-                            CmdFailed(
-                                id=f"{cmd.cmd_id}.failed",
-                                node=self.node,
-                                at=now(),
-                                cmd_id=cmd.cmd_id,
-                                command=cmd.kind,
-                                job_id=cmd.job_id,
-                                error=str(exc)[:2000],
-                                code=code,
-                            )
-                        ]
-                    except (
-                        Exception
-                    ) as exc:  # a fault of ours or the bus: redeliver (bounded, then dead-letter)
-                        log.exception("command %s (%s) raised", cmd.cmd_id, cmd.kind)
-                        d.retry(f"executor error: {exc!r}"[:500])
-                        continue
-                    self.metrics.applied(cmd, msgs, time.perf_counter() - t0)
-            outgoing = [Outgoing(self.subjects.node_report(self.node), m, ctx) for m in msgs]
+            async with self._gpu_locks[self._lane(cmd)]:
+                if recording:
+                    with _tracer.start_as_current_span(
+                        f"executor {cmd.kind}",
+                        context=d.ctx,
+                        attributes={
+                            "migsched.node": self.node,
+                            "migsched.cmd_id": cmd.cmd_id,
+                            "migsched.job_id": cmd.job_id or "",
+                            "migsched.ops": len(cmd.ops),
+                        },
+                    ) as span:
+                        ctx = trace.set_span_in_context(span, d.ctx)
+                        msgs = await self._apply_one(d, cmd, ctx, span)
+                else:
+                    ctx = d.ctx
+                    msgs = await self._apply_one(d, cmd, ctx, None)
+            if msgs is None:
+                continue
+            outgoing = [Outgoing(subject, m, ctx) for m in msgs]
             self._remember(cmd.cmd_id, outgoing)
             out += outgoing
         return out
+
+    async def _apply_one(
+        self, d: Delivery, cmd: Command, ctx: otel_context.Context, span: trace.Span | None
+    ) -> list[Any] | None:
+        """The command's reports, a ``CmdFailed`` when it cannot be done, None when it is to be redelivered."""
+        t0 = time.perf_counter()
+        try:
+            msgs = await self.apply(cmd, ctx)
+        except MigschedError as exc:
+            code = exc.code if isinstance(exc, BackendError) else None
+            if span is not None:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
+            log.warning("command %s (%s) failed: %s", cmd.cmd_id, cmd.kind, exc)
+            msgs = [
+                CmdFailed(
+                    id=f"{cmd.cmd_id}.failed",
+                    node=self.node,
+                    at=now(),
+                    cmd_id=cmd.cmd_id,
+                    command=cmd.kind,
+                    job_id=cmd.job_id,
+                    error=str(exc)[:2000],
+                    code=code,
+                )
+            ]
+        except Exception as exc:  # a fault of ours or the bus: redeliver (bounded, then dead-letter)
+            log.exception("command %s (%s) raised", cmd.cmd_id, cmd.kind)
+            d.retry(f"executor error: {exc!r}"[:500])
+            return None
+        self.metrics.applied(cmd, msgs, time.perf_counter() - t0)
+        return msgs
 
     def _remember(self, cmd_id: str, outgoing: list[Outgoing]) -> None:
         self._done[cmd_id] = outgoing
@@ -215,11 +228,12 @@ class Executor(RegistrationMixin, CommandsMixin):
         published goes out together (one JetStream round trip each awaited in turn caps a node near 1k/s)."""
         while True:
             exits = [await self.backend.next_exit()]
-            while len(exits) < 256:
-                try:
-                    exits.append(await asyncio.wait_for(self.backend.next_exit(), 0.0005))
-                except TimeoutError:
-                    break
+            # let the exits ending together join this batch: one short sleep, not a timed wait per exit (a
+            # timer and a task each)
+            await asyncio.sleep(0.0005)
+            exits += self.backend.exits_ready(255)
+            recording = telemetry.recording()
+            subject = self.subjects.node_report(self.node)
             out: list[Outgoing] = []
             spans = []
             for ex in exits:
@@ -233,20 +247,31 @@ class Executor(RegistrationMixin, CommandsMixin):
                     for table in (self._job_ctx, self._job_started, self._job_instance):
                         table.pop(ex.job_id, None)
                     continue
-                ctx = self._job_ctx.pop(ex.job_id, None)
-                self._job_started.pop(ex.job_id, None)
-                instance_id, gpu_index = self._job_instance.pop(ex.job_id, (None, None))
+                instance_id: str | None
+                gpu_index: int | None
+                if ex.instance is not None and ex.job_id in self.backend.running():
+                    # the job runs again already (a redelivered or retried place started it after this run
+                    # ended): the tables are the new run's, and this exit must name its own instance, or the
+                    # registry would take it for the new run's exit and finish the job while it runs
+                    ctx = self._job_ctx.get(ex.job_id)
+                    instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
+                else:
+                    ctx = self._job_ctx.pop(ex.job_id, None)
+                    self._job_started.pop(ex.job_id, None)
+                    instance_id, gpu_index = self._job_instance.pop(ex.job_id, (None, None))
                 kind: ExitKind = _EXIT_KIND.get(ex.reason, "failed" if ex.status else "completed")
-                span = _tracer.start_span(
-                    "executor job exit",
-                    context=ctx,
-                    attributes={
-                        "migsched.job_id": ex.job_id,
-                        "migsched.exit": kind,
-                        "migsched.status": ex.status,
-                    },
-                )
-                spans.append(span)
+                if recording:
+                    span = _tracer.start_span(
+                        "executor job exit",
+                        context=ctx,
+                        attributes={
+                            "migsched.job_id": ex.job_id,
+                            "migsched.exit": kind,
+                            "migsched.status": ex.status,
+                        },
+                    )
+                    spans.append(span)
+                    ctx = trace.set_span_in_context(span, ctx)
                 msg = JobExited(
                     id=new_id("exit"),
                     node=self.node,
@@ -258,9 +283,7 @@ class Executor(RegistrationMixin, CommandsMixin):
                     exit=kind,
                     reason=(ex.reason + (": " + ex.output_tail if ex.output_tail else ""))[:2000],
                 )
-                out.append(
-                    Outgoing(self.subjects.node_report(self.node), msg, trace.set_span_in_context(span, ctx))
-                )
+                out.append(Outgoing(subject, msg, ctx))
                 self.metrics.exited(kind)
             await self._publish_reliably(out)
             for span in spans:
@@ -361,4 +384,6 @@ def main(**overrides: Any) -> None:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(settings))
+    from services.common.runner import run_profiled
+
+    run_profiled("executor", lambda: serve(settings))

@@ -212,6 +212,9 @@ class SimBackend:
     async def next_exit(self) -> WorkloadExit:
         return await self._jobs.next_exit()
 
+    def exits_ready(self, limit: int) -> list[WorkloadExit]:
+        return self._jobs.exits_ready(limit)
+
     def running(self) -> Mapping[str, InstanceInfo]:
         return self._jobs.running()
 

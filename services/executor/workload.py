@@ -131,31 +131,44 @@ class JobTable:
         task.add_done_callback(self._watchers.discard)
 
     async def _report(self, job_id: str, run: Run) -> None:
-        result = await run.wait()
+        self._ended(job_id, run, await run.wait())
+
+    def _ended(self, job_id: str, run: Run, result: RunResult) -> None:
+        """Forget the run and queue its exit, once (its watcher and ``stop`` may both get here)."""
         if self._runs.get(job_id) is not run:
-            return  # replaced by a move: the job did not end
+            return  # replaced by a move (the job did not end), or reported already
         del self._runs[job_id]
         self._on_change()
-        await self._exits.put(
+        self._exits.put_nowait(
             WorkloadExit(
                 job_id=job_id,
                 status=result.status,
                 reason=_reason(run, result),
                 output_tail=result.output_tail,
                 status_known=result.status_known,
+                instance=run.instance,
             )
         )
 
     async def stop(self, job_id: str, grace_s: float) -> None:
-        """Stop a job and wait until it is gone; unknown jobs are a no-op (commands are redelivered)."""
+        """Stop a job and wait until it is gone, from ``running()`` too: a registration right after must not
+        list it (the watcher would drop it only when next scheduled). Unknown jobs are a no-op (commands are
+        redelivered)."""
         run = self._runs.get(job_id)
         if run is None:
             return
         await run.stop(grace_s)
-        await run.wait()
+        self._ended(job_id, run, await run.wait())
 
     async def next_exit(self) -> WorkloadExit:
         return await self._exits.get()
+
+    def exits_ready(self, limit: int) -> list[WorkloadExit]:
+        """Up to ``limit`` exits already queued, without waiting."""
+        out: list[WorkloadExit] = []
+        while len(out) < limit and not self._exits.empty():
+            out.append(self._exits.get_nowait())
+        return out
 
     async def move(
         self, job_id: str, start_target: Callable[[], Awaitable[Run]], *, confirm_s: float, grace_s: float

@@ -49,8 +49,10 @@ class LivenessWatch:
 
 
 def overdue(last_seen: float, now: float, timeout: float, heard_from: float | None) -> bool:
-    """Whether a node last seen at ``last_seen`` (wall clock) is lost at ``now``; ``heard_from`` is the wall
-    time from which silence counts (``LivenessWatch.silence_from`` converted), None to judge nobody."""
+    """Whether a node last seen at ``last_seen`` (wall clock) is lost at ``now``, or a command sent at
+    ``last_seen`` has waited too long for its result; ``heard_from`` is the wall time from which silence counts
+    (``LivenessWatch.silence_from`` converted), None to judge nobody. The same rule serves both: a result
+    queued behind a bus outage is as unheard as a heartbeat."""
     if heard_from is None:
         return False
     return max(last_seen, heard_from) < now - timeout

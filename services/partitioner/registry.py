@@ -2,15 +2,15 @@
 
 - ``registered``: the node's GPUs are written into Redis (a new GPU adopts the instances the node reports as
   idle; a known one is reconciled, see ``lua/node.lua``), then ``sched.capacity`` tells the balancer.
-- ``node.<node>.heartbeat``: last-seen time (the registry's clock, not the node's: no skew). A heartbeat from
-a
+- ``node.<node>.heartbeat``: last-seen time (the registry's clock, not the node's: no skew). A heartbeat from a
   node the registry considers lost, or never saw register, gets a ``resync`` command: stop the listed jobs
-  (they
-  were re-queued elsewhere) and register again.
-- liveness (every ``node_timeout_s / 5``): a node silent for ``node_timeout_s`` is marked lost; its GPUs
-become
+  (they were re-queued elsewhere) and register again.
+- liveness (every ``node_timeout_s / 5``): a node silent for ``node_timeout_s`` is marked lost; its GPUs become
   unhealthy and empty and its jobs go back to the queue (one Lua script), then ``sched.capacity``.
 - commands without a result for ``cmd_timeout_s``: a placement is failed (re-queued), others are forgotten.
+  Like a node's silence, a command's wait counts only while the registry could have heard the result
+  (``liveness.py``): a command still queued in the stream during a bus outage is not late, and failing its
+  placement would let the executor run the job twice.
 
 Executors never touch Redis: everything they say arrives here as a message.
 """
@@ -62,15 +62,16 @@ class RegistryMixin:
                     continue
                 p = model.profile(i.profile)
                 iid = i.instance_id or f"{gid}:{p.name}@{i.start}:adopted{i.gi_id}"
-                insts.append(
-                    {
-                        "id": iid,
-                        "profile": p.name,
-                        "start": i.start,
-                        "size": p.memory_slices,
-                        "compute": p.compute_slices,
-                    }
-                )
+                inst: dict[str, Any] = {
+                    "id": iid,
+                    "profile": p.name,
+                    "start": i.start,
+                    "size": p.memory_slices,
+                    "compute": p.compute_slices,
+                }
+                if i.job_id:  # never adopted idle: the state keeps it occupied and we stop the job (below)
+                    inst["job"] = i.job_id
+                insts.append(inst)
             gpus.append(
                 {
                     "id": gid,
@@ -95,15 +96,46 @@ class RegistryMixin:
         if res["requeued"]:
             self.log.warning("node %s: re-queued %s", r.node, ", ".join(res["requeued"]))
         d.span.set_attribute("migsched.gpus", len(gpus))
-        await self.bus.publish(
-            self.subjects.sched_capacity,
-            CapacityChanged(
-                id=f"cap-reg-{r.node}-{r.id}"[:200],
-                gpu_ids=tuple(res["gpus"]),
-                reason=f"node {r.node} registered",
+        stops = res.get("stops") or ()
+        out = [self.stop_foreign(r, job, gpu, iid, now, d) for job, gpu, iid in stops]
+        if stops:
+            self.log.warning(
+                "node %s runs job(s) the state does not hold there; stopping %s", r.node, ", ".join(s[0] for s in stops)
+            )
+        out.append(
+            Outgoing(
+                self.subjects.sched_capacity,
+                CapacityChanged(
+                    id=f"cap-reg-{r.node}-{r.id}"[:200],
+                    gpu_ids=tuple(res["gpus"]),
+                    reason=f"node {r.node} registered",
+                    at=now,
+                ),
+                d.ctx,
+            )
+        )
+        await self.bus.publish_batch(out)
+
+    def stop_foreign(self, r: Registered, job: str, gpu: str, iid: str, now: float, d: Delivery) -> Outgoing:
+        """A ``stop`` for a job the node runs where the state does not hold it (its instance stays occupied
+        until the exit or the stop's confirmation, ``ReportsMixin``). One per registration: a redelivered
+        registration is a replay, and a later one that still finds the job sends another."""
+        cid = f"stop:{job}:{r.id}"[:200]
+        tail = gpu.rsplit("/", 1)[-1]
+        return Outgoing(
+            self.subjects.cmd(r.node),
+            Command(
+                id=cid,
+                cmd_id=cid,
+                kind="stop",
+                node=r.node,
+                gpu_id=gpu,
+                gpu_index=int(tail) if tail.isdigit() else None,
+                instance_id=iid,
+                job_id=job,
                 at=now,
             ),
-            ctx=d.ctx,
+            d.ctx,
         )
 
     def liveness_watch(self) -> LivenessWatch:
@@ -151,11 +183,15 @@ class RegistryMixin:
         if out:
             await self.bus.publish_batch(out)
 
-    async def check_liveness(self) -> None:
-        now = time.time()
+    def heard_from(self, now: float) -> float | None:
+        """The wall time from which silence counts (``LivenessWatch.silence_from``), None: judge nothing now."""
         mono = time.monotonic()
         start = self.liveness_watch().silence_from(getattr(self.bus, "health", None), mono)
-        heard_from = None if start is None else now - (mono - start)
+        return None if start is None else now - (mono - start)
+
+    async def check_liveness(self) -> None:
+        now = time.time()
+        heard_from = self.heard_from(now)
         nodes = await self.state.nodes()
         counts = {"up": 0, "lost": 0}
         timeout = self.settings.node_timeout_s
@@ -177,26 +213,30 @@ class RegistryMixin:
             self.node_state[node] = st
             counts[st] = counts.get(st, 0) + 1
         for st, n in counts.items():
-            m.NODES.labels(st).set(n)
+            m.child(m.NODES, st).set(n)
 
     async def sweep_commands(self) -> None:
         now = time.time()
+        timeout = self.settings.cmd_timeout_s
+        heard_from = self.heard_from(now)
+        if not overdue(float("-inf"), now, timeout, heard_from):
+            return  # the bus is down or back for less than the timeout: no wait can have run its course
         for shard in range(self.settings.shards):
             cmds = await self.state.commands(shard)
             tracked = {info.get("job") for info in cmds.values()}
             # reserved, but its command never went out (a crash between commit and publish): start again
-            for job in await self.state.placing_since(shard, now - self.settings.cmd_timeout_s):
+            for job in await self.state.placing_since(shard, now - timeout):
                 if job not in tracked:
                     await self.placement_failed(job, "no command was sent for the placement", "")
             for cid, info in cmds.items():
-                if now - float(info.get("at", now)) < self.settings.cmd_timeout_s:
+                if not overdue(float(info.get("at", now)), now, timeout, heard_from):
                     continue
                 if info.get("kind") == "place" and info.get("job"):
                     await self.placement_failed(
                         info["job"], f"no result for {cid} within {self.settings.cmd_timeout_s:g}s", cid
                     )
                 await self.state.forget_command(shard, cid)
-                m.COMMANDS.labels(info.get("kind", "?"), "timeout").inc()
+                m.child(m.COMMANDS, info.get("kind", "?"), "timeout").inc()
 
     async def placement_failed(self, job_id: str, why: str, cmd_id: str) -> None:
         now = time.time()

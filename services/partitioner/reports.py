@@ -1,17 +1,16 @@
 """What executors report (``node.<node>.report``), turned into state transitions by the partitioner.
 
 - ``cmd_done``: place -> mark running; migrate_start -> send migrate_stop for the source; migrate_stop ->
-commit
-  the move; destroy_idle -> drop the instance (its slices are free: capacity changed).
+  commit the move; destroy_idle -> drop the instance (its slices are free: capacity changed).
 - ``cmd_failed``: place -> release the reservation and re-queue the job (or fail it after max attempts), then
-a
-  capacity signal so the balancer re-decides it; migrate_start -> abort the move; destroy_idle -> the instance
-  is
-  idle again.
+  a capacity signal so the balancer re-decides it; migrate_start -> abort the move; destroy_idle -> the
+  instance is idle again.
 - ``job_started``: mark running (idempotent with cmd_done).
 - ``job_exit``: release (the first release frees the slices) and re-publish as ``jobs.exit`` for the balancer,
   the partitioner's retention and the migration planner. An exit naming another instance than the job's
   current one (a late message from before a re-queue) is stale and ignored.
+- a job that ran on the node unbeknown to the state (found by a registration, whose instance was kept
+  ``retiring`` and the job sent a ``stop``): its exit, or the stop's ``cmd_done``, makes the instance idle.
 - ``registered`` / ``drift``: the node registry (``registry``).
 """
 
@@ -63,6 +62,7 @@ class ReportsMixin:
         now = time.time()
         b = self.state.batch()
         after: list[tuple[Delivery, int, str]] = []
+        ended: list[tuple[str, str]] = []  # (node, job) gone from the node: an instance kept for it may idle
         for d in ds:
             r = d.data
             kind = r.__struct_config__.tag
@@ -72,6 +72,8 @@ class ReportsMixin:
                 self.log.warning("drift on %s: %s", r.node, "; ".join(r.details))
             elif isinstance(r, CmdDone):
                 after.append((d, self._done(b, r, now), "done"))
+                if r.command == "stop" and r.job_id:
+                    ended.append((r.node, r.job_id))
             elif isinstance(r, CmdFailed):
                 after.append((d, self._failed(b, r, now), "failed"))
             elif isinstance(r, JobStarted):
@@ -93,13 +95,15 @@ class ReportsMixin:
             res = results[idx]
             if what == "exit":
                 out.extend(self._exit_out(d, r, res, now))
+                if res.status != "ok":  # not the state's copy: perhaps one a registration found and stopped
+                    ended.append((r.node, r.job_id))
                 if res.status == "ok" and res.gpu is not None and r.instance_id:
                     self.remember_release(r.job_id, r.instance_id, res.gpu)
 
             elif what == "done" and r.command == "migrate_stop" and res[0] == "ok":
                 src_gpu = res[1].split("|", 1)[0]
                 freed.append(src_gpu)
-                m.MIGRATIONS.labels("move", "committed").inc()
+                m.child(m.MIGRATIONS, "move", "committed").inc()
             elif what == "done" and r.command == "destroy_idle" and res == "ok":
                 freed.append(_gpu_of(r))
             elif what == "failed" and r.command == "place" and res[0] == "ok":
@@ -111,9 +115,11 @@ class ReportsMixin:
                     "placement of %s failed on %s (%s): job now %s", r.job_id, r.node, r.error, res[1]
                 )
             elif what == "failed" and r.command == "migrate_start":
-                m.MIGRATIONS.labels("move", "aborted").inc()
+                m.child(m.MIGRATIONS, "move", "aborted").inc()
         if len(gone):
             await gone.run()
+        for node, job in dict.fromkeys(ended):  # rare (stops, stale exits): one script each
+            freed.extend((await self.state.node_stopped(node, job, now))["gpus"])
         if freed:
             out.append(
                 Outgoing(
@@ -132,7 +138,7 @@ class ReportsMixin:
             await self.bus.publish_batch(out)
 
     def _done(self, b: Any, r: CmdDone, now: float) -> int:
-        m.COMMANDS.labels(r.command, "done").inc()
+        m.child(m.COMMANDS, r.command, "done").inc()
         if r.command == "place" and r.job_id:
             iid = r.instance.instance_id if r.instance and r.instance.instance_id else ""
             return int(b.mark_running(r.job_id, iid or "", now, r.cmd_id))
@@ -146,7 +152,7 @@ class ReportsMixin:
         return -1
 
     def _failed(self, b: Any, r: CmdFailed, now: float) -> int:
-        m.COMMANDS.labels(r.command, "failed").inc()
+        m.child(m.COMMANDS, r.command, "failed").inc()
         reason = f"executor on {r.node} failed {r.command}: {r.error}"[:1000]
         if r.command == "place" and r.job_id:
             return int(b.fail_placement(r.job_id, reason, now, self.settings.max_attempts, r.cmd_id))
@@ -221,7 +227,7 @@ class ReportsMixin:
             job_id=job.job_id,
             at=now,
         )
-        m.COMMANDS.labels("migrate_stop", "sent").inc()
+        m.child(m.COMMANDS, "migrate_stop", "sent").inc()
         return [Outgoing(self.subjects.cmd(job.node), cmd, d.ctx)]
 
 

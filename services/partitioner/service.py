@@ -146,15 +146,15 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
             self.demand.observe(slot.profile, now)
             for op in plan.ops:
                 if op.kind in ("create_gi", "destroy_gi"):
-                    m.RECONFIGURATIONS.labels(op.kind).inc()
+                    m.child(m.RECONFIGURATIONS, op.kind).inc()
             d.span.set_attribute("migsched.ops", len(plan.ops))
         # tracking is for time-outs only: it need not precede the command, so both go in one round trip
         await asyncio.gather(track.run(), self.bus.publish_batch(out))
-        m.COMMANDS.labels("place", "sent").inc(len(out))
+        m.child(m.COMMANDS, "place", "sent").inc(len(out))
         for p, why in failed:
             await self.placement_failed(p.job_id, why, "")
-        m.BATCH_SECONDS.labels(self.name, "placed").observe(time.perf_counter() - t0)
-        m.BATCH_SIZE.labels(self.name, "placed").observe(len(ds))
+        m.child(m.BATCH_SECONDS, self.name, "placed").observe(time.perf_counter() - t0)
+        m.child(m.BATCH_SIZE, self.name, "placed").observe(len(ds))
 
     # --- sched.migrate --------------------------------------------------------------------------------------
     async def on_migrate(self, ds: list[Delivery]) -> None:
@@ -182,7 +182,7 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
                 b = self.state.batch()
                 b.migrate_finish("abort", mv.job_id, f"migration plan conflict: {why}", now)
                 await b.run()
-                m.MIGRATIONS.labels(mv.kind, "aborted").inc()
+                m.child(m.MIGRATIONS, mv.kind, "aborted").inc()
                 continue
             cid = f"mig:{mv.job_id}:{o.nonce}:start"
             out.append(
@@ -209,7 +209,7 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
             )
             d.span.set_attribute("migsched.move", mv.reason[:500])
         await self.bus.publish_batch(out)
-        m.COMMANDS.labels("migrate_start", "sent").inc(len(out))
+        m.child(m.COMMANDS, "migrate_start", "sent").inc(len(out))
 
     # --- jobs.exit: keep or destroy the idle instance -------------------------------------------------------
     async def on_exit(self, ds: list[Delivery]) -> None:
@@ -263,7 +263,7 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
             out.append(Outgoing(self.subjects.cmd(g.node), self.destroy_command(g, inst, now)))
             self.log.debug("destroying idle %s: %s", inst.id, why)
         await self.bus.publish_batch(out)
-        m.COMMANDS.labels("destroy_idle", "sent").inc(len(out))
+        m.child(m.COMMANDS, "destroy_idle", "sent").inc(len(out))
 
     def destroy_command(self, g: Any, inst: Any, now: float) -> Command:
         from shared.policy.partition import MigOp
@@ -282,7 +282,7 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
             )
             for k in ("destroy_ci", "destroy_gi")
         )
-        m.RECONFIGURATIONS.labels("destroy_gi").inc()
+        m.child(m.RECONFIGURATIONS, "destroy_gi").inc()
         cid = f"destroy:{inst.id}"[:200]
         return Command(
             id=cid,
@@ -323,4 +323,4 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
                     )
                 )
         await self.bus.publish_batch(out)
-        m.COMMANDS.labels("stop", "sent").inc(len(out))
+        m.child(m.COMMANDS, "stop", "sent").inc(len(out))

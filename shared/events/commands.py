@@ -28,13 +28,15 @@ class Command(Message, frozen=True, kw_only=True):
 
     kinds: ``place`` (stop ``stop_jobs`` first, preempted: no exit is reported for them; then apply ``ops`` in
     order, then start ``workload`` for ``job_id`` on ``instance_id``);
-    ``stop`` (stop ``job_id``; the executor reports its exit with kind cancelled);
+    ``stop`` (stop ``job_id``; the executor reports its exit with kind cancelled; also sent by the registry for
+    a job a registration found running where the state does not hold it, ``instance_id`` naming where);
     A ``place`` with ``plain`` slots has no ops: it starts the workload on those whole GPUs (all of a gang,
     ``instance_id`` naming the first) or on one time-sliced share.
     ``migrate_start`` (``ops`` then start ``job_id`` on the target ``instance_id`` while it still runs on
     ``src_instance_id``); ``migrate_stop`` (stop ``job_id``'s workload on ``src_instance_id`` only, without a
-    job exit); ``destroy_idle`` (apply ``ops``: destroy an idle instance); ``resync`` (stop ``stop_jobs``,
-    then register again).
+    job exit); ``destroy_idle`` (apply ``ops``: destroy an idle instance); ``resync`` (stop **every** workload
+    running on the node, ``stop_jobs`` first and also any started after the heartbeat they were read from:
+    the node is lost or unknown, so the state holds no job there; then register again).
     """
 
     cmd_id: MsgId

@@ -205,8 +205,8 @@ class Batch:
         )
 
     def track_command(self, shard: int, cmd_id: str, info: dict[str, Any]) -> int:
-        self.pipe.hset(self.store.keys(shard).cmds, cmd_id, _ENC.encode(info))
-        return self._add("", (), (), lambda v: v)
+        # queued in call order with the scripts (run() sends them in order), or the results would not line up
+        return self._add("", [self.store.keys(shard).cmds], [cmd_id, _ENC.encode(info)], lambda v: v)
 
     async def run(self) -> list[Any]:
         """One round trip: EVALSHA for every queued call (no SCRIPT EXISTS first, unlike redis-py's pipelined
@@ -217,6 +217,8 @@ class Batch:
         for name, keys, args, _ in self._calls:
             if name:
                 self.pipe.evalsha(self.store.sha(name), len(keys), *keys, *args)
+            else:  # track_command
+                self.pipe.hset(keys[0], args[0], args[1])
         raw = await self.pipe.execute(raise_on_error=False)
         missing = [n for n, v in enumerate(raw) if isinstance(v, NoScriptError)]
         if missing:

@@ -6,7 +6,9 @@
 3. the occupancy byte of every GPU equals the busy mask of its instances;
 4. every job is in exactly one known state; a pending job is in the queue and a queued job is pending;
 5. an active job (placing/running/migrating) holds exactly the instance(s) it names (every slot of a gang),
-   and each names it; every non-idle instance with a job belongs to an active job that names it;
+   and each names it; every non-idle instance with a job belongs to an active job that names it, except a
+   ``retiring`` one held for a job the node ran unbeknown to the state (being stopped, ``lua/node.lua``),
+   which no active job may name;
 6. sharing modes: no MIG instance on a non-MIG GPU and no plain instance (``gpu``, ``shared``) on a MIG GPU;
    a whole GPU is exclusive (its ``gpu`` instance is the only one); shares use distinct replicas
    ``0..replicas-1`` and at most ``replicas`` of them; plain instances are never idle.
@@ -63,7 +65,7 @@ def check_state(
                         detail=f"{i.id}: {i.profile} cannot start at {i.start}",
                     )
                 )
-            if i.job and i.state != "idle":
+            if i.job and i.state not in ("idle", "retiring"):
                 holders[(g.id, i.id)] = i.job
         for prof, n in counts.items():
             if model.has_profile(prof) and n > model.profile(prof).max_count:

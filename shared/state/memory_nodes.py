@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.state.memory_slots import names, vacate
+from shared.state.memory_slots import idle, names, vacate
 from shared.state.model import PLAIN_PROFILES, StoredGpu, StoredInstance
+
+Stops = list[tuple[str, str, str]]
+"""(job, gpu id, instance id): jobs a registration found running where the state does not hold them."""
+
+
+def _stop_foreign(i: StoredInstance, job: str, gid: str, stops: Stops) -> None:
+    """As ``stop_foreign`` in node.lua: the instance stays occupied (``retiring`` with the job) until the job
+    is stopped, so that no placement reuses it."""
+    idle(i)
+    i.state, i.job = "retiring", job
+    stops.append((job, gid, i.id))
 
 
 def _evict(
@@ -51,6 +62,7 @@ def register(
         return {"requeued": [], "drift": [], "gpus": [g for g in h["gpus"].split(",") if g], "replay": True}
     requeued: list[str] = []
     drift: list[str] = []
+    stops: Stops = []
     gangs: list[tuple[str, tuple[tuple[str, str], ...]]] = []
     ids = []
     for g in gpus:
@@ -61,8 +73,12 @@ def register(
             )
             for r in g.get("instances", [])
         ]
+        rjob: dict[str, str] = {r["id"]: r["job"] for r in g.get("instances", []) if r.get("job")}
         cur = sh.gpus.get(g["id"])
         if cur is None:
+            for r in reported:
+                if r.id in rjob:
+                    _stop_foreign(r, rjob[r.id], g["id"], stops)
             cur = sh.gpus[g["id"]] = StoredGpu(
                 id=g["id"],
                 node=node,
@@ -108,11 +124,24 @@ def register(
             requeued,
             gangs,
         )
+        for i in kept:
+            job = rjob.get(i.id)
+            held = i.job == job and i.state not in ("idle", "retiring")
+            if job and not held:
+                if i.state in ("idle", "retiring"):
+                    _stop_foreign(i, job, g["id"], stops)
+                else:
+                    stops.append((job, g["id"], i.id))
         for r in reported:
             if r.id in by_id:
+                job = rjob.get(r.id)
                 if any(i.mask & r.mask for i in kept):
                     drift.append(f"{g['id']}: reported {r.id} overlaps the state")
+                    if job:
+                        stops.append((job, g["id"], r.id))
                 else:
+                    if job:
+                        _stop_foreign(r, job, g["id"], stops)
                     kept.append(r)
         cur.instances = kept
         cur.mig, cur.healthy, cur.model, cur.uuid, cur.replicas = (
@@ -131,7 +160,22 @@ def register(
         "gpus": ",".join(ids),
         "reg_id": reg_id,
     }
-    return {"requeued": requeued, "drift": drift, "gpus": ids}
+    return {"requeued": requeued, "drift": drift, "gpus": ids, "stops": [list(x) for x in stops]}
+
+
+def stopped(store: Any, sh: Any, node: str, job: str) -> dict[str, Any]:
+    """As 'stopped' in node.lua: the instances kept ``retiring`` for ``job`` become idle."""
+    h = sh.nodes.get(node) or {}
+    freed = []
+    for gid in (g for g in h.get("gpus", "").split(",") if g):
+        g = sh.gpus.get(gid)
+        hits = [i for i in g.instances if i.state == "retiring" and i.job == job] if g else []
+        for i in hits:
+            idle(i)
+        if g is not None and hits:
+            store._save(sh, g)
+            freed.append(gid)
+    return {"gpus": freed}
 
 
 def lost(store: Any, sh: Any, node: str, now: float, reason: str) -> dict[str, Any]:

@@ -83,11 +83,11 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
             self._save(sh, g, "claim")
             return "ok"
         elif op == "drop":
-            if i.state not in ("retiring", "idle"):
+            if i.state not in ("retiring", "idle") or i.job:
                 return "busy"
             g.instances.remove(i)
         elif op == "restore":
-            if i.state != "retiring":
+            if i.state != "retiring" or i.job:
                 return "noop"
             i.state = "idle"
         self._save(sh, g)
@@ -145,6 +145,11 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
         from shared.state.memory_nodes import lost
 
         return lost(self, self._ns(node), node, now, reason)
+
+    async def node_stopped(self, node: str, job_id: str, now: float) -> dict[str, Any]:
+        from shared.state.memory_nodes import stopped
+
+        return stopped(self, self._ns(node), node, job_id)
 
     async def heartbeat(self, nodes: Iterable[tuple[str, float]]) -> None:
         for node, at in nodes:

@@ -33,6 +33,7 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     decode_slots,
     script_source,
 )
+from shared.state.fastpack import connection_class
 from shared.state.keys import Keys
 from shared.state.model import (
     HistoryEntry,
@@ -58,7 +59,9 @@ class RedisState(DerivedReads):
 
     @classmethod
     def from_settings(cls, settings: Any) -> RedisState:
-        client = aioredis.from_url(settings.redis_url, decode_responses=False)
+        client = aioredis.from_url(
+            settings.redis_url, decode_responses=False, connection_class=connection_class(settings.redis_url)
+        )
         return cls(client, settings.namespace, settings.shards)
 
     async def close(self) -> None:
@@ -136,9 +139,10 @@ class RedisState(DerivedReads):
     async def register_node(
         self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""
     ) -> dict[str, Any]:
-        """gpus: [{id, index, model, mig, healthy, uuid, instances: [StoredInstance-like dicts]}] ->
-        {requeued: [job ids], drift: [text], gpus: [ids]}, plus ``replay: True`` (and nothing changed) when
-        ``reg_id`` is the node's last applied registration."""
+        """gpus: [{id, index, model, mig, healthy, uuid, instances: [StoredInstance-like dicts, with ``job``
+        when the node runs one there]}] -> {requeued: [job ids], drift: [text], gpus: [ids], stops: [[job, gpu
+        id, instance id]: jobs running where the state does not hold them, to be stopped]}, plus ``replay:
+        True`` (and nothing changed) when ``reg_id`` is the node's last applied registration."""
         k = self.node_keys(node)
         raw = await self.script("node")(
             [k.gpus, k.node(node)], ["register", node, repr(now), _ENC.encode(gpus), reg_id]
@@ -148,6 +152,13 @@ class RedisState(DerivedReads):
     async def node_lost(self, node: str, now: float, reason: str) -> dict[str, Any]:
         k = self.node_keys(node)
         raw = await self.script("node")([k.gpus, k.node(node)], ["lost", node, repr(now), reason])
+        return _lists(msgspec.json.decode(raw))
+
+    async def node_stopped(self, node: str, job_id: str, now: float) -> dict[str, Any]:
+        """The node no longer runs ``job_id``: instances a registration kept ``retiring`` for it (it ran there
+        unbeknown to the state) become idle -> {gpus: [ids changed]}."""
+        k = self.node_keys(node)
+        raw = await self.script("node")([k.gpus, k.node(node)], ["stopped", node, repr(now), job_id])
         return _lists(msgspec.json.decode(raw))
 
     async def heartbeat(self, nodes: Iterable[tuple[str, float]]) -> None:

@@ -116,9 +116,8 @@ async def test_an_executor_that_dies_has_its_jobs_requeued_and_finished_elsewher
 
 async def test_a_nats_restart_under_load_loses_no_job(stack: Stack, servers: Servers) -> None:
     async def fault() -> None:
-        # Down for longer than the node timeout, so that silence alone would make every node lost, and well
-        # short of the command timeout: a command in flight is not given up for the outage (a known limit of
-        # sweep_commands, docs/faults.md).
+        # Down for longer than the node timeout, so that silence alone would make every node lost. (Command
+        # time-outs no longer count an outage either: tests/integration/test_registry_command_timeouts.py.)
         nats = servers.nats
         assert nats.proc is not None
         nats.proc.terminate()

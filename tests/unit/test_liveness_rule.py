@@ -57,3 +57,13 @@ def test_the_first_heartbeat_after_a_long_silence_starts_a_fresh_timeout() -> No
     w.heard(16.5)  # ordinary heartbeats do not move it
     assert w.back_at == 16.0
     assert w.silence_from(health(True, 0.0), 17.0) == 16.0
+
+
+def test_a_command_sent_before_an_outage_waits_a_full_timeout_from_the_reconnect() -> None:
+    # the same rule times out commands (``sweep_commands``): sent at 10, the bus back at 98 (wall = monotonic)
+    w = LivenessWatch(T, now=96.0)
+    w.heard(99.0)
+    assert w.silence_from(health(False, 97.0), 99.5) is None  # down: no command is late
+    start = w.silence_from(health(True, 98.0), 100.0)
+    assert not overdue(last_seen=10.0, now=100.0, timeout=T, heard_from=start)
+    assert overdue(last_seen=10.0, now=102.5, timeout=T, heard_from=start)

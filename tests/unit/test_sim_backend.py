@@ -68,6 +68,21 @@ async def test_speedup_divides_the_simulated_run_time(monkeypatch: pytest.Monkey
     await sim.close()
 
 
+async def test_a_stopped_job_has_left_running_when_stop_returns_and_exits_once() -> None:
+    # a registration right after a stop (the resync path) must not report the stopped job
+    sim = SimBackend(node="n1", models=["A100-40GB"], reconfig_latency_s=0)
+    inst = await sim.create_instance(0, 0, 0)
+    await sim.start_workload("j", inst, WorkloadSpec(duration_s=None))
+    await sim.stop_workload("j")
+    assert "j" not in sim.running()
+    ex = await asyncio.wait_for(sim.next_exit(), 5)
+    assert (ex.job_id, ex.reason) == ("j", "stopped")
+    await asyncio.sleep(0)  # the run's watcher gets its turn: no second exit
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(sim.next_exit(), 0.05)
+    await sim.close()
+
+
 def test_an_unknown_backend_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="sim, nvml"):
         make_backend("cuda", node="n1", models=[])

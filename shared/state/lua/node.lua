@@ -8,12 +8,25 @@
 --     still reports (a plain one, on a non-MIG GPU, while the node reports its job in 'jobs'); a busy instance
 --     it no longer reports is drift: its job is re-queued (a gang once, with all its slots freed); an
 --     unreported placing reservation is kept (its command may still be on its way).
+--     A reported instance running a job the state does not hold there is never adopted idle: it is kept
+--     'retiring' with that job (occupied, never reused) and listed in 'stops' {job, gpu, instance} for the
+--     registry to stop; 'stopped' idles it once the job is gone.
 --   lost ARGV: 'lost', node, now, reason
 --     Every GPU of the node becomes unhealthy and empty; every job on it is re-queued.
+--   stopped ARGV: 'stopped', node, now, job
+--     The node stopped (or saw end) a job the registration found running unbeknown to the state: the
+--     instances kept 'retiring' for it become idle. Returns {gpus = the GPUs changed}.
 local op, node, nkey = ARGV[1], ARGV[2], KEYS[2]
 local now = tonumber(ARGV[3])
 local requeued, drift = {}, {}
-local moves, reported_ids, gangs = {}, {}, {}
+local moves, reported_ids, gangs, stops = {}, {}, {}, {}
+-- The node runs job on instance i although the state does not hold it there (an executor re-attached to its
+-- workloads after a restart; a job re-queued since): adopted idle, the balancer would place other jobs on it
+-- and the node would refuse them until they failed. Keep its slices taken until the job is stopped.
+local function stop_foreign(i, job, gid)
+  idle(i); i.state = 'retiring'; i.job = job
+  table.insert(stops, {job, gid, i.id})
+end
 local function evict(insts, keep, reason)
   -- re-queue the jobs of instances not kept; returns the kept instances
   local out = {}
@@ -87,12 +100,16 @@ if op == 'register' then
       redis.call('ZADD', KEYS[1], pos, g.id)
       redis.call('HSET', key, 'node', node, 'index', g.index, 'model', g.model, 'pos', pos, 'ver', 0, 'rev', 0,
         'uuid', g.uuid or '')
-      for _, r in ipairs(reported) do r.state = 'idle'; r.job = nil end
+      for _, r in ipairs(reported) do
+        local job = r.job
+        r.state = 'idle'; r.job = nil
+        if job then stop_foreign(r, job, g.id) end
+      end
       redis.call('HSET', key, 'mig', g.mig and 1 or 0, 'healthy', g.healthy and 1 or 0, 'replicas', g.replicas or 0)
       save_gpu(key, reported, 'claim')
     else
-      local byid, running = {}, {}
-      for _, r in ipairs(reported) do byid[r.id] = r; reported_ids[r.id] = true end
+      local byid, running, rjob = {}, {}, {}
+      for _, r in ipairs(reported) do byid[r.id] = r; reported_ids[r.id] = true; rjob[r.id] = r.job end
       for _, j in ipairs(g.jobs or {}) do running[j] = true end
       local insts = decode_insts(redis.call('HGET', key, 'inst'))
       local kept = evict(insts, function(i)
@@ -102,13 +119,28 @@ if op == 'register' then
         if i.state ~= 'idle' then table.insert(drift, g.id .. ': ' .. i.id .. ' (' .. i.state .. ') not reported') end
         return false
       end, 'node ' .. node .. ' re-registered without the instance')
+      for _, i in ipairs(kept) do
+        local job = rjob[i.id]
+        local held = i.job == job and i.state ~= 'idle' and i.state ~= 'retiring'
+        if job and not held then
+          -- free or retiring in the state: hold it for the job; held for another job: only stop this one
+          if i.state == 'idle' or i.state == 'retiring' then stop_foreign(i, job, g.id)
+          else table.insert(stops, {job, g.id, i.id}) end
+        end
+      end
       for _, r in ipairs(reported) do
         if byid[r.id] then
+          local job = r.job
           r.state = 'idle'; r.job = nil
           local clash = false
           for _, i in ipairs(kept) do if bit.band(imask(i), imask(r)) ~= 0 then clash = true end end
-          if clash then table.insert(drift, g.id .. ': reported ' .. r.id .. ' overlaps the state')
-          else table.insert(kept, r) end
+          if clash then
+            table.insert(drift, g.id .. ': reported ' .. r.id .. ' overlaps the state')
+            if job then table.insert(stops, {job, g.id, r.id}) end
+          else
+            if job then stop_foreign(r, job, g.id) end
+            table.insert(kept, r)
+          end
         end
       end
       redis.call('HSET', key, 'mig', g.mig and 1 or 0, 'healthy', g.healthy and 1 or 0, 'model', g.model,
@@ -121,7 +153,20 @@ if op == 'register' then
   redis.call('SADD', NODES, node)
   redis.call('HSET', nkey, 'state', 'up', 'last_seen', now, 'registered_at', now, 'gpus', cjson.encode(ids),
     'reg_id', reg_id)
-  return cjson.encode({requeued = requeued, drift = drift, gpus = ids})
+  return cjson.encode({requeued = requeued, drift = drift, gpus = ids, stops = stops})
+end
+if op == 'stopped' then
+  local job, freed = ARGV[4], {}
+  for _, id in ipairs(cjson.decode(redis.call('HGET', nkey, 'gpus') or '[]')) do
+    local key = gk(id)
+    local insts = decode_insts(redis.call('HGET', key, 'inst'))
+    local hit = false
+    for _, i in ipairs(insts) do
+      if i.state == 'retiring' and i.job == job then idle(i); hit = true end
+    end
+    if hit then save_gpu(key, insts, true); table.insert(freed, id) end
+  end
+  return cjson.encode({gpus = freed})
 end
 -- lost
 if redis.call('HGET', nkey, 'state') ~= 'up' then return cjson.encode({requeued = {}, drift = {}, gpus = {}}) end
