@@ -6,8 +6,10 @@
 Prints one JSON object per policy: events, wall_s, events_per_s, and the share of wall time spent inside the
 placement policy (for the balancer family, mostly the simulator's ``PlacementIndex``, which answers MIG
 requests exactly as ``balancer.place`` would) and the migration planner, so the simulator's own overhead per
-event is visible too. The events and KPIs are the same with and without the index (docs/results-sim.md,
-"Simulator speed").
+event is visible too. With migration the planner is handed the simulator's pull-source index
+(``shared/policy/pull_index.py``); its time excludes the snapshot flush and index sync before each plan, which
+count as the simulator's own. The events and KPIs are the same with and without either index
+(docs/results-sim.md, "Simulator speed").
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from shared.policy.balancer import BalancerParams
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement import Slot
 from shared.policy.placement_index import PlacementIndex
+from shared.policy.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
 from shared.sim.errors import ClusterSpecError, InvariantError
 
@@ -147,6 +148,9 @@ class SimCluster:
         asked for (``_dirty``): most events need none (the placement index answers MIG requests)."""
         self._dirty: dict[str, None] = {}
         self.index: PlacementIndex | None = None
+        self.pulls: PullIndex | None = None
+        self._pull_stale: set[int] = set()
+        """Positions flushed into the builder since the pull index was last synchronised."""
         self.where: dict[str, str] = {}
         """instance id -> GPU id"""
         self.used = 0
@@ -176,6 +180,24 @@ class SimCluster:
         self.index = PlacementIndex(self.geometry, list(self.views.values()), params)
         return self.index
 
+    def attach_pull_index(self, threshold: float) -> PullIndex:
+        """Keep a ``PullIndex`` (the migration planner's pull sources, Busy threshold ``threshold``) from now
+        on; ``pull_index()`` hands it out synchronised with ``snapshot()``."""
+        self.pulls = PullIndex(threshold)
+        self.pulls.sync(self.snapshot())
+        self._pull_stale.clear()
+        return self.pulls
+
+    def pull_index(self) -> PullIndex | None:
+        """The pull index, synchronised with the current ``snapshot()`` (None when none is attached)."""
+        if self.pulls is None:
+            return None
+        snap = self.snapshot()
+        if self.pulls.snapshot is not snap:
+            self.pulls.sync(snap, self._pull_stale)
+            self._pull_stale.clear()
+        return self.pulls
+
     # reading -----------------------------------------------------------------------------------------------
     @property
     def builder(self) -> SnapshotBuilder:
@@ -184,6 +206,9 @@ class SimCluster:
             put = self._builder.put
             for gid in self._dirty:
                 put(self.views[gid])
+            if self.pulls is not None:
+                position = self.position
+                self._pull_stale.update(position[gid] for gid in self._dirty)
             self._dirty.clear()
         return self._builder
 
@@ -343,3 +368,10 @@ class SimCluster:
                     raise InvariantError(f"{gpu.id}: instance {inst.id} missing from the index")
             if busy != gpu.busy_mask:
                 raise InvariantError(f"{gpu.id}: busy mask {gpu.busy_mask:08b} != instances {busy:08b}")
+        if self.pulls is not None:
+            # the incremental pull index must describe the current snapshot as one rebuilt from scratch does
+            kept = self.pull_index()
+            fresh = PullIndex(self.pulls.threshold)
+            fresh.sync(self.snapshot())
+            if kept is None or kept.sources() != fresh.sources():
+                raise InvariantError("the migration planner's pull index differs from the cluster's state")

@@ -118,6 +118,9 @@ class Simulator:
                 consolidate=getattr(spec, "consolidate", False),
             )
         self._initial_layout()
+        if self.mig is not None:
+            # the planner's pull sources, kept incrementally (shared.policy.pull_index): the same moves
+            self.cluster.attach_pull_index(self.mig_params.threshold)
         self.placer: PlacementIndex | None = None
         params = getattr(policy, "balancer_params", None)
         if isinstance(params, BalancerParams):
@@ -246,7 +249,8 @@ class Simulator:
         self._after_free()
         if self.mig is not None and len(self.insts[i]) == 1:
             self._start_chain(
-                self.mig.plan_after_exit(self.cluster.snapshot(), freed[0], self.now, self.mig_params)
+                self.mig.plan_after_exit(self.cluster.snapshot(), freed[0], self.now, self.mig_params,
+                                         pulls=self.cluster.pull_index())
             )
         if mv is not None:
             self._continue_chain(i)

@@ -63,7 +63,7 @@ def on_defrag(sim: Simulator, e: ev.Event) -> bool:
         and memo[1] - sim.last_move_at >= sim.cfg.cooldown_s
     ):
         return True
-    moves = sim.mig.plan_defrag(sim.cluster.snapshot(), sim.now, sim.mig_params)
+    moves = sim.mig.plan_defrag(sim.cluster.snapshot(), sim.now, sim.mig_params, pulls=sim.cluster.pull_index())
     sim._defrag_memo = None if moves else (sim.cluster.changes, sim.now)
     start_chain(sim, moves)
     return True

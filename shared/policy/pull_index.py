@@ -1,0 +1,187 @@
+"""An incremental source index for the migration planner's pulls, for a caller that changes one GPU at a time.
+
+A pull into a Lazy target visits source GPUs best bound first (``migration_pull.PullSearch.best_pull``): the
+bound of a GPU is the best FragCost drop among its movable jobs that the target can host and that are small
+enough to move there (``removal_bound``). Computing it from the snapshot's columns costs a dozen numpy
+operations over every GPU per pull. Yet a GPU's bound depends only on the GPU's *source key* -- its model,
+``cu_idx`` (compute and used slices, which fix its load and the size cap), its load and its ``movable_drops``
+row -- and on the target, and a Busy cluster shows few distinct source keys (about ten at 1,000 GPUs). This
+index keeps the candidate sources (usable, Busy tier, some movable job whose removal lowers FragCost) grouped
+by source key, each group's positions sorted, and recomputes only the GPUs the caller says changed. A pull
+then computes one bound per group and walks the groups best first, positions in order.
+
+Exactness. ``heads`` yields ``(bound, -load, position)`` for exactly the GPUs whose column bound is < 0, with
+the same bound, in increasing order: the sequence ``best_pull`` builds from the columns. ``best_pull`` uses it
+only for the snapshot the index was last synchronised with (``snapshot``), and
+``tests/unit/test_migration_pull_index.py`` checks pulls and plans with and without the index over random
+clusters and random changes.
+
+Pure: a data structure the caller drives with ``sync``; no clock, I/O or randomness.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Container, Iterable, Iterator
+
+import numpy as np
+
+from shared.mig.geometry import GpuModel
+from shared.mig.tables import tables_for
+from shared.policy.snapshot import ClusterSnapshot
+
+SourceKey = tuple[int, int, int, tuple[int, ...]]
+"""(model index, ``cu_idx``, load in thousandths, ``movable_drops`` row): all a source's bound depends on."""
+Head = tuple[int, int, int]
+"""(bound, -load in thousandths, position), the order in which ``best_pull`` visits sources."""
+
+_MEMO_LIMIT = 200_000
+
+
+class PullIndex:
+    """Candidate pull sources of one snapshot, grouped by source key; ``sync`` follows the snapshot."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.t_q = round(threshold * 1000)
+        """The planner's Busy threshold in thousandths (``PlanState.t_q``)."""
+        self.snapshot: ClusterSnapshot | None = None
+        """The snapshot the index describes; the planner uses the index for that snapshot only."""
+        self._keys: list[SourceKey | None] = []
+        self._groups: dict[SourceKey, list[int]] = {}
+        self._models: tuple[GpuModel, ...] = ()
+        self._profiles: list[dict[str, tuple[int, int]]] = []
+        """Per model index: profile name -> (column in ``movable_drops``, compute slices)."""
+        self._ids: dict[SourceKey, int] = {}
+        """A number per source key ever seen: memo keys hash one int instead of the key's nested tuple."""
+        self._bounds: dict[tuple[int, tuple[frozenset[str], ...], int], int] = {}
+        self._ranked: dict[tuple[int, int, tuple[frozenset[str], ...]], list[tuple[int, int, list[SourceKey]]]] = {}
+        """Per target (used, compute, hostable): the runs of groups with a bound < 0, best first, for the
+        current set of groups (cleared when a group appears or empties)."""
+
+    def sync(self, snap: ClusterSnapshot, changed: Iterable[int] | None = None) -> None:
+        """Describe ``snap`` from now on. ``changed``: the positions of the GPUs that differ from the snapshot
+        of the previous ``sync`` (None, or a different GPU list or model list: rebuild from scratch)."""
+        if changed is None or len(snap) != len(self._keys) or snap.model_list != self._models:
+            self._rebuild(snap)
+        else:
+            for p in changed:
+                self._set(p, self._key_of(snap, p))
+        self.snapshot = snap
+
+    def _rebuild(self, snap: ClusterSnapshot) -> None:
+        self._models = snap.model_list
+        self._profiles = [
+            {p.name: (tables_for(m).index[p.name], p.compute_slices) for p in m.profiles} for m in self._models
+        ]
+        self._bounds.clear()
+        self._ids.clear()
+        self._ranked.clear()
+        self._keys = [None] * len(snap)
+        self._groups = {}
+        if not len(snap):
+            return
+        load_q = np.asarray(snap.load_q)
+        cand = (load_q >= self.t_q) & np.asarray(snap.ok) & (np.asarray(snap.movable_drops).min(axis=1) < 0)
+        for p in np.flatnonzero(cand).tolist():
+            self._set(p, self._key_of(snap, p))
+
+    def _key_of(self, snap: ClusterSnapshot, p: int) -> SourceKey | None:
+        """The GPU's source key, None when it is no candidate source (as ``load_ok`` and a bound < 0 say)."""
+        lq = snap.load_q.item(p)
+        if lq < self.t_q or not snap.ok.item(p):
+            return None
+        drops = tuple(snap.movable_drops[p].tolist())
+        if min(drops, default=0) >= 0:
+            return None
+        return snap.model_idx.item(p), snap.cu_idx.item(p), lq, drops
+
+    def _set(self, p: int, key: SourceKey | None) -> None:
+        old = self._keys[p]
+        if old == key:
+            return
+        if old is not None:
+            members = self._groups[old]
+            del members[bisect.bisect_left(members, p)]
+            if not members:
+                del self._groups[old]
+                self._ranked.clear()
+        if key is not None:
+            group = self._groups.get(key)
+            if group is None:
+                self._groups[key] = [p]
+                self._ranked.clear()
+            else:
+                bisect.insort(group, p)
+        self._keys[p] = key
+
+    def bound(self, key: SourceKey, t_used: int, t_compute: int, hostable: tuple[frozenset[str], ...]) -> int:
+        """``PullSearch.removal_bound`` of a GPU with source ``key`` for a target with ``t_used`` of
+        ``t_compute`` slices that can host ``hostable``: the best drop among the profiles it can host whose
+        jobs are small enough, (U_s C_t - U_t C_s) // (C_s + C_t) clipped to [0, 8] (``_size_cap``)."""
+        k, cu, _, drops = key
+        c_s, u_s = cu >> 4, cu & 0xF
+        cap = min(max((u_s * t_compute - t_used * c_s) // max(c_s + t_compute, 1), 0), 8)
+        kid = self._ids.get(key)
+        if kid is None:
+            kid = self._ids[key] = len(self._ids)
+        memo = (kid, hostable, cap)
+        got = self._bounds.get(memo)
+        if got is None:
+            got = 0
+            profiles = self._profiles[k]
+            for name in hostable[k]:
+                col, c = profiles[name]
+                if c <= cap and drops[col] < got:
+                    got = drops[col]
+            if len(self._bounds) >= _MEMO_LIMIT:
+                self._bounds.clear()
+            self._bounds[memo] = got
+        return got
+
+    def heads(self, t_used: int, t_compute: int, hostable: tuple[frozenset[str], ...],
+              skip: Container[int] = ()) -> Iterator[Head]:
+        """The sources with a bound < 0 for the target, as (bound, -load, position) in increasing order,
+        leaving out the positions in ``skip`` (GPUs the plan has changed: the caller bounds them itself)."""
+        runs = self._ranked.get((t_used, t_compute, hostable))
+        if runs is None:
+            runs = self._rank(t_used, t_compute, hostable)
+        groups = self._groups
+        for b, nl, keys in runs:
+            # groups of equal (bound, load) interleave by position
+            run: Iterable[int] = groups[keys[0]] if len(keys) == 1 else heapq.merge(*(groups[k] for k in keys))
+            for p in run:
+                if p not in skip:
+                    yield b, nl, p
+
+    def _rank(self, t_used: int, t_compute: int, hostable: tuple[frozenset[str], ...]
+              ) -> list[tuple[int, int, list[SourceKey]]]:
+        ranked: list[tuple[int, int, SourceKey]] = []
+        bounds, ids = self._bounds, self._ids
+        for key in self._groups:
+            # ``bound`` with its memo look-up inlined: this runs for every group whenever the groups change
+            cu = key[1]
+            c_s = cu >> 4
+            cap = min(max(((cu & 0xF) * t_compute - t_used * c_s) // max(c_s + t_compute, 1), 0), 8)
+            kid = ids.get(key)
+            b = None if kid is None else bounds.get((kid, hostable, cap))
+            if b is None:
+                b = self.bound(key, t_used, t_compute, hostable)
+            if b < 0:
+                ranked.append((b, -key[2], key))
+        ranked.sort()
+        runs: list[tuple[int, int, list[SourceKey]]] = []
+        for b, nl, key in ranked:
+            if runs and runs[-1][0] == b and runs[-1][1] == nl:
+                runs[-1][2].append(key)
+            else:
+                runs.append((b, nl, [key]))
+        if len(self._ranked) >= _MEMO_LIMIT:
+            self._ranked.clear()
+        self._ranked[(t_used, t_compute, hostable)] = runs
+        return runs
+
+    def sources(self) -> dict[int, SourceKey]:
+        """Position -> source key of every candidate source (for tests and invariant checks)."""
+        return {p: k for p, k in enumerate(self._keys) if k is not None}

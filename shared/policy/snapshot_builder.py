@@ -1,0 +1,170 @@
+"""``SnapshotBuilder``: the mutable, incremental keeper of a ``ClusterSnapshot``'s columns for the simulator
+and the services, so that taking a snapshot is a cheap copy (or, in the simulator, a set of read-only views).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.mig.geometry import Geometry, GpuModel
+from shared.mig.tables import tables_for
+from shared.policy.cluster_snapshot import ClusterSnapshot
+from shared.policy.gpu_view import GpuView
+from shared.policy.snapshot_columns import movable_drop_row_of
+
+
+class SnapshotBuilder:
+    """Mutable, incremental keeper of the columns; ``snapshot()`` hands out an immutable copy."""
+
+    def __init__(self, geometry: Geometry) -> None:
+        self.geometry = geometry
+        self._gpus: list[GpuView] = []
+        self._pos: dict[str, int] = {}
+        self._cap = 0
+        self._n = 0
+        self._cols: dict[str, np.ndarray] = {}
+        self._groups: dict[str, npt.NDArray[np.intp]] | None = None
+        self._frozen_pos: Mapping[str, int] | None = None
+        self._model_ids: dict[str, int] = {}
+        self._model_list: list[GpuModel] = []
+        self._width = max((len(m.profiles) for m in geometry.models), default=1)
+        self._by_name: dict[str, tuple[GpuModel, Mapping[str, int]]] = {}
+        self._models: tuple[object, dict[str, GpuModel]] | None = None
+        """(the groups it was computed for, model per group name), shared by snapshots while groups last."""
+        self._drops: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...]] = {}
+        """(the groups it was computed for, model per group name), shared by snapshots while groups last."""
+        """Model name as GPUs spell it -> (model, profile index): skips the geometry's name normalisation."""
+        self._grow(64)
+
+    def _grow(self, cap: int) -> None:
+        specs = {"busy": np.uint8, "idle": np.uint8, "used": np.uint8, "compute": np.uint8,
+                 "mig": np.bool_, "healthy": np.bool_, "idle_profiles": np.uint32, "model_idx": np.uint8,
+                 "pair": np.intp, "load_idx": np.intp, "ok": np.bool_, "load_q": np.int64, "cu_idx": np.intp}
+        new: dict[str, np.ndarray] = {k: np.zeros(cap, dtype=t) for k, t in specs.items()}
+        new["idle_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
+        new["busy_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
+        new["movable_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
+        new["movable_drops"] = np.zeros((cap, self._width), dtype=np.int64)
+        for k, col in self._cols.items():
+            new[k][: self._n] = col[: self._n]
+        self._cols = new
+        self._cap = cap
+        self._views: tuple[int, dict[str, np.ndarray]] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, gpu_id: str) -> bool:
+        return gpu_id in self._pos
+
+    def get(self, gpu_id: str) -> GpuView:
+        return self._gpus[self._pos[gpu_id]]
+
+    def put(self, gpu: GpuView) -> None:
+        """Add a GPU or replace the GPU of the same id."""
+        got = self._by_name.get(gpu.model)
+        if got is None:
+            m = self.geometry.model(gpu.model)
+            got = self._by_name[gpu.model] = (m, tables_for(m).index)
+        model, index = got
+        pos = self._pos.get(gpu.id)
+        if pos is None:
+            if self._n == self._cap:
+                self._grow(self._cap * 2)
+            pos = self._n
+            self._n += 1
+            self._pos[gpu.id] = pos
+            self._gpus.append(gpu)
+            self._groups = None
+            self._frozen_pos = None
+        else:
+            if self._gpus[pos].model != gpu.model:
+                self._groups = None
+            self._gpus[pos] = gpu
+        c = self._cols
+        c["busy"][pos] = gpu.busy_mask
+        c["idle"][pos] = gpu.idle_mask
+        c["used"][pos] = gpu.used_compute
+        c["compute"][pos] = model.compute_slices
+        c["mig"][pos] = gpu.mig
+        c["healthy"][pos] = gpu.healthy
+        mid = self._model_ids.get(model.name)
+        if mid is None:
+            mid = self._model_ids[model.name] = len(self._model_list)
+            self._model_list.append(model)
+        c["model_idx"][pos] = mid
+        # the starts columns in one pass over the instances (as snapshot_columns.fill_starts and
+        # fill_movable_starts), built as Python lists and written once per row: per-element updates of a
+        # numpy row cost more than the whole pass
+        width = self._width
+        irow, brow, mrow = [0] * width, [0] * width, [0] * width
+        bits = 0
+        for inst in gpu.instances:
+            k = index.get(inst.profile)
+            if k is None:
+                continue
+            b = 1 << inst.start
+            if inst.job_id is None:
+                irow[k] |= b
+                bits |= 1 << k
+            else:
+                brow[k] |= b
+                if inst.migratable and not inst.latency_sensitive:
+                    mrow[k] |= b
+        c["idle_starts"][pos] = irow
+        c["busy_starts"][pos] = brow
+        c["movable_starts"][pos] = mrow
+        c["idle_profiles"][pos] = bits
+        if gpu.busy_mask:
+            # memoised by model slot, not by model: hashing a GpuModel costs more than the row itself
+            dkey = (mid, gpu.busy_mask, tuple(mrow))
+            drops = self._drops.get(dkey)
+            if drops is None:
+                if len(self._drops) >= 1 << 14:
+                    self._drops.clear()
+                drops = self._drops[dkey] = movable_drop_row_of(model, gpu.busy_mask, dkey[2], width)
+            c["movable_drops"][pos] = drops
+        else:
+            c["movable_drops"][pos] = 0
+        # derived columns the balancer indexes with, kept here so a decision skips ~10 array operations
+        c["pair"][pos] = (mid << 16) | (gpu.busy_mask << 8) | gpu.idle_mask
+        c["load_idx"][pos] = (mid << 4) | gpu.used_compute
+        # as the load_q property computes it (float64 division, round half to even)
+        c["load_q"][pos] = round(gpu.used_compute * 1000.0 / max(model.compute_slices, 1))
+        c["cu_idx"][pos] = (model.compute_slices << 4) | gpu.used_compute
+        c["ok"][pos] = gpu.mig and gpu.healthy
+
+    def snapshot(self, copy: bool = True) -> ClusterSnapshot:
+        """An immutable snapshot. ``copy=False`` hands out read-only views of the builder's columns instead of
+        copies: valid only until the next ``put`` (the simulator asks a policy and applies the answer before
+        it changes anything, so it need not pay for ten column copies per decision)."""
+        if self._groups is None:
+            groups: dict[str, list[int]] = {}
+            for i, g in enumerate(self._gpus):
+                groups.setdefault(self.geometry.model(g.model).name, []).append(i)
+            self._groups = {k: np.asarray(v, dtype=np.intp) for k, v in groups.items()}
+            for arr in self._groups.values():
+                arr.setflags(write=False)
+        if self._frozen_pos is None:
+            self._frozen_pos = MappingProxyType(dict(self._pos))
+        n = self._n
+        if copy:
+            c = {k: v[:n].copy() for k, v in self._cols.items()}
+        else:
+            # the same read-only views every time, until the columns grow or a GPU is added
+            if self._views is None or self._views[0] != n:
+                views = {k: v[:n] for k, v in self._cols.items()}
+                for v in views.values():
+                    v.setflags(write=False)  # read-only views of columns the builder still writes
+                self._views = (n, views)
+            c = self._views[1]
+        if self._models is None or self._models[0] is not self._groups:
+            self._models = (self._groups, {name: self.geometry.model(name) for name in self._groups})
+        return ClusterSnapshot(
+            self.geometry, tuple(self._gpus), groups=self._groups, position=self._frozen_pos,
+            model_list=tuple(self._model_list), models=self._models[1], read_only=not copy, **c
+        )
