@@ -1,5 +1,5 @@
 """A stand-in for the live stack, for trying the load tools and testing them: every ``jobs.submit`` becomes,
-in order, a ``sched.placed``, a ``place`` command on ``cmd.<node>``, a ``job_started`` report and, after the
+in order, a ``sched.placed``, a ``place`` command on ``cmd.<node>``, a ``cmd_done`` report and, after the
 job's ``duration_hint_s``, a ``jobs.exit`` — with the field names of ``shared.events`` but none of its
 payloads (it places nothing). It listens with a core subscription, so it sees the same messages the
 generator stores in JetStream. Never point it at a namespace a real stack is using.
@@ -59,8 +59,8 @@ class FakeStack:
         await self.nc.publish(s.sched_placed, _enc.encode({"v": 1, "id": f"p-{jid}", "job_id": jid}))
         await self.nc.publish(s.cmd(node), _enc.encode({"v": 1, "id": f"c-{jid}", "cmd_id": f"c-{jid}",
                                                         "kind": "place", "node": node, "job_id": jid}))
-        started = {"v": 1, "id": f"r-{jid}", "kind": "job_started", "node": node, "job_id": jid,
-                   "instance_id": "i"}
+        started = {"v": 1, "id": f"r-{jid}", "kind": "cmd_done", "node": node, "job_id": jid,
+                   "cmd_id": f"c-{jid}", "command": "place"}
         await self.nc.publish(s.node_report(node), _enc.encode(started))
         self.handled += 1
         if self.exits:

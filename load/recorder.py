@@ -1,7 +1,8 @@
 """Per-job stage timestamps from the wire: submit → placed → command → running (→ exit), as HDR histograms.
 
 The recorder only listens (core subscriptions, the ``audit`` role's rights): ``sched.placed``, ``cmd.*`` (the
-first ``place`` command of a job), ``node.*.report`` (``job_started``), ``jobs.exit`` and ``dlq.>``. It never
+first ``place`` command of a job), ``node.*.report`` (the ``place`` command's ``cmd_done``; an older executor's
+``job_started``), ``jobs.exit`` and ``dlq.>``. It never
 joins a JetStream consumer, so it cannot disturb the stack's deliveries. A job's clock starts at the
 generator's *intended* send instant (``submitted``), never at the actual one, so a stall anywhere shows up as
 latency (see ``load.generator``). The first sighting of a stage counts; later ones are duplicates
@@ -38,6 +39,7 @@ class _Probe(msgspec.Struct):
     job_id: str | None = None
     kind: str | None = None
     exit: str | None = None
+    command: str | None = None
 
 
 _probe = msgspec.json.Decoder(_Probe)
@@ -145,7 +147,7 @@ class Recorder:
                     self.reordered += 1
                 self.hist[name].record_value(max(1, d // 1000))
         # Done when every stage up to ``final`` has been seen, not merely ``final``: stages come from
-        # different publishers (and subscriptions), so a job's exit can overtake its job_started by a hair.
+        # different publishers (and subscriptions), so a job's exit can overtake its start report by a hair.
         if len(tl) == self._needed:
             del self.timelines[job_id]
             if self.keep_jobs:
@@ -187,8 +189,11 @@ class Recorder:
             self.observe("placed", p.job_id)
         elif kind == "cmd" and p.kind in (None, "place"):
             self.observe("command", p.job_id)
-        elif kind == "report" and p.kind == "job_started":
-            self.observe("running", p.job_id)
+        elif kind == "report" and p.kind == "cmd_done" and p.command == "place":
+            self.observe("running", p.job_id)  # a place's cmd_done is its start report
+        elif kind == "report" and p.kind == "job_started":  # an older executor also sent this after cmd_done
+            if p.job_id not in self.timelines or "running" not in self.timelines[p.job_id]:
+                self.observe("running", p.job_id)
         elif kind == "exit":
             self.exit_kinds[p.kind or "?"] += 1
             self.observe("exit", p.job_id)

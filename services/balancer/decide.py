@@ -154,7 +154,7 @@ class Decisions(Service):
                         latency_sensitive=sub.latency_sensitive,
                         migratable=sub.migratable,
                     )
-                    dec = place(mirror.snapshot(), req, self.params)
+                    dec = place(mirror.view(), req, self.params)  # applied below, before any await
                     self._m_decide.observe(time.perf_counter() - t0)
                 if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
                     dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)

@@ -24,6 +24,7 @@ class Mirror:
         self.builder = SnapshotBuilder(geometry)
         self.vers: dict[str, int] = {}
         self._snap: ClusterSnapshot | None = None
+        self._view: ClusterSnapshot | None = None
 
     def __len__(self) -> int:
         return len(self.builder)
@@ -34,10 +35,18 @@ class Mirror:
             self._snap = self.builder.snapshot()
         return self._snap
 
+    def view(self) -> ClusterSnapshot:
+        """A snapshot over the builder's own columns, not copies of them (half a snapshot's cost, paid once
+        per decision): valid only until this mirror next changes, so only for a reader that is done with it
+        before then without awaiting anything (one ``place`` call, whose answer is applied next)."""
+        if self._view is None:
+            self._view = self.builder.snapshot(copy=False)
+        return self._view
+
     def put(self, g: StoredGpu) -> None:
         self.builder.put(g.view())
         self.vers[g.id] = g.ver
-        self._snap = None
+        self._snap = self._view = None
 
     def put_instances(self, gpu_id: str, instances: list[StoredInstance], ver: int) -> None:
         """Replace one GPU's instances (from a transition result that does not carry the GPU's identity)."""
@@ -45,7 +54,7 @@ class Mirror:
             return
         self.builder.put(self.builder.get(gpu_id).with_instances([i.view() for i in instances]))
         self.vers[gpu_id] = ver
-        self._snap = None
+        self._snap = self._view = None
 
     def release(self, gpu_id: str, instance_id: str, job_id: str) -> bool:
         """The job left its instance: idle it here as the release transition did in Redis (a release does not
@@ -58,13 +67,13 @@ class Mirror:
             return False
         if inst.profile in PLAIN_PROFILES:  # a whole GPU or a share: removed, as the release removed it
             self.builder.put(gpu.with_instances([i for i in gpu.instances if i.id != instance_id]))
-            self._snap = None
+            self._snap = self._view = None
             return True
         idle = InstanceView(
             id=inst.id, profile=inst.profile, start=inst.start, size=inst.size, compute=inst.compute
         )
         self.builder.put(gpu.with_instances([idle if i.id == instance_id else i for i in gpu.instances]))
-        self._snap = None
+        self._snap = self._view = None
         return True
 
     def get(self, gpu_id: str) -> GpuView:
@@ -102,7 +111,7 @@ class Mirror:
         self.builder.put(gpu.with_instances(keep))
         expected = self.vers.get(slot.gpu_id, 0)
         self.vers[slot.gpu_id] = expected + 1
-        self._snap = None
+        self._snap = self._view = None
         return expected
 
 

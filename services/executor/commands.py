@@ -18,7 +18,7 @@ from services.executor.backend import Backend, BackendError, InstanceInfo, Workl
 from services.executor.instances import InstanceBook, report, undo
 from services.executor.plain import plain_target
 from shared.errors import MigschedError
-from shared.events import CmdDone, Command, JobStarted, now
+from shared.events import CmdDone, Command, now
 
 
 class CommandsMixin:
@@ -131,7 +131,7 @@ class CommandsMixin:
             await self.backend.start_workload(cmd.job_id, target, spec)
             self.metrics.migrated()
         else:
-            self._start_reported[cmd.job_id] = asyncio.Event()  # set once JobStarted is out (see _exits)
+            self._start_reported[cmd.job_id] = asyncio.Event()  # set once the cmd_done is out (see _exits)
             await self.backend.start_workload(cmd.job_id, target, spec)
         self._job_ctx[cmd.job_id] = ctx
         self._job_instance[cmd.job_id] = (cmd.instance_id, target.gpu_index)
@@ -150,18 +150,9 @@ class CommandsMixin:
         )
         if changed:
             self.metrics.reconfigured(changed)
-        if cmd.kind == "migrate_start":
-            return [done]
-        return [
-            done,
-            JobStarted(
-                id=f"{cmd.cmd_id}.started",
-                node=self.node,
-                at=now(),
-                job_id=cmd.job_id,
-                instance_id=cmd.instance_id,
-            ),
-        ]
+        # A place's cmd_done is its start report: the registry marks the job running on it (an executor no
+        # longer sends job_started, which only repeated it: one report, one Lua call and one publish per job).
+        return [done]
 
     async def _stop_preempted(self, cmd: Command) -> None:
         """A placement that preempted jobs: stop their workloads before the ops destroy or reuse their

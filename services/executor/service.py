@@ -34,12 +34,12 @@ from shared import telemetry
 from shared.bus import Bus, Delivery, Outgoing
 from shared.errors import MigschedError
 from shared.events import (
+    CmdDone,
     CmdFailed,
     Command,
     ExitKind,
     Heartbeat,
     JobExited,
-    JobStarted,
     new_id,
     now,
 )
@@ -138,8 +138,9 @@ class Executor(RegistrationMixin, CommandsMixin):
         out = [o for lane in results for o in lane]
         await self.bus.publish_batch(out)
         for o in out:
-            if isinstance(o.msg, JobStarted) and o.msg.job_id in self._start_reported:
-                self._start_reported[o.msg.job_id].set()
+            r = o.msg
+            if isinstance(r, CmdDone | CmdFailed) and r.command == "place" and r.job_id in self._start_reported:
+                self._start_reported[r.job_id].set()
 
     def _lane(self, cmd: Command) -> int:
         if cmd.gpu_index is not None:  # nearly always: asked several times per command, so no scan first

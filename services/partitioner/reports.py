@@ -5,7 +5,8 @@
 - ``cmd_failed``: place -> release the reservation and re-queue the job (or fail it after max attempts), then
   a capacity signal so the balancer re-decides it; migrate_start -> abort the move; destroy_idle -> the
   instance is idle again.
-- ``job_started``: mark running (idempotent with cmd_done).
+- ``job_started`` (executors before the cmd_done of a place became the start report): mark running, a no-op
+  after the cmd_done.
 - ``job_exit``: release (the first release frees the slices) and re-publish as ``jobs.exit`` for the balancer,
   the partitioner's retention and the migration planner. An exit naming another instance than the job's
   current one (a late message from before a re-queue) is stale and ignored.

@@ -37,19 +37,27 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _ENCODER.encode(msg)
 
 
+_SERVABLE: dict[Demand, Geometry] = {}
+"""Demands found coherent and servable, with the geometry that serves them: a submit's demand is one of a few,
+and its check (profile resolution on every model) costs more than the rest of the decode."""
+
+
 def check_demand(demand: Demand, geometry: Geometry | None = None) -> None:
     """Raise DecodeError unless the demand is coherent and some known GPU model can serve it."""
+    geometry = geometry or default_geometry()
+    if _SERVABLE.get(demand) is geometry:
+        return
     from shared.errors import RequestError
 
     try:
         demand.check()
     except RequestError as exc:
         raise DecodeError(f"invalid demand: {exc}") from None
-    if demand.kind != "mig":
-        return
-    geometry = geometry or default_geometry()
-    if not any(resolve_profile(demand, m) is not None for m in geometry.models):
+    if demand.kind == "mig" and not any(resolve_profile(demand, m) is not None for m in geometry.models):
         raise DecodeError(f"unknown profile: no GPU model has a profile for {demand.label()}")
+    if len(_SERVABLE) >= 4096:  # bounded against a stream of distinct sized demands
+        _SERVABLE.clear()
+    _SERVABLE[demand] = geometry
 
 
 def decode(

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from services.common.testing import Namespace, make_settings
-from shared.bus import Delivery, Outgoing
+from shared.bus import BusError, Delivery, Outgoing
 from shared.events import Demand, JobSubmit, Subjects, now
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -79,6 +79,18 @@ async def test_a_message_published_twice_with_one_id_is_consumed_once(
         c.stop()
         await task
         assert sorted(d.data.job_id for d in got) == sorted(f"j{i}" for i in range(1, 300))
+
+
+async def test_a_batch_is_acknowledged_per_message_by_the_stream(prefix: str, nats_url: str, redis_url: str) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        subj = ns.bus.subjects.jobs_submit
+        acks = await ns.bus.publish_batch([Outgoing(subj, submit(i)) for i in range(5)])
+        assert [a.stream for a in acks] == [ns.bus.subjects.stream_jobs] * 5
+        assert [a.seq for a in acks] == list(range(acks[0].seq, acks[0].seq + 5)) and not any(a.duplicate for a in acks)
+        again = await ns.bus.publish_batch([Outgoing(subj, submit(3)), Outgoing(subj, submit(9))])
+        assert [(a.seq, bool(a.duplicate)) for a in again] == [(acks[3].seq, True), (acks[4].seq + 1, False)]
+        with pytest.raises(BusError, match="NoStreamResponse"):  # no stream stores this subject
+            await ns.bus.publish_batch([Outgoing(f"{prefix}-nostream.x", submit(1))])
 
 
 @pytest.mark.parametrize(

@@ -191,13 +191,20 @@ async def test_a_place_command_creates_the_instance_starts_the_job_and_reports_i
     assert isinstance(done, CmdDone) and done.instance is not None
     assert (done.instance.profile, done.instance.start, done.instance.size) == ("3g.20gb", 4, 4)
     assert done.instance.instance_id == "n1/0:3g.20gb@4:j1" and done.instance.uuid.startswith("MIG-")
-    await rig.watch.until(lambda m: isinstance(m, JobStarted) and m.job_id == "j1")
     exited = await rig.watch.until(lambda m: isinstance(m, JobExited) and m.job_id == "j1")
     assert exited.exit == "completed" and exited.status == 0
+    # the place's cmd_done is the start report: no job_started any more, and the exit never overtakes it
     order = [type(m) for m in rig.watch.seen if getattr(m, "job_id", None) == "j1"]
-    assert order.index(JobStarted) < order.index(JobExited)
+    assert JobStarted not in order and order.index(CmdDone) < order.index(JobExited)
     # the instance stays (idle, for reuse) until the partitioner says otherwise
     assert [(i.profile, i.start) for i in await rig.executor.backend.list_instances(0)] == [("3g.20gb", 4)]
+
+
+async def test_a_job_that_ends_at_once_is_reported_after_its_cmd_done(rig: Rig) -> None:
+    await rig.send(place("c0", "j0", 1, "1g.5gb", 0, duration=0.0))
+    await rig.watch.until(lambda m: isinstance(m, JobExited) and m.job_id == "j0")
+    order = [type(m) for m in rig.watch.seen if getattr(m, "job_id", None) == "j0"]
+    assert order == [CmdDone, JobExited]
 
 
 async def test_a_replayed_place_command_creates_nothing_twice(rig: Rig) -> None:

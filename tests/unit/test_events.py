@@ -120,6 +120,23 @@ def test_an_invalid_submit_is_refused_with_a_specific_reason(patch: dict, reason
     assert reason in err.value.reason
 
 
+def test_a_demand_checked_once_is_judged_again_under_another_geometry() -> None:
+    from shared.events.codec import check_demand
+    from shared.mig.geometry import Geometry, default_geometry
+
+    d = Demand(kind="mig", profile="1g.5gb")
+    check_demand(d)
+    check_demand(d)  # the second time from the cache
+    only_h100 = Geometry(m for m in default_geometry().models if all(p.name != "1g.5gb" for p in m.profiles))
+    with pytest.raises(DecodeError, match="unknown profile"):
+        check_demand(d, only_h100)
+    check_demand(d, default_geometry())
+    with pytest.raises(DecodeError, match="invalid demand"):  # an incoherent one is never taken as checked
+        check_demand(Demand(kind="mig"))
+    with pytest.raises(DecodeError, match="invalid demand"):
+        check_demand(Demand(kind="mig"))
+
+
 def test_a_profile_known_to_some_model_and_a_shape_and_a_size_are_accepted() -> None:
     for d in (
         Demand(kind="mig", profile="1g.18gb"),

@@ -81,9 +81,12 @@ def test_wire_messages_are_routed_by_subject_and_kind() -> None:
     rec.on_message("ns.cmd.node-a", wire(kind="stop", job_id="r-1"))  # not a placement: ignored
     rec.on_message("ns.cmd.node-a", wire(kind="place", job_id="r-1"))
     clock.now = 5 * MS
-    rec.on_message("ns.node.node-a.report", wire(kind="cmd_done", job_id="r-1"))
+    rec.on_message("ns.node.node-a.report", wire(kind="cmd_done", command="stop", job_id="r-1"))  # not a start
     rec.on_message("ns.node.node-a.heartbeat", wire(running=["r-1"]))
-    rec.on_message("ns.node.node-a.report", wire(kind="job_started", job_id="r-1"))
+    assert rec.reached["running"] == 0
+    rec.on_message("ns.node.node-a.report", wire(kind="cmd_done", command="place", job_id="r-1"))
+    clock.now = 6 * MS
+    rec.on_message("ns.node.node-a.report", wire(kind="job_started", job_id="r-1"))  # an older executor's
     clock.now = 9 * MS
     rec.on_message("ns.jobs.exit", wire(kind="completed", job_id="r-1"))
     rec.on_message("ns.dlq.jobs.submit", b"garbage", {"Migsched-Error": "malformed JSON"})
@@ -92,6 +95,7 @@ def test_wire_messages_are_routed_by_subject_and_kind() -> None:
     assert rec.latencies()["submit→command"].p50 == pytest.approx(3.0, rel=1e-3)
     assert rec.exit_kinds == {"completed": 1}
     assert rec.errors == {"dead-lettered: malformed JSON": 1, "undecodable placed": 1}
+    assert rec.latencies()["command→running"].p50 == pytest.approx(2.0, rel=1e-3) and not rec.duplicates
 
 
 async def test_waiting_for_completion_ends_when_the_last_job_has_every_stage_up_to_the_final_one() -> None:
@@ -127,7 +131,7 @@ def test_throughput_is_the_rate_between_first_and_last_event() -> None:
 def test_a_job_is_done_only_when_every_stage_up_to_the_final_one_was_seen() -> None:
     rec = Recorder("r", final="exit", clock=Clock())
     rec.submitted("r-0", 0)
-    for stage, t in (("placed", 1), ("command", 2), ("exit", 3)):  # the exit overtook job_started
+    for stage, t in (("placed", 1), ("command", 2), ("exit", 3)):  # the exit overtook the start report
         rec.observe(stage, "r-0", t * MS)
     assert "r-0" in rec.timelines and rec.lost()["running"] == 1
     rec.observe("running", "r-0", 4 * MS)
