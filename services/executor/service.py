@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict, defaultdict
 from typing import Any
 
+import pynvml
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
@@ -56,6 +57,7 @@ _EXIT_KIND: dict[str, ExitKind] = {
     "lost": "lost",
 }
 _REMEMBERED_COMMANDS = 20000
+_DRIFT_REPORT_EVERY_S = 1.0
 
 
 class Executor(RegistrationMixin, CommandsMixin):
@@ -66,6 +68,8 @@ class Executor(RegistrationMixin, CommandsMixin):
         self.metrics = ExecutorMetrics(node)
         self._gpu_locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._done: OrderedDict[str, list[Any]] = OrderedDict()
+        self._drift_seen = False
+        self._next_drift_report = 0.0
         self._job_ctx: dict[str, otel_context.Context] = {}
         self._job_started: dict[str, tuple[float, float | None]] = {}
         self._start_reported: dict[str, asyncio.Event] = {}
@@ -137,6 +141,14 @@ class Executor(RegistrationMixin, CommandsMixin):
         results = await asyncio.gather(*(self._run_lane(ds) for ds in lanes.values()))
         out = [o for lane in results for o in lane]
         await self.bus.publish_batch(out)
+        if self._drift_seen and time.monotonic() >= self._next_drift_report:
+            # A create refused for overlap means this node holds an instance the state does not know (left by
+            # a command that ran after its job was re-queued elsewhere). Re-registering after the failure
+            # reports (same subject, so the registry applies them first) lets the state adopt it as idle or
+            # stop its job, instead of the balancer choosing the same slot again until the job fails.
+            self._drift_seen = False
+            self._next_drift_report = time.monotonic() + _DRIFT_REPORT_EVERY_S
+            await self.register()
         for o in out:
             r = o.msg
             if isinstance(r, CmdDone | CmdFailed) and r.command == "place" and r.job_id in self._start_reported:
@@ -197,6 +209,8 @@ class Executor(RegistrationMixin, CommandsMixin):
             msgs = await self.apply(cmd, ctx)
         except MigschedError as exc:
             code = exc.code if isinstance(exc, BackendError) else None
+            if code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES and cmd.kind in ("place", "migrate_start"):
+                self._drift_seen = True
             if span is not None:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
             log.warning("command %s (%s) failed: %s", cmd.cmd_id, cmd.kind, exc)

@@ -231,6 +231,23 @@ async def test_a_failed_mig_operation_is_reported_with_its_nvml_code(rig: Rig) -
     assert failed.job_id == "j3" and not rig.watch.of(JobStarted)
 
 
+async def test_a_create_refused_for_overlap_is_followed_by_a_registration_listing_what_the_gpu_holds(
+    rig: Rig,
+) -> None:
+    await rig.watch.until(lambda m: isinstance(m, Registered))
+    await rig.send(place("c7", "j7", 0, "3g.20gb", 4, duration=0.01))  # left idle, unknown to the scheduler
+    await rig.watch.until(lambda m: isinstance(m, JobExited) and m.job_id == "j7")
+    registrations = len(rig.watch.of(Registered))
+    await rig.send(place("c8", "j8", 0, "7g.40gb", 0))  # the scheduler's view: the GPU is empty
+    failed = await rig.watch.until(is_done("c8"))
+    assert isinstance(failed, CmdFailed) and failed.code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    again = await rig.watch.until(lambda m: isinstance(m, Registered) and len(rig.watch.of(Registered)) > registrations)
+    again = rig.watch.of(Registered)[-1]
+    assert rig.watch.seen.index(again) > rig.watch.seen.index(failed)  # after the failure, on the same subject
+    (gpu0,) = [g for g in again.gpus if g.index == 0]
+    assert [(i.profile, i.start) for i in gpu0.instances] == [("3g.20gb", 4)]
+
+
 async def test_a_stop_command_ends_the_job_as_cancelled_and_destroys_only_idle_instances(rig: Rig) -> None:
     await rig.send(place("c4", "j4", 0, "7g.40gb", 0))
     await rig.watch.until(is_done("c4"))
