@@ -168,11 +168,12 @@ class ReportsMixin:
         if res.status == "stale" or (res.status == "noop" and not res.state):
             self.log.info("ignored exit of %s from %s: %s", r.job_id, r.node, res.status)
             return []
-        if res.status == "noop" and r.instance_id and (not res.gpu_id or d.deliveries <= 1):
+        if res.status == "noop" and (d.deliveries <= 1 or (r.instance_id and not res.gpu_id)):
             # the job was released already. A redelivered exit (this process, or one before it, may have
-            # crashed between the release and this publish) of the job's last instance is published again (the
-            # same id: JetStream drops it if it went out). A first delivery is the exit of another copy of the
-            # job (both copies of a move ending on their own): the job's exit went out already.
+            # crashed between the release and this publish) of the job's last instance, or naming none, is
+            # published again (the same id: JetStream drops it if it went out). A first delivery is the exit of
+            # another copy of the job (both copies of a move ending on their own, or a run started again by a
+            # command an executor applied late after a restart): the job's exit went out already.
             self.log.info("ignored exit of %s from %s: released already", r.job_id, r.node)
             return []
         gpu = res.gpu_id or gpu_id_of(r.node, r.gpu_index or 0)
