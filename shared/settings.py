@@ -54,6 +54,9 @@ class Settings:
     fetch_timeout_s: float = 0.05
     """How often an idle consumer wakes to check for a stop (>= 0.2 s); its pull requests stay open 100 times
     as long (1-30 s), so a message is handed over as soon as it arrives either way."""
+    publish_timeout_s: float = 10.0
+    """How long a batch of publishes waits for JetStream's acknowledgements before it fails (and its handler's
+    messages come back)."""
     otlp_endpoint: str = ""
     """OTLP/HTTP traces endpoint (e.g. http://127.0.0.1:4318/v1/traces); empty disables export."""
     trace_sample_ratio: float = 1.0

@@ -89,8 +89,31 @@ async def test_a_batch_is_acknowledged_per_message_by_the_stream(prefix: str, na
         assert [a.seq for a in acks] == list(range(acks[0].seq, acks[0].seq + 5)) and not any(a.duplicate for a in acks)
         again = await ns.bus.publish_batch([Outgoing(subj, submit(3)), Outgoing(subj, submit(9))])
         assert [(a.seq, bool(a.duplicate)) for a in again] == [(acks[3].seq, True), (acks[4].seq + 1, False)]
-        with pytest.raises(BusError, match="NoStreamResponse"):  # no stream stores this subject
+        with pytest.raises(BusError, match="no stream acknowledged"):  # no stream stores this subject
             await ns.bus.publish_batch([Outgoing(f"{prefix}-nostream.x", submit(1))])
+
+
+async def test_a_batch_whose_acknowledgement_never_comes_fails_within_the_publish_timeout(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url, publish_timeout_s=0.3)) as ns:
+        silent = f"{prefix}-silent.x"
+        heard: list[bytes] = []
+
+        async def swallow(msg: object) -> None:  # a plain subscriber: it gets the message and answers nothing
+            heard.append(msg.data)  # type: ignore[attr-defined]
+
+        sub = await ns.bus.nc.subscribe(silent, cb=swallow)
+        try:
+            with pytest.raises(BusError, match="1 of 2 publishes not acknowledged"):
+                await ns.bus.publish_batch(
+                    [Outgoing(ns.bus.subjects.jobs_submit, submit(1)), Outgoing(silent, submit(2))]
+                )
+            assert len(heard) == 1 and not ns.bus.acks.futures  # nothing left waiting for an answer
+            acks = await ns.bus.publish_batch([Outgoing(ns.bus.subjects.jobs_submit, submit(3))])
+            assert acks[0].stream == ns.bus.subjects.stream_jobs and not acks[0].duplicate
+        finally:
+            await sub.unsubscribe()
 
 
 @pytest.mark.parametrize(
