@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -29,9 +30,23 @@ def run(service_cls: Any, settings_cls: Any, **overrides: Any) -> None:
     run_profiled(service_cls.name, lambda: _main(service_cls, settings))
 
 
+def tune_gc() -> None:
+    """Freeze what start-up made (modules, geometry tables, settings) out of the collector's sight and collect
+    the youngest generation less often. A service allocates a few short-lived objects per message; with the
+    default thresholds its full collections walked every start-up object as well, 40 ms pauses in the
+    balancer and partitioner, each one a spike in submit -> command latency."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+
+
+GC_GEN0_THRESHOLD = 10_000
+
+
 def run_profiled(name: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """``asyncio.run(main())``; with ``MIGSCHED_PROFILE=<dir>`` under a cProfile of the whole run, written to
     ``<dir>/<name>-<pid>.prof`` at a graceful stop (where the time goes)."""
+    tune_gc()
     profile = os.environ.get("MIGSCHED_PROFILE", "")
     if not profile:
         asyncio.run(main())
