@@ -70,7 +70,8 @@ async def execute(args: argparse.Namespace, *, title: str, schedule: Any, factor
     rec_nc = await _connect(args.nats, args.audit_user)
     fake_nc = await _connect(args.nats, None) if args.fake_stack else None
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    rec = Recorder(factory.run_id, subjects, final=args.final)
+    rec = Recorder(factory.run_id, subjects, final=args.final, skip=frozenset(args.skip),
+                   keep_jobs=bool(args.timelines))
     await rec.attach(rec_nc)
     fake = FakeStack(fake_nc, subjects) if fake_nc is not None else None
     if fake is not None:
@@ -110,6 +111,8 @@ async def execute(args: argparse.Namespace, *, title: str, schedule: Any, factor
     for nc in (gen_nc, rec_nc, fake_nc):
         if nc is not None:
             await nc.close()
+    if args.timelines:
+        Path(args.timelines).write_bytes(msgspec.json.encode(rec.done))
     text = render(summary)
     print(text)
     if args.report:
@@ -117,6 +120,14 @@ async def execute(args: argparse.Namespace, *, title: str, schedule: Any, factor
     if args.json:
         Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     return 0 if all(c.ok for c in summary.checks) else 1
+
+
+def _stages(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [n for n in names if n not in STAGES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown stage(s) {', '.join(bad)}; stages are {', '.join(STAGES)}")
+    return names
 
 
 def _run_id() -> str:
@@ -188,10 +199,14 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--publisher-user", help="NATS user of the generator (password from the environment)")
         p.add_argument("--audit-user", help="NATS user of the recorder")
         p.add_argument("--final", choices=STAGES, default="exit", help="the stage every job must reach")
+        p.add_argument("--skip", type=_stages, default=(), help="intermediate stages not to watch, e.g. "
+                       "placed,running (spares the harness's CPU; their spans are not measured)")
         p.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers")
         p.add_argument("--fake-stack", action="store_true", help="answer with the stand-in stack")
         p.add_argument("--report", help="Markdown report to update (e.g. load/REPORT.md)")
         p.add_argument("--json", help="also write the run summary as JSON here")
+        p.add_argument("--timelines", help="also write each finished job's stage instants (monotonic ns) as "
+                       "JSON here: where in the run the slow jobs were (keeps them all in memory)")
         p.add_argument("--title", help="report section heading (default: the scenario)")
         p.add_argument("--note", action="append", default=[], help="a line to add to the report section")
         p.set_defaults(rss_interval=5.0)

@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", help="directory for the services' CPU profiles")
     ap.add_argument("--drain", type=float, default=30.0)
     ap.add_argument("--note", action="append", default=[])
+    ap.add_argument("--skip", help="stages the recorder does not watch (see python -m load scenario --help)")
+    ap.add_argument("--timelines", help="per-job stage instants as JSON (see python -m load scenario --help)")
     args = ap.parse_args(argv)
     sc = scenario(args.name)
     work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
@@ -114,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--duration", str(args.duration)]
         if args.report:
             cmd += ["--report", args.report]
+        if args.skip:
+            cmd += ["--skip", args.skip]
+        if args.timelines:
+            cmd += ["--timelines", str(Path(args.timelines).resolve())]
         notes = [
             f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
             f"partitioner, migration-planner, {procs} sim executor(s) × {per} {sc.model}. "

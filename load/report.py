@@ -46,6 +46,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     ack_ms: LatencySummary
     memory: dict[str, MemoryTrend | None] = {}
     final: str = "exit"
+    skipped: list[str] = []
+    """Stages the recorder did not watch (``--skip``): no figures for their spans."""
     cpus: int = 0
     loadavg: tuple[float, float] = (0.0, 0.0)
     """1-minute load average at the start and the end: on a shared 2-core machine, context for each figure."""
@@ -65,7 +67,7 @@ def collect(*, title: str, command: str, started_at: str, offered_rate: float, d
         duplicates=dict(rec.duplicates), reordered=rec.reordered, errors=dict(rec.errors),
         exit_kinds=dict(rec.exit_kinds), throughput=rec.throughput(), latency_ms=rec.latencies(),
         send_lag_ms=summarize(gen.send_lag_us), ack_ms=summarize(gen.ack_latency_us), memory=memory or {},
-        final=rec.final)
+        final=rec.final, skipped=[st for st in STAGES if st in rec.skip])
 
 
 def verdict(s: RunSummary, budget: Budget) -> list[Check]:
@@ -110,6 +112,8 @@ def render(s: RunSummary) -> str:
         out.append(f"- machine: {s.cpus} CPUs, load average {s.loadavg[0]:.1f} at the start, "
                    f"{s.loadavg[1]:.1f} at the end; harness CPU {s.harness_cpu_us_per_job:.0f} µs "
                    "per job")
+    if s.skipped:
+        out.append(f"- stages not watched (harness CPU spared): {', '.join(s.skipped)}")
     out.append(f"- offered {s.offered_rate:g} arrivals/s; {s.submitted} submitted, {s.acked} acknowledged by "
                f"JetStream, {s.unacked} unacknowledged")
     if s.checks:
@@ -125,8 +129,8 @@ def render(s: RunSummary) -> str:
     sub_rate = s.throughput.get("submit", (0.0, 0))
     out.append(f"| submit | {s.submitted} | 0 | 0 | {sub_rate[0]:g} | {sub_rate[1]} |")
     for stage, n in s.reached.items():
-        if STAGES.index(stage) > STAGES.index(s.final):
-            continue  # not awaited in this run (e.g. no exits when jobs run longer than the run)
+        if STAGES.index(stage) > STAGES.index(s.final) or stage not in s.lost:
+            continue  # not awaited in this run (no exits when jobs run longer than the run; a skipped stage)
         mean, peak = s.throughput.get(stage, (0.0, 0))
         out.append(f"| {stage} | {n} | {s.lost.get(stage, 0)} | {s.duplicates.get(stage, 0)} | {mean:g} "
                    f"| {peak} |")

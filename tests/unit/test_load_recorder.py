@@ -48,8 +48,30 @@ def test_jobs_that_never_arrive_are_lost_and_the_run_is_not_complete() -> None:
     rec.observe("placed", "r-1", MS)
     rec.observe("command", "r-0", MS)
     rec.observe("running", "r-0", MS)
-    assert rec.lost() == {"placed": 1, "command": 2, "running": 2, "exit": 3}
+    assert rec.lost() == {"placed": 1, "command": 2, "running": 2}  # exit is not awaited in this run
     assert set(rec.timelines) == {"r-1", "r-2"}  # r-0 finished: its timeline is dropped (flat memory)
+
+
+def test_a_job_seen_at_every_watched_stage_is_done_though_skipped_stages_never_came() -> None:
+    rec = Recorder("r", skip=frozenset({"placed", "running"}), clock=Clock())
+    rec.submitted("r-0", 10 * MS)
+    rec.submitted("r-1", 10 * MS)
+    rec.observe("placed", "r-0", 12 * MS)  # not watched: neither counted nor measured
+    rec.observe("command", "r-0", 15 * MS)
+    rec.observe("exit", "r-0", 40 * MS)
+    rec.observe("command", "r-1", 16 * MS)
+    assert rec.watched == ("command", "exit")
+    assert set(rec.timelines) == {"r-1"}  # r-0 is complete without placed and running
+    assert rec.lost() == {"command": 0, "exit": 1} and rec.reached["placed"] == 0
+    lat = rec.latencies()
+    assert lat["submit→command"].count == 2 and lat["submit→placed"].count == 0
+
+
+def test_the_final_stage_or_an_unknown_one_cannot_be_skipped() -> None:
+    with pytest.raises(ValueError, match="other than the final one"):
+        Recorder("r", final="command", skip=frozenset({"command"}))
+    with pytest.raises(ValueError, match="skip must name stages"):
+        Recorder("r", skip=frozenset({"submit"}))
 
 
 def test_a_sighting_after_the_final_stage_is_a_duplicate_even_without_the_timeline() -> None:
@@ -145,3 +167,16 @@ def test_stages_after_the_final_one_are_not_accounted() -> None:
     rec.observe("running", "r-0", MS)
     rec.observe("exit", "r-0", MS)
     assert rec.reached["running"] == 0 and rec.reached["exit"] == 0 and "r-0" in rec.timelines
+
+
+def test_timelines_are_grouped_by_submit_window_with_their_latencies_sorted() -> None:
+    from load.timelines import windows
+
+    done = {
+        "a": {"submit": 0, "command": 5 * MS},
+        "b": {"submit": 100 * MS, "command": 102 * MS},
+        "c": {"submit": 600 * MS, "command": 650 * MS},
+        "d": {"submit": 700 * MS},  # never commanded: not in any window
+    }
+    rows = windows(done, "submit", "command", 0.5)
+    assert rows == [(0.0, [2.0, 5.0]), (0.5, [50.0])]
