@@ -101,6 +101,6 @@ async def test_lost_and_duplicated_jobs_are_counted_exactly(conns, prefix: str) 
     dropped = N // 10
     doubled = len([i for i in range(N) if i % 7 == 0 and i % 10 != 0])
     assert not complete and stats.acked == N
-    assert rec.lost() == {"placed": 0, "command": dropped, "running": dropped, "exit": N}
+    assert rec.lost() == {"placed": 0, "command": dropped, "running": dropped}  # exit is not awaited
     assert rec.duplicates == {"placed": doubled, "command": doubled, "running": doubled}
     assert set(rec.timelines) == {f"run-{i}" for i in range(0, N, 10)}
