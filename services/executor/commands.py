@@ -66,6 +66,10 @@ class CommandsMixin:
                     if not self._runs_on(job, cmd.src_instance_id):
                         continue  # moved within this node already (make-before-break in the backend)
                     self._retired.add(job)
+                elif cmd.kind == "stop" and cmd.src_instance_id and not self._runs_on(job, cmd.src_instance_id):
+                    # a stop of one run (one a place command applied late started): the job runs elsewhere
+                    # here (its current placement) or no more, and that is not this stop's to end
+                    continue
                 await self.backend.stop_workload(job)
             await self._ops(cmd)
             if cmd.kind == "resync":

@@ -22,6 +22,7 @@ from typing import Any
 
 from services.common import metrics as m
 from services.partitioner.liveness import LivenessWatch, overdue
+from services.partitioner.reports import place_attempt
 from shared.bus import Delivery, Outgoing
 from shared.errors import UnknownModelError
 from shared.events import CapacityChanged, Command, Registered
@@ -241,7 +242,7 @@ class RegistryMixin:
     async def placement_failed(self, job_id: str, why: str, cmd_id: str) -> None:
         now = time.time()
         status, new_state, gpu = await self.state.fail_placement(
-            job_id, why, now, self.settings.max_attempts, cmd_id
+            job_id, why, now, self.settings.max_attempts, cmd_id, place_attempt(cmd_id, job_id)
         )
         if status == "ok":
             self.log.info("placement of %s failed (%s): job now %s", job_id, why, new_state)

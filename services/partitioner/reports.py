@@ -7,11 +7,18 @@
   instance is idle again.
 - ``job_started`` (executors before the cmd_done of a place became the start report): mark running, a no-op
   after the cmd_done.
-- ``job_exit``: release (the first release frees the slices) and re-publish as ``jobs.exit`` for the balancer,
-  the partitioner's retention and the migration planner. An exit naming another instance than the job's
-  current one (a late message from before a re-queue) is stale and ignored.
-- a job that ran on the node unbeknown to the state (found by a registration, whose instance was kept
-  ``retiring`` and the job sent a ``stop``): its exit, or the stop's ``cmd_done``, makes the instance idle.
+- ``job_exit``: release (the first release frees the slices), re-publish as ``jobs.exit`` for the balancer and
+  the migration planner, then keep or destroy the instance the job left (retention, ``service``). An exit
+  naming another instance than the job's current one (a late message from before a re-queue) is stale and
+  ignored.
+- a place's ``cmd_done`` for a command the state no longer expects (of an older attempt than the job's: it
+  timed out, or the job was re-queued, re-placed, failed, finished or cancelled since; an executor restarted
+  mid-load applies such commands late) started a second run: its instance is held ``retiring`` for it and the
+  node gets a ``stop`` of that run only (``src_instance_id``), id ``stop:<job>:<place command id>``; the job's
+  own placement is untouched. A ``cmd_failed`` or time-out of such a command is a no-op.
+- a job that ran on the node unbeknown to the state (found by a registration, or the late run above, whose
+  instance was kept ``retiring`` and the job sent a ``stop``): its exit, or the stop's ``cmd_done``, makes the
+  instance idle.
 - ``registered`` / ``drift``: the node registry (``registry``).
 """
 
@@ -19,8 +26,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.common import metrics as m
 from shared.bus import Delivery, Outgoing
@@ -34,30 +40,30 @@ from shared.events import (
     JobStarted,
     SlotRef,
 )
-from shared.state import gpu_id_of
+from shared.state import StoredInstance, gpu_id_of
+
+
+def place_attempt(cmd_id: str, job_id: str) -> int | None:
+    """The attempt a place command was sent for (``service.place_cmd_id``: ``place:<job>:<attempt>``); None
+    for any other id (then no command is judged late)."""
+    head, _, tail = cmd_id.rpartition(":")
+    return int(tail) if head == f"place:{job_id}" and tail.isdigit() else None
 
 
 class ReportsMixin:
-    """Mixed into ``Partitioner``; expects ``state``, ``bus``, ``subjects``, ``settings``, ``log``."""
+    """Mixed into ``Partitioner``; expects ``state``, ``bus``, ``subjects``, ``settings``, ``geometry``,
+    ``log``."""
 
     state: Any
     bus: Any
     subjects: Any
     settings: Any
+    geometry: Any
     log: Any
-    _released: OrderedDict[tuple[str, str], Any]
 
-    def remember_release(self, job_id: str, instance_id: str, gpu: Any) -> None:
-        """Keep the GPU as this process's release left it, for the partitioner's own ``jobs.exit`` consumer
-        (the same process, a moment later): it then needs no second release call to know the GPU."""
-        if not hasattr(self, "_released"):
-            self._released = OrderedDict()
-        self._released[(job_id, instance_id)] = gpu
-        while len(self._released) > 20_000:
-            self._released.popitem(last=False)
+    if TYPE_CHECKING:
 
-    def recall_release(self, job_id: str, instance_id: str) -> Any:
-        return self._released.pop((job_id, instance_id), None) if hasattr(self, "_released") else None
+        async def retain_or_destroy(self, freed: list[tuple[Any, str, Any]]) -> None: ...
 
     async def on_report(self, ds: list[Delivery]) -> None:
         now = time.time()
@@ -85,6 +91,7 @@ class ReportsMixin:
         results = await b.run() if len(b) else []
         out: list[Outgoing] = []
         freed: list[str] = []
+        left: list[tuple[Any, str, Any]] = []  # (GPU after the release, instance the job left, span)
         gone = self.state.batch()
         for d, idx, what in after:
             r = d.data
@@ -94,12 +101,15 @@ class ReportsMixin:
             if idx < 0:
                 continue
             res = results[idx]
+            if what == "done" and r.command == "place" and res == "stop":
+                out.append(self._stop_late(d, r, now))
+                continue
             if what == "exit":
                 out.extend(self._exit_out(d, r, res, now))
                 if res.status != "ok":  # not the state's copy: perhaps one a registration found and stopped
                     ended.append((r.node, r.job_id))
                 if res.status == "ok" and res.gpu is not None and r.instance_id:
-                    self.remember_release(r.job_id, r.instance_id, res.gpu)
+                    left.append((res.gpu, r.instance_id, d.span))
 
             elif what == "done" and r.command == "migrate_stop" and res[0] == "ok":
                 src_gpu = res[1].split("|", 1)[0]
@@ -137,12 +147,16 @@ class ReportsMixin:
             )
         if out:
             await self.bus.publish_batch(out)
+        if left:  # after jobs.exit is out: the balancer hears of the room first
+            await self.retain_or_destroy(left)
 
     def _done(self, b: Any, r: CmdDone, now: float) -> int:
         m.child(m.COMMANDS, r.command, "done").inc()
         if r.command == "place" and r.job_id:
             iid = r.instance.instance_id if r.instance and r.instance.instance_id else ""
-            return int(b.mark_running(r.job_id, iid or "", now, r.cmd_id))
+            attempt = place_attempt(r.cmd_id, r.job_id)
+            found = self._reported(r) if attempt is not None else None
+            return int(b.mark_running(r.job_id, iid or "", now, r.cmd_id, attempt, r.node, found))
         if r.command == "migrate_stop" and r.job_id:
             return int(b.migrate_finish("commit", r.job_id, "moved: target started, source stopped", now))
         if r.command == "destroy_idle":
@@ -156,13 +170,58 @@ class ReportsMixin:
         m.child(m.COMMANDS, r.command, "failed").inc()
         reason = f"executor on {r.node} failed {r.command}: {r.error}"[:1000]
         if r.command == "place" and r.job_id:
-            return int(b.fail_placement(r.job_id, reason, now, self.settings.max_attempts, r.cmd_id))
+            attempt = place_attempt(r.cmd_id, r.job_id)
+            return int(b.fail_placement(r.job_id, reason, now, self.settings.max_attempts, r.cmd_id, attempt))
         if r.command == "migrate_start" and r.job_id:
             return int(b.migrate_finish("abort", r.job_id, reason, now))
         if r.command == "destroy_idle":
             iid = _instance_of(r.cmd_id)
             return int(b.instance("restore", r.node, iid.split(":", 1)[0], iid, now)) if iid else -1
         return -1
+
+    def _reported(self, r: CmdDone) -> StoredInstance | None:
+        """The MIG instance a place's ``cmd_done`` reports, as the state would store it: what holds a run the
+        state no longer expects when the failed placement had removed its instance (``mark_running.lua``)."""
+        i = r.instance
+        if i is None or not i.instance_id:
+            return None
+        compute = next(
+            (mo.profile(i.profile).compute_slices for mo in self.geometry.models if mo.has_profile(i.profile)),
+            None,
+        )
+        if compute is None:
+            return None
+        return StoredInstance(id=i.instance_id, profile=i.profile, start=i.start, size=i.size, compute=compute)
+
+    def _stop_late(self, d: Delivery, r: CmdDone, now: float) -> Outgoing:
+        """A ``stop`` of the run a late place command started, and of that run only: ``src_instance_id`` makes
+        the executor leave the job alone where it runs on another instance (its current placement on the same
+        node). Its id names the command, so a redelivered ``cmd_done`` sends the same stop (dropped)."""
+        iid = r.instance.instance_id if r.instance and r.instance.instance_id else None
+        gpu = iid.split(":", 1)[0] if iid else None
+        tail = gpu.rsplit("/", 1)[-1] if gpu else ""
+        cid = f"stop:{r.job_id}:{r.cmd_id}"[:200]
+        self.log.warning(
+            "node %s started %s for %s, which the state no longer expects; stopping that run", r.node, r.job_id,
+            r.cmd_id,
+        )
+        m.child(m.COMMANDS, "stop", "sent").inc()
+        return Outgoing(
+            self.subjects.cmd(r.node),
+            Command(
+                id=cid,
+                cmd_id=cid,
+                kind="stop",
+                node=r.node,
+                gpu_id=gpu,
+                gpu_index=int(tail) if tail.isdigit() else None,
+                instance_id=iid,
+                src_instance_id=iid,
+                job_id=r.job_id,
+                at=now,
+            ),
+            d.ctx,
+        )
 
     def _exit_out(self, d: Delivery, r: JobExited, res: Any, now: float) -> list[Outgoing]:
         if res.status == "stale" or (res.status == "noop" and not res.state):

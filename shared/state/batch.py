@@ -121,24 +121,51 @@ class Batch:
             parse,
         )
 
-    def mark_running(self, job_id: str, instance_id: str, now: float, cmd_id: str = "") -> int:
+    def mark_running(
+        self,
+        job_id: str,
+        instance_id: str,
+        now: float,
+        cmd_id: str = "",
+        attempt: int | None = None,
+        node: str = "",
+        found: StoredInstance | None = None,
+    ) -> int:
+        """-> ok | noop | stale | gone | stop. ``attempt``: the place command's (None: unknown); ``node`` and
+        ``found`` (the instance the node reports): where a run the state no longer expects is held, 'stop'
+        (``lua/mark_running.lua``)."""
         k = self._jk(job_id)
         return self._add(
             "mark_running",
             [k.gpus, k.job(job_id)],
-            [job_id, instance_id, repr(now), cmd_id],
+            [
+                job_id,
+                instance_id,
+                repr(now),
+                cmd_id,
+                "" if attempt is None else attempt,
+                node,
+                _ENC.encode(found) if found is not None else "",
+            ],
             lambda v: _s(v[0]),
         )
 
     def fail_placement(
-        self, job_id: str, reason: str, now: float, max_attempts: int, cmd_id: str = ""
+        self,
+        job_id: str,
+        reason: str,
+        now: float,
+        max_attempts: int,
+        cmd_id: str = "",
+        attempt: int | None = None,
     ) -> int:
-        """-> (status, new state, the GPU id freed: several comma-separated for a gang)."""
+        """-> (status, new state, the GPU id freed: several comma-separated for a gang). A command of an older
+        ``attempt`` than the job's is a no-op."""
         k = self._jk(job_id)
         return self._add(
             "fail_placement",
             [k.gpus, k.job(job_id)],
-            [job_id, reason, repr(now), max_attempts, cmd_id],
+            [job_id, reason, repr(now), max_attempts, cmd_id, "" if attempt is None else attempt],
             lambda v: (_s(v[0]), _s(v[1]), _s(v[2])),
         )
 

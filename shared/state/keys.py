@@ -9,7 +9,8 @@ key                        type    content
                                    GPU), healthy, pos, ver (CAS), inst (JSON array)
 ``{ns:s}:occ``             string  one byte per GPU position: the busy mask (non-idle instances)
 ``{ns:s}:job:<job_id>``    hash    state, reason, spec (JobSubmit JSON), prio, at, gpu, inst, node, attempts,
-                                   cancel, mig_gpu, mig_inst, updated, slots (a gang: JSON [[gpu, inst], ...])
+                                   cancel, mig_gpu, mig_inst, updated, slots (a gang: JSON [[gpu, inst], ...]),
+                                   late (",<attempt>,...": place commands whose late run was stopped)
 ``{ns:s}:hist:<job_id>``   list    JSON {at, from, to, reason} per transition (last 64)
 ``{ns:s}:jobs``            set     every job id known to the shard (audit)
 ``{ns:s}:pending``         zset    pending job ids, score (1000 - priority) * 1e10 + submitted_at

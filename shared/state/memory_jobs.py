@@ -8,10 +8,10 @@ import copy
 from collections.abc import Iterable
 
 from shared.state.codec import CancelResult
-from shared.state.memory_prelude import _ACTIVE, MemoryPrelude
+from shared.state.memory_prelude import _ACTIVE, MemoryPrelude, _Shard
+from shared.state.memory_slots import hold_for_stop, names, vacate
 from shared.state.memory_slots import idle as _idle
-from shared.state.memory_slots import vacate
-from shared.state.model import EXIT_TO_STATE, JobRecord, ReleaseResult, StoredGpu, prio_score
+from shared.state.model import EXIT_TO_STATE, JobRecord, ReleaseResult, StoredGpu, StoredInstance, prio_score
 
 
 class JobTransitions(MemoryPrelude):
@@ -99,11 +99,32 @@ class JobTransitions(MemoryPrelude):
             slots=slots,
         )
 
-    def _t_mark_running(self, job: str, instance_id: str, now: float, cmd_id: str = "") -> str:
+    def _t_mark_running(
+        self,
+        job: str,
+        instance_id: str,
+        now: float,
+        cmd_id: str = "",
+        attempt: int | None = None,
+        node: str = "",
+        found: StoredInstance | None = None,
+    ) -> str:
+        """As mark_running.lua, including a run the state no longer expects ('stop', ``_hold_late``)."""
         sh = self._js(job)
         if cmd_id:
             sh.cmds.pop(cmd_id, None)
         j = sh.jobs.get(job)
+        if j is not None and attempt is not None and attempt < j.attempts:
+            active = j.state in _ACTIVE
+            if not instance_id:
+                if not (active and j.node == node):
+                    return "stop"
+            elif not (active and names(j, instance_id)):
+                seen = sh.late.setdefault(job, set())  # the job hash's 'late' field in Redis
+                if attempt not in seen:
+                    self._hold_late(sh, job, node, instance_id, found)
+                    seen.add(attempt)
+                return "stop"
         if j is None or j.state != "placing":
             return "noop"
         if instance_id and instance_id != j.inst:
@@ -121,8 +142,40 @@ class JobTransitions(MemoryPrelude):
         self._state(sh, job, "placing", "running", "executor started the workload", now)
         return "ok"
 
+    def _hold_late(
+        self, sh: _Shard, job: str, node: str, iid: str, found: StoredInstance | None
+    ) -> None:
+        """As ``hold_late`` in mark_running.lua: the late run's instance stays taken until the node confirms."""
+        if sh.nodes.get(node, {}).get("state") != "up" or ":" not in iid:
+            return
+        g = sh.gpus.get(iid.split(":", 1)[0])
+        if g is None or g.node != node or not g.mig:
+            return
+        i = next((x for x in g.instances if x.id == iid), None)
+        if i is not None:
+            if i.job or i.state not in ("idle", "retiring"):
+                return
+            hold_for_stop(i, job)
+        else:
+            if found is None:
+                return
+            new = StoredInstance(
+                id=iid, profile=found.profile, start=found.start, size=found.size, compute=found.compute
+            )
+            if any(x.mask & new.mask for x in g.instances):
+                return
+            hold_for_stop(new, job)
+            g.instances.append(new)
+        self._save(sh, g, "claim")
+
     def _t_fail_placement(
-        self, job: str, reason: str, now: float, max_attempts: int, cmd_id: str = ""
+        self,
+        job: str,
+        reason: str,
+        now: float,
+        max_attempts: int,
+        cmd_id: str = "",
+        attempt: int | None = None,
     ) -> tuple[str, str, str]:
         sh = self._js(job)
         if cmd_id:
@@ -130,6 +183,8 @@ class JobTransitions(MemoryPrelude):
         j = sh.jobs.get(job)
         if j is None or j.state != "placing":
             return ("noop", j.state if j else "", "")
+        if attempt is not None and attempt < j.attempts:  # an older command: not the current placement's
+            return ("noop", j.state, "")
         gpu_id = ",".join(gid for gid, _ in j.held())  # a gang frees several GPUs
         for gid, iid in j.held():
             _, g = self._gpu(gid)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.state.memory_slots import idle, names, vacate
+from shared.state.memory_slots import hold_for_stop, idle, names, vacate
 from shared.state.model import PLAIN_PROFILES, StoredGpu, StoredInstance
 
 Stops = list[tuple[str, str, str]]
@@ -14,8 +14,7 @@ Stops = list[tuple[str, str, str]]
 def _stop_foreign(i: StoredInstance, job: str, gid: str, stops: Stops) -> None:
     """As ``stop_foreign`` in node.lua: the instance stays occupied (``retiring`` with the job) until the job
     is stopped, so that no placement reuses it."""
-    idle(i)
-    i.state, i.job = "retiring", job
+    hold_for_stop(i, job)
     stops.append((job, gid, i.id))
 
 
@@ -164,7 +163,8 @@ def register(
 
 
 def stopped(store: Any, sh: Any, node: str, job: str) -> dict[str, Any]:
-    """As 'stopped' in node.lua: the instances kept ``retiring`` for ``job`` become idle."""
+    """As 'stopped' in node.lua: the instances kept ``retiring`` for ``job`` (found by a registration, or started
+    by a place command applied late) become idle."""
     h = sh.nodes.get(node) or {}
     freed = []
     for gid in (g for g in h.get("gpus", "").split(",") if g):

@@ -20,6 +20,8 @@ class _Shard:
         self.cmds: dict[str, dict[str, Any]] = {}
         self.placing: dict[str, float] = {}
         self.nodes: dict[str, dict[str, str]] = {}
+        self.late: dict[str, set[int]] = {}
+        """Per job, the attempts whose late run ``mark_running`` handled (the job hash's ``late`` in Redis)."""
         self.occ = bytearray()
 
 

@@ -33,6 +33,14 @@ def idle(i: StoredInstance) -> None:
     )
 
 
+def hold_for_stop(i: StoredInstance, job: str) -> None:
+    """As ``hold_for_stop`` in prelude.lua: a job runs on ``i`` although the state does not hold it there; the
+    instance stays occupied (``retiring`` with the job) until the node confirms the job is gone
+    (``memory_nodes.stopped``)."""
+    idle(i)
+    i.state, i.job = "retiring", job
+
+
 def vacate(insts: list[StoredInstance], instance_id: str, job: str, drop_created: bool) -> StoredInstance | None:
     """The job leaves ``instance_id``: a MIG instance idles (removed when ``drop_created`` and its own
     reservation created it), a plain one is removed. None when the instance is not the job's."""

@@ -22,7 +22,7 @@ from shared.state.memory_migrate import MigrationTransitions
 from shared.state.memory_prelude import _Shard
 from shared.state.memory_reads import MemoryReads
 from shared.state.memory_slots import reserve as _reserve
-from shared.state.model import ReleaseResult, Reservation, ReserveResult
+from shared.state.model import ReleaseResult, Reservation, ReserveResult, StoredInstance
 
 
 class MemoryBatch:
@@ -117,13 +117,28 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
     ) -> ReleaseResult:
         return self._t_release(job_id, kind, reason, now, instance_id)
 
-    async def mark_running(self, job_id: str, instance_id: str, now: float, cmd_id: str = "") -> str:
-        return self._t_mark_running(job_id, instance_id, now, cmd_id)
+    async def mark_running(
+        self,
+        job_id: str,
+        instance_id: str,
+        now: float,
+        cmd_id: str = "",
+        attempt: int | None = None,
+        node: str = "",
+        found: StoredInstance | None = None,
+    ) -> str:
+        return self._t_mark_running(job_id, instance_id, now, cmd_id, attempt, node, found)
 
     async def fail_placement(
-        self, job_id: str, reason: str, now: float, max_attempts: int = 3, cmd_id: str = ""
+        self,
+        job_id: str,
+        reason: str,
+        now: float,
+        max_attempts: int = 3,
+        cmd_id: str = "",
+        attempt: int | None = None,
     ) -> tuple[str, str, str]:
-        return self._t_fail_placement(job_id, reason, now, max_attempts, cmd_id)
+        return self._t_fail_placement(job_id, reason, now, max_attempts, cmd_id, attempt)
 
     async def cancel(self, job_id: str, reason: str, now: float) -> CancelResult:
         return self._t_cancel(job_id, reason, now)

@@ -42,6 +42,7 @@ from shared.state.model import (
     Reservation,
     ReserveResult,
     StoredGpu,
+    StoredInstance,
     shard_of,
 )
 from shared.state.reads import DerivedReads
@@ -119,13 +120,28 @@ class RedisState(DerivedReads):
     ) -> ReleaseResult:
         return await self._one("release", job_id, kind, reason, now, instance_id)
 
-    async def mark_running(self, job_id: str, instance_id: str, now: float, cmd_id: str = "") -> str:
-        return await self._one("mark_running", job_id, instance_id, now, cmd_id)
+    async def mark_running(
+        self,
+        job_id: str,
+        instance_id: str,
+        now: float,
+        cmd_id: str = "",
+        attempt: int | None = None,
+        node: str = "",
+        found: StoredInstance | None = None,
+    ) -> str:
+        return await self._one("mark_running", job_id, instance_id, now, cmd_id, attempt, node, found)
 
     async def fail_placement(
-        self, job_id: str, reason: str, now: float, max_attempts: int = 3, cmd_id: str = ""
+        self,
+        job_id: str,
+        reason: str,
+        now: float,
+        max_attempts: int = 3,
+        cmd_id: str = "",
+        attempt: int | None = None,
     ) -> tuple[str, str, str]:
-        return await self._one("fail_placement", job_id, reason, now, max_attempts, cmd_id)
+        return await self._one("fail_placement", job_id, reason, now, max_attempts, cmd_id, attempt)
 
     async def cancel(self, job_id: str, reason: str, now: float) -> CancelResult:
         return await self._one("cancel", job_id, reason, now)

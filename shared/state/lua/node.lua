@@ -14,8 +14,8 @@
 --   lost ARGV: 'lost', node, now, reason
 --     Every GPU of the node becomes unhealthy and empty; every job on it is re-queued.
 --   stopped ARGV: 'stopped', node, now, job
---     The node stopped (or saw end) a job the registration found running unbeknown to the state: the
---     instances kept 'retiring' for it become idle. Returns {gpus = the GPUs changed}.
+--     The node stopped (or saw end) a job it ran unbeknown to the state (found by a registration, or started by
+--     a place command applied late, mark_running.lua): the instances kept 'retiring' for it become idle. Returns {gpus = the GPUs changed}.
 local op, node, nkey = ARGV[1], ARGV[2], KEYS[2]
 local now = tonumber(ARGV[3])
 local requeued, drift = {}, {}
@@ -24,7 +24,7 @@ local moves, reported_ids, gangs, stops = {}, {}, {}, {}
 -- workloads after a restart; a job re-queued since): adopted idle, the balancer would place other jobs on it
 -- and the node would refuse them until they failed. Keep its slices taken until the job is stopped.
 local function stop_foreign(i, job, gid)
-  idle(i); i.state = 'retiring'; i.job = job
+  hold_for_stop(i, job)
   table.insert(stops, {job, gid, i.id})
 end
 local function evict(insts, keep, reason)

@@ -69,6 +69,12 @@ local function idle(i)
   i.state = 'idle'; i.job = nil; i.prio = nil; i.ls = nil; i.mig = nil; i.tenant = nil; i.started = nil
   i.created = nil; i.pre = nil
 end
+-- A job runs on instance i although the state does not hold it there (a registration found it, node.lua; a place
+-- command the state had given up on started it, mark_running.lua): its slices stay taken, never reused or moved,
+-- until the node confirms the job is gone there (node.lua 'stopped' makes it idle).
+local function hold_for_stop(i, job)
+  idle(i); i.state = 'retiring'; i.job = job
+end
 -- Non-MIG GPUs hold plain instances: 'gpu' (the whole GPU, its busy mask full) or 'shared' (one time-slice
 -- replica, start = replica index, size 0). They are never idle: a job leaving one removes it.
 local function is_plain(i) return i.profile == 'gpu' or i.profile == 'shared' end
