@@ -5,9 +5,11 @@
   workload); the command is tracked in Redis (``{ns:s}:cmds``) until the executor reports.
 - ``sched.migrate`` -> ``migrate_start`` on the target node (make before break); its confirmation sends
   ``migrate_stop`` for the source, whose confirmation commits the move (``reports``).
-- ``jobs.exit`` -> release (idempotent) -> keep the idle instance for reuse or destroy it
-  (``shared.policy.retention``): retire it in Redis, send ``destroy_idle``; the slices are free once it is
-  gone.
+- a job's exit report (``reports``: release, then ``jobs.exit`` for the balancer and the planner) -> keep the
+  idle instance for reuse or destroy it (``shared.policy.retention``): retire it in Redis, send
+  ``destroy_idle``; the slices are free once it is gone. Done where the release is, not from ``jobs.exit``:
+  one consumed message per job less. A crash between that publish and this decision leaves the instance idle
+  (reusable, and reclaimable by any placement that needs its slices), never lost.
 - ``jobs.cancel`` -> cancel transition; an active job gets a ``stop`` command.
 - ``node.*.report`` / ``node.*.heartbeat``: the node registry and command results (``registry``, ``reports``).
 """
@@ -15,8 +17,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
+
+from nats.js.errors import NotFoundError
 
 from services.common import metrics as m
 from services.common.service import Service
@@ -83,7 +88,6 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         return [
             b.consumer(s.stream_sched, "partitioner-placed", s.sched_placed, self.on_placed, concurrency=2),
             b.consumer(s.stream_sched, "partitioner-migrate", s.sched_migrate, self.on_migrate),
-            b.consumer(s.stream_jobs, "partitioner-exit", s.jobs_exit, self.on_exit),
             b.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, self.on_cancel),
             b.consumer(s.stream_node, "registry-report", s.node_reports, self.on_report),
             b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.on_heartbeat),
@@ -211,30 +215,13 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         await self.bus.publish_batch(out)
         m.child(m.COMMANDS, "migrate_start", "sent").inc(len(out))
 
-    # --- jobs.exit: keep or destroy the idle instance -------------------------------------------------------
-    async def on_exit(self, ds: list[Delivery]) -> None:
-        """Release (idempotent: the node registry released before publishing, so this is a no-op that hands
-        back the GPU as it is now; skipped when this process's registry did it), then keep or destroy the
-        instance the job left."""
-        now = time.time()
-        b = self.state.batch()
-        freed: list[tuple[StoredGpu, str, Any]] = []
-        asked: list[Delivery] = []
-        for d in ds:
-            e = d.data
-            known = self.recall_release(e.job_id, e.instance_id)
-            if known is not None:  # released by this process's registry a moment ago: nothing to redo
-                freed.append((known, e.instance_id, d.span))
-                continue
-            b.release(e.job_id, e.kind, e.reason or f"exit {e.kind}", now, e.instance_id)
-            asked.append(d)
-        if asked:
-            for d, res in zip(asked, await b.run(), strict=True):
-                if res.gpu is not None:
-                    freed.append((res.gpu, d.data.instance_id, d.span))
-        if freed:
-            await self.retain_or_destroy(freed)
+    async def prepare(self) -> None:
+        # Retention runs where the exit report is released (``reports``), not from jobs.exit: a consumer left
+        # by an older version would only pile up messages nobody acks.
+        with contextlib.suppress(NotFoundError):
+            await self.bus.js.delete_consumer(self.subjects.stream_jobs, "partitioner-exit")
 
+    # --- after a job exit: keep or destroy the idle instance ------------------------------------------------
     async def retain_or_destroy(self, freed: list[tuple[StoredGpu, str, Any]]) -> None:
         """``freed``: (the GPU after the release, the instance the job left, its span)."""
         now = time.time()

@@ -103,7 +103,6 @@ async def test_one_job_is_one_trace_across_every_service(
         "partitioner-placed",
         f"executor-{NODE}",
         "registry-report",
-        "partitioner-exit",
         "balancer-exit",
         "planner-exit",
     )
