@@ -21,36 +21,44 @@ of thousands of GPUs stay cheap.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from shared.errors import MigschedError
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
-from shared.mig.tables import PAIRS, popcount_table, tables_for
+from shared.mig.tables import popcount_table, tables_for
 from shared.policy.balancer import BalancerParams, place
-from shared.policy.fragcost import (
-    FGD_OFFSET,
-    FGD_SCALE,
-    UNIFORM_SHAPES,
-    fgd_create_table,
-    frag_slices_table,
-    weights_key,
+from shared.policy.baseline_slots import (
+    PlacementPolicy,
+    UnknownPolicyError,
+    cannot_place,
+    column,
+    count_ok,
+    create_slot,
+    explained,
+    idle_instance,
+    not_mig,
+    reuse_slot,
+    start_table,
+    usable,
 )
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement, Slot
-from shared.policy.request import full_profile, resolve_profile
-from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.fgd_policy import fgd_policy
+from shared.policy.fragcost import (
+    UNIFORM_SHAPES,
+)
+from shared.policy.placement import Decision, JobRequest
+from shared.policy.request import resolve_profile
+from shared.policy.snapshot import ClusterSnapshot
 from shared.policy.static_layouts import LayoutError, static_layout
+from shared.policy.static_policy import lb_static_policy, static_policy
 
 __all__ = ["LayoutError", "PlacementPolicy", "PolicySpec", "UnknownPolicyError", "get_policy", "policy_names",
            "static_layout"]
 
-PlacementPolicy = Callable[[ClusterSnapshot, JobRequest], Decision]
 
 
 class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,93 +74,6 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
     migrate_inter: bool = True
     pull_into_empty: bool = True
     consolidate: bool = False
-
-
-class UnknownPolicyError(MigschedError, KeyError):
-    """No policy of that name, or a parameter the policy does not take."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "unknown policy"
-
-
-# -- shared pieces ---------------------------------------------------------------------------------
-
-def _col(column: Any) -> npt.NDArray[Any]:
-    return np.asarray(column)
-
-
-def _ok(snap: ClusterSnapshot, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
-    return np.asarray(snap.mig[pos], dtype=bool) & np.asarray(snap.healthy[pos], dtype=bool)
-
-
-def _count_ok(gpu: GpuView, prof: Profile, pm: int) -> bool:
-    """Room for one more ``prof`` once the idle instances under ``pm`` are destroyed (partition's rule)."""
-    n = sum(1 for i in gpu.instances if i.profile == prof.name and not (not i.busy and i.mask & pm))
-    return n < prof.max_count
-
-
-def _create(gpu: GpuView, model: GpuModel, prof: Profile, start: int) -> Slot:
-    pm = span(prof.memory_slices, start)
-    return Slot(
-        gpu_id=gpu.id, node=gpu.node, model=model.name, profile=prof.name, start=start,
-        size=prof.memory_slices, compute=prof.compute_slices, action="create",
-        destroy=tuple(i.id for i in gpu.instances if not i.busy and i.mask & pm),
-    )
-
-
-def _reuse(gpu: GpuView, model: GpuModel, inst_id: str) -> Slot:
-    inst = gpu.instance(inst_id)
-    assert inst is not None
-    return Slot(
-        gpu_id=gpu.id, node=gpu.node, model=model.name, profile=inst.profile, start=inst.start,
-        size=inst.size, compute=inst.compute, action="reuse", instance_id=inst.id,
-    )
-
-
-def _placement(snap: ClusterSnapshot, job: JobRequest, policy: str, slot: Slot, why: str) -> Placement:
-    gpu = snap.gpu(slot.gpu_id)
-    tables = tables_for(snap.geometry.model(gpu.model))
-    after = gpu.busy_mask | span(slot.size, slot.start)
-    action = f"reuses idle instance {slot.instance_id}" if slot.action == "reuse" else "creates an instance"
-    reasons = [why, action]
-    if slot.destroy:
-        reasons.append(f"destroys {len(slot.destroy)} idle instance(s) in the way")
-    return Placement(
-        job_id=job.job_id, policy=policy, slots=(slot,), tier="any", frag_before=tables.cost(gpu.busy_mask),
-        frag_after=tables.cost(after), reasons=tuple(reasons),
-    )
-
-
-def _cannot(job: JobRequest, policy: str, counts: Mapping[str, int]) -> CannotPlace:
-    reasons = tuple(f"{n} GPU(s): {why}" for why, n in sorted(counts.items(), key=lambda kv: -kv[1]) if n)
-    return CannotPlace(job_id=job.job_id, policy=policy, reasons=reasons or ("no GPU in the cluster",),
-                       counts={k: v for k, v in counts.items() if v})
-
-
-@functools.cache
-def _start_table(model: GpuModel, profile: str, highest: bool) -> npt.NDArray[np.int8]:
-    """Per ``busy << 8 | idle``: the lowest (or highest) start free of busy slices, preferring one that
-    overlaps no idle instance; -1 when none."""
-    prof = model.profile(profile)
-    pairs = np.arange(PAIRS, dtype=np.int64)
-    busy, idle = pairs >> 8, pairs & 0xFF
-    clean = np.full(PAIRS, -1, dtype=np.int8)
-    dirty = np.full(PAIRS, -1, dtype=np.int8)
-    for s in sorted(prof.placements, reverse=not highest):  # later writes win: the preferred end is last
-        pm = span(prof.memory_slices, s)
-        free = (busy & pm) == 0
-        dirty[free] = s
-        clean[free & ((idle & pm) == 0)] = s
-    out = np.where(clean >= 0, clean, dirty).astype(np.int8)
-    out.setflags(write=False)
-    return out
-
-
-def _idle_start(gpu: GpuView, prof: Profile, highest: bool) -> str | None:
-    starts = [(i.start, i.id) for i in gpu.instances if not i.busy and i.profile == prof.name]
-    if not starts:
-        return None
-    return (max(starts) if highest else min(starts))[1]
 
 
 # -- the simple dynamic baselines ------------------------------------------------------------------
@@ -181,7 +102,7 @@ def _simple(name: str, rank: Ranker, highest: bool) -> PlacementPolicy:
 
     def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
         if job.demand.kind != "mig":
-            return _not_mig(snap, job, name)
+            return not_mig(snap, job, name)
         excluded: set[int] = set()
         at_max = 0
         while True:
@@ -195,13 +116,13 @@ def _simple(name: str, rank: Ranker, highest: bool) -> PlacementPolicy:
                 if prof is None:
                     counts[f"{model_name} has no profile for {job.demand.label()}"] = pos.size
                     continue
-                ok = _ok(snap, pos)
+                ok = usable(snap, pos)
                 counts["not in MIG mode or unhealthy"] = counts.get("not in MIG mode or unhealthy", 0) + int(
                     (~ok).sum())
                 bit = np.uint32(1 << tables_for(model).index[prof.name])
-                pair = (_col(snap.busy)[pos].astype(np.intp) << 8) | _col(snap.idle)[pos]
-                starts = _start_table(model, prof.name, highest)[pair]
-                fits = ok & ((_col(snap.idle_profiles)[pos] & bit) != 0) | (ok & (starts >= 0))
+                pair = (column(snap.busy)[pos].astype(np.intp) << 8) | column(snap.idle)[pos]
+                starts = start_table(model, prof.name, highest)[pair]
+                fits = ok & ((column(snap.idle_profiles)[pos] & bit) != 0) | (ok & (starts >= 0))
                 if excluded:
                     fits &= ~np.isin(pos, list(excluded))
                 counts[f"no free {prof.name} placement"] = int((ok & ~fits).sum())
@@ -213,175 +134,17 @@ def _simple(name: str, rank: Ranker, highest: bool) -> PlacementPolicy:
                 if best is None or cand[:2] < best[:2]:
                     best = cand
             if best is None:
-                return _cannot(job, name, counts)
+                return cannot_place(job, name, counts)
             _, p, model, prof = best
             gpu = snap.gpus[p]
-            inst_id = _idle_start(gpu, prof, highest)
+            inst_id = idle_instance(gpu, prof, highest)
             if inst_id is not None:
-                return _placement(snap, job, name, _reuse(gpu, model, inst_id), f"{name}: GPU {gpu.id}")
-            start = int(_start_table(model, prof.name, highest)[gpu.busy_mask << 8 | gpu.idle_mask])
-            if _count_ok(gpu, prof, span(prof.memory_slices, start)):
-                return _placement(snap, job, name, _create(gpu, model, prof, start), f"{name}: GPU {gpu.id}")
+                return explained(snap, job, name, reuse_slot(gpu, model, inst_id), f"{name}: GPU {gpu.id}")
+            start = int(start_table(model, prof.name, highest)[gpu.busy_mask << 8 | gpu.idle_mask])
+            if count_ok(gpu, prof, span(prof.memory_slices, start)):
+                return explained(snap, job, name, create_slot(gpu, model, prof, start), f"{name}: GPU {gpu.id}")
             at_max += 1
             excluded.add(p)
-
-    return policy
-
-
-def _not_mig(snap: ClusterSnapshot, job: JobRequest, name: str) -> Decision:
-    """Whole GPUs and time-sliced shares go the balancer's way for every baseline (their policies are not
-    what the baselines compare)."""
-    return msgspec.structs.replace(place(snap, job, BalancerParams()), policy=name)
-
-
-# -- FGD -------------------------------------------------------------------------------------------
-
-def _fgd(name: str, weights: Mapping[str, float]) -> PlacementPolicy:
-    wkey = weights_key(weights)
-    if not wkey:
-        raise UnknownPolicyError(f"{name}: 'weights' needs at least one positive share")
-
-    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        if job.demand.kind != "mig":
-            return _not_mig(snap, job, name)
-        best: tuple[int, int, GpuModel, Profile, str | None, int] | None = None
-        excluded: set[int] = set()
-        at_max = 0
-        while True:
-            counts: dict[str, int] = {f"{job.demand.label()} at its max count": at_max}
-            best = None
-            for model_name, pos in snap.groups.items():
-                model = snap.models[model_name]
-                prof = resolve_profile(job.demand, model)
-                if prof is None:
-                    counts[f"{model_name} has no profile for {job.demand.label()}"] = pos.size
-                    continue
-                ok = _ok(snap, pos)
-                if excluded:
-                    ok &= ~np.isin(pos, list(excluded))
-                counts["not in MIG mode or unhealthy"] = counts.get("not in MIG mode or unhealthy", 0) + int(
-                    (~_ok(snap, pos)).sum())
-                start_t, d_t, o_t = fgd_create_table(model, prof.name, wkey)
-                pair = (_col(snap.busy)[pos].astype(np.intp) << 8) | _col(snap.idle)[pos]
-                start = start_t[pair]
-                fits = ok & (start >= 0)
-                if fits.any():
-                    keys = ((d_t[pair] + FGD_OFFSET) << 37) + (1 << 36) + (o_t[pair] << 32) + pos
-                    keys = np.where(fits, keys, np.iinfo(np.int64).max)
-                    i = int(np.argmin(keys))
-                    cand = (int(keys[i]), int(pos[i]), model, prof, None, int(start[i]))
-                    if best is None or cand[:2] < best[:2]:
-                        best = cand
-                frag = frag_slices_table(model, dict(wkey))
-                bit = np.uint32(1 << tables_for(model).index[prof.name])
-                has = ok & ((_col(snap.idle_profiles)[pos] & bit) != 0)
-                counts[f"no free {prof.name} placement"] = int((ok & ~fits & ~has).sum())
-                for p in pos[has].tolist():
-                    gpu = snap.gpus[p]
-                    for inst in gpu.instances:
-                        if inst.busy or inst.profile != prof.name:
-                            continue
-                        d = round(float(frag[gpu.busy_mask | inst.mask] - frag[gpu.busy_mask]) * FGD_SCALE)
-                        k = ((d + FGD_OFFSET) << 37) + p
-                        cand = (k, p, model, prof, inst.id, inst.start)
-                        if best is None or (cand[0], cand[1], -cand[5]) < (best[0], best[1], -best[5]):
-                            best = cand
-            if best is None:
-                return _cannot(job, name, counts)
-            key, p, model, prof, inst_id, start = best
-            gpu = snap.gpus[p]
-            change = ((key >> 37) - FGD_OFFSET) / FGD_SCALE
-            why = f"{name}: least increase of unusable free slices ({change:+.3f})"
-            if inst_id is not None:
-                return _placement(snap, job, name, _reuse(gpu, model, inst_id), why)
-            if _count_ok(gpu, prof, span(prof.memory_slices, start)):
-                return _placement(snap, job, name, _create(gpu, model, prof, start), why)
-            at_max += 1
-            excluded.add(p)
-
-    return policy
-
-
-# -- static partitions -----------------------------------------------------------------------------
-
-def _covering(model: GpuModel, prof: Profile) -> list[Profile]:
-    """Profiles whose instance can host a job sized for ``prof``, smallest first."""
-    out = [
-        p for p in model.profiles
-        if p.compute_slices >= prof.compute_slices and p.memory_slices >= prof.memory_slices
-        and p.memory_gib + 1e-9 >= prof.memory_gib and p.media_extensions == prof.media_extensions
-    ]
-    return sorted(out, key=lambda p: (p.memory_slices, p.compute_slices, p.memory_gib, p.name))
-
-
-def _static_whole(snap: ClusterSnapshot, job: JobRequest, name: str) -> Decision:
-    """``gpus: n`` under a static layout: n GPUs of one node laid out as one idle full-size instance."""
-    n = job.demand.gpus
-    by_node: dict[str, list[tuple[GpuView, str]]] = {}
-    for p, gpu in enumerate(snap.gpus):
-        if not (snap.mig[p] and snap.healthy[p]) or gpu.busy_mask or len(gpu.instances) != 1:
-            continue
-        model = snap.geometry.model(gpu.model)
-        inst = gpu.instances[0]
-        if inst.profile == full_profile(model).name:
-            by_node.setdefault(gpu.node, []).append((gpu, inst.id))
-    fitting = sorted((len(v), node) for node, v in by_node.items() if len(v) >= n)
-    if not fitting:
-        return CannotPlace(job_id=job.job_id, policy=name, reasons=(
-            f"no node has {n} GPU(s) laid out as one idle full-size instance (static layout)",))
-    node = fitting[0][1]
-    chosen = sorted(by_node[node], key=lambda gi: gi[0].index)[:n]
-    slots = tuple(_reuse(g, snap.geometry.model(g.model), iid) for g, iid in chosen)
-    return Placement(job_id=job.job_id, policy=name, slots=slots, tier="any", frag_before=0.0, frag_after=1.0,
-                     reasons=(f"{n} whole GPU(s) on node {node}, static full-size instances",))
-
-
-def _static(name: str) -> PlacementPolicy:
-    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        if job.demand.kind == "gpus":
-            return _static_whole(snap, job, name)
-        if job.demand.kind != "mig":
-            return _not_mig(snap, job, name)
-        counts: dict[str, int] = {}
-        best: tuple[tuple[int, int, int], GpuModel, Profile] | None = None
-        for model_name, pos in snap.groups.items():
-            model = snap.models[model_name]
-            prof = resolve_profile(job.demand, model)
-            if prof is None:
-                counts[f"{model_name} has no profile for {job.demand.label()}"] = pos.size
-                continue
-            ok = _ok(snap, pos)
-            counts["not in MIG mode or unhealthy"] = counts.get("not in MIG mode or unhealthy", 0) + int(
-                (~ok).sum())
-            index = tables_for(model).index
-            idle_bits = _col(snap.idle_profiles)[pos]
-            for cover in _covering(model, prof):
-                hit = np.flatnonzero(ok & ((idle_bits & np.uint32(1 << index[cover.name])) != 0))
-                if hit.size:
-                    key = (cover.memory_slices, cover.compute_slices, int(pos[hit[0]]))
-                    if best is None or key < best[0]:
-                        best = (key, model, cover)
-                    break
-            else:
-                counts[f"no idle instance covering {prof.name}"] = int(ok.sum())
-        if best is None:
-            return _cannot(job, name, counts)
-        (_, _, p), model, cover = best
-        gpu = snap.gpus[p]
-        inst_id = _idle_start(gpu, cover, highest=False)
-        assert inst_id is not None
-        return _placement(snap, job, name, _reuse(gpu, model, inst_id),
-                          f"{name}: smallest idle instance that covers the job ({cover.name})")
-
-    return policy
-
-
-def _lb_static(name: str, params: BalancerParams) -> PlacementPolicy:
-    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        if job.demand.kind == "gpus":
-            return _static_whole(snap, job, name)
-        decision = place(snap, job, params)  # shares of plain GPUs go the balancer's way
-        return msgspec.structs.replace(decision, policy=name)
 
     return policy
 
@@ -458,11 +221,11 @@ def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
         return PolicySpec(name=name, description=description, repartitions=True), _simple(name, rank, highest)
     if name == "fgd":
         weights = params.get("weights") or UNIFORM_SHAPES
-        return PolicySpec(name=name, description=description, repartitions=True), _fgd(name, weights)
+        return PolicySpec(name=name, description=description, repartitions=True), fgd_policy(name, weights)
     layout = str(params.get("layout", "all-balanced"))
     if not layout.startswith("all-"):
         raise LayoutError(f"unknown layout {layout!r}: use all-balanced, all-<shape> or all-<profile>")
     spec = PolicySpec(name=name, description=description, repartitions=False, initial_layout=layout)
     if name == "static":
-        return spec, _static(name)
-    return spec, _lb_static(name, BalancerParams(dynamic=False, allow_larger=True, **bal))
+        return spec, static_policy(name)
+    return spec, lb_static_policy(name, BalancerParams(dynamic=False, allow_larger=True, **bal))

@@ -1,0 +1,108 @@
+"""Static partitions: a fixed layout per GPU (``static_layout``), never repartitioned. ``static`` gives a job
+the smallest idle instance that covers it; ``lb-static`` is the conditional load balancer restricted to the
+layout (load balancing only). Baselines of ``baselines``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from shared.mig.geometry import GpuModel, Profile
+from shared.mig.tables import tables_for
+from shared.policy.balancer import BalancerParams, place
+from shared.policy.baseline_slots import (
+    PlacementPolicy,
+    cannot_place,
+    column,
+    explained,
+    idle_instance,
+    not_mig,
+    reuse_slot,
+    usable,
+)
+from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement
+from shared.policy.request import full_profile, resolve_profile
+from shared.policy.snapshot import ClusterSnapshot, GpuView
+
+
+def _covering(model: GpuModel, prof: Profile) -> list[Profile]:
+    """Profiles whose instance can host a job sized for ``prof``, smallest first."""
+    out = [
+        p for p in model.profiles
+        if p.compute_slices >= prof.compute_slices and p.memory_slices >= prof.memory_slices
+        and p.memory_gib + 1e-9 >= prof.memory_gib and p.media_extensions == prof.media_extensions
+    ]
+    return sorted(out, key=lambda p: (p.memory_slices, p.compute_slices, p.memory_gib, p.name))
+
+
+def _static_whole(snap: ClusterSnapshot, job: JobRequest, name: str) -> Decision:
+    """``gpus: n`` under a static layout: n GPUs of one node laid out as one idle full-size instance."""
+    n = job.demand.gpus
+    by_node: dict[str, list[tuple[GpuView, str]]] = {}
+    for p, gpu in enumerate(snap.gpus):
+        if not (snap.mig[p] and snap.healthy[p]) or gpu.busy_mask or len(gpu.instances) != 1:
+            continue
+        model = snap.geometry.model(gpu.model)
+        inst = gpu.instances[0]
+        if inst.profile == full_profile(model).name:
+            by_node.setdefault(gpu.node, []).append((gpu, inst.id))
+    fitting = sorted((len(v), node) for node, v in by_node.items() if len(v) >= n)
+    if not fitting:
+        return CannotPlace(job_id=job.job_id, policy=name, reasons=(
+            f"no node has {n} GPU(s) laid out as one idle full-size instance (static layout)",))
+    node = fitting[0][1]
+    chosen = sorted(by_node[node], key=lambda gi: gi[0].index)[:n]
+    slots = tuple(reuse_slot(g, snap.geometry.model(g.model), iid) for g, iid in chosen)
+    return Placement(job_id=job.job_id, policy=name, slots=slots, tier="any", frag_before=0.0, frag_after=1.0,
+                     reasons=(f"{n} whole GPU(s) on node {node}, static full-size instances",))
+
+
+def static_policy(name: str) -> PlacementPolicy:
+    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        if job.demand.kind == "gpus":
+            return _static_whole(snap, job, name)
+        if job.demand.kind != "mig":
+            return not_mig(snap, job, name)
+        counts: dict[str, int] = {}
+        best: tuple[tuple[int, int, int], GpuModel, Profile] | None = None
+        for model_name, pos in snap.groups.items():
+            model = snap.models[model_name]
+            prof = resolve_profile(job.demand, model)
+            if prof is None:
+                counts[f"{model_name} has no profile for {job.demand.label()}"] = pos.size
+                continue
+            ok = usable(snap, pos)
+            counts["not in MIG mode or unhealthy"] = counts.get("not in MIG mode or unhealthy", 0) + int(
+                (~ok).sum())
+            index = tables_for(model).index
+            idle_bits = column(snap.idle_profiles)[pos]
+            for cover in _covering(model, prof):
+                hit = np.flatnonzero(ok & ((idle_bits & np.uint32(1 << index[cover.name])) != 0))
+                if hit.size:
+                    key = (cover.memory_slices, cover.compute_slices, int(pos[hit[0]]))
+                    if best is None or key < best[0]:
+                        best = (key, model, cover)
+                    break
+            else:
+                counts[f"no idle instance covering {prof.name}"] = int(ok.sum())
+        if best is None:
+            return cannot_place(job, name, counts)
+        (_, _, p), model, cover = best
+        gpu = snap.gpus[p]
+        inst_id = idle_instance(gpu, cover, highest=False)
+        assert inst_id is not None
+        return explained(snap, job, name, reuse_slot(gpu, model, inst_id),
+                          f"{name}: smallest idle instance that covers the job ({cover.name})")
+
+    return policy
+
+
+def lb_static_policy(name: str, params: BalancerParams) -> PlacementPolicy:
+    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        if job.demand.kind == "gpus":
+            return _static_whole(snap, job, name)
+        decision = place(snap, job, params)  # shares of plain GPUs go the balancer's way
+        return msgspec.structs.replace(decision, policy=name)
+
+    return policy
