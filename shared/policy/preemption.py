@@ -24,10 +24,8 @@ carries its why.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping
-from typing import Literal
 
 import msgspec
 import numpy as np
@@ -35,15 +33,13 @@ import numpy.typing as npt
 
 from shared.mig.occupancy import span
 from shared.mig.tables import COST_SCALE, popcount_table, tables_for
-from shared.policy.charges import instance_usage, request_usages
 from shared.policy.placement import JobRequest, Placement, Slot
 from shared.policy.priority import PriorityClass
-from shared.policy.quota import QuotaBook, within_nominal
+from shared.policy.quota import QuotaBook
 from shared.policy.request import full_profile, resolve_profile
 from shared.policy.sharing import SHARE_PROFILE, WHOLE_PROFILE, share_slot, whole_slot
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
-
-Why = Literal["priority", "reclaim"]
+from shared.policy.victim_eligibility import BLOCKED, LOST_SCALE, LOW, Eligibility, Key, Why, victim_cost
 
 
 class Victim(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,70 +74,8 @@ class NoVictims(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Choice = Victims | NoVictims
-_LOST_SCALE = 1_000_000
-"""Lost work is compared in microseconds, as integers, so that equal sums tie exactly."""
-_LOW = -(2**62)
-_BLOCKED = "only equal/higher-priority or protected jobs in the way"
-_Key = tuple[int, float, int, int, int, int, int]
-
-
-class _Eligibility:
-    """Decides, once per job id, whether a running job may be preempted by ``job`` and why."""
-
-    def __init__(self, snap: ClusterSnapshot, job: JobRequest, klass: PriorityClass | None,
-                 book: QuotaBook | None, now: float, checkpoints: Mapping[str, float]) -> None:
-        self.snap = snap
-        self.job = job
-        self.now = now
-        self.checkpoints = checkpoints
-        self.by_priority = klass is None or klass.may_preempt
-        self.reclaim: dict[str, frozenset[str]] = {}
-        self.reclaim_any = True
-        self.cohort = book.policy.cohort_of(job.tenant) if book is not None else None
-        if book is not None and self.cohort is not None:
-            rule = book.policy.cohort_policy(self.cohort).reclaim
-            options = request_usages(snap, job.demand)
-            if rule != "Never" and any(within_nominal(book, job.tenant, u) for u in options):
-                self.reclaim_any = rule == "Any"
-                self.reclaim = {t: frozenset(b) for t, b in book.borrowing(self.cohort).items()
-                                if t != job.tenant}
-        self._seen: dict[str, tuple[Why, str] | None] = {}
-
-    @property
-    def anything(self) -> bool:
-        return self.by_priority or bool(self.reclaim)
-
-    def why(self, gpu: GpuView, inst: InstanceView) -> tuple[Why, str] | None:
-        assert inst.job_id is not None
-        if inst.job_id in self._seen:
-            return self._seen[inst.job_id]
-        out: tuple[Why, str] | None = None
-        lower = inst.priority < self.job.priority
-        if not inst.preemptible or inst.job_id == self.job.job_id:
-            out = None
-        elif self.by_priority and lower:
-            out = ("priority", f"priority {inst.priority} < {self.job.priority}")
-        elif inst.tenant in self.reclaim and (self.reclaim_any or lower):
-            charged = instance_usage(gpu, self.snap.geometry.model(gpu.model), inst)
-            over = sorted(r for r in self.reclaim[inst.tenant] if charged.amount(r) > 0)
-            if over:
-                out = ("reclaim", f"{inst.tenant} borrows {', '.join(over)} from cohort {self.cohort}")
-        self._seen[inst.job_id] = out
-        return out
-
-    def lost(self, inst: InstanceView) -> float:
-        since = max(inst.started_at, self.checkpoints.get(inst.job_id or "", -math.inf))
-        return max(0.0, self.now - since)
-
-
-def _cost(victims: dict[str, InstanceView], elig: _Eligibility) -> tuple[int, float, int, int]:
-    prios = [v.priority for v in victims.values()]
-    lost = round(sum(elig.lost(v) for v in victims.values()), 6)
-    return len(victims), lost, max(prios, default=0), sum(prios)
-
-
-def _mig_options(snap: ClusterSnapshot, job: JobRequest, elig: _Eligibility, counts: Counter[str]
-                 ) -> tuple[_Key, Slot, dict[str, InstanceView]] | None:
+def _mig_options(snap: ClusterSnapshot, job: JobRequest, elig: Eligibility, counts: Counter[str]
+                 ) -> tuple[Key, Slot, dict[str, InstanceView]] | None:
     """Vectorised over the GPUs of each model: one Python pass collects, per GPU, the slices held by jobs that
     may not be preempted (``blocked``) and each eligible instance's start, end, lost work and priority; then
     every legal start is scored for all GPUs at once with mask arithmetic and the FragCost table."""
@@ -180,7 +114,7 @@ def _mig_options(snap: ClusterSnapshot, job: JobRequest, elig: _Eligibility, cou
             slot = Slot(gpu_id=g.id, node=g.node, model=model.name, profile=prof.name, start=s,
                         size=prof.memory_slices, compute=prof.compute_slices, action="create",
                         destroy=tuple(x.id for x in overlap))
-        key: _Key = (int(cnt[i]), int(lost_q[i]) / _LOST_SCALE, int(pmax[i]), int(psum[i]), int(frag[i]),
+        key: Key = (int(cnt[i]), int(lost_q[i]) / LOST_SCALE, int(pmax[i]), int(psum[i]), int(frag[i]),
                      p, -s)
         return key, slot, victims
     return None
@@ -188,7 +122,7 @@ def _mig_options(snap: ClusterSnapshot, job: JobRequest, elig: _Eligibility, cou
 
 def _score_starts(
     snap: ClusterSnapshot, pos: npt.NDArray[np.intp], slices: int, size: int, placements: tuple[int, ...],
-    fragcost_q: npt.NDArray[np.int64], elig: _Eligibility, counts: Counter[str], name: str,
+    fragcost_q: npt.NDArray[np.int64], elig: Eligibility, counts: Counter[str], name: str,
     cols: list[list[npt.NDArray[np.int64]]],
 ) -> None:
     n = int(pos.size)
@@ -225,18 +159,18 @@ def _score_starts(
         blocked[k] = b
     has = np.zeros(n, dtype=bool)
     if not rows:
-        counts[_BLOCKED] += n
+        counts[BLOCKED] += n
         return
     r = np.asarray(rows, dtype=np.intp)
     st = np.asarray(starts_l, dtype=np.int64)
     sz = np.asarray(sizes_l, dtype=np.int64)
     has[r] = True
-    counts[_BLOCKED] += int((~has).sum())
+    counts[BLOCKED] += int((~has).sum())
     starts = np.zeros(n, dtype=np.int64)
     np.bitwise_or.at(starts, r, np.left_shift(1, st))
     lost = np.zeros((n, slices), dtype=np.int64)
-    lost[r, st] = np.rint(np.asarray(lost_l) * _LOST_SCALE).astype(np.int64)
-    pmax_t = np.full((n, slices), _LOW, dtype=np.int64)
+    lost[r, st] = np.rint(np.asarray(lost_l) * LOST_SCALE).astype(np.int64)
+    pmax_t = np.full((n, slices), LOW, dtype=np.int64)
     pmax_t[r, st] = prio_l
     psum_t = np.zeros((n, slices), dtype=np.int64)
     psum_t[r, st] = prio_l
@@ -263,7 +197,7 @@ def _score_starts(
         win = slice(s, s + size)
         cols[0].append(pop[starts[idx] & pm].astype(np.int64) + extra)
         cols[1].append(lost[idx, win].sum(axis=1) + np.where(extra, lost[idx, cc], 0))
-        cols[2].append(np.maximum(pmax_t[idx, win].max(axis=1), np.where(extra, pmax_t[idx, cc], _LOW)))
+        cols[2].append(np.maximum(pmax_t[idx, win].max(axis=1), np.where(extra, pmax_t[idx, cc], LOW)))
         cols[3].append(psum_t[idx, win].sum(axis=1) + np.where(extra, psum_t[idx, cc], 0))
         lo = np.where(extra, c, s)
         hi = np.maximum(s + size, end[idx, win].max(axis=1))
@@ -276,9 +210,9 @@ def _score_starts(
         counts[f"no {name} placement clear of protected jobs"] += stuck
 
 
-def _share_options(snap: ClusterSnapshot, elig: _Eligibility, counts: Counter[str]
-                   ) -> tuple[_Key, Slot, dict[str, InstanceView]] | None:
-    best: tuple[_Key, Slot, dict[str, InstanceView]] | None = None
+def _share_options(snap: ClusterSnapshot, elig: Eligibility, counts: Counter[str]
+                   ) -> tuple[Key, Slot, dict[str, InstanceView]] | None:
+    best: tuple[Key, Slot, dict[str, InstanceView]] | None = None
     plain = np.flatnonzero(~np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool))
     for p in plain.tolist():
         g = snap.gpus[p]
@@ -294,10 +228,10 @@ def _share_options(snap: ClusterSnapshot, elig: _Eligibility, counts: Counter[st
         else:
             continue  # a replica is free: no preemption needed
         if not options:
-            counts[_BLOCKED] += 1
+            counts[BLOCKED] += 1
         for inst, replica in options:
             victims = {inst.job_id or "": inst}
-            key: _Key = (*_cost(victims, elig), 0, p, -replica)
+            key: Key = (*victim_cost(victims, elig), 0, p, -replica)
             if best is None or key < best[0]:
                 best = (key, share_slot(g, snap.geometry.model(g.model), replica), victims)
     return best
@@ -318,8 +252,8 @@ def _whole_slot(snap: ClusterSnapshot, g: GpuView) -> Slot:
                 destroy=tuple(i.id for i in g.instances))
 
 
-def _gang_options(snap: ClusterSnapshot, job: JobRequest, elig: _Eligibility, counts: Counter[str]
-                  ) -> tuple[_Key, tuple[Slot, ...], dict[str, InstanceView]] | None:
+def _gang_options(snap: ClusterSnapshot, job: JobRequest, elig: Eligibility, counts: Counter[str]
+                  ) -> tuple[Key, tuple[Slot, ...], dict[str, InstanceView]] | None:
     n = job.demand.gpus
     groups: dict[tuple[str, bool], list[tuple[tuple[int, float, int], GpuView, dict[str, InstanceView]]]] = {}
     order: dict[str, int] = {}
@@ -337,9 +271,9 @@ def _gang_options(snap: ClusterSnapshot, job: JobRequest, elig: _Eligibility, co
                 victims[inst.job_id or ""] = inst
         if not ok:
             continue
-        c = _cost(victims, elig)
+        c = victim_cost(victims, elig)
         groups.setdefault((g.node, g.mig), []).append(((c[0], c[1], g.index), g, victims))
-    best: tuple[_Key, tuple[Slot, ...], dict[str, InstanceView]] | None = None
+    best: tuple[Key, tuple[Slot, ...], dict[str, InstanceView]] | None = None
     for (node, mig), cands in groups.items():
         if len(cands) < n:
             continue
@@ -348,7 +282,7 @@ def _gang_options(snap: ClusterSnapshot, job: JobRequest, elig: _Eligibility, co
         victims = {j: i for _, _, vs in chosen for j, i in vs.items()}
         if not victims:
             continue  # n GPUs are free already
-        key: _Key = (*_cost(victims, elig), int(mig), order[node], 0)
+        key: Key = (*victim_cost(victims, elig), int(mig), order[node], 0)
         if best is None or key < best[0]:
             best = (key, tuple(_whole_slot(snap, g) for _, g, _ in chosen), victims)
     if best is None:
@@ -371,13 +305,13 @@ def choose_victims(
     Call it after ``place`` returned CannotPlace. ``klass`` is the job's priority class (None: may preempt
     lower priority); ``book`` enables cohort reclaim; ``checkpoints`` maps job id -> its last checkpoint time.
     """
-    elig = _Eligibility(snap, job, klass, book, now, checkpoints or {})
+    elig = Eligibility(snap, job, klass, book, now, checkpoints or {})
     if not elig.anything:
         why = f"priority class {klass.name!r} never preempts" if klass is not None else "preemption disabled"
         return NoVictims(job_id=job.job_id, reasons=(why + " and there is nothing to reclaim",))
     counts: Counter[str] = Counter()
     kind = job.demand.kind
-    best: tuple[_Key, tuple[Slot, ...], dict[str, InstanceView]] | None
+    best: tuple[Key, tuple[Slot, ...], dict[str, InstanceView]] | None
     if kind == "gpus":
         best = _gang_options(snap, job, elig, counts)
     else:
