@@ -1,8 +1,8 @@
 """The balancer's batch decision and commit: ``decide_and_commit`` decides each job of a batch on its shard's
-mirror (``shared.policy.balancer.place``; with tenancy: quota -> place behind the reserve -> preempt), commits
-every reservation of the batch as one Redis pipeline of compare-and-set Lua calls, re-decides the losers and
-returns the ``sched.placed`` messages. No room: the job waits in the shard's priority queue with the policy's
-reasons. ``Candidate`` is one job to decide.
+mirror (``Mirror.decide``, which is ``shared.policy.balancer.place``'s decision; with tenancy: quota -> place
+behind the reserve -> preempt), commits every reservation of the batch as one Redis pipeline of compare-and-set
+Lua calls, re-decides the losers and returns the ``sched.placed`` messages. No room: the job waits in the
+shard's priority queue with the policy's reasons. ``Candidate`` is one job to decide.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from shared import telemetry
 from shared.bus import Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, Placed, wire_gpu
 from shared.policy.admission import Hold, Start
-from shared.policy.balancer import BalancerParams, place
+from shared.policy.balancer import BalancerParams
 from shared.policy.charges import slot_usages
 from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
 from shared.settings import BalancerSettings
@@ -154,7 +154,7 @@ class Decisions(Service):
                         latency_sensitive=sub.latency_sensitive,
                         migratable=sub.migratable,
                     )
-                    dec = place(mirror.view(), req, self.params)  # applied below, before any await
+                    dec = mirror.decide(req, self.params)  # = place(mirror.view(), ...); applied below
                     self._m_decide.observe(time.perf_counter() - t0)
                 if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
                     dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)

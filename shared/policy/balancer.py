@@ -13,14 +13,16 @@ All six keys are packed into one int64 per GPU so that the choice is one argmin.
 load is precomputed per GPU model and request as a table indexed by ``busy << 8 | idle`` (create) or
 ``busy << 8 | starts of idle instances of the profile`` (reuse); the tables of a snapshot's models are
 stacked so that one decision is a few gathers over the snapshot's columns, whatever the model mix
-(``load/bench_placement.py``; ``balancer_loop.py`` is the same algorithm as a plain loop).
+(``load/bench_placement.py``; ``balancer_loop.py`` is the same algorithm as a plain loop). The ``Placement``
+of a chosen candidate is built in ``placement_explain.py``; ``live_placement.py`` gives the same decisions
+incrementally, for the balancer service's mirror.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 import numpy as np
@@ -28,11 +30,16 @@ import numpy.typing as npt
 
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
-from shared.mig.tables import COST_SCALE, PAIRS, ModelTables, tables_for
-from shared.policy.placement import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot, Tier
+from shared.mig.tables import PAIRS, ModelTables, tables_for
+from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement_explain import Cand, explain_choice, whole_placement
+from shared.policy.placement_explain import create_slot as _create_slot
+from shared.policy.placement_explain import idle_at as _idle_at
 from shared.policy.request import Demand, full_profile, resolve_profile
 from shared.policy.sharing import place_plain_gpus, place_share
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+
+__all__ = ["BalancerParams", "_create_slot", "_idle_at", "pack_key", "place", "place_mig", "place_whole"]
 
 _NONE = np.iinfo(np.int64).max
 
@@ -68,11 +75,6 @@ def pack_key(
     k = (k << 4) + overlap
     k = (k << 11) + load_q
     return (k << 4) + (15 - np.asarray(start, dtype=np.int64))
-
-
-def _unpack_cost(key: int, before_q: int = 0) -> float:
-    """FragCost after the placement; ``before_q`` is added back when the key holds the increase."""
-    return (((key >> 22) & ((1 << 31) - 1)) + before_q) / COST_SCALE
 
 
 def _acceptable(tables: ModelTables, wanted: Profile, allow_larger: bool) -> dict[str, Profile]:
@@ -235,53 +237,74 @@ def place_mig(
         ckeys += tl
         if not all_ok:
             ckeys[~ok] = _UNFIT
-    cands = _shortlist(snap, comp, mi, rpos, rkeys, ckeys, params.top_k)
+    cands = _shortlist(snap.model_list, comp, mi, rpos, rkeys, ckeys, params.top_k)
     counts: Counter[str] = Counter()
-    chosen = _first_legal(snap, cands[:1], counts)
+    chosen = _first_legal(snap.gpus, cands[:1], counts)
     if chosen is None and cands:
         # the best was at its max count (rare: +me profiles): rank every candidate
-        cands = _shortlist(snap, comp, mi, rpos, rkeys, ckeys, n)
+        cands = _shortlist(snap.model_list, comp, mi, rpos, rkeys, ckeys, n)
         counts = Counter()
-        chosen = _first_legal(snap, cands, counts)
+        chosen = _first_legal(snap.gpus, cands, counts)
     if chosen is None:
         full_r = np.full(n, _UNFIT, dtype=np.int64)
         full_r[rpos] = rkeys
         return _cannot_place(snap, job, params, policy, comp, ok, full_r, ckeys, counts)
-    shown = [chosen, *cands[: params.top_k]]
-    reuse_insts = {c[1]: _idle_at(snap.gpus[c[1]], 15 - (c[0] & 0xF)) for c in shown if c[4] == "reuse"}
-    ranked = [chosen, *(c for c in cands if c is not chosen)]
-    return _decision(snap, job, params, policy, chosen, ranked, reuse_insts)
+    return explain_shortlist(snap.gpus, snap.models, job, params, policy, chosen, cands)
+
+
+def explain_shortlist(
+    gpus: Sequence[GpuView], models: Mapping[str, GpuModel], job: JobRequest, params: BalancerParams, policy: str,
+    chosen: Cand, cands: Sequence[Cand],
+) -> Placement:
+    """The ``Placement`` of ``chosen`` (the first legal of ``cands``) with its runners-up from ``cands``."""
+    ranked = cands if cands and cands[0] is chosen else [chosen, *(c for c in cands if c is not chosen)]
+    return explain_choice(gpus, models, job, params.threshold, params.lazy_first, params.rank == "delta",
+                          params.top_k, policy, chosen, ranked)
+
+
+def _decision(
+    snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str, chosen: Cand,
+    ranked: Sequence[Cand], reuse_insts: Mapping[int, InstanceView],
+) -> Placement:
+    """``explain_choice`` over a snapshot (``balancer_loop``'s entry)."""
+    return explain_choice(snap.gpus, snap.models, job, params.threshold, params.lazy_first,
+                          params.rank == "delta", params.top_k, policy, chosen, ranked, reuse_insts)
 
 
 def _shortlist(
-    snap: ClusterSnapshot, comp: _Compiled, mi: npt.NDArray[np.intp], rpos: npt.NDArray[np.intp],
-    rkeys: npt.NDArray[np.int64], ckeys: npt.NDArray[np.int64] | None, k: int,
-) -> list[tuple[int, int, str, Profile, str]]:
+    model_list: Sequence[GpuModel], comp: _Compiled, mi: npt.NDArray[np.intp] | Sequence[int],
+    rpos: npt.NDArray[np.intp], rkeys: npt.NDArray[np.int64], ckeys: npt.NDArray[np.int64] | None, k: int,
+) -> list[Cand]:
     """Candidates by (key, position): the exact best first, then about ``k`` runners-up of each action
-    (ties among runners-up are cut arbitrarily: they only explain the choice)."""
-    cands: list[tuple[int, int, str, Profile, str]] = []
+    (ties among runners-up are cut by ``argpartition``, whose pick among equal keys depends on the whole array:
+    ``live_placement`` hands this the very arrays ``place_mig`` builds, so that its runners-up are these)."""
+    cands: list[Cand] = []
     for keys, where, action in ((rkeys, rpos, "reuse"), (ckeys, None, "create")):
         if keys is None or keys.size == 0:
             continue
-        best = int(np.argmin(keys))  # the first of equal keys: the lowest position
-        if keys[best] >= _UNFIT:
+        best = int(keys.argmin())  # the first of equal keys: the lowest position
+        best_key = int(keys[best])
+        if best_key >= _UNFIT:
             continue
-        idx = [best]
+        # (index into keys, key) pairs, read back as Python ints in one go: per-element numpy reads cost more
+        found: list[tuple[int, int]]
         if k >= keys.size:
-            idx = np.flatnonzero(keys < _UNFIT).tolist()
-        elif k > 0:
-            idx += [int(i) for i in np.argpartition(keys, k)[: k + 1] if keys[i] < _UNFIT and i != best]
-        for i in idx:
+            fit = np.flatnonzero(keys < _UNFIT)
+            found = list(zip(fit.tolist(), keys[fit].tolist(), strict=True))
+        else:
+            found = [(best, best_key)]
+            if k > 0:
+                part = keys.argpartition(k)[: k + 1]
+                found += [(i, v) for i, v in zip(part.tolist(), keys[part].tolist(), strict=True)
+                          if v < _UNFIT and i != best]
+        for i, v in found:
             p = int(where[i]) if where is not None else i
-            prof = comp.profiles[mi[p]]
+            m = mi[p]
+            prof = comp.profiles[m]
             assert prof is not None
-            cands.append((int(keys[i]), p, snap.model_list[mi[p]].name, prof, action))
+            cands.append((v, p, model_list[m].name, prof, action))
     cands.sort(key=lambda c: (c[0], c[1]))
     return cands
-
-
-def _idle_at(gpu: GpuView, start: int) -> InstanceView:
-    return next(i for i in gpu.instances if not i.busy and i.start == start)
 
 
 def _cannot_place(
@@ -309,87 +332,15 @@ def _cannot_place(
 
 
 def _first_legal(
-    snap: ClusterSnapshot, ranked: Sequence[tuple[int, int, str, Profile, str]], counts: Counter[str]
-) -> tuple[int, int, str, Profile, str] | None:
+    gpus: Sequence[GpuView], ranked: Sequence[Cand], counts: Counter[str] | None = None
+) -> Cand | None:
     for cand in ranked:
-        if cand[4] == "create" and not _count_ok(snap.gpus[cand[1]], cand[3], 15 - (cand[0] & 0xF)):
-            counts[f"{cand[3].name} at its max count"] += 1
+        if cand[4] == "create" and not _count_ok(gpus[cand[1]], cand[3], 15 - (cand[0] & 0xF)):
+            if counts is not None:
+                counts[f"{cand[3].name} at its max count"] += 1
             continue
         return cand
     return None
-
-
-def _create_slot(gpu: GpuView, model: GpuModel, prof: Profile, start: int) -> Slot:
-    pm = ((1 << prof.memory_slices) - 1) << start
-    destroy = tuple(i.id for i in gpu.instances if not i.busy and i.mask & pm)
-    return Slot(
-        gpu_id=gpu.id, node=gpu.node, model=model.name, profile=prof.name, start=start,
-        size=prof.memory_slices, compute=prof.compute_slices, action="create", destroy=destroy,
-    )
-
-
-def _slot_for(
-    snap: ClusterSnapshot, cand: tuple[int, int, str, Profile, str], reuse_insts: dict[int, InstanceView]
-) -> Slot:
-    key, p, model_name, prof, action = cand
-    gpu = snap.gpus[p]
-    model = snap.models[model_name]
-    if action == "reuse":
-        inst = reuse_insts[p]
-        return Slot(
-            gpu_id=gpu.id, node=gpu.node, model=model.name, profile=inst.profile, start=inst.start,
-            size=inst.size, compute=inst.compute, action="reuse", instance_id=inst.id,
-        )
-    return _create_slot(gpu, model, prof, 15 - (key & 0xF))
-
-
-def _tier_name(key: int, params: BalancerParams) -> Tier:
-    if not params.lazy_first:
-        return "any"
-    return "lazy" if (key >> 54) == 0 else "busy"
-
-
-def _decision(
-    snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str,
-    chosen: tuple[int, int, str, Profile, str], ranked: Sequence[tuple[int, int, str, Profile, str]],
-    reuse_insts: dict[int, InstanceView],
-) -> Placement:
-    slot = _slot_for(snap, chosen, reuse_insts)
-    gpu = snap.gpus[chosen[1]]
-    tables = tables_for(snap.models[chosen[2]])
-    before = tables.cost(gpu.busy_mask)
-    delta = params.rank == "delta"
-    after = _unpack_cost(chosen[0], int(tables.fragcost_q[gpu.busy_mask]) if delta else 0)
-    tier = _tier_name(chosen[0], params)
-    load = gpu.used_compute / snap.models[chosen[2]].compute_slices
-    reasons = [
-        (f"{tier} tier (load {load:.2f} vs threshold {params.threshold})" if tier != "any"
-         else f"load {load:.2f}"),
-        ("reuses idle instance " + str(slot.instance_id) if slot.action == "reuse"
-         else "creates a new instance"),
-        (f"least FragCost increase: {before:.3f} -> {after:.3f}" if delta
-         else f"lowest FragCost after: {after:.3f}"),
-    ]
-    if slot.destroy:
-        reasons.append(f"destroys {len(slot.destroy)} idle instance(s) in the way")
-    cands = []
-    for key, p, model_name, prof, _action in ranked[: params.top_k]:
-        s = _slot_for(snap, (key, p, model_name, prof, _action), reuse_insts)
-        g = snap.gpus[p]
-        t = tables_for(snap.models[model_name])
-        cands.append(
-            Candidate(
-                gpu_id=g.id, profile=s.profile, start=s.start, action=s.action, tier=_tier_name(key, params),
-                frag_before=t.cost(g.busy_mask),
-                frag_after=_unpack_cost(key, int(t.fragcost_q[g.busy_mask]) if delta else 0),
-                load=g.used_compute / snap.models[model_name].compute_slices,
-                idle_slices_destroyed=int((key >> 15) & 0xF),
-            )
-        )
-    return Placement(
-        job_id=job.job_id, policy=policy, slots=(slot,), tier=tier, frag_before=before, frag_after=after,
-        reasons=tuple(reasons), candidates=tuple(cands),
-    )
 
 
 def place_whole(
@@ -434,10 +385,7 @@ def place_whole(
                               instance_id=idle_full.id))
         else:
             slots.append(_create_slot(g, model, full, full.placements[0]))
-    return Placement(
-        job_id=job.job_id, policy=policy, slots=tuple(slots), tier="any", frag_before=0.0, frag_after=1.0,
-        reasons=(f"{n} whole GPU(s) on node {node}, the tightest node that fits",),
-    )
+    return whole_placement(job, tuple(slots), policy)
 
 
 def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None = None) -> Decision:
