@@ -72,6 +72,18 @@ class Mirror:
         self.vers[g.id] = g.ver
         self._changed(g.id)
 
+    def holds_exactly(self, gpu_ids: Collection[str]) -> bool:
+        """Whether the mirror holds these GPUs and no other (then a reload can update it in place)."""
+        return len(gpu_ids) == len(self.builder) and all(g in self.builder for g in gpu_ids)
+
+    def refresh(self, g: StoredGpu) -> bool:
+        """``put`` unless the mirror already shows the GPU as stored (the periodic reload finds most GPUs
+        unchanged: re-putting them would rebuild the placer for nothing); True if it changed."""
+        if g.id in self.builder and self.vers.get(g.id) == g.ver and self.builder.get(g.id) == g.view():
+            return False
+        self.put(g)
+        return True
+
     def put_instances(self, gpu_id: str, instances: list[StoredInstance], ver: int) -> None:
         """Replace one GPU's instances (from a transition result that does not carry the GPU's identity)."""
         if gpu_id not in self.builder:

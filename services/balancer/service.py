@@ -27,7 +27,7 @@ from shared.events import JobSubmit
 from shared.policy.balancer import BalancerParams
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.settings import BalancerSettings
-from shared.state import shard_of
+from shared.state import StoredGpu, shard_of
 
 __all__ = ["Balancer", "Candidate", "mig_gang_refused", "placed_on"]
 
@@ -89,13 +89,24 @@ class Balancer(Backfill):
     async def refresh(self) -> None:
         """Reload every shard's mirror from Redis (and publish the queue depth)."""
         gpus = await self.state.load_gpus()
+        by_shard: list[list[StoredGpu]] = [[] for _ in range(self.settings.shards)]
+        for g in gpus:
+            by_shard[shard_of(g.node, self.settings.shards)].append(g)
         async with self.lock:
-            fresh = [Mirror(self.geometry) for _ in range(self.settings.shards)]
-            for g in gpus:
-                fresh[shard_of(g.node, self.settings.shards)].put(g)
-            self.mirrors = fresh
+            for shard, found in enumerate(by_shard):
+                mirror = self.mirrors[shard]
+                if mirror.holds_exactly([g.id for g in found]):
+                    # the same GPUs: update the drifted ones in place (a fresh mirror would rebuild its
+                    # placer's key columns on the next decision, a pause every refresh)
+                    for g in found:
+                        mirror.refresh(g)
+                    continue
+                fresh = Mirror(self.geometry)
+                for g in found:
+                    fresh.put(g)
+                self.mirrors[shard] = fresh
             if self.ledger.active:
-                self.ledger.rebuild(mm.snapshot() for mm in fresh)
+                self.ledger.rebuild(mm.snapshot() for mm in self.mirrors)
         m.child(m.QUEUE_DEPTH, self.name).set(await self.state.pending_count())
         if len(self.mirrors) == 1 and len(self.mirrors[0]):
             m.child(m.FRAG_RATE, self.name).set(frag_rate(self.mirrors[0].snapshot(), UNIFORM_SHAPES))

@@ -151,3 +151,26 @@ def test_runners_up_among_hundreds_of_equal_gpus_are_the_ones_the_balancer_lists
         dec = _check(mirror, job, params)
         assert isinstance(dec, Placement) and len(dec.candidates) == 3
         mirror.apply(dec.slot, job.job_id, reservation_instance(dec.slot, job.job_id, 0, "t", False, True))
+
+
+def test_a_reload_of_the_same_gpus_updates_only_the_drifted_ones_and_keeps_deciding_as_place() -> None:
+    gpus = _empty(16, "A100-40GB")
+    mirror = Mirror(GEO)
+    for g in gpus:
+        mirror.put(stored(g, ver=3))
+    params = BalancerParams()
+    job = JobRequest(job_id="j", demand=mig("1g"))
+    _check(mirror, job, params)
+    placer = mirror._placer
+    assert mirror.holds_exactly([g.id for g in gpus]) and not mirror.holds_exactly([g.id for g in gpus[:-1]])
+    assert not any(mirror.refresh(stored(g, ver=3)) for g in gpus)  # nothing drifted: nothing re-put
+    g5 = gpus[5]
+    busy = StoredGpu(
+        id=g5.id, node=g5.node, index=g5.index, model=g5.model, ver=4,
+        instances=[StoredInstance(id="e5:3g@0", profile="3g.20gb", start=0, size=4, compute=3, state="busy",
+                                  job="other")],
+    )
+    assert mirror.refresh(busy)  # another service's reservation: the mirror takes it
+    assert mirror._placer is placer and mirror.vers["e5"] == 4  # updated in place, not rebuilt
+    assert mirror.get("e5").busy_mask != 0
+    _check(mirror, job, params)
