@@ -108,6 +108,10 @@ class PartitionerSettings(Settings):
     """Recent-demand window of the keep-or-destroy policy for idle instances."""
     retention_min_share: float = 0.05
     """Keep an idle instance when its profile is at least this share of recent demand."""
+    job_retention_s: float = 86400.0
+    """How long a finished, failed, cancelled or rejected job (its record and history) is kept in Redis before
+    the partitioner deletes it; 0 keeps them forever. The default is the streams' default max age, so a
+    redelivered message never finds its job forgotten."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

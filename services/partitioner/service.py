@@ -12,6 +12,8 @@
   (reusable, and reclaimable by any placement that needs its slices), never lost.
 - ``jobs.cancel`` -> cancel transition; an active job gets a ``stop`` command.
 - ``node.*.report`` / ``node.*.heartbeat``: the node registry and command results (``registry``, ``reports``).
+- every ``EXPIRE_EVERY_S``: jobs ended longer than ``job_retention_s`` ago are deleted from Redis
+  (``lua/expire.lua``), so that the state does not grow with every job ever submitted.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from shared.policy.retention import RecentDemand, RetentionParams, keep_idle
 from shared.settings import PartitionerSettings
 from shared.state import StoredGpu, shard_of
 from shared.state.model import PLAIN_PROFILES
+
+EXPIRE_EVERY_S = 30.0
+EXPIRE_LIMIT = 1000
+"""Jobs one expire call deletes at most: one script never blocks Redis long (the sweep calls again while a call
+deleted this many, so a backlog drains within one sweep, between other clients' commands)."""
 
 
 def place_cmd_id(job_id: str, attempt: int) -> str:
@@ -98,7 +105,21 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         return [
             ("liveness", max(0.2, st.node_timeout_s / 5), self.check_liveness),
             ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.sweep_commands),
+            *([("expire-jobs", EXPIRE_EVERY_S, self.expire_jobs)] if st.job_retention_s > 0 else []),
         ]
+
+    async def expire_jobs(self) -> int:
+        """Delete the jobs of every shard that ended more than ``job_retention_s`` ago -> how many."""
+        before = time.time() - self.settings.job_retention_s
+        total = 0
+        for shard in range(self.settings.shards):
+            while (n := await self.state.expire(shard, before, EXPIRE_LIMIT)) > 0:
+                total += n
+                if n < EXPIRE_LIMIT:
+                    break
+        if total:
+            self.log.info("expired %d job(s) that ended before %.0f", total, before)
+        return total
 
     # --- sched.placed ---------------------------------------------------------------------------------------
     async def on_placed(self, ds: list[Delivery]) -> None:

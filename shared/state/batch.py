@@ -231,6 +231,11 @@ class Batch:
             lambda v: (_s(v[0]), _s(v[1])),
         )
 
+    def expire(self, shard: int, before: float, limit: int) -> int:
+        """Forget at most ``limit`` jobs of ``shard`` that ended before ``before``, the oldest first (hash,
+        history, set memberships) -> how many (``lua/expire.lua``)."""
+        return self._add("expire", [self.store.keys(shard).gpus], [repr(before), limit], int)
+
     def track_command(self, shard: int, cmd_id: str, info: dict[str, Any]) -> int:
         # queued in call order with the scripts (run() sends them in order), or the results would not line up
         return self._add("", [self.store.keys(shard).cmds], [cmd_id, _ENC.encode(info)], lambda v: v)

@@ -11,7 +11,10 @@
    which no active job may name;
 6. sharing modes: no MIG instance on a non-MIG GPU and no plain instance (``gpu``, ``shared``) on a MIG GPU;
    a whole GPU is exclusive (its ``gpu`` instance is the only one); shares use distinct replicas
-   ``0..replicas-1`` and at most ``replicas`` of them; plain instances are never idle.
+   ``0..replicas-1`` and at most ``replicas`` of them; plain instances are never idle;
+7. every job in ``:done`` (the ended jobs ``lua/expire.lua`` deletes after the retention) is known and in a
+   terminal state. A job expired whole (hash, history, ``:jobs``, ``:done`` in one script) is simply absent:
+   nothing here expects an ended job to stay.
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from collections.abc import Sequence
 
 from shared.errors import UnknownModelError
 from shared.mig.geometry import Geometry
-from shared.state.model import ACTIVE_STATES, JOB_STATES, PLAIN_PROFILES, JobRecord, StoredGpu, Violation
+from shared.state.model import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    PLAIN_PROFILES,
+    TERMINAL_STATES,
+    JobRecord,
+    StoredGpu,
+    Violation,
+)
 
 
 def check_state(
@@ -30,7 +41,9 @@ def check_state(
     jobs: Sequence[JobRecord],
     pending: set[str],
     occupancy: bytes | None = None,
+    done: set[str] | None = None,
 ) -> list[Violation]:
+    """``done``: the shard's ended jobs (``:done``); None skips rule 7."""
     out: list[Violation] = []
     holders: dict[tuple[str, str], str] = {}  # (gpu, instance) -> job
     for g in gpus:
@@ -127,6 +140,12 @@ def check_state(
     known = set(states)
     for q in pending - known:
         out.append(Violation(kind="queue", subject=q, detail="queued but unknown"))
+    for d in sorted(done or ()):
+        # a live job listed as ended would be deleted under it (expire.lua skips it, but the record is wrong)
+        if d not in states:
+            out.append(Violation(kind="done", subject=d, detail="listed as ended but unknown"))
+        elif states[d] not in TERMINAL_STATES:
+            out.append(Violation(kind="done", subject=d, detail=f"listed as ended but {states[d] or 'in no state'}"))
     return out
 
 
@@ -135,8 +154,8 @@ async def audit(store: object, geometry: Geometry) -> list[Violation]:
     out: list[Violation] = []
     for shard in range(store.shards):  # type: ignore[attr-defined]
         if hasattr(store, "dump"):  # one consistent read (a live system keeps changing between reads)
-            gpus_, jobs_, pend_, occ_ = await store.dump(shard)
-            out.extend(check_state(geometry, gpus_, jobs_, pend_, occ_))
+            gpus_, jobs_, pend_, occ_, done_ = await store.dump(shard)
+            out.extend(check_state(geometry, gpus_, jobs_, pend_, occ_, done_))
             continue
         gpus = await store.load_gpus(shard)  # type: ignore[attr-defined]
         ids = await store.all_job_ids(shard)  # type: ignore[attr-defined]

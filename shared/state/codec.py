@@ -31,6 +31,7 @@ SCRIPTS = (
     "migrate",
     "node",
     "dump",
+    "expire",
 )
 
 

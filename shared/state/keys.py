@@ -13,6 +13,10 @@ key                        type    content
                                    late (",<attempt>,...": place commands whose late run was stopped)
 ``{ns:s}:hist:<job_id>``   list    JSON {at, from, to, reason} per transition (last 64)
 ``{ns:s}:jobs``            set     every job id known to the shard (audit)
+``{ns:s}:done``            zset    jobs in a terminal state (finished, failed, cancelled, rejected; cancel
+                                   tombstones too), score = when they got there: ``lua/expire.lua`` deletes
+                                   those older than the retention (``MIGSCHED_JOB_RETENTION_S``) with their
+                                   hash and history, ``:jobs`` included, a bounded batch per call
 ``{ns:s}:pending``         zset    pending job ids, score (1000 - priority) * 1e10 + submitted_at
 ``{ns:s}:cmds``            hash    command id -> JSON {node, kind, job, gpu, at}: commands in flight
 ``{ns:s}:placing``         zset    jobs in placing, score = when they entered it (lost-placement sweep)
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 
 class Keys:
-    __slots__ = ("cmds", "gpus", "jobs", "nodes", "occ", "pending", "placing", "shard", "tag")
+    __slots__ = ("cmds", "done", "gpus", "jobs", "nodes", "occ", "pending", "placing", "shard", "tag")
 
     def __init__(self, namespace: str, shard: int) -> None:
         self.shard = shard
@@ -40,6 +44,7 @@ class Keys:
         self.nodes = f"{t}:nodes"
         self.jobs = f"{t}:jobs"
         self.placing = f"{t}:placing"
+        self.done = f"{t}:done"
 
     def gpu(self, gpu_id: str) -> str:
         return f"{self.tag}:gpu:{gpu_id}"

@@ -1,6 +1,6 @@
 """``MemoryState``'s job transitions (mirror ``lua/enqueue.lua``, ``settle.lua``, ``release.lua``,
-``mark_running.lua``, ``fail_placement.lua`` and ``cancel.lua``): a job queued, settled, leaving its
-instances, started, failed to place, cancelled."""
+``mark_running.lua``, ``fail_placement.lua``, ``cancel.lua`` and ``expire.lua``): a job queued, settled, leaving
+its instances, started, failed to place, cancelled, forgotten after its retention."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ from shared.state.codec import CancelResult
 from shared.state.memory_prelude import _ACTIVE, MemoryPrelude, _Shard
 from shared.state.memory_slots import hold_for_stop, names, vacate
 from shared.state.memory_slots import idle as _idle
-from shared.state.model import EXIT_TO_STATE, JobRecord, ReleaseResult, StoredGpu, StoredInstance, prio_score
+from shared.state.model import (
+    EXIT_TO_STATE,
+    TERMINAL_STATES,
+    JobRecord,
+    ReleaseResult,
+    StoredGpu,
+    StoredInstance,
+    prio_score,
+)
 
 
 class JobTransitions(MemoryPrelude):
@@ -214,3 +222,19 @@ class JobTransitions(MemoryPrelude):
             self._hist(sh, job, j.state, j.state, "cancel requested: " + reason, now)
             return CancelResult(status="stop", node=j.node, gpu_id=j.gpu, instance_id=j.inst)
         return CancelResult(status="noop", state=j.state)
+
+    def _t_expire(self, shard: int, before: float, limit: int) -> int:
+        """As expire.lua: at most ``limit`` jobs that ended before ``before``, the oldest first (ties by id, as a
+        Redis zset orders them), are forgotten; a ``done`` entry whose job is not terminal only leaves it."""
+        sh = self._s[shard]
+        ids = sorted((t, j) for j, t in sh.done.items() if t < before)[:limit]
+        n = 0
+        for _, job in ids:
+            j = sh.jobs.get(job)
+            if j is None or j.state in TERMINAL_STATES:
+                sh.jobs.pop(job, None)
+                sh.hist.pop(job, None)
+                sh.late.pop(job, None)  # the job hash's 'late' field in Redis
+                n += 1
+            del sh.done[job]
+        return n

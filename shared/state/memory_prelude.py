@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.state.model import HistoryEntry, JobRecord, StoredGpu, prio_score, shard_of
+from shared.state.model import TERMINAL_STATES, HistoryEntry, JobRecord, StoredGpu, prio_score, shard_of
 
 _ACTIVE = ("placing", "running", "migrating")
 
@@ -19,6 +19,8 @@ class _Shard:
         self.pending: dict[str, float] = {}
         self.cmds: dict[str, dict[str, Any]] = {}
         self.placing: dict[str, float] = {}
+        self.done: dict[str, float] = {}
+        """Ended jobs -> when they ended (``:done``): what ``expire`` deletes after the retention."""
         self.nodes: dict[str, dict[str, str]] = {}
         self.late: dict[str, set[int]] = {}
         """Per job, the attempts whose late run ``mark_running`` handled (the job hash's ``late`` in Redis)."""
@@ -57,6 +59,11 @@ class MemoryPrelude:
             sh.placing[job] = now
         elif prev == "placing":
             sh.placing.pop(job, None)
+        # as set_state in prelude.lua: a job in any other state must not stay listed to be deleted
+        if to in TERMINAL_STATES:
+            sh.done[job] = now
+        else:
+            sh.done.pop(job, None)
 
     def _hist(self, sh: _Shard, job: str, prev: str, to: str, reason: str, now: float) -> None:
         sh.hist.setdefault(job, []).append(HistoryEntry(at=now, to=to, reason=reason, prev=prev))

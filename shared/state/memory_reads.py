@@ -55,16 +55,23 @@ class MemoryReads(DerivedReads, MemoryPrelude):
         shards = range(self.shards) if shard is None else (shard,)
         return {n: dict(h) for s in shards for n, h in sorted(self._s[s].nodes.items())}
 
-    async def dump(self, shard: int) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes]:
+    async def dump(
+        self, shard: int
+    ) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes, set[str]]:
         return (
             await self.load_gpus(shard),
             [j for j in await self.jobs(await self.all_job_ids(shard)) if j],
             set(self._s[shard].pending),
             bytes(self._s[shard].occ),
+            set(self._s[shard].done),
         )
 
     async def commands(self, shard: int = 0) -> dict[str, dict[str, Any]]:
         return {k: msgspec.json.decode(msgspec.json.encode(v)) for k, v in self._s[shard].cmds.items()}
+
+    async def ended_before(self, shard: int, before: float) -> list[str]:
+        d = self._s[shard].done
+        return [j for t, j in sorted((t, j) for j, t in d.items() if t < before)]
 
     async def placing_since(self, shard: int, before: float) -> list[str]:
         return sorted(j for j, t in self._s[shard].placing.items() if t <= before)

@@ -8,7 +8,7 @@ compare-and-set on the GPU's version where a decision was made on a possibly sta
     res = await b.run(); res[i].ok
 
 Single transitions have a shortcut each (``await state.release(...)``). Reads: ``load_gpus``, ``get_gpus``,
-``snapshot``, ``occupancy``, ``job``, ``history``, ``pending``, ``nodes``, ``commands``.
+``snapshot``, ``occupancy``, ``job``, ``history``, ``pending``, ``nodes``, ``commands``, ``ended_before``.
 """
 
 from __future__ import annotations
@@ -152,6 +152,9 @@ class RedisState(DerivedReads):
     async def instance(self, op: str, node: str, gpu_id: str, instance_id: str, now: float) -> str:
         return await self._one("instance", op, node, gpu_id, instance_id, now)
 
+    async def expire(self, shard: int, before: float, limit: int) -> int:
+        return await self._one("expire", shard, before, limit)
+
     async def register_node(
         self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""
     ) -> dict[str, Any]:
@@ -251,6 +254,10 @@ class RedisState(DerivedReads):
         raw = await self.redis.hgetall(self.keys(shard).cmds)
         return {_s(k): msgspec.json.decode(v) for k, v in raw.items()}
 
+    async def ended_before(self, shard: int, before: float) -> list[str]:
+        """Jobs that reached a terminal state before ``before`` and are still kept, the oldest first."""
+        return [_s(x) for x in await self.redis.zrangebyscore(self.keys(shard).done, "-inf", f"({before!r}")]
+
     async def placing_since(self, shard: int, before: float) -> list[str]:
         """Jobs that entered placing before ``before`` and are still there."""
         return [_s(x) for x in await self.redis.zrangebyscore(self.keys(shard).placing, "-inf", before)]
@@ -258,12 +265,14 @@ class RedisState(DerivedReads):
     async def forget_command(self, shard: int, cmd_id: str) -> None:
         await self.redis.hdel(self.keys(shard).cmds, cmd_id)
 
-    async def dump(self, shard: int) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes]:
+    async def dump(
+        self, shard: int
+    ) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes, set[str]]:
         """One consistent read of a shard (one Lua script): GPUs, jobs (state and placement only), the queue,
-        the
-        occupancy array. For the audit of a live system, where separate reads would race the services."""
+        the occupancy array, the ended jobs (``:done``). For the audit of a live system, where separate reads
+        would race the services."""
         k = self.keys(shard)
-        occ, raw_gpus, pend, raw_jobs = await self.script("dump")([k.gpus], [])
+        occ, raw_gpus, pend, raw_jobs, done = await self.script("dump")([k.gpus], [])
         gpus = []
         for n in range(0, len(raw_gpus), 2):
             flat = raw_gpus[n + 1]
@@ -282,7 +291,7 @@ class RedisState(DerivedReads):
             )
             for n in range(0, len(raw_jobs), 7)
         ]
-        return gpus, jobs, {_s(p) for p in pend}, bytes(occ or b"")
+        return gpus, jobs, {_s(p) for p in pend}, bytes(occ or b""), {_s(d) for d in done}
 
     async def wipe(self) -> int:
         """Delete every key of this namespace (tests, ``migsched up --fresh``)."""

@@ -1,6 +1,6 @@
 -- dump: a consistent read of a whole shard for the audit (read-only; blocks Redis for O(GPUs + jobs)).
 -- Returns {occ, {gpu_id, {field, value, ...}, ...}, {pending ids},
---   {job_id, state, gpu, inst, mig_gpu, mig_inst, slots, ...}}
+--   {job_id, state, gpu, inst, mig_gpu, mig_inst, slots, ...}, {ended job ids (':done')}}
 local occ = redis.call('GET', OCC) or ''
 local gpus = {}
 for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
@@ -13,4 +13,4 @@ for _, id in ipairs(redis.call('SMEMBERS', JOBS)) do
   table.insert(jobs, id)
   for n = 1, 6 do table.insert(jobs, f[n] or '') end
 end
-return {occ, gpus, redis.call('ZRANGE', PENDING, 0, -1), jobs}
+return {occ, gpus, redis.call('ZRANGE', PENDING, 0, -1), jobs, redis.call('ZRANGE', DONE, 0, -1)}

@@ -8,6 +8,8 @@ local CMDS = P .. ':cmds'
 local NODES = P .. ':nodes'
 local JOBS = P .. ':jobs'
 local PLACING = P .. ':placing'
+local DONE = P .. ':done'
+local TERMINAL = {finished = true, failed = true, cancelled = true, rejected = true}
 local function gk(g) return P .. ':gpu:' .. g end
 local function jk(j) return P .. ':job:' .. j end
 local function hk(j) return P .. ':hist:' .. j end
@@ -56,6 +58,11 @@ local function set_state(job, from, to, reason, now)
   -- jobs in placing, by when: a placement whose command never went out is found and re-queued
   if to == 'placing' then redis.call('ZADD', PLACING, now, job)
   elseif from == 'placing' then redis.call('ZREM', PLACING, job) end
+  -- ended jobs, by when: expire.lua deletes them after the retention. Any other state takes the job out (an
+  -- O(1) miss nearly always): no script leaves a terminal state today, but settle.lua takes any from-state,
+  -- and a job id whose record was deleted by hand and then submitted again must not be deleted under it.
+  if TERMINAL[to] then redis.call('ZADD', DONE, now, job)
+  else redis.call('ZREM', DONE, job) end
 end
 local function prio_score(prio, at) return (1000 - prio) * 1e10 + at end
 local function requeue(job, from, reason, now)

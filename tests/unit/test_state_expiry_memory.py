@@ -1,0 +1,83 @@
+"""Ended jobs forgotten after their retention, in the in-memory store: the scenarios of
+``tests/expiry_cases.py``, which ``tests/integration/test_state_expiry_lua.py`` runs on Redis; the audit's rule
+on ended jobs; the partitioner's periodic sweep."""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any
+
+import pytest
+from expiry_cases import CASES, NOW
+
+from services.partitioner import service
+from services.partitioner.service import Partitioner
+from shared.mig.geometry import default_geometry
+from shared.settings import PartitionerSettings, load
+from shared.state import JobRecord
+from shared.state.check import check_state
+from shared.state.memory_store import MemoryState
+
+pytestmark = pytest.mark.unit
+GEO = default_geometry()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
+async def test_the_memory_store_agrees_with_the_lua_transitions(case: Any) -> None:
+    await case(MemoryState())
+
+
+def _done_findings(jobs: list[JobRecord], done: set[str]) -> list[tuple[str, str]]:
+    return [(v.subject, v.detail) for v in check_state(GEO, [], jobs, set(), None, done) if v.kind == "done"]
+
+
+def test_the_audit_flags_a_job_listed_as_ended_that_is_not_terminal_or_unknown() -> None:
+    jobs = [JobRecord(job_id="ok", state="finished"), JobRecord(job_id="live", state="pending")]
+    assert _done_findings(jobs, {"ok", "live", "gone"}) == [
+        ("gone", "listed as ended but unknown"),
+        ("live", "listed as ended but pending"),
+    ]
+    assert _done_findings(jobs, {"ok"}) == []
+
+
+def test_the_audit_does_not_miss_an_ended_job_that_was_expired() -> None:
+    # expired jobs are absent from the jobs and from the ended list alike: nothing to report
+    assert check_state(GEO, [], [JobRecord(job_id="recent", state="cancelled")], set(), b"", {"recent"}) == []
+
+
+def _partitioner(store: MemoryState, retention_s: float) -> Any:
+    """The attributes ``Partitioner.expire_jobs`` and ``periodic`` use, without a bus."""
+    settings = load(PartitionerSettings, {}, job_retention_s=retention_s, shards=store.shards)
+    p = types.SimpleNamespace(settings=settings, state=store, log=logging.getLogger("test"))
+    p.check_liveness = p.sweep_commands = p.expire_jobs = None  # periodic() only names them
+    return p
+
+
+async def test_the_partitioner_sweep_repeats_until_every_expired_job_of_every_shard_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(service, "EXPIRE_LIMIT", 2)
+    store = MemoryState(shards=2)
+    old = [f"old{n}" for n in range(7)]
+    for job in [*old, "recent"]:
+        await store.enqueue(job, b"{}", 0, NOW, "no room", NOW)
+    for job in old:
+        await store.cancel(job, "by request", NOW)
+    await store.cancel("recent", "by request", 10.0**12)  # ended in the future: inside any retention
+    p = _partitioner(store, 60.0)
+    assert await Partitioner.expire_jobs(p) == 7
+    assert [await store.job(j) for j in old] == [None] * 7
+    assert (await store.job("recent")).state == "cancelled"  # type: ignore[union-attr]
+    assert await Partitioner.expire_jobs(p) == 0
+
+
+def test_the_partitioner_sweeps_only_when_a_retention_is_set() -> None:
+    store = MemoryState()
+    assert "expire-jobs" in [name for name, _, _ in Partitioner.periodic(_partitioner(store, 86400.0))]
+    assert "expire-jobs" not in [name for name, _, _ in Partitioner.periodic(_partitioner(store, 0.0))]
+
+
+def test_the_job_retention_is_read_from_the_environment_and_defaults_to_the_streams_max_age() -> None:
+    assert load(PartitionerSettings, {}).job_retention_s == load(PartitionerSettings, {}).stream_max_age_s
+    assert load(PartitionerSettings, {"MIGSCHED_JOB_RETENTION_S": "3600"}).job_retention_s == 3600.0
