@@ -90,15 +90,7 @@ class PullSearch(PlanState):
     def hostable(self, t: VirtualGpu) -> tuple[frozenset[str], ...]:
         """Per snapshot model: the source profiles that have a destination placement on ``t`` now. Exact
         (``dst_placement`` does not depend on the source), so bounds over them skip only impossible moves."""
-        sig = t.signature()
-        key = (self._model_ids, id(t.model), sig)
-        got = _HOSTABLE.get(key)
-        if got is None:
-            got = (t.model, self.snap.model_list, _hostable(self.snap.model_list, t.model, sig))
-            if len(_HOSTABLE) >= 16384:
-                _HOSTABLE.clear()
-            _HOSTABLE[key] = got
-        return got[2]
+        return hostable_on(self.snap.model_list, t.model, t.signature(), self._model_ids)
 
     def removal_bound_of(self, g: VirtualGpu, t: VirtualGpu) -> int:
         cmax = (g.used * t.compute - t.used * g.compute) // max(g.compute + t.compute, 1)
@@ -169,8 +161,10 @@ class PullSearch(PlanState):
             return None  # no profile has a place on the target: nothing can be pulled
         pulls = self.pulls
         heads: Iterator[Head]
-        if pulls is not None and pulls.snapshot is self.snap and pulls.t_q == self.t_q:
-            # the same heads, from the caller's incremental index (shared.policy.pull_index)
+        if (pulls is not None and pulls.snapshot is self.snap and pulls.t_q == self.t_q
+                and pulls.describes(self.now, self.params.cooldown_s)):
+            # the same heads, from the caller's incremental index (shared.policy.pull_index); in its cooldown
+            # mode, those of them with a pullable job, bounds no smaller: the same pull, found sooner
             heads = pulls.heads(t.used, t.compute, hostable, touched)
         else:
             heads = self._column_heads(t, hostable)
@@ -185,7 +179,7 @@ class PullSearch(PlanState):
         for head in heapq.merge(heads, extra) if extra else heads:
             if best is not None and head > best[0][:3]:
                 break
-            for key, src_id, inst in self._jobs_at(head[2], touched.get(head[2])):
+            for key, src_id, inst in self._jobs_at(head[2], touched.get(head[2]), head[1]):
                 if best is not None and key >= best[0]:
                     break
                 dst = self._dst_for(t, src_id, inst)
@@ -206,11 +200,12 @@ class PullSearch(PlanState):
         order = pos[np.lexsort((pos, -load_q[pos], removal[pos]))]
         return zip(removal[order].tolist(), (-load_q[order]).tolist(), order.tolist(), strict=True)
 
-    def _jobs_at(self, pos: int, g: VirtualGpu | None) -> list[SourceJob]:
-        """The movable jobs of one GPU whose removal lowers its FragCost, as sources() keys them."""
+    def _jobs_at(self, pos: int, g: VirtualGpu | None, nlq: int) -> list[SourceJob]:
+        """The movable jobs of one GPU whose removal lowers its FragCost, as sources() keys them. ``nlq``: its
+        head's -load (the snapshot's ``load_q``, handed on so that the column need not be read)."""
         view = self.snap.gpus[pos]
         if g is None:
-            return self._view_jobs_at(pos, view)
+            return self._view_jobs_at(pos, view, nlq)
         insts, busy, lq, table = g.insts, g.busy_mask, g.load_q(), g.tables.fragcost_q
         before = int(table[busy])
         out = []
@@ -222,7 +217,7 @@ class PullSearch(PlanState):
         out.sort(key=lambda f: f[0])
         return out
 
-    def _view_jobs_at(self, pos: int, view: GpuView) -> list[SourceJob]:
+    def _view_jobs_at(self, pos: int, view: GpuView, nlq: int) -> list[SourceJob]:
         """``_jobs_at`` of a GPU the plan has not changed. Which of its jobs may leave it and what removing
         each gains depend on the (immutable) view alone, so they are memoised per view across plans; only
         the plan's moved set and the cooldowns are checked per call."""
@@ -243,7 +238,6 @@ class PullSearch(PlanState):
                 _STATIC_JOBS.clear()
             got = _STATIC_JOBS[id(view)] = (view, model, static)
         moved, now, cooldown = self.moved, self.now, self.params.cooldown_s
-        nlq = -self.snap.load_q.item(pos)
         return [((change, nlq, pos, start), view.id, inst) for change, start, inst in got[2]
                 if inst.job_id not in moved and now - inst.last_moved_at >= cooldown]
 
@@ -269,6 +263,20 @@ _HOSTABLE: dict[tuple[tuple[int, ...], int, tuple[tuple[str, int, bool], ...]],
                 tuple[GpuModel, tuple[GpuModel, ...], tuple[frozenset[str], ...]]] = {}
 """``_hostable`` by identity of the models (hashing them costs more than the look-up); each entry keeps the
 target and the snapshot's models referenced, so no id in its key is reused while it is cached."""
+
+
+def hostable_on(models: tuple[GpuModel, ...], target: GpuModel, sig: tuple[tuple[str, int, bool], ...],
+                model_ids: tuple[int, ...] | None = None) -> tuple[frozenset[str], ...]:
+    """``PullSearch.hostable`` of a target of model ``target`` whose ``VirtualGpu.signature`` is ``sig``, for a
+    snapshot whose model list is ``models`` (``model_ids``: their ids, when the caller has them at hand)."""
+    key = (tuple(id(m) for m in models) if model_ids is None else model_ids, id(target), sig)
+    got = _HOSTABLE.get(key)
+    if got is None:
+        got = (target, models, _hostable(models, target, sig))
+        if len(_HOSTABLE) >= 16384:
+            _HOSTABLE.clear()
+        _HOSTABLE[key] = got
+    return got[2]
 
 
 @functools.lru_cache(maxsize=65536)

@@ -1,135 +1,37 @@
-"""The simulated cluster: what GPUs exist (parsed from ``MODEL:COUNT`` or a node file) and the live MIG state.
+"""The simulated cluster's live MIG state (what GPUs exist: ``cluster_spec``, re-exported here).
 
 ``SimCluster`` is the only writer of the state. It keeps the current ``GpuView`` of every GPU and a
 ``SnapshotBuilder`` that it brings up to date when a snapshot is asked for, so a policy decision reads
 ``snapshot()`` exactly as the services would; it applies decisions through ``plan_partition`` so the
 reconfiguration count is the one the partitioner would execute; and it drives the ``PlacementIndex`` that
-answers the balancer family's MIG requests (``attach_index``).
+answers the balancer family's MIG requests (``attach_index``). For the migration planner it keeps, from the
+views and only for the GPUs that changed, the pull-source index (``current_pulls``), the defragmentation
+screen (``defrag_screen``) and a snapshot that needs no builder flush (``planner_snapshot``), so that most
+exits and ticks are answered without a snapshot (``shared.policy.migration_gate``).
 """
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Iterable
 
 import msgspec
 import numpy as np
 
-from shared.errors import MigschedError
 from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.occupancy import span
+from shared.mig.tables import tables_for
 from shared.policy.balancer import BalancerParams
+from shared.policy.migration_gate import DefragScreen
+from shared.policy.migration_moves import MigrationParams
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement import Slot
 from shared.policy.placement_index import PlacementIndex
 from shared.policy.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
-from shared.sim.errors import ClusterSpecError, InvariantError
+from shared.sim.cluster_spec import ClusterSpec, NodeSpec, gpu_views, load_nodes_file, parse_cluster
+from shared.sim.errors import InvariantError
 
-
-class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    model: str
-    gpus: int
-
-
-class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
-    nodes: tuple[NodeSpec, ...]
-
-    @property
-    def gpu_count(self) -> int:
-        return sum(n.gpus for n in self.nodes)
-
-    def label(self) -> str:
-        counts: dict[str, int] = {}
-        for n in self.nodes:
-            counts[n.model] = counts.get(n.model, 0) + n.gpus
-        return " + ".join(f"{c}x {m}" for m, c in counts.items())
-
-
-def parse_cluster(specs: Sequence[str], geometry: Geometry, gpus_per_node: int = 8) -> ClusterSpec:
-    """``["A100-40GB:48", "H100-80GB:16"]`` -> nodes of ``gpus_per_node`` GPUs (the last node of a model
-    may be
-    smaller)."""
-    if gpus_per_node < 1:
-        raise ClusterSpecError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
-    nodes: list[NodeSpec] = []
-    for spec in specs:
-        name, sep, count_s = spec.rpartition(":")
-        if not sep or not name:
-            raise ClusterSpecError(f"cluster spec {spec!r} is not MODEL:COUNT (e.g. A100-40GB:64)")
-        try:
-            count = int(count_s)
-        except ValueError:
-            raise ClusterSpecError(
-                f"cluster spec {spec!r}: GPU count {count_s!r} is not an integer"
-            ) from None
-        if count < 1:
-            raise ClusterSpecError(f"cluster spec {spec!r}: GPU count must be at least 1")
-        model = _model(geometry, name, spec)
-        while count > 0:
-            n = min(gpus_per_node, count)
-            nodes.append(NodeSpec(name=f"node-{len(nodes):04d}", model=model.name, gpus=n))
-            count -= n
-    if not nodes:
-        raise ClusterSpecError("the cluster has no GPUs; give --cluster MODEL:COUNT or --nodes-file")
-    return ClusterSpec(nodes=tuple(nodes))
-
-
-def _model(geometry: Geometry, name: str, where: str) -> GpuModel:
-    try:
-        return geometry.model(name)
-    except MigschedError as exc:
-        raise ClusterSpecError(f"{where}: {exc}") from None
-
-
-def load_nodes_file(path: str | Path, geometry: Geometry, model_override: str | None = None) -> ClusterSpec:
-    """A CSV with a node name column (``node`` or ``sn``), a GPU count (``gpus`` or ``gpu``) and ``model``.
-
-    ``model_override`` maps every node to one MIG model (the openb node list names non-MIG models such as
-    P100).
-    """
-    p = Path(path)
-    try:
-        with p.open(newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except OSError as exc:
-        raise ClusterSpecError(f"cannot read nodes file {p}: {exc.strerror}") from None
-    if not rows:
-        raise ClusterSpecError(f"nodes file {p} has no rows")
-    cols = set(rows[0])
-    name_col = "node" if "node" in cols else "sn" if "sn" in cols else None
-    gpu_col = "gpus" if "gpus" in cols else "gpu" if "gpu" in cols else None
-    missing = [c for c, v in (("node|sn", name_col), ("gpus|gpu", gpu_col)) if v is None]
-    if model_override is None and "model" not in cols:
-        missing.append("model")
-    if missing:
-        raise ClusterSpecError(
-            f"nodes file {p} lacks column(s) {', '.join(missing)}; has {', '.join(sorted(cols))}"
-        )
-    assert name_col is not None and gpu_col is not None
-    nodes: list[NodeSpec] = []
-    for i, row in enumerate(rows, start=2):
-        try:
-            n = int(row[gpu_col])
-        except ValueError:
-            raise ClusterSpecError(f"{p}:{i}: {gpu_col}={row[gpu_col]!r} is not an integer") from None
-        if n <= 0:
-            continue
-        model = _model(geometry, model_override or row["model"], f"{p}:{i}")
-        nodes.append(NodeSpec(name=row[name_col], model=model.name, gpus=n))
-    if not nodes:
-        raise ClusterSpecError(f"nodes file {p} lists no GPUs")
-    return ClusterSpec(nodes=tuple(nodes))
-
-
-def gpu_views(spec: ClusterSpec) -> list[GpuView]:
-    return [
-        GpuView.build(id=f"{node.name}/gpu{i}", node=node.name, index=i, model=node.model)
-        for node in spec.nodes
-        for i in range(node.gpus)
-    ]
+__all__ = ["ClusterSpec", "NodeSpec", "SimCluster", "gpu_views", "load_nodes_file", "parse_cluster"]
 
 
 def _build_order(inst: InstanceView) -> tuple[int, str]:
@@ -150,7 +52,13 @@ class SimCluster:
         self.index: PlacementIndex | None = None
         self.pulls: PullIndex | None = None
         self._pull_stale: set[int] = set()
-        """Positions flushed into the builder since the pull index was last synchronised."""
+        """Positions changed since the pull index was last brought up to date (from the views, not the
+        builder: the migration gate reads the index without a snapshot)."""
+        self.screen: DefragScreen | None = None
+        self._screen_stale: set[int] = set()
+        self._noting: list[set[int]] = []
+        """The sets above (and ``_light_stale``) that are in use: each notes every changed position."""
+        """Positions changed since the defragmentation screen was last brought up to date."""
         self.where: dict[str, str] = {}
         """instance id -> GPU id"""
         self.used = 0
@@ -169,9 +77,21 @@ class SimCluster:
         self._snap: ClusterSnapshot | None = None
         # what the fragmentation rate reads, kept current on every change (mode and health never change here)
         self.position = {gid: p for p, gid in enumerate(self.views)}
+        self.gpu_ids = list(self.views)
+        self.by_pos = list(self.views.values())
+        """The current views by position (``views`` in snapshot order, as a list: a tuple of it is a copy)."""
         first = self._builder.snapshot()
         self.model_list, self.model_idx, self.usable = first.model_list, first.model_idx, first.ok
+        self.model_ids = tuple(id(m) for m in self.model_list)
         self.busy = np.array(first.busy, dtype=np.uint8)
+        # the base columns of ``planner_snapshot`` (with ``busy``), brought up to date when one is taken
+        self._first = first
+        self._idle, self._used = np.array(first.idle), np.array(first.used)
+        self._idle_profiles = np.array(first.idle_profiles)
+        self._profile_index = {gid: tables_for(m).index for gid, m in self.models.items()}
+        self._light: ClusterSnapshot | None = None
+        self._light_stale: set[int] | None = None
+        """Positions changed since the last ``planner_snapshot`` (None: none taken yet, nothing kept)."""
         self.last_conflict = ""
         self.changes = 0
 
@@ -180,23 +100,60 @@ class SimCluster:
         self.index = PlacementIndex(self.geometry, list(self.views.values()), params)
         return self.index
 
-    def attach_pull_index(self, threshold: float) -> PullIndex:
-        """Keep a ``PullIndex`` (the migration planner's pull sources, Busy threshold ``threshold``) from now
-        on; ``pull_index()`` hands it out synchronised with ``snapshot()``."""
-        self.pulls = PullIndex(threshold)
+    def attach_pull_index(self, threshold: float, cooldown_s: float | None = None) -> PullIndex:
+        """Keep a ``PullIndex`` (the migration planner's pull sources, Busy threshold ``threshold``; cooldown
+        mode with ``cooldown_s``) from now on; ``pull_index()`` hands it out synchronised with ``snapshot()``."""
+        self.pulls = PullIndex(threshold, cooldown_s)
         self.pulls.sync(self.snapshot())
-        self._pull_stale.clear()
+        # keyed again from the views at first use: in cooldown mode the keys depend on the time
+        self._pull_stale.update(range(len(self.gpu_ids)))
+        self._noting.append(self._pull_stale)
         return self.pulls
 
-    def pull_index(self) -> PullIndex | None:
-        """The pull index, synchronised with the current ``snapshot()`` (None when none is attached)."""
-        if self.pulls is None:
+    def attach_defrag_screen(self, params: MigrationParams) -> DefragScreen:
+        """Keep a ``DefragScreen`` for the planner with ``params`` from now on (``defrag_screen()``)."""
+        self.screen = DefragScreen(params, self.model_list, len(self.gpu_ids))
+        self._screen_stale.update(range(len(self.gpu_ids)))
+        self._noting.append(self._screen_stale)
+        return self.screen
+
+    def defrag_screen(self) -> DefragScreen | None:
+        """The defragmentation screen brought up to date with the current views (None when none is kept)."""
+        screen = self.screen
+        if screen is not None and self._screen_stale:
+            views, ids, models = self.views, self.gpu_ids, self.models
+            for p in self._screen_stale:
+                gid = ids[p]
+                screen.update(p, views[gid], models[gid])
+            self._screen_stale.clear()
+        return screen
+
+    def pull_index(self, now: float | None = None) -> PullIndex | None:
+        """The pull index, synchronised with the current ``snapshot()`` (None when none is attached), at
+        ``now`` (None: the time it was last brought up to date at)."""
+        pulls = self.current_pulls(now)
+        if pulls is not None:
+            pulls.follow(self.snapshot())
+        return pulls
+
+    def current_pulls(self, now: float | None = None) -> PullIndex | None:
+        """The pull index brought up to date with the current views at ``now``, without taking a snapshot."""
+        pulls = self.pulls
+        if pulls is None:
             return None
-        snap = self.snapshot()
-        if self.pulls.snapshot is not snap:
-            self.pulls.sync(snap, self._pull_stale)
-            self._pull_stale.clear()
-        return self.pulls
+        if now is None:
+            now = pulls.at
+        stale = self._pull_stale
+        if pulls.cooldown_s is not None:
+            due = pulls.due(now)
+            if due:
+                stale.update(due)
+        if stale:
+            views, ids = self.views, self.gpu_ids
+            for p in stale:
+                pulls.update(p, views[ids[p]], now)
+            stale.clear()
+        return pulls
 
     # reading -----------------------------------------------------------------------------------------------
     @property
@@ -206,9 +163,6 @@ class SimCluster:
             put = self._builder.put
             for gid in self._dirty:
                 put(self.views[gid])
-            if self.pulls is not None:
-                position = self.position
-                self._pull_stale.update(position[gid] for gid in self._dirty)
             self._dirty.clear()
         return self._builder
 
@@ -218,6 +172,45 @@ class SimCluster:
             # change
             self._snap = self.builder.snapshot(copy=False)
         return self._snap
+
+    def planner_snapshot(self) -> ClusterSnapshot:
+        """A snapshot of the current state without bringing the builder up to date: the current views and
+        copies of the base columns kept here (mode, health and models never change in a run); any other
+        column is derived from the views if read. For the migration planner after an exit, which reads
+        GPUs, not columns, when handed the pull index (``moves.after_exit``)."""
+        if self._snap is not None:
+            return self._snap
+        stale = self._light_stale
+        if stale is None:  # the first one: from now on the changed GPUs are noted
+            stale = self._light_stale = set(range(len(self.gpu_ids)))
+            self._noting.append(stale)
+        if stale:
+            views, ids, index = self.views, self.gpu_ids, self._profile_index
+            idle, used, idle_profiles = self._idle, self._used, self._idle_profiles
+            for p in stale:
+                gid = ids[p]
+                view = views[gid]
+                idle[p] = view.idle_mask
+                used[p] = view.used_compute
+                bits = 0
+                at = index[gid]
+                for i in view.instances:
+                    if i.job_id is None:
+                        k = at.get(i.profile)
+                        if k is not None:
+                            bits |= 1 << k
+                idle_profiles[p] = bits
+            stale.clear()
+            self._light = None
+        if self._light is None:
+            f = self._first
+            self._light = ClusterSnapshot(
+                self.geometry, tuple(self.by_pos), busy=self.busy.copy(), idle=self._idle.copy(),
+                used=self._used.copy(), compute=f.compute, mig=f.mig, healthy=f.healthy,
+                idle_profiles=self._idle_profiles.copy(), groups=f.groups, position=f.position,
+                model_idx=f.model_idx, model_list=f.model_list, models=f.models,
+            )
+        return self._light
 
     def gpu(self, gpu_id: str) -> GpuView:
         return self.views[gpu_id]
@@ -247,7 +240,13 @@ class SimCluster:
         new = msgspec.structs.replace(gpu, instances=insts, busy_mask=busy, idle_mask=idle, used_compute=used)
         self.used += new.used_compute - gpu.used_compute
         self.views[gpu.id] = new
-        self.busy[self.position[gpu.id]] = new.busy_mask
+        pos = self.position[gpu.id]
+        self.by_pos[pos] = new
+        self.busy[pos] = busy
+        if self._noting:  # none without migration: one test per change
+            for stale in self._noting:
+                stale.add(pos)
+            self._light = None
         self._dirty[gpu.id] = None
         self._snap = None
         self.changes += 1
@@ -343,8 +342,9 @@ class SimCluster:
         )
 
     # checking ----------------------------------------------------------------------------------------------
-    def check(self) -> None:
-        """Raise InvariantError if any slice is double-booked or a placement is illegal."""
+    def check(self, now: float | None = None) -> None:
+        """Raise InvariantError if any slice is double-booked or a placement is illegal, or the pull index
+        (brought up to date at ``now``) differs from one rebuilt from scratch."""
         for gpu in self.views.values():
             model = self.geometry.model(gpu.model)
             seen = busy = 0
@@ -370,8 +370,18 @@ class SimCluster:
                 raise InvariantError(f"{gpu.id}: busy mask {gpu.busy_mask:08b} != instances {busy:08b}")
         if self.pulls is not None:
             # the incremental pull index must describe the current snapshot as one rebuilt from scratch does
-            kept = self.pull_index()
-            fresh = PullIndex(self.pulls.threshold)
+            kept = self.pull_index(now)
+            fresh = PullIndex(self.pulls.threshold, self.pulls.cooldown_s)
             fresh.sync(self.snapshot())
+            if fresh.cooldown_s is not None:
+                for p, gid in enumerate(self.gpu_ids):
+                    fresh.update(p, self.views[gid], self.pulls.at)
             if kept is None or kept.sources() != fresh.sources():
                 raise InvariantError("the migration planner's pull index differs from the cluster's state")
+        if self.screen is not None:
+            kept_screen = self.defrag_screen()
+            fresh_screen = DefragScreen(self.screen.params, self.model_list, len(self.gpu_ids))
+            for p, gid in enumerate(self.gpu_ids):
+                fresh_screen.update(p, self.views[gid], self.models[gid])
+            if kept_screen is None or kept_screen.state() != fresh_screen.state():
+                raise InvariantError("the defragmentation screen differs from the cluster's state")

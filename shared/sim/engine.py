@@ -22,9 +22,9 @@ from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.balancer import BalancerParams
 from shared.policy.placement import Decision, JobRequest, Slot
 from shared.policy.placement_index import PlacementIndex
-from shared.policy.retention import RecentDemand, keep_idle
+from shared.policy.retention import RecentDemand
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
-from shared.sim import backfill, invariants, moves
+from shared.sim import backfill, invariants, moves, release
 from shared.sim import events as ev
 from shared.sim.cluster import ClusterSpec, SimCluster
 from shared.sim.config import SimConfig
@@ -119,8 +119,10 @@ class Simulator:
             )
         self._initial_layout()
         if self.mig is not None:
-            # the planner's pull sources, kept incrementally (shared.policy.pull_index): the same moves
-            self.cluster.attach_pull_index(self.mig_params.threshold)
+            # the planner's pull sources and the screens of exits and ticks, kept incrementally
+            # (shared.policy.pull_index, shared.policy.migration_gate): the same moves, fewer plans
+            self.cluster.attach_pull_index(self.mig_params.threshold, self.mig_params.cooldown_s)
+            self.cluster.attach_defrag_screen(self.mig_params)
         self.placer: PlacementIndex | None = None
         params = getattr(policy, "balancer_params", None)
         if isinstance(params, BalancerParams):
@@ -248,10 +250,7 @@ class Simulator:
             self._free(iid, i)
         self._after_free()
         if self.mig is not None and len(self.insts[i]) == 1:
-            self._start_chain(
-                self.mig.plan_after_exit(self.cluster.snapshot(), freed[0], self.now, self.mig_params,
-                                         pulls=self.cluster.pull_index())
-            )
+            self._start_chain(moves.after_exit(self, freed[0]))
         if mv is not None:
             self._continue_chain(i)
         return True
@@ -359,43 +358,8 @@ class Simulator:
                 epoch[j] += 1
                 self.q.push(now + work[j] / s, ev.EXIT, j, epoch[j])
 
-    # freeing -----------------------------------------------------------------------------------------------
-    def _free(self, iid: str, job: int = -1) -> None:
-        """Release an instance; keep it idle for reuse or destroy it (the partitioner's adaptive rule)."""
-        gid = self.cluster.where[iid]
-        if job >= 0:
-            self._leave(job, gid)
-        gpu = self.cluster.release(iid)
-        self.freed.append(gid)
-        if not self.spec.repartitions:
-            self._restore_layout(gid)
-            return
-        inst = gpu.instance(iid)
-        assert inst is not None
-        same = 0
-        for other in gpu.instances:
-            if other.job_id is None and other.profile == inst.profile and other.id != iid:
-                same += 1
-        if not keep_idle(inst.profile, self.demand.counts(self.now), same, self.cfg.retention).keep:
-            self.cluster.destroy(iid)
-            self._ops_ready(gid, 1)
-
-    def _restore_layout(self, gid: str) -> None:
-        """A static GPU that a whole-GPU job re-partitioned gets its layout back once it is empty."""
-        layout = self.layouts.get(gid)
-        gpu = self.cluster.gpu(gid)
-        if (
-            layout is None
-            or gpu.busy_mask
-            or tuple(sorted((i.profile, i.start) for i in gpu.instances)) == tuple(sorted(layout))
-        ):
-            return
-        for inst in list(gpu.instances):
-            self.cluster.destroy(inst.id)
-        for prof, start in layout:
-            self.cluster.add_idle(gid, prof, start, f"{gid}:{prof}@{start}:static{self.version}")
-            self.cluster.reconfigurations += 1
-        self._ops_ready(gid, len(gpu.instances) + len(layout))
+    # freeing (shared/sim/release.py) ---------------------------------------------------------------------
+    _free = release.free  # a method without a wrapper's call: it runs for every freed instance
 
     def _after_free(self) -> None:
         self._schedule()

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def check(sim: Simulator) -> None:
     """Invariants at an event boundary: legal, non-overlapping instances; every live job holds exactly its
     instances; ended jobs hold none."""
-    sim.cluster.check()
+    sim.cluster.check(sim.now)
     holders: dict[str, str] = {}
     for gid in sim.cluster.where.values():
         for inst in sim.cluster.gpu(gid).instances:

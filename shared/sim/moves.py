@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from shared.policy.migration_gate import no_moves_after_exit
 from shared.policy.placement import Slot
 from shared.sim import events as ev
 from shared.sim.jobs import RUNNING
@@ -26,6 +27,24 @@ class InFlight:
     def __init__(self, src: str, dst: str, token: int) -> None:
         self.src, self.dst, self.token = src, dst, token
         self.ops = 0
+
+
+def after_exit(sim: Simulator, gpu_id: str) -> tuple[Any, ...]:
+    """The planner's moves after a job left ``gpu_id``. Most exits provably plan none
+    (``migration_gate``): those are answered from the kept pull index, without a snapshot or a plan. The
+    others get a snapshot that skips the builder (``planner_snapshot``): with the pull index, a plan after an
+    exit reads GPUs, not columns (a consolidation's few columns are derived from the base ones on first read)."""
+    assert sim.mig is not None
+    c, params = sim.cluster, sim.mig_params
+    pulls = c.current_pulls(sim.now)
+    if pulls is None:
+        return sim.mig.plan_after_exit(c.snapshot(), gpu_id, sim.now, params)
+    if no_moves_after_exit(c.views[gpu_id], c.models[gpu_id], c.model_list, pulls, sim.now, params,
+                           c.model_ids):
+        return ()
+    snap = c.planner_snapshot()
+    pulls.follow(snap)
+    return sim.mig.plan_after_exit(snap, gpu_id, sim.now, params, pulls=pulls)
 
 
 def on_move_done(sim: Simulator, e: ev.Event) -> bool:
@@ -63,7 +82,12 @@ def on_defrag(sim: Simulator, e: ev.Event) -> bool:
         and memo[1] - sim.last_move_at >= sim.cfg.cooldown_s
     ):
         return True
-    moves = sim.mig.plan_defrag(sim.cluster.snapshot(), sim.now, sim.mig_params, pulls=sim.cluster.pull_index())
+    c = sim.cluster
+    pulls, screen = c.current_pulls(sim.now), c.defrag_screen()
+    if pulls is not None and screen is not None and screen.no_moves(pulls, sim.now):
+        moves: tuple[Any, ...] = ()  # provably what the planner would plan: no snapshot, no plan
+    else:
+        moves = sim.mig.plan_defrag(c.snapshot(), sim.now, sim.mig_params, pulls=c.pull_index(sim.now))
     sim._defrag_memo = None if moves else (sim.cluster.changes, sim.now)
     start_chain(sim, moves)
     return True
