@@ -83,14 +83,13 @@ class CommandsMixin:
         if cmd.kind == "migrate_start" and cmd.job_id not in self.backend.running():
             src_node = (cmd.src_instance_id or "").split("/", 1)[0]
             if src_node == self.node:  # its source copy was here and is gone: the job ended meanwhile
-                # The state store turns a move's target into an idle instance when the job's exit is released,
-                # so create it (and keep it) to agree, and let that exit reach the stream before this failure
-                # does: the registry then releases the job before it aborts the (already ended) move.
+                # Nothing is created: the state store removes a target created for a move when the job's exit
+                # is released (and when the move is aborted), whichever comes first. The exit goes out before
+                # this failure, so the registry releases the job before it aborts the (already ended) move.
                 await self._exit_reported(cmd.job_id, timeout=5.0)
-                await self._ops(cmd)
                 raise WorkloadError(
                     f"cannot move job {cmd.job_id}: it ended on {self.node} before the move; the target "
-                    f"instance {cmd.instance_id} is left idle"
+                    f"instance {cmd.instance_id} is not created"
                 )
         created: list[InstanceInfo] = []
         try:

@@ -85,9 +85,12 @@ class JobTransitions(MemoryPrelude):
         if prev == "migrating" and j.mig_gpu:
             _, mg = self._gpu(j.mig_gpu)
             if mg is not None:
-                for i in mg.instances:
-                    if i.id == j.mig_inst and i.job == job:
-                        _idle(i)
+                for i in list(mg.instances):
+                    if i.id == j.mig_inst and i.job == job:  # see release.lua: an exit from the source drops
+                        if i.created and instance_id and instance_id != j.mig_inst:  # a created target
+                            mg.instances.remove(i)
+                        else:
+                            _idle(i)
                 self._save(sh, mg)
         j.mig_gpu = j.mig_inst = ""
         to = EXIT_TO_STATE[kind]

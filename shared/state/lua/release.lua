@@ -26,10 +26,17 @@ for n, e in ipairs(slot_insts(job, job_slots(f[2], f[3], f[7]))) do
   if n == 1 then ver = v end
 end
 if st == 'migrating' and f[4] then
+  -- the move's target. An exit from the source copy means the move never took: the executor destroys a target
+  -- it created when the move fails (and creates none for a job that already ended), so the state drops it too;
+  -- idling it left an instance the GPU did not have, which placements reused and failed on until the job
+  -- ran out of attempts. An exit from the target copy (the move took, not yet committed), or one naming no
+  -- instance, leaves the target idle: it exists.
   local mkey = gk(f[4])
   local minsts = decode_insts(redis.call('HGET', mkey, 'inst'))
-  local _, t = find(minsts, f[5])
-  if t and t.job == job then idle(t) end
+  local tn, t = find(minsts, f[5])
+  if t and t.job == job then
+    if t.created and ARGV[6] ~= '' and ARGV[6] ~= f[5] then table.remove(minsts, tn) else idle(t) end
+  end
   save_gpu(mkey, minsts, true)
 end
 redis.call('HDEL', jkey, 'mig_gpu', 'mig_inst')
