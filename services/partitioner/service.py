@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from typing import Any
 
@@ -168,7 +169,8 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
                 {"node": slot.node, "kind": "place", "job": p.job_id, "gpu": slot.gpu_id, "at": now},
             )
             out.append(Outgoing(self.subjects.cmd(slot.node), cmd, d.ctx))
-            self.demand.observe(slot.profile, now)
+            # to the tenth of a second: the demand window keeps an entry per instant, not per placement
+            self.demand.observe(slot.profile, math.floor(now * 10) / 10)
             for op in plan.ops:
                 if op.kind in ("create_gi", "destroy_gi"):
                     m.child(m.RECONFIGURATIONS, op.kind).inc()

@@ -49,15 +49,23 @@ def keep_idle(
 
 
 class RecentDemand:
-    """Placements per profile over a sliding window; time is handed in (no clock here)."""
+    """Placements per profile over a sliding window; time is handed in (no clock here).
+
+    Placements handed in with the same instant are kept as one entry (a counter per profile), so a caller that
+    stamps a whole batch with one instant, or rounds its clock, keeps a few entries per instant instead of one
+    per placement (the partitioner at 1,000 placements/s held 300,000 over a 300 s window, ~25 MB)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._events: deque[tuple[float, str]] = deque()
+        self._events: deque[tuple[float, Counter[str]]] = deque()
         self._counts: Counter[str] = Counter()
 
     def observe(self, profile: str, now: float) -> None:
-        self._events.append((now, profile))
+        ev = self._events
+        if ev and ev[-1][0] == now:
+            ev[-1][1][profile] += 1
+        else:
+            ev.append((now, Counter({profile: 1})))
         self._counts[profile] += 1
         self._expire(now)
 
@@ -65,11 +73,16 @@ class RecentDemand:
         self._expire(now)
         return self._counts
 
+    def __len__(self) -> int:
+        """Entries kept (distinct instants within the window)."""
+        return len(self._events)
+
     def _expire(self, now: float) -> None:
         horizon = now - self.window_s
         ev = self._events
         while ev and ev[0][0] < horizon:
-            _, p = ev.popleft()
-            self._counts[p] -= 1
-            if self._counts[p] <= 0:
-                del self._counts[p]
+            _, gone = ev.popleft()
+            for p, n in gone.items():
+                self._counts[p] -= n
+                if self._counts[p] <= 0:
+                    del self._counts[p]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.policy.retention import RecentDemand, RetentionParams, keep_idle
 
@@ -32,3 +36,25 @@ def test_the_window_forgets_old_demand() -> None:
     assert dict(d.counts(59.0)) == {"3g.20gb": 1, "1g.5gb": 1}
     assert dict(d.counts(61.0)) == {"1g.5gb": 1}
     assert dict(d.counts(200.0)) == {}
+
+
+def test_placements_at_one_instant_are_one_entry_and_expire_together() -> None:
+    d = RecentDemand(window_s=60)
+    for p in ("1g.5gb", "2g.10gb", "1g.5gb", "1g.5gb"):
+        d.observe(p, 10.0)
+    d.observe("1g.5gb", 20.0)
+    assert len(d) == 2 and dict(d.counts(20.0)) == {"1g.5gb": 4, "2g.10gb": 1}
+    assert dict(d.counts(70.5)) == {"1g.5gb": 1}  # the four of 10.0 left the window at once
+    assert len(d) == 1
+
+
+@given(st.lists(st.tuples(st.sampled_from(["1g.5gb", "2g.10gb", "7g.40gb"]), st.integers(0, 40)), max_size=60),
+       st.integers(0, 120))
+def test_the_counts_are_those_of_every_placement_inside_the_window(obs: list[tuple[str, int]], at: int) -> None:
+    d = RecentDemand(window_s=30)
+    times = sorted(t for _, t in obs)
+    for (p, _), t in zip(obs, times, strict=True):
+        d.observe(p, float(t))
+    now = float(max([at, *times]))
+    want = Counter(p for (p, _), t in zip(obs, times, strict=True) if t >= now - 30)
+    assert dict(d.counts(now)) == dict(want)
