@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 
@@ -36,8 +36,9 @@ class CommandsMixin:
     def _lane(self, cmd: Command) -> int:
         raise NotImplementedError
 
-    async def _exit_reported(self, job_id: str, timeout: float) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # ExitsMixin's (a stub here would shadow it, whatever the order of the bases)
+
+        async def _exit_reported(self, job_id: str, timeout: float) -> None: ...
 
     async def register(self) -> None:
         raise NotImplementedError

@@ -28,6 +28,7 @@ from opentelemetry import trace
 from services.executor.backend import Backend, BackendError
 from services.executor.commands import CommandsMixin
 from services.executor.config import ExecutorError, ExecutorSettings, build_backend, node_name, parse_gpus
+from services.executor.exits import ExitsMixin
 from services.executor.instances import InstanceBook, gpu_index_of
 from services.executor.metrics import ExecutorMetrics
 from services.executor.registration import RegistrationMixin
@@ -38,10 +39,7 @@ from shared.events import (
     CmdDone,
     CmdFailed,
     Command,
-    ExitKind,
     Heartbeat,
-    JobExited,
-    new_id,
     now,
 )
 from shared.settings import load
@@ -50,24 +48,19 @@ __all__ = ["Executor", "ExecutorError", "ExecutorSettings", "build_backend", "ma
 
 log = logging.getLogger("migsched.executor")
 _tracer = telemetry.tracer("migsched.executor")
-_EXIT_KIND: dict[str, ExitKind] = {
-    "completed": "completed",
-    "failed": "failed",
-    "stopped": "cancelled",
-    "lost": "lost",
-}
 _REMEMBERED_COMMANDS = 20000
 _DRIFT_REPORT_EVERY_S = 1.0
 
 
-class Executor(RegistrationMixin, CommandsMixin):
+class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
     def __init__(self, bus: Bus, backend: Backend, settings: ExecutorSettings, node: str) -> None:
         self.bus, self.backend, self.settings, self.node = bus, backend, settings, node
         self.subjects = bus.subjects
         self.book = InstanceBook(backend, {})
         self.metrics = ExecutorMetrics(node)
         self._gpu_locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._done: OrderedDict[str, list[Any]] = OrderedDict()
+        # command id -> its reports as sent: a redelivered command is answered with them again
+        self._done: OrderedDict[str, list[Outgoing]] = OrderedDict()
         self._drift_seen = False
         self._next_drift_report = 0.0
         self._job_ctx: dict[str, otel_context.Context] = {}
@@ -77,8 +70,10 @@ class Executor(RegistrationMixin, CommandsMixin):
         self._job_instance: dict[str, tuple[str, int]] = {}
         # jobs whose local copy was stopped by migrate_stop: the job moved on, that stop is not an exit
         self._retired: set[str] = set()
-        # job -> set once its exit report is published (a move of a job that just ended waits for it)
-        self._exits_out: OrderedDict[str, asyncio.Event] = OrderedDict()
+        # jobs whose exit report is published, the latest _REMEMBERED_EXITS (a move of a job that just ended
+        # waits for it); an event only for a job someone waits on (one per exit held 8 MB at this bound)
+        self._exits_out: OrderedDict[str, None] = OrderedDict()
+        self._exit_waiters: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._consumer: Any = None
         self._seq = 0
@@ -234,105 +229,10 @@ class Executor(RegistrationMixin, CommandsMixin):
         return msgs
 
     def _remember(self, cmd_id: str, outgoing: list[Outgoing]) -> None:
+        # the structs share their instance and context with the executor's own tables: cheaper than encoded
         self._done[cmd_id] = outgoing
         while len(self._done) > _REMEMBERED_COMMANDS:
             self._done.popitem(last=False)
-
-    async def _exits(self) -> None:
-        """Report exits as they come, in batches: everything that ended while the last batch was being
-        published goes out together (one JetStream round trip each awaited in turn caps a node near 1k/s)."""
-        while True:
-            exits = [await self.backend.next_exit()]
-            # let the exits ending together join this batch: one short sleep, not a timed wait per exit (a
-            # timer and a task each)
-            await asyncio.sleep(0.0005)
-            exits += self.backend.exits_ready(255)
-            recording = telemetry.recording()
-            subject = self.subjects.node_report(self.node)
-            out: list[Outgoing] = []
-            spans = []
-            for ex in exits:
-                started = self._start_reported.pop(ex.job_id, None)
-                if started is not None and not started.is_set():
-                    # an exit must not overtake its job's start report (a very short job, or one stopped)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(started.wait(), timeout=5.0)
-                if ex.job_id in self._retired and ex.reason == "stopped":
-                    self._retired.discard(ex.job_id)  # its copy elsewhere carries on: not an exit
-                    for table in (self._job_ctx, self._job_started, self._job_instance):
-                        table.pop(ex.job_id, None)
-                    continue
-                instance_id: str | None
-                gpu_index: int | None
-                if ex.instance is not None and ex.job_id in self.backend.running():
-                    # the job runs again already (a redelivered or retried place started it after this run
-                    # ended): the tables are the new run's, and this exit must name its own instance, or the
-                    # registry would take it for the new run's exit and finish the job while it runs
-                    ctx = self._job_ctx.get(ex.job_id)
-                    instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
-                else:
-                    ctx = self._job_ctx.pop(ex.job_id, None)
-                    self._job_started.pop(ex.job_id, None)
-                    instance_id, gpu_index = self._job_instance.pop(ex.job_id, (None, None))
-                kind: ExitKind = _EXIT_KIND.get(ex.reason, "failed" if ex.status else "completed")
-                if recording:
-                    span = _tracer.start_span(
-                        "executor job exit",
-                        context=ctx,
-                        attributes={
-                            "migsched.job_id": ex.job_id,
-                            "migsched.exit": kind,
-                            "migsched.status": ex.status,
-                        },
-                    )
-                    spans.append(span)
-                    ctx = trace.set_span_in_context(span, ctx)
-                msg = JobExited(
-                    id=new_id("exit"),
-                    node=self.node,
-                    at=now(),
-                    job_id=ex.job_id,
-                    status=ex.status,
-                    instance_id=instance_id,
-                    gpu_index=gpu_index,
-                    exit=kind,
-                    reason=(ex.reason + (": " + ex.output_tail if ex.output_tail else ""))[:2000],
-                )
-                out.append(Outgoing(subject, msg, ctx))
-                self.metrics.exited(kind)
-            await self._publish_reliably(out)
-            for span in spans:
-                span.end()
-            for o in out:
-                self._exit_event(o.msg.job_id).set()  # type: ignore[attr-defined]
-
-    def _exit_event(self, job_id: str) -> asyncio.Event:
-        ev = self._exits_out.get(job_id)
-        if ev is None:
-            ev = self._exits_out[job_id] = asyncio.Event()
-            while len(self._exits_out) > _REMEMBERED_COMMANDS:
-                self._exits_out.popitem(last=False)
-        return ev
-
-    async def _exit_reported(self, job_id: str, timeout: float) -> None:
-        """Until this job's exit report is on the stream (or ``timeout``)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._exit_event(job_id).wait(), timeout)
-
-    async def _publish_reliably(self, out: list[Outgoing]) -> None:
-        """Job exits must reach the stream: retry through NATS outages (same ids: the stream dedupes)."""
-        delay = 0.1
-        while out:
-            try:
-                await self.bus.publish_batch(out)
-                return
-            except MigschedError as exc:
-                if self._stopping:  # nats-py may turn our cancellation into a timeout: do not retry forever
-                    log.warning("%d job exit(s) not published while stopping: %s", len(out), exc)
-                    return
-                log.warning("publishing %d job exit(s) failed, retrying: %s", len(out), exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
 
     async def _heartbeats(self) -> None:
         while True:

@@ -1,0 +1,153 @@
+"""The executor's exit reports: every workload exit goes out on ``node.<node>.report`` as ``job_exit``, in
+batches, never before its job's start report, retried through NATS outages with the same ids (the stream
+drops a copy that had gone out). A stop of a copy that moved on (``migrate_stop``) is not an exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from services.executor.backend import Backend
+from services.executor.instances import InstanceBook
+from shared import telemetry
+from shared.bus import Bus, Outgoing
+from shared.errors import MigschedError
+from shared.events import ExitKind, JobExited, new_id, now
+
+log = logging.getLogger("migsched.executor")
+_tracer = telemetry.tracer("migsched.executor")
+_REMEMBERED_EXITS = 20000
+_EXIT_KIND: dict[str, ExitKind] = {
+    "completed": "completed",
+    "failed": "failed",
+    "stopped": "cancelled",
+    "lost": "lost",
+}
+
+
+class ExitsMixin:
+    """Mixed into ``Executor``, which sets these attributes."""
+
+    bus: Bus
+    backend: Backend
+    book: InstanceBook
+    node: str
+    subjects: Any
+    metrics: Any
+    _stopping: bool
+    _job_ctx: dict[str, otel_context.Context]
+    _job_started: dict[str, tuple[float, float | None]]
+    _start_reported: dict[str, asyncio.Event]
+    _job_instance: dict[str, tuple[str, int]]
+    _retired: set[str]
+    _exits_out: OrderedDict[str, None]
+    _exit_waiters: dict[str, asyncio.Event]
+
+    async def _exits(self) -> None:
+        """Report exits as they come, in batches: everything that ended while the last batch was being
+        published goes out together (one JetStream round trip each awaited in turn caps a node near 1k/s)."""
+        while True:
+            exits = [await self.backend.next_exit()]
+            # let the exits ending together join this batch: one short sleep, not a timed wait per exit (a
+            # timer and a task each)
+            await asyncio.sleep(0.0005)
+            exits += self.backend.exits_ready(255)
+            recording = telemetry.recording()
+            subject = self.subjects.node_report(self.node)
+            out: list[Outgoing] = []
+            spans = []
+            for ex in exits:
+                started = self._start_reported.pop(ex.job_id, None)
+                if started is not None and not started.is_set():
+                    # an exit must not overtake its job's start report (a very short job, or one stopped)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(started.wait(), timeout=5.0)
+                if ex.job_id in self._retired and ex.reason == "stopped":
+                    self._retired.discard(ex.job_id)  # its copy elsewhere carries on: not an exit
+                    for table in (self._job_ctx, self._job_started, self._job_instance):
+                        table.pop(ex.job_id, None)
+                    continue
+                instance_id: str | None
+                gpu_index: int | None
+                if ex.instance is not None and ex.job_id in self.backend.running():
+                    # the job runs again already (a redelivered or retried place started it after this run
+                    # ended): the tables are the new run's, and this exit must name its own instance, or the
+                    # registry would take it for the new run's exit and finish the job while it runs
+                    ctx = self._job_ctx.get(ex.job_id)
+                    instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
+                else:
+                    ctx = self._job_ctx.pop(ex.job_id, None)
+                    self._job_started.pop(ex.job_id, None)
+                    instance_id, gpu_index = self._job_instance.pop(ex.job_id, (None, None))
+                kind: ExitKind = _EXIT_KIND.get(ex.reason, "failed" if ex.status else "completed")
+                if recording:
+                    span = _tracer.start_span(
+                        "executor job exit",
+                        context=ctx,
+                        attributes={
+                            "migsched.job_id": ex.job_id,
+                            "migsched.exit": kind,
+                            "migsched.status": ex.status,
+                        },
+                    )
+                    spans.append(span)
+                    ctx = trace.set_span_in_context(span, ctx)
+                msg = JobExited(
+                    id=new_id("exit"),
+                    node=self.node,
+                    at=now(),
+                    job_id=ex.job_id,
+                    status=ex.status,
+                    instance_id=instance_id,
+                    gpu_index=gpu_index,
+                    exit=kind,
+                    reason=(ex.reason + (": " + ex.output_tail if ex.output_tail else ""))[:2000],
+                )
+                out.append(Outgoing(subject, msg, ctx))
+                self.metrics.exited(kind)
+            await self._publish_reliably(out)
+            for span in spans:
+                span.end()
+            for o in out:
+                self._exit_published(o.msg.job_id)  # type: ignore[attr-defined]
+
+    def _exit_published(self, job_id: str) -> None:
+        self._exits_out[job_id] = None
+        while len(self._exits_out) > _REMEMBERED_EXITS:
+            self._exits_out.popitem(last=False)
+        waiter = self._exit_waiters.pop(job_id, None)
+        if waiter is not None:
+            waiter.set()
+
+    async def _exit_reported(self, job_id: str, timeout: float) -> None:
+        """Until this job's exit report is on the stream (or ``timeout``)."""
+        if job_id in self._exits_out:
+            return
+        ev = self._exit_waiters.setdefault(job_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except TimeoutError:
+            if self._exit_waiters.get(job_id) is ev:
+                del self._exit_waiters[job_id]
+
+    async def _publish_reliably(self, out: list[Outgoing]) -> None:
+        """Job exits must reach the stream: retry through NATS outages (same ids: the stream dedupes)."""
+        delay = 0.1
+        while out:
+            try:
+                await self.bus.publish_batch(out)
+                return
+            except MigschedError as exc:
+                if self._stopping:  # nats-py may turn our cancellation into a timeout: do not retry forever
+                    log.warning("%d job exit(s) not published while stopping: %s", len(out), exc)
+                    return
+                log.warning("publishing %d job exit(s) failed, retrying: %s", len(out), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
