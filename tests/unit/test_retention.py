@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.policy.retention import RecentDemand, RetentionParams, keep_idle
+from shared.policy.retention import RecentDemand, RetentionParams, demand_instant, keep_idle
 
 pytestmark = pytest.mark.unit
 P = RetentionParams(window_s=60, min_share=0.1, max_idle_same=2)
@@ -58,3 +58,9 @@ def test_the_counts_are_those_of_every_placement_inside_the_window(obs: list[tup
     now = float(max([at, *times]))
     want = Counter(p for (p, _), t in zip(obs, times, strict=True) if t >= now - 30)
     assert dict(d.counts(now)) == dict(want)
+
+
+@given(st.floats(0, 1e9), st.sampled_from([0.0, 0.15, 2.0, 300.0]))
+def test_a_demand_instant_is_at_most_a_thousandth_of_the_window_early(now: float, window: float) -> None:
+    at = demand_instant(now, window)
+    assert at <= now and now - at <= window / 1000 + 1e-6 * max(1.0, now)
