@@ -22,7 +22,7 @@ from typing import Any
 
 from services.common import metrics as m
 from services.partitioner.liveness import LivenessWatch, overdue
-from services.partitioner.reports import place_attempt
+from services.partitioner.reports import place_attempt, stop_command
 from shared.bus import Delivery, Outgoing
 from shared.errors import UnknownModelError
 from shared.events import CapacityChanged, Command, Registered
@@ -121,23 +121,8 @@ class RegistryMixin:
         """A ``stop`` for a job the node runs where the state does not hold it (its instance stays occupied
         until the exit or the stop's confirmation, ``ReportsMixin``). One per registration: a redelivered
         registration is a replay, and a later one that still finds the job sends another."""
-        cid = f"stop:{job}:{r.id}"[:200]
-        tail = gpu.rsplit("/", 1)[-1]
-        return Outgoing(
-            self.subjects.cmd(r.node),
-            Command(
-                id=cid,
-                cmd_id=cid,
-                kind="stop",
-                node=r.node,
-                gpu_id=gpu,
-                gpu_index=int(tail) if tail.isdigit() else None,
-                instance_id=iid,
-                job_id=job,
-                at=now,
-            ),
-            d.ctx,
-        )
+        cmd = stop_command(r.node, job, f"stop:{job}:{r.id}", gpu, iid, now, only_that_run=False)
+        return Outgoing(self.subjects.cmd(r.node), cmd, d.ctx)
 
     def liveness_watch(self) -> LivenessWatch:
         """The registry's hearing (``liveness.py``), created on first use: ``init_registry`` runs at start."""

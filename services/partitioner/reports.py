@@ -50,6 +50,27 @@ def place_attempt(cmd_id: str, job_id: str) -> int | None:
     return int(tail) if head == f"place:{job_id}" and tail.isdigit() else None
 
 
+def stop_command(
+    node: str, job: str | None, cid: str, gpu: str | None, iid: str | None, now: float, *, only_that_run: bool
+) -> Command:
+    """A ``stop`` of ``job`` on ``node`` for a run the state did not expect there; ``only_that_run``: the
+    executor ends the job only where it runs on ``iid`` (``src_instance_id``), not a current run elsewhere."""
+    tail = gpu.rsplit("/", 1)[-1] if gpu else ""
+    cid = cid[:200]
+    return Command(
+        id=cid,
+        cmd_id=cid,
+        kind="stop",
+        node=node,
+        gpu_id=gpu,
+        gpu_index=int(tail) if tail.isdigit() else None,
+        instance_id=iid,
+        src_instance_id=iid if only_that_run else None,
+        job_id=job,
+        at=now,
+    )
+
+
 class ReportsMixin:
     """Mixed into ``Partitioner``; expects ``state``, ``bus``, ``subjects``, ``settings``, ``geometry``,
     ``log``."""
@@ -199,29 +220,13 @@ class ReportsMixin:
         node). Its id names the command, so a redelivered ``cmd_done`` sends the same stop (dropped)."""
         iid = r.instance.instance_id if r.instance and r.instance.instance_id else None
         gpu = iid.split(":", 1)[0] if iid else None
-        tail = gpu.rsplit("/", 1)[-1] if gpu else ""
-        cid = f"stop:{r.job_id}:{r.cmd_id}"[:200]
         self.log.warning(
             "node %s started %s for %s, which the state no longer expects; stopping that run", r.node, r.job_id,
             r.cmd_id,
         )
         m.child(m.COMMANDS, "stop", "sent").inc()
-        return Outgoing(
-            self.subjects.cmd(r.node),
-            Command(
-                id=cid,
-                cmd_id=cid,
-                kind="stop",
-                node=r.node,
-                gpu_id=gpu,
-                gpu_index=int(tail) if tail.isdigit() else None,
-                instance_id=iid,
-                src_instance_id=iid,
-                job_id=r.job_id,
-                at=now,
-            ),
-            d.ctx,
-        )
+        cmd = stop_command(r.node, r.job_id, f"stop:{r.job_id}:{r.cmd_id}", gpu, iid, now, only_that_run=True)
+        return Outgoing(self.subjects.cmd(r.node), cmd, d.ctx)
 
     def _exit_out(self, d: Delivery, r: JobExited, res: Any, now: float) -> list[Outgoing]:
         if res.status == "stale" or (res.status == "noop" and not res.state):
