@@ -65,12 +65,14 @@ class Mirror:
             self._placer.update(self.builder.get(gpu_id))
 
     def put(self, g: StoredGpu) -> None:
-        view = g.view()
-        if g.id not in self.builder or self.builder.get(g.id).model != view.model:
+        self._put_view(g.view(), g.ver)
+
+    def _put_view(self, view: GpuView, ver: int) -> None:
+        if view.id not in self.builder or self.builder.get(view.id).model != view.model:
             self._placer = None  # the placer's GPU list (and model of each) is fixed: built again when asked
         self.builder.put(view)
-        self.vers[g.id] = g.ver
-        self._changed(g.id)
+        self.vers[view.id] = ver
+        self._changed(view.id)
 
     def holds_exactly(self, gpu_ids: Collection[str]) -> bool:
         """Whether the mirror holds these GPUs and no other (then a reload can update it in place)."""
@@ -79,9 +81,10 @@ class Mirror:
     def refresh(self, g: StoredGpu) -> bool:
         """``put`` unless the mirror already shows the GPU as stored (the periodic reload finds most GPUs
         unchanged: re-putting them would rebuild the placer for nothing); True if it changed."""
-        if g.id in self.builder and self.vers.get(g.id) == g.ver and self.builder.get(g.id) == g.view():
+        view = g.view()
+        if g.id in self.builder and self.vers.get(g.id) == g.ver and self.builder.get(g.id) == view:
             return False
-        self.put(g)
+        self._put_view(view, g.ver)
         return True
 
     def put_instances(self, gpu_id: str, instances: list[StoredInstance], ver: int) -> None:
