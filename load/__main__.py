@@ -9,6 +9,12 @@
 Connections: ``--nats`` (default ``$MIGSCHED_NATS_URL`` or nats://127.0.0.1:4222) and ``--namespace`` (default
 ``$MIGSCHED_NAMESPACE``). On a locked-down server the generator logs in as ``--publisher-user`` and the
 recorder as ``--audit-user``, with passwords from ``MIGSCHED_NATS_PASSWORD_<USER>`` (docs/security.md).
+
+Stragglers: ``--stragglers FILE`` (default ``$MIGSCHED_LOAD_STRAGGLERS``, so ``python -m load.live``, whose
+``python -m load scenario`` inherits the environment, takes it too) writes, when the recorder stops waiting
+with jobs short of the final stage, each such job's recorded stage instants and what Redis
+(``$MIGSCHED_REDIS_URL``, which ``load.live`` exports) holds about it while the stack still runs: its hash,
+history, queue memberships and commands in flight, with a count per job state (``load/stragglers.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from load.memory import MemorySampler, find_services
 from load.recorder import STAGES, Recorder
 from load.report import collect, render, update, verdict
 from load.scenarios import SCENARIOS, Budget, scenario
+from load.stragglers import note as straggler_note
+from load.stragglers import write as write_stragglers
 from shared import access
 from shared.events import Subjects
 
@@ -86,6 +94,16 @@ async def execute(args: argparse.Namespace, *, title: str, schedule: Any, factor
     stats = await gen.run()
     missing = await gen.wait_acks(args.drain)
     complete = await rec.wait_complete(args.drain)
+    straggler_line = ""
+    if not complete and args.stragglers:  # read Redis now, while the stack still holds them
+        short = {j: dict(tl) for j, tl in list(rec.timelines.items())}
+        try:
+            straggling = await write_stragglers(args.stragglers, short, namespace=args.namespace,
+                                                final=args.final, watched=rec.watched)
+            straggler_line = straggler_note(straggling, args.stragglers)
+        except Exception as exc:  # a diagnostic must not cost the run its report
+            straggler_line = f"stragglers ({len(short)}): Redis not read ({exc!r}), nothing written"
+            print(f"stragglers: could not read Redis: {exc!r}", file=sys.stderr)
     stop.set()
     if sampling is not None:
         await sampling
@@ -97,6 +115,8 @@ async def execute(args: argparse.Namespace, *, title: str, schedule: Any, factor
     if not complete:
         summary.notes.append(f"stopped waiting after {args.drain:g} s with {len(rec.timelines)} jobs "
                              f"short of '{args.final}'")
+        if straggler_line:
+            summary.notes.append(straggler_line)
     if missing:
         summary.notes.append(f"{missing} publishes never acknowledged")
     if sampler and sampler.gone:
@@ -207,6 +227,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--json", help="also write the run summary as JSON here")
         p.add_argument("--timelines", help="also write each finished job's stage instants (monotonic ns) as "
                        "JSON here: where in the run the slow jobs were (keeps them all in memory)")
+        p.add_argument("--stragglers", default=os.environ.get("MIGSCHED_LOAD_STRAGGLERS") or None,
+                       help="when jobs never reach the final stage, write what Redis holds about each of them "
+                       "(hash, history, queues, commands) as JSON here (default $MIGSCHED_LOAD_STRAGGLERS)")
         p.add_argument("--title", help="report section heading (default: the scenario)")
         p.add_argument("--note", action="append", default=[], help="a line to add to the report section")
         p.set_defaults(rss_interval=5.0)
