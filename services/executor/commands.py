@@ -12,6 +12,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from opentelemetry import context as otel_context
 
 from services.executor.backend import Backend, BackendError, InstanceInfo, WorkloadError, WorkloadSpec
@@ -88,9 +89,19 @@ class CommandsMixin:
                 # is released (and when the move is aborted), whichever comes first. The exit goes out before
                 # this failure, so the registry releases the job before it aborts the (already ended) move.
                 await self._exit_reported(cmd.job_id, timeout=5.0)
+                # The idle instances in the target's way are destroyed all the same: the state store dropped
+                # them when it reserved the target and an abort does not bring them back, so a GPU that kept
+                # them would hold slices the state believes free (every placement there refused for overlap).
+                destroys = tuple(op for op in cmd.ops if op.kind in ("destroy_ci", "destroy_gi"))
+                kept = ""
+                if destroys:
+                    try:
+                        await self._ops(msgspec.structs.replace(cmd, ops=destroys))
+                    except MigschedError as exc:
+                        kept = f"; the idle instances in its way were not all destroyed: {exc}"
                 raise WorkloadError(
                     f"cannot move job {cmd.job_id}: it ended on {self.node} before the move; the target "
-                    f"instance {cmd.instance_id} is not created"
+                    f"instance {cmd.instance_id} is not created{kept}"
                 )
         created: list[InstanceInfo] = []
         try:

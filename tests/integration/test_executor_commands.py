@@ -354,3 +354,35 @@ async def test_moving_a_job_that_already_ended_creates_no_target_and_reports_the
         if getattr(m, "job_id", None) == "j11" and isinstance(m, JobExited | CmdFailed)
     ]
     assert isinstance(order[0], JobExited) and isinstance(order[-1], CmdFailed)
+
+
+async def test_moving_a_job_that_already_ended_still_destroys_the_idle_instances_in_the_targets_way(
+    rig: Rig,
+) -> None:
+    # The state store drops the idle instances a move destroys when it reserves the target (``migrate.lua``) and
+    # never brings them back: a GPU that kept them held slices the state believed free, and every placement
+    # there failed (overlap) until its job ran out of attempts (issue 7, load.stragglers).
+    await rig.send(place("c13", "j13", 0, "1g.5gb", 6, duration=0.05))  # leaves an idle 1g.5gb@6
+    await rig.send(place("c14", "j14", 0, "2g.10gb", 0, duration=0.05))
+    for job in ("j13", "j14"):
+        await rig.watch.until(lambda m, job=job: isinstance(m, JobExited) and m.job_id == job)
+    dst = "n1/0:3g.20gb@4:j14.m1"
+    await rig.send(
+        Command(
+            id="c15",
+            cmd_id="c15",
+            kind="migrate_start",
+            node=NODE,
+            gpu_id="n1/0",
+            gpu_index=0,
+            ops=(*destroy_ops(0, "1g.5gb", 6, "n1/0:1g.5gb@6:j13"), *create_ops(0, "3g.20gb", 4, dst)),
+            instance_id=dst,
+            src_instance_id="n1/0:2g.10gb@0:j14",
+            job_id="j14",
+            at=now(),
+        )
+    )
+    failed = await rig.watch.until(is_done("c15"))
+    assert isinstance(failed, CmdFailed) and "ended" in failed.error
+    # no target, and the idle instance in its way is gone, as it is from the state
+    assert {(i.profile, i.start) for i in await rig.executor.backend.list_instances(0)} == {("2g.10gb", 0)}
