@@ -86,6 +86,8 @@ class ReportsMixin:
 
         async def retain_or_destroy(self, freed: list[tuple[Any, str, Any]]) -> None: ...
 
+        def destroy_command(self, g: Any, inst: Any, now: float) -> Command: ...
+
     async def on_report(self, ds: list[Delivery]) -> None:
         now = time.time()
         b = self.state.batch()
@@ -127,6 +129,8 @@ class ReportsMixin:
                 continue
             if what == "exit":
                 out.extend(self._exit_out(d, r, res, now))
+                if res.status == "ok" and res.stop:
+                    out.append(self._stop_target(d, r, res.stop, now))
                 if res.status != "ok":  # not the state's copy: perhaps one a registration found and stopped
                     ended.append((r.node, r.job_id))
                 if res.status == "ok" and res.gpu is not None and r.instance_id:
@@ -148,6 +152,8 @@ class ReportsMixin:
                 )
             elif what == "failed" and r.command == "migrate_start":
                 m.child(m.MIGRATIONS, "move", "aborted").inc()
+                if res[0] == "ok" and res[1]:
+                    out.extend(await self._destroy_given_back(res[1], now))
         if len(gone):
             await gone.run()
         for node, job in dict.fromkeys(ended):  # rare (stops, stale exits): one script each
@@ -194,7 +200,14 @@ class ReportsMixin:
             attempt = place_attempt(r.cmd_id, r.job_id)
             return int(b.fail_placement(r.job_id, reason, now, self.settings.max_attempts, r.cmd_id, attempt))
         if r.command == "migrate_start" and r.job_id:
-            return int(b.migrate_finish("abort", r.job_id, reason, now))
+            # the idle instances the move removed from its target's way may be destroyed or not: kept retiring
+            # and sent a destroy_idle each. A job that ended first had its target on this node kept for a stop:
+            # the node undid it, so it is dropped (``lua/migrate.lua`` abort).
+            return int(
+                b.migrate_finish(
+                    "abort", r.job_id, reason, now, "destroy", r.node, move_target_tail(r.cmd_id, r.job_id)
+                )
+            )
         if r.command == "destroy_idle":
             iid = _instance_of(r.cmd_id)
             return int(b.instance("restore", r.node, iid.split(":", 1)[0], iid, now)) if iid else -1
@@ -227,6 +240,31 @@ class ReportsMixin:
         m.child(m.COMMANDS, "stop", "sent").inc()
         cmd = stop_command(r.node, r.job_id, f"stop:{r.job_id}:{r.cmd_id}", gpu, iid, now, only_that_run=True)
         return Outgoing(self.subjects.cmd(r.node), cmd, d.ctx)
+
+    def _stop_target(self, d: Delivery, r: JobExited, stop: tuple[str, str, str], now: float) -> Outgoing:
+        """The job ended from the source copy of a move to another node: that node created the target and may
+        run the job's copy there. The release kept the target ``retiring`` with the job; stop that run only
+        (its exit or this stop's ``cmd_done`` idles the instance, ``node_stopped``)."""
+        node, gpu, iid = stop
+        self.log.warning("%s ended on %s during its move to %s; stopping the target copy", r.job_id, r.node, iid)
+        m.child(m.COMMANDS, "stop", "sent").inc()
+        cmd = stop_command(node, r.job_id, f"stop:{r.job_id}:{iid}", gpu, iid, now, only_that_run=True)
+        return Outgoing(self.subjects.cmd(node), cmd, d.ctx)
+
+    async def _destroy_given_back(self, detail: str, now: float) -> list[Outgoing]:
+        """A ``destroy_idle`` for each idle instance an aborted move gave back ``retiring`` (``gpu|id,id``)."""
+        gpu_id, _, ids = detail.partition("|")
+        (g,) = await self.state.get_gpus([gpu_id])
+        if g is None:
+            return []
+        want = set(ids.split(","))
+        out = [
+            Outgoing(self.subjects.cmd(g.node), self.destroy_command(g, i, now))
+            for i in g.instances
+            if i.id in want and i.state == "retiring" and not i.job
+        ]
+        m.child(m.COMMANDS, "destroy_idle", "sent").inc(len(out))
+        return out
 
     def _exit_out(self, d: Delivery, r: JobExited, res: Any, now: float) -> list[Outgoing]:
         if res.status == "stale" or (res.status == "noop" and not res.state):
@@ -299,6 +337,16 @@ class ReportsMixin:
 
 # services/executor/commands.py: a place command whose (reused) instance is not on the GPU
 _MISSING = re.compile(r"instance (\S+) does not exist on GPU")
+
+
+def move_target_tail(cmd_id: str, job_id: str) -> str:
+    """The tail ``:<job>.<nonce>`` of a move's target instance id (``new_instance_id(.., f"{job}.{nonce}")``)
+    from its ``migrate_start`` command id (``mig:<job>:<nonce>:start``); '' for any other id."""
+    head = f"mig:{job_id}:"
+    if not (cmd_id.startswith(head) and cmd_id.endswith(":start")):
+        return ""
+    nonce = cmd_id[len(head) : -len(":start")]
+    return f":{job_id}.{nonce}" if nonce else ""
 
 
 def _instance_of(cmd_id: str) -> str:

@@ -206,9 +206,46 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
             if not isinstance(plan, PartitionPlan) or plan.instance_id != o.dst_instance:
                 why = plan.reason if not isinstance(plan, PartitionPlan) else "target instance id mismatch"
                 b = self.state.batch()
-                b.migrate_finish("abort", mv.job_id, f"migration plan conflict: {why}", now)
+                # nothing goes out: the idle instances the reserve removed from the target's way are still
+                # on the GPU, so the abort restores them idle ('idle')
+                b.migrate_finish("abort", mv.job_id, f"migration plan conflict: {why}", now, "idle")
                 await b.run()
                 m.child(m.MIGRATIONS, mv.kind, "aborted").inc()
+                continue
+            job = await self.state.job(mv.job_id)
+            if job is None or job.state != "migrating" or job.mig_inst != o.dst_instance:
+                # the move is over already (the job ended or was re-queued since the planner reserved it):
+                # no target is made. A target a release kept retiring for a stop on that node is dropped
+                # (the node never made it), or the stop's confirmation would idle an instance it lacks. The
+                # idle instances in the target's way left the state with the reserve: the node destroys them,
+                # as the move's first ops would have (a destroy_idle of those ops only; no state to change).
+                if job is None or job.state != "migrating":
+                    b = self.state.batch()
+                    b.migrate_finish(
+                        "abort", mv.job_id, "move over before it started", now, "idle", o.dst_node,
+                        f":{mv.job_id}.{o.nonce}",
+                    )
+                    await b.run()
+                    clear = tuple(op for op in plan.ops if op.kind in ("destroy_ci", "destroy_gi"))
+                    if clear:
+                        cid = f"mig:{mv.job_id}:{o.nonce}:clear"
+                        out.append(
+                            Outgoing(
+                                self.subjects.cmd(o.dst_node),
+                                Command(
+                                    id=cid,
+                                    cmd_id=cid,
+                                    kind="destroy_idle",
+                                    node=o.dst_node,
+                                    gpu_id=mv.dst_gpu,
+                                    gpu_index=o.dst_gpu_view.index,
+                                    ops=clear,
+                                    at=now,
+                                ),
+                                d.ctx,
+                            )
+                        )
+                self.log.info("not starting the move of %s to %s: no longer planned", mv.job_id, o.dst_instance)
                 continue
             cid = f"mig:{mv.job_id}:{o.nonce}:start"
             out.append(

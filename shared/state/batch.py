@@ -112,6 +112,7 @@ class Batch:
                 profile=_s(v[4]),
                 gpu=gpu,
                 slots=decode_slots(v[9]) if len(v) > 9 else (),
+                stop=(_s(v[10]), _s(v[11]), _s(v[12])) if len(v) > 12 else None,
             )
 
         return self._add(
@@ -221,13 +222,20 @@ class Batch:
         ]
         return self._add("migrate", [k.gpus, k.job(job_id)], args, lambda v: (_s(v[0]), _s(v[1])))
 
-    def migrate_finish(self, op: str, job_id: str, reason: str, now: float) -> int:
-        """op: commit | abort -> (status, detail)."""
+    def migrate_finish(
+        self, op: str, job_id: str, reason: str, now: float, gone: str = "destroy", node: str = "",
+        target: str = "",
+    ) -> int:
+        """op: commit | abort -> (status, detail). An abort gives back the idle instances the reserve removed
+        from the target's way: ``gone`` 'idle' (the move's command never went out) restores them idle, else
+        they are kept retiring and the detail names them (``gpu|id,id``: send each a destroy_idle). For a job
+        no longer migrating, ``node`` and ``target`` (the target id's tail ``:<job>.<nonce>``) name a target a
+        release kept retiring for a stop there: the abort drops it (see ``lua/migrate.lua``)."""
         k = self._jk(job_id)
         return self._add(
             "migrate",
             [k.gpus, k.job(job_id)],
-            [op, job_id, repr(now), reason],
+            [op, job_id, repr(now), reason, gone, node, target],
             lambda v: (_s(v[0]), _s(v[1])),
         )
 

@@ -82,17 +82,23 @@ class JobTransitions(MemoryPrelude):
             if n == 0:
                 first, profile = g, left.profile if left else ""
             self._save(sh, g)
+        stop: tuple[str, str, str] | None = None
         if prev == "migrating" and j.mig_gpu:
             _, mg = self._gpu(j.mig_gpu)
             if mg is not None:
                 for i in list(mg.instances):
                     if i.id == j.mig_inst and i.job == job:  # see release.lua: an exit from the source drops
-                        if i.created and instance_id and instance_id != j.mig_inst:  # a created target
-                            mg.instances.remove(i)
+                        if i.created and instance_id and instance_id != j.mig_inst:  # a created target, or
+                            if mg.node and mg.node != node:  # holds it for a stop on another node
+                                hold_for_stop(i, job)
+                                stop = (mg.node, mg.id, i.id)
+                            else:
+                                mg.instances.remove(i)
                         else:
                             _idle(i)
                 self._save(sh, mg)
         j.mig_gpu = j.mig_inst = ""
+        j.mig_gone = ()
         to = EXIT_TO_STATE[kind]
         if to == "pending":
             self._requeue(sh, job, prev, reason, now)
@@ -108,6 +114,7 @@ class JobTransitions(MemoryPrelude):
             profile=profile,
             gpu=copy.deepcopy(first),
             slots=slots,
+            stop=stop,
         )
 
     def _t_mark_running(

@@ -51,12 +51,14 @@ class MigrationTransitions(MemoryPrelude):
         if not dg.mig:
             return ("mode", dst_gpu)
         dinsts = copy.deepcopy(dg.instances)
+        gone: list[StoredInstance] = []
         for did in destroy:
             i = next((x for x in dinsts if x.id == did), None)
             if i is not None:
                 if i.state != "idle":
                     return ("busy", did)
                 dinsts.remove(i)
+                gone.append(i)
         new = copy.deepcopy(inst)
         same = 0
         for i in dinsts:
@@ -84,19 +86,36 @@ class MigrationTransitions(MemoryPrelude):
             self._save(sh, sg)
         self._save(sh, dg, "claim")
         j.mig_gpu, j.mig_inst = dst_gpu, new.id
+        j.mig_gone = tuple(gone)
         self._state(sh, job, "running", "migrating", reason, now)
         return ("ok", new.id)
 
-    def _t_migrate_finish(self, op: str, job: str, reason: str, now: float) -> tuple[str, str]:
+    def _t_migrate_finish(
+        self, op: str, job: str, reason: str, now: float, gone: str = "destroy", node: str = "", target: str = ""
+    ) -> tuple[str, str]:
         sh = self._js(job)
         j = sh.jobs.get(job)
         if j is None or j.state != "migrating":
+            if op == "abort" and node and target:  # a target a release held for a stop there: the node undid it
+                ns = self._ns(node)
+                for gid in (g for g in (ns.nodes.get(node) or {}).get("gpus", "").split(",") if g):
+                    g = ns.gpus.get(gid)
+                    hits = [
+                        i for i in (g.instances if g else ())
+                        if i.state == "retiring" and i.job == job and len(i.id) > len(target)
+                        and i.id.endswith(target)
+                    ]
+                    for i in hits:
+                        g.instances.remove(i)  # type: ignore[union-attr]
+                    if g is not None and hits:
+                        self._save(ns, g)
             return ("noop", j.state if j else "")
         _, sg = self._gpu(j.gpu)
         _, dg = self._gpu(j.mig_gpu)
         assert sg is not None and dg is not None
         src = next((x for x in sg.instances if x.id == j.inst), None)
         dst = next((x for x in dg.instances if x.id == j.mig_inst), None)
+        back: list[str] = []
         if op == "commit":
             if dst is not None:
                 dst.state, dst.mig, dst.moved = "busy", bool(src and src.mig), now
@@ -108,10 +127,20 @@ class MigrationTransitions(MemoryPrelude):
         else:
             if dst is not None and dst.job == job:
                 dg.instances.remove(dst)
-            detail = ""
+            for was in j.mig_gone:  # the idle instances the reserve removed from the target's way (migrate.lua)
+                if any(i.id == was.id or i.mask & was.mask for i in dg.instances):
+                    continue
+                r = copy.deepcopy(was)
+                _idle(r)
+                if gone != "idle":
+                    r.state = "retiring"
+                dg.instances.append(r)
+                back.append(r.id)
+            detail = f"{dg.id}|{','.join(back)}" if back and gone != "idle" else ""
         j.mig_gpu = j.mig_inst = ""
+        j.mig_gone = ()
         if sg is not dg:
             self._save(sh, sg)
-        self._save(sh, dg)
+        self._save(sh, dg, "claim" if back else True)
         self._state(sh, job, "migrating", "running", reason, now)
         return ("ok", detail)

@@ -73,7 +73,7 @@ class MemoryPrelude:
         j = sh.jobs[job]
         j.attempts += 1
         j.gpu = j.inst = j.node = j.mig_gpu = j.mig_inst = ""
-        j.slots = ()
+        j.slots = j.mig_gone = ()
         sh.pending[job] = prio_score(j.prio, j.at)
         self._state(sh, job, prev, "pending", reason, now)
 

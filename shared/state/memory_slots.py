@@ -162,7 +162,7 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
     for v in r.victims:
         vj = sh.jobs[v.job_id]
         vj.gpu = vj.inst = vj.node = vj.mig_gpu = vj.mig_inst = ""
-        vj.slots = ()
+        vj.slots = vj.mig_gone = ()
         vj.preempted += 1
         vj.attempts += 1
         sh.pending[v.job_id] = prio_score(vj.prio, vj.at)

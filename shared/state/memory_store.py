@@ -28,7 +28,7 @@ from shared.state.model import ReleaseResult, Reservation, ReserveResult, Stored
 class MemoryBatch:
     def __init__(self, store: MemoryState) -> None:
         self.store = store
-        self._calls: list[tuple[str, tuple[Any, ...]]] = []
+        self._calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -37,14 +37,14 @@ class MemoryBatch:
         if name.startswith("_") or not hasattr(MemoryState, "_t_" + name):
             raise AttributeError(name)
 
-        def queue(*args: Any) -> int:
-            self._calls.append((name, args))
+        def queue(*args: Any, **kw: Any) -> int:
+            self._calls.append((name, args, kw))
             return len(self._calls) - 1
 
         return queue
 
     async def run(self) -> list[Any]:
-        return [getattr(self.store, "_t_" + name)(*args) for name, args in self._calls]
+        return [getattr(self.store, "_t_" + name)(*args, **kw) for name, args, kw in self._calls]
 
 
 class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):

@@ -166,6 +166,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     slots: tuple[tuple[str, str], ...] = ()
     """A gang (several whole GPUs): every (gpu id, instance id) it holds, the first being ``gpu``/``inst``.
     Empty for a single-slot job (then ``gpu``/``inst`` is its one slot)."""
+    mig_gone: tuple[StoredInstance, ...] = ()
+    """Memory store only (Redis: the job hash's ``mig_gone``): the idle instances a move's reserve removed from
+    its target's way, given back when the move is aborted (``lua/migrate.lua``)."""
 
     def held(self) -> tuple[tuple[str, str], ...]:
         """Every (gpu id, instance id) the job's placement names (without a migration target)."""
@@ -277,6 +280,10 @@ class ReleaseResult(msgspec.Struct, frozen=True, kw_only=True):
     gpu: StoredGpu | None = None
     slots: tuple[tuple[str, str], ...] = ()
     """A gang's every (gpu id, instance id), all freed by this release (empty for a single-slot job)."""
+    stop: tuple[str, str, str] | None = None
+    """(node, gpu id, instance id): the exit came from the source of a move to another node, whose target that
+    node may run a copy of the job on; the target is kept retiring with the job until the node confirms a
+    ``stop`` of that run (``node_stopped``), or drops it when its ``migrate_start`` failed."""
 
 
 class Violation(msgspec.Struct, frozen=True, kw_only=True):

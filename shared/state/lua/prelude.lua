@@ -68,7 +68,7 @@ local function prio_score(prio, at) return (1000 - prio) * 1e10 + at end
 local function requeue(job, from, reason, now)
   local f = redis.call('HMGET', jk(job), 'prio', 'at')
   redis.call('HINCRBY', jk(job), 'attempts', 1)
-  redis.call('HDEL', jk(job), 'gpu', 'inst', 'node', 'mig_gpu', 'mig_inst', 'slots')
+  redis.call('HDEL', jk(job), 'gpu', 'inst', 'node', 'mig_gpu', 'mig_inst', 'mig_gone', 'slots')
   redis.call('ZADD', PENDING, prio_score(tonumber(f[1] or '0'), tonumber(f[2] or '0')), job)
   set_state(job, from, 'pending', reason, now)
 end

@@ -25,25 +25,41 @@ for n, e in ipairs(slot_insts(job, job_slots(f[2], f[3], f[7]))) do
   local v = save_gpu(e.key, e.insts, true)
   if n == 1 then ver = v end
 end
+local stop = nil
 if st == 'migrating' and f[4] then
-  -- the move's target. An exit from the source copy means the move never took: the executor destroys a target
-  -- it created when the move fails (and creates none for a job that already ended), so the state drops it too;
-  -- idling it left an instance the GPU did not have, which placements reused and failed on until the job
-  -- ran out of attempts. An exit from the target copy (the move took, not yet committed), or one naming no
-  -- instance, leaves the target idle: it exists.
+  -- the move's target. An exit from the source copy means the move never took. On the source's node the
+  -- executor destroys a target it created when the move fails (and creates none for a job that already ended),
+  -- so the state drops it too; idling it left an instance the GPU did not have, which placements reused and
+  -- failed on until the job ran out of attempts. On another node the target's node created it and may run the
+  -- job's copy there (nobody stops it otherwise): the target stays 'retiring' with the job, its slices taken,
+  -- and the registry sends that node a 'stop' of that run ('stop' below); the node's confirmation (node.lua
+  -- 'stopped') idles it, a failed migrate_start (migrate.lua 'abort') drops it. An exit from the target copy
+  -- (the move took, not yet committed), or one naming no instance, leaves the target idle: it exists.
   local mkey = gk(f[4])
   local minsts = decode_insts(redis.call('HGET', mkey, 'inst'))
   local tn, t = find(minsts, f[5])
   if t and t.job == job then
-    if t.created and ARGV[6] ~= '' and ARGV[6] ~= f[5] then table.remove(minsts, tn) else idle(t) end
+    if t.created and ARGV[6] ~= '' and ARGV[6] ~= f[5] then
+      local tnode = redis.call('HGET', mkey, 'node') or ''
+      if tnode ~= '' and tnode ~= (f[6] or '') then
+        hold_for_stop(t, job)
+        stop = {tnode, f[4], f[5]}
+      else
+        table.remove(minsts, tn)
+      end
+    else
+      idle(t)
+    end
   end
   save_gpu(mkey, minsts, true)
 end
-redis.call('HDEL', jkey, 'mig_gpu', 'mig_inst')
+redis.call('HDEL', jkey, 'mig_gpu', 'mig_inst', 'mig_gone')
 if ARGV[3] == 'pending' then
   requeue(job, st, ARGV[4], now)
 else
   set_state(job, st, ARGV[3], ARGV[4], now)
 end
 local gm = redis.call('HMGET', gk(f[2]), 'inst', 'model', 'index')
-return {'ok', ARGV[3], f[2], f[6] or '', profile, gm[1], ver, gm[2] or '', gm[3] or '0', f[7] or ''}
+local res = {'ok', ARGV[3], f[2], f[6] or '', profile, gm[1], ver, gm[2] or '', gm[3] or '0', f[7] or ''}
+if stop then table.insert(res, stop[1]); table.insert(res, stop[2]); table.insert(res, stop[3]) end
+return res

@@ -99,7 +99,7 @@ end
 for _, v in ipairs(victims) do
   local vk = jk(v.job_id)
   local f = redis.call('HMGET', vk, 'prio', 'at')
-  redis.call('HDEL', vk, 'gpu', 'inst', 'node', 'mig_gpu', 'mig_inst', 'slots')
+  redis.call('HDEL', vk, 'gpu', 'inst', 'node', 'mig_gpu', 'mig_inst', 'mig_gone', 'slots')
   redis.call('HINCRBY', vk, 'preempted', 1)
   redis.call('HINCRBY', vk, 'attempts', 1)  -- its next placement gets new message and command ids
   redis.call('ZADD', PENDING, prio_score(tonumber(f[1] or '0'), tonumber(f[2] or '0')), v.job_id)

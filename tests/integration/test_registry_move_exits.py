@@ -1,0 +1,137 @@
+"""Moves that end without taking, through the partitioner and registry on real NATS and Redis (docs/faults.md
+items 12 and 13): the state and the GPU must agree on every instance afterwards.
+
+- A job whose source copy exits during its move to another node: that node created the target and may run the
+  job's copy there. The registry sends it a ``stop`` of that run only and holds the target until it confirms.
+- A ``migrate_start`` the target's node failed: the idle instance the move had removed from the target's way
+  may or may not be destroyed; the partitioner sends it a ``destroy_idle`` and holds it until the answer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+import pytest
+
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from shared.events import CmdDone, CmdFailed, JobExit, JobExited, new_id
+from shared.mig.geometry import default_geometry
+from shared.state import StoredInstance, audit
+from tests.integration.test_migration_planner_flow import run_job
+from tests.integration.test_partitioner_flow import until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+GEO = default_geometry()
+NEVER = 600.0
+
+
+async def _ready(ns: Namespace, gpus: int) -> bool:
+    return len(await ns.state.gpu_ids()) == gpus
+
+
+async def _held(ns: Namespace, gpu: str) -> list[tuple[str, str, str | None]]:
+    (g,) = await ns.state.get_gpus([gpu])
+    return sorted((i.id, i.state, i.job) for i in g.instances)
+
+
+async def _move(ns: Namespace, job: str, src: str, dst_gpu: str, dst: StoredInstance, destroy: tuple[str, ...]) -> None:
+    (g,) = await ns.state.get_gpus([dst_gpu])
+    b = ns.state.batch()
+    b.migrate_reserve(job, src, dst_gpu, g.ver, dst, destroy, 7, 120.0, "defrag", time.time())
+    assert (await b.run())[0][0] == "ok"
+
+
+async def test_a_source_exit_during_a_move_to_another_node_stops_the_target_copy_and_holds_its_instance(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, node_timeout_s=NEVER, cmd_timeout_s=NEVER)
+        await stack.start()
+        exits: list[JobExit] = []
+
+        async def on_exit(msg: Any) -> None:
+            exits.append(msgspec.json.decode(msg.data, type=JobExit))
+
+        sub = await ns.bus.nc.subscribe(ns.bus.subjects.jobs_exit, cb=on_exit)
+        n1 = ScriptedExecutor(ns.bus, "n1", gpus=1)
+        n2 = ScriptedExecutor(ns.bus, "n2", gpus=1, auto_ack=False)  # the test answers for it
+        try:
+            await n1.start()
+            await n2.start()
+            assert await until(lambda: _ready(ns, 2))
+            src = await run_job(ns, "j1", "n1/0", "1g.5gb", 0)
+            dst = StoredInstance(id="n2/0:1g.5gb@6:j1.m1", profile="1g.5gb", start=6, size=1, compute=1)
+            await _move(ns, "j1", src, "n2/0", dst, ())
+            # n2 started the copy (its migrate_start is in flight); the source copy ends on n1 meanwhile
+            await ns.bus.publish(
+                ns.bus.subjects.node_report("n1"),
+                JobExited(id=new_id("x"), node="n1", at=time.time(), job_id="j1", gpu_index=0, instance_id=src,
+                          exit="completed"),
+            )
+            assert await n2.wait_for(lambda: n2.commands("stop"))
+            (stop,) = n2.commands("stop")
+            assert (stop.job_id, stop.instance_id, stop.src_instance_id) == ("j1", dst.id, dst.id)
+            assert (await ns.state.job("j1")).state == "finished"
+            assert await _held(ns, "n2/0") == [(dst.id, "retiring", "j1")]  # not offered to other jobs
+            assert await audit(ns.state, GEO) == []
+            # n2 confirms the stop: the instance it holds is idle, as it is on the GPU
+            await ns.bus.publish(
+                ns.bus.subjects.node_report("n2"),
+                CmdDone(id=f"{stop.cmd_id}.done", node="n2", at=time.time(), cmd_id=stop.cmd_id, command="stop",
+                        job_id="j1"),
+            )
+
+            async def idled() -> bool:
+                return await _held(ns, "n2/0") == [(dst.id, "idle", None)]
+
+            assert await until(idled)
+            assert [e.job_id for e in exits] == ["j1"]
+            assert await audit(ns.state, GEO) == []
+        finally:
+            await sub.unsubscribe()
+            await n1.stop()
+            await n2.stop()
+            await stack.stop()
+
+
+async def test_a_failed_move_start_sends_a_destroy_for_the_idle_instance_the_move_removed_from_its_way(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, node_timeout_s=NEVER, cmd_timeout_s=NEVER)
+        await stack.start()
+        n1 = ScriptedExecutor(ns.bus, "n1", gpus=2, auto_ack=False)
+        try:
+            await n1.start(instances=[(1, "7g.40gb", 0)])  # an idle 7g.40gb on GPU 1
+            assert await until(lambda: _ready(ns, 2))
+            (g1,) = await ns.state.get_gpus(["n1/1"])
+            (idle,) = [i.id for i in g1.instances]
+            src = await run_job(ns, "j2", "n1/0", "1g.5gb", 0)
+            dst = StoredInstance(id="n1/1:1g.5gb@6:j2.m1", profile="1g.5gb", start=6, size=1, compute=1)
+            await _move(ns, "j2", src, "n1/1", dst, (idle,))
+            await ns.bus.publish(
+                ns.bus.subjects.node_report("n1"),
+                CmdFailed(id="mig:j2:m1:start.failed", node="n1", at=time.time(), cmd_id="mig:j2:m1:start",
+                          command="migrate_start", job_id="j2", error="create refused"),
+            )
+            assert await n1.wait_for(lambda: n1.commands("destroy_idle"))
+            (destroy,) = n1.commands("destroy_idle")
+            assert destroy.cmd_id == f"destroy:{idle}"
+            assert (await ns.state.job("j2")).state == "running"
+            assert await _held(ns, "n1/1") == [(idle, "retiring", None)]  # destroyed or not: held until told
+            assert await audit(ns.state, GEO) == []
+            await ns.bus.publish(
+                ns.bus.subjects.node_report("n1"),
+                CmdDone(id=f"{destroy.cmd_id}.done", node="n1", at=time.time(), cmd_id=destroy.cmd_id,
+                        command="destroy_idle"),
+            )
+
+            async def dropped() -> bool:
+                return await _held(ns, "n1/1") == []
+
+            assert await until(dropped)
+            assert await audit(ns.state, GEO) == []
+        finally:
+            await n1.stop()
+            await stack.stop()
