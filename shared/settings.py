@@ -133,6 +133,9 @@ class MigrationPlannerSettings(Settings):
     """Plan moves after job exits."""
     plan_interval_s: float = 0.5
     """Exits are gathered for this long and planned together (one shard read per interval, not per exit)."""
+    min_left_s: float = 30.0
+    """A job whose duration hint says it ends within this many seconds is not moved: its exit gives the room
+    back about as soon as the move would (``shared.policy.migration_payoff``); 0 moves any job."""
 
 
 S = TypeVar("S", bound=Settings)

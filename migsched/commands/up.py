@@ -95,6 +95,7 @@ def command(
         # the whole stack runs on wall time: every policy timer shrinks with the replay's clock
         env = {
             "MIGSCHED_COOLDOWN_S": repr(120.0 / speedup),
+            "MIGSCHED_MIN_LEFT_S": repr(30.0 / speedup),
             "MIGSCHED_DEFRAG_INTERVAL_S": repr(300.0 / speedup),
             "MIGSCHED_RETENTION_WINDOW_S": repr(300.0 / speedup),
             "MIGSCHED_LOG_LEVEL": "WARNING",

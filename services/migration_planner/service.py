@@ -17,6 +17,7 @@ from shared.bus import Consumer, Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, MigrateOrder, MoveSpec, wire_gpu
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag
+from shared.policy.migration_payoff import pays_off, time_left
 from shared.policy.partition import new_instance_id
 from shared.policy.snapshot import ClusterSnapshot
 from shared.settings import MigrationPlannerSettings
@@ -96,11 +97,20 @@ class MigrationPlanner(Service):
         m.FRAG_RATE.labels(self.name).set(frag_rate(snap, UNIFORM_SHAPES))
         if not moves:
             return 0
+        infos = await self._job_infos(snap, moves, now)
+        worth: list[Move] = []
+        for mv in moves:
+            if pays_off(infos[mv.job_id].duration_hint_s, self.settings.min_left_s):
+                worth.append(mv)
+            else:  # its exit gives the room back about as soon as the move would
+                m.MIGRATIONS.labels(mv.kind, "skipped_ends_soon").inc()
+        if not worth:
+            return 0
         expected = dict(vers)
         nonce = f"m{int(now * 1000)}"
         b = self.state.batch()
         staged: list[tuple[Move, str, int]] = []
-        for mv in moves:
+        for mv in worth:
             dst = snap.gpu(mv.dst_gpu)
             prof = self.geometry.model(dst.model).profile(mv.dst_profile)
             iid = new_instance_id(mv.dst_gpu, prof.name, mv.dst_start, f"{mv.job_id}.{nonce}")
@@ -126,9 +136,6 @@ class MigrationPlanner(Service):
             staged.append((mv, iid, idx))
             expected[mv.dst_gpu] = expected.get(mv.dst_gpu, 0) + 1  # only the target's claim version moves
         results = await b.run()
-        jobs = {
-            j.job_id: j for j in await self.state.jobs([mv.job_id for mv, _, _ in staged]) if j is not None
-        }
         out: list[Outgoing] = []
         for mv, iid, idx in staged:
             status, detail = results[idx]
@@ -136,27 +143,7 @@ class MigrationPlanner(Service):
                 m.MIGRATIONS.labels(mv.kind, f"not_reserved_{status}").inc()
                 self.log.debug("move of %s not reserved: %s %s", mv.job_id, status, detail)
                 continue
-            job = jobs.get(mv.job_id)
-            info = JobInfo()
-            if job is not None and job.spec:
-                try:
-                    sub = _SUBMIT.decode(job.spec)
-                    info = JobInfo(
-                        tenant=sub.tenant,
-                        priority=sub.priority,
-                        latency_sensitive=sub.latency_sensitive,
-                        migratable=sub.migratable,
-                        duration_hint_s=sub.duration_hint_s,
-                        workload=sub.workload,
-                        submitted_at=sub.submitted_at,
-                    )
-                except msgspec.DecodeError:
-                    pass
-            src = snap.gpu(mv.src_gpu).instance(mv.src_instance)
-            if info.duration_hint_s is not None and src is not None and src.started_at > 0:
-                # the copy on the target runs for what is left of the job, not for all of it again
-                left = max(0.0, info.duration_hint_s - (now - src.started_at))
-                info = msgspec.structs.replace(info, duration_hint_s=left)
+            info = infos[mv.job_id]
             spec = MoveSpec(**{f: getattr(mv, f) for f in MoveSpec.__struct_fields__})
             order = MigrateOrder(
                 id=f"migrate:{mv.job_id}:{nonce}",
@@ -175,3 +162,32 @@ class MigrationPlanner(Service):
         await self.bus.publish_batch(out)
         self.ordered += len(out)
         return len(out)
+
+    async def _job_infos(self, snap: ClusterSnapshot, moves: list[Move], now: float) -> dict[str, JobInfo]:
+        """What the target needs to know of each moved job (one Redis read for all), its duration hint being
+        what is left of it: the copy on the target runs for the rest of the job, not for all of it again."""
+        jobs = {j.job_id: j for j in await self.state.jobs([mv.job_id for mv in moves]) if j is not None}
+        infos: dict[str, JobInfo] = {}
+        for mv in moves:
+            job = jobs.get(mv.job_id)
+            info = JobInfo()
+            if job is not None and job.spec:
+                try:
+                    sub = _SUBMIT.decode(job.spec)
+                    info = JobInfo(
+                        tenant=sub.tenant,
+                        priority=sub.priority,
+                        latency_sensitive=sub.latency_sensitive,
+                        migratable=sub.migratable,
+                        duration_hint_s=sub.duration_hint_s,
+                        workload=sub.workload,
+                        submitted_at=sub.submitted_at,
+                    )
+                except msgspec.DecodeError:
+                    pass
+            src = snap.gpu(mv.src_gpu).instance(mv.src_instance)
+            left = time_left(info.duration_hint_s, src.started_at if src is not None else 0.0, now)
+            if left is not None and src is not None and src.started_at > 0:
+                info = msgspec.structs.replace(info, duration_hint_s=left)
+            infos[mv.job_id] = info
+        return infos

@@ -8,9 +8,10 @@ import asyncio
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
-from shared.events import JobExited, new_id
+from shared.events import Demand, JobExited, JobSubmit, encode, new_id
 from shared.mig.geometry import default_geometry
 from shared.state import Reservation, StoredInstance, audit
 
@@ -29,8 +30,21 @@ async def until(pred, timeout: float = 8.0) -> bool:  # type: ignore[no-untyped-
     return bool(await pred())
 
 
-async def run_job(ns: Namespace, job: str, gpu: str, profile: str, start: int) -> str:
+async def run_job(
+    ns: Namespace, job: str, gpu: str, profile: str, start: int, hint_s: float | None = None
+) -> str:
     p = A100.profile(profile)
+    spec = b""
+    if hint_s is not None:
+        spec = encode(
+            JobSubmit(
+                id=f"s-{job}",
+                job_id=job,
+                demand=Demand(kind="mig", profile=profile),
+                duration_hint_s=hint_s,
+                submitted_at=time.time(),
+            )
+        )
     (g,) = await ns.state.get_gpus([gpu])
     iid = f"{gpu}:{profile}@{start}:{job}"
     inst = StoredInstance(
@@ -44,7 +58,7 @@ async def run_job(ns: Namespace, job: str, gpu: str, profile: str, start: int) -
             instance=inst,  # type: ignore[union-attr]
             action="create",
             max_count=p.max_count,
-            spec=b"",
+            spec=spec,
         ),
         time.time(),
     )
@@ -103,6 +117,61 @@ async def test_an_exit_on_a_lazy_gpu_pulls_a_job_from_a_busy_one(
         assert g1 is not None and any(i.job == "jb" and i.state == "busy" for i in g1.instances)
         assert g0 is not None and not any(i.job == "jb" for i in g0.instances)
         assert stack.planner.ordered == 1
+        assert await audit(ns.state, GEO) == []
+        await ex.stop()
+        await stack.stop()
+
+
+def skipped() -> float:
+    return sum(
+        REGISTRY.get_sample_value(
+            "migsched_migrations_total", {"kind": kind, "outcome": "skipped_ends_soon"}
+        )
+        or 0.0
+        for kind in ("intra", "inter")
+    )
+
+
+@pytest.mark.parametrize(("hint_s", "moves"), [(5.0, False), (3600.0, True)])
+async def test_a_job_whose_hint_says_it_ends_soon_is_not_moved_and_one_with_long_left_is(
+    prefix: str, nats_url: str, redis_url: str, hint_s: float, moves: bool
+) -> None:
+    # the planner's default min_left_s is 30 s: a job with 5 s left gives its room back by its exit as soon as
+    # a move would; one with an hour left is worth moving
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, planner=True)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=2)
+        await ex.start()
+
+        async def registered() -> bool:
+            return len(await ns.state.gpu_ids()) == 2
+
+        assert await until(registered)
+        for job, profile, start in (("ja", "3g.20gb", 4), ("jb", "1g.5gb", 0), ("jc", "1g.5gb", 2)):
+            await run_job(ns, job, "n1/0", profile, start, hint_s=hint_s)
+        jd = await run_job(ns, "jd", "n1/1", "1g.5gb", 6)
+        before = skipped()
+        await ns.bus.publish(
+            ns.bus.subjects.node_report("n1"),
+            JobExited(
+                id=new_id("x"), node="n1", at=time.time(), job_id="jd", gpu_index=1, instance_id=jd,
+                exit="completed",
+            ),
+        )
+
+        async def decided() -> bool:
+            return stack.planner.ordered > 0 or skipped() > before
+
+        assert await until(decided)
+        if moves:
+            assert stack.planner.ordered >= 1 and skipped() == before
+            assert ex.commands("migrate_start")
+        else:
+            assert stack.planner.ordered == 0 and skipped() > before
+            assert not ex.commands("migrate_start")
+            assert all(j is not None and j.state == "running" and j.gpu == "n1/0"
+                       for j in [await ns.state.job(x) for x in ("ja", "jb", "jc")])
         assert await audit(ns.state, GEO) == []
         await ex.stop()
         await stack.stop()
