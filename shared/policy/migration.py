@@ -53,11 +53,14 @@ def plan_after_exit(
             plan.intra_on(g, "after exit, busy GPU")
     elif params.consolidate and g.busy_mask and consolidate(plan, g, "after exit, consolidate"):
         return tuple(plan.moves)
-    elif params.inter:
+    else:
         if params.consolidate and g.busy_mask:
-            plan = _Plan(snap, now, params, pulls)  # a failed consolidation leaves nothing behind
+            # a failed consolidation leaves nothing behind, also when no pull follows (it may have planned
+            # some of the GPU's jobs before finding no room for another: all or nothing)
+            plan = _Plan(snap, now, params, pulls)
             g = plan.gpu(gpu_id)
-        plan.pull_into(g, "after exit, lazy GPU")
+        if params.inter:
+            plan.pull_into(g, "after exit, lazy GPU")
     return tuple(plan.moves)
 
 
