@@ -7,8 +7,10 @@ registers; then it heartbeats, applies commands and reports their results and ev
 Commands of one GPU are applied one after the other in stream order (MIG operations on one GPU serialise in
 the driver anyway); different GPUs proceed in parallel. Each command is idempotent: ops already done are
 skipped (``instances.InstanceBook``), a workload already running where asked is left alone, and a command
-seen before by this process is answered with the reports it produced the first time (same message ids, so the
-stream's duplicate window drops them if they had already gone out).
+seen before by this process, within the time a redelivery comes (two ``ack_wait_s``, ``redelivery_window_s``), is
+answered with the reports it produced the first time (same message ids, so the stream's duplicate window drops
+them if they had already gone out). One seen longer ago is applied again like any other, which finds its work
+done (see above); its reports carry the same ids (``<cmd_id>.done`` / ``.failed``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import contextlib
 import logging
 import signal
 import time
-from collections import OrderedDict, defaultdict
+import zlib
+from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -28,7 +32,7 @@ from opentelemetry import trace
 from services.executor.backend import Backend, BackendError
 from services.executor.commands import CommandsMixin
 from services.executor.config import ExecutorError, ExecutorSettings, build_backend, node_name, parse_gpus
-from services.executor.exits import ExitsMixin
+from services.executor.exits import _REMEMBERED_EXITS, ExitsMixin, Recent
 from services.executor.instances import InstanceBook, gpu_index_of
 from services.executor.metrics import ExecutorMetrics
 from services.executor.registration import RegistrationMixin
@@ -40,6 +44,8 @@ from shared.events import (
     CmdFailed,
     Command,
     Heartbeat,
+    decode,
+    encode,
     now,
 )
 from shared.settings import load
@@ -48,19 +54,33 @@ __all__ = ["Executor", "ExecutorError", "ExecutorSettings", "build_backend", "ma
 
 log = logging.getLogger("migsched.executor")
 _tracer = telemetry.tracer("migsched.executor")
-_REMEMBERED_COMMANDS = 20000
+_REMEMBERED_COMMANDS = 50000
+"""Hard cap of the commands remembered for redeliveries (a safety net: the window bounds them, ~rate × window)."""
 _DRIFT_REPORT_EVERY_S = 1.0
 
 
 class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
-    def __init__(self, bus: Bus, backend: Backend, settings: ExecutorSettings, node: str) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        backend: Backend,
+        settings: ExecutorSettings,
+        node: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock``: what ages the remembered commands and exits (tests inject one)."""
         self.bus, self.backend, self.settings, self.node = bus, backend, settings, node
         self.subjects = bus.subjects
         self.book = InstanceBook(backend, {})
         self.metrics = ExecutorMetrics(node)
         self._gpu_locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
-        # command id -> its reports as sent: a redelivered command is answered with them again
-        self._done: OrderedDict[str, list[Outgoing]] = OrderedDict()
+        # command id -> its reports as sent (compressed JSON, one bytes per report: ~0.3 KB a command instead of
+        # ~1.3 KB of structs, contexts and wrappers): a redelivered command is answered with them again, for
+        # as long as ``redelivery_window_s`` says one comes.
+        self._done: Recent[bytes | tuple[bytes, ...]] = Recent(
+            self.redelivery_window_s(settings), _REMEMBERED_COMMANDS, clock=clock
+        )
         self._drift_seen = False
         self._next_drift_report = 0.0
         self._job_ctx: dict[str, otel_context.Context] = {}
@@ -70,9 +90,12 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
         self._job_instance: dict[str, tuple[str, int]] = {}
         # jobs whose local copy was stopped by migrate_stop: the job moved on, that stop is not an exit
         self._retired: set[str] = set()
-        # jobs whose exit report is published, the latest _REMEMBERED_EXITS (a move of a job that just ended
-        # waits for it); an event only for a job someone waits on (one per exit held 8 MB at this bound)
-        self._exits_out: OrderedDict[str, None] = OrderedDict()
+        # jobs whose exit report is published within the redelivery window (a move of a job that just ended
+        # waits for its exit; one applied later than that finds nothing to wait for only after a 5 s wait, and
+        # fails as it would have); an event only for a job someone waits on (one per exit held 8 MB at 20,000)
+        self._exits_out: Recent[None] = Recent(
+            self.redelivery_window_s(settings), _REMEMBERED_EXITS, clock=clock
+        )
         self._exit_waiters: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._consumer: Any = None
@@ -168,8 +191,9 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
         for d in deliveries:
             cmd: Command = d.data
             self.metrics.received(cmd)
-            if cmd.cmd_id in self._done:
-                out += self._done[cmd.cmd_id]
+            replay = self._done.get(cmd.cmd_id)
+            if replay is not None:
+                out += self._replayed(subject, replay, d.ctx)
                 continue
             async with self._gpu_locks[self._lane(cmd)]:
                 if recording:
@@ -228,11 +252,27 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
         self.metrics.applied(cmd, msgs, time.perf_counter() - t0)
         return msgs
 
+    @staticmethod
+    def redelivery_window_s(settings: ExecutorSettings) -> float:
+        """How long a handled command is answered from memory: two acknowledgement waits. This process acks a
+        command as soon as it is handled, so it comes again only when that ack is lost (a connection blip),
+        after one ``ack_wait_s``; the second wait covers the handling and a slow server. A command whose ack
+        is lost twice (``max_deliver`` allows more) is applied again like after a restart of the executor:
+        its ops find their work done and its reports keep their ids; a run the state did not expect is
+        stopped by the registry (docs/faults.md, item 10). Keeping the full ``ack_wait_s × max_deliver``
+        (150 s) held ~20,000 commands per executor at 125 commands/s and kept RSS growing for minutes."""
+        return 2.0 * settings.ack_wait_s
+
     def _remember(self, cmd_id: str, outgoing: list[Outgoing]) -> None:
-        # the structs share their instance and context with the executor's own tables: cheaper than encoded
-        self._done[cmd_id] = outgoing
-        while len(self._done) > _REMEMBERED_COMMANDS:
-            self._done.popitem(last=False)
+        # Compressed (the ids in a report are random hex, the rest repeats): what a replay needs is the message,
+        # its subject is this node's report subject and its trace context that of the redelivery (same trace).
+        packed = tuple(zlib.compress(encode(o.msg), 1) for o in outgoing)
+        self._done.put(cmd_id, packed[0] if len(packed) == 1 else packed)
+
+    def _replayed(self, subject: str, packed: bytes | tuple[bytes, ...], ctx: otel_context.Context) -> list[Outgoing]:
+        """The reports of a command remembered by ``_remember``, as they were first sent."""
+        items = (packed,) if isinstance(packed, bytes) else packed
+        return [Outgoing(subject, decode(subject, zlib.decompress(b), self.subjects), ctx) for b in items]
 
     async def _heartbeats(self) -> None:
         while True:

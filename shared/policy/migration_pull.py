@@ -19,7 +19,7 @@ from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
 from shared.policy.migration_moves import SourceJob
 from shared.policy.migration_search import VirtualGpu, removal_bound, shape_target, tables_of
-from shared.policy.migration_state import PlanState
+from shared.policy.migration_state import Memo, PlanState
 from shared.policy.pull_index import Head
 from shared.policy.snapshot import GpuView, InstanceView
 
@@ -259,10 +259,14 @@ def _size_cap(t_used: int, t_compute: int) -> npt.NDArray[np.int64]:
     return cap
 
 
-_HOSTABLE: dict[tuple[tuple[int, ...], int, tuple[tuple[str, int, bool], ...]],
-                tuple[GpuModel, tuple[GpuModel, ...], tuple[frozenset[str], ...]]] = {}
+HOSTABLE_MEMO = 1024
+"""Measured as ``migration_state.DST_MEMO``: 9,470 look-ups, 967 distinct keys, 90 % hits with no bound and with
+this one (512: 88 %, 256: 82 %)."""
+_HOSTABLE: Memo[tuple[tuple[int, ...], int, tuple[tuple[str, int, bool], ...]],
+                tuple[GpuModel, tuple[GpuModel, ...], tuple[frozenset[str], ...]]] = Memo(HOSTABLE_MEMO)
 """``_hostable`` by identity of the models (hashing them costs more than the look-up); each entry keeps the
-target and the snapshot's models referenced, so no id in its key is reused while it is cached."""
+target and the snapshot's models referenced, so no id in its key is reused while it is cached. The only
+cache of ``_hostable`` (an lru_cache on it as well held a second copy of every entry, and was never hit)."""
 
 
 def hostable_on(models: tuple[GpuModel, ...], target: GpuModel, sig: tuple[tuple[str, int, bool], ...],
@@ -273,19 +277,16 @@ def hostable_on(models: tuple[GpuModel, ...], target: GpuModel, sig: tuple[tuple
     got = _HOSTABLE.get(key)
     if got is None:
         got = (target, models, _hostable(models, target, sig))
-        if len(_HOSTABLE) >= 16384:
-            _HOSTABLE.clear()
-        _HOSTABLE[key] = got
+        _HOSTABLE.put(key, got)
     return got[2]
 
 
-@functools.lru_cache(maxsize=65536)
 def _hostable(
     models: tuple[GpuModel, ...], target: GpuModel, insts: tuple[tuple[str, int, bool], ...]
 ) -> tuple[frozenset[str], ...]:
     """``_Plan.hostable`` for a target holding ``insts`` (profile, start, busy): per source model, the
     profiles whose target shape has a start free of busy slices with room under its max count. Cached
-    across plans: a cluster shows few distinct GPU states, and every pull asks."""
+    across plans (``_HOSTABLE``): a cluster shows few distinct GPU states, and every pull asks."""
     busy = 0
     for name, start, b in insts:
         if b:

@@ -4,6 +4,8 @@ destination placement of a job's shape)."""
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import numpy as np
 import numpy.typing as npt
 
@@ -13,6 +15,46 @@ from shared.policy.migration_moves import MigrationParams, Move, SourceJob
 from shared.policy.migration_search import VirtualGpu, intra_by_starts, move_bounds, shape_target
 from shared.policy.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Memo(Generic[K, V]):
+    """A memo of at most ``2 × size`` entries that keeps what is asked again: new entries go to the current
+    generation; when it holds ``size``, it becomes the previous one and the previous one is dropped; a hit in
+    the previous generation is carried into the current one. An approximate LRU without per-hit bookkeeping:
+    a key asked at least once per ``size`` new keys stays, a one-off goes within ``2 × size`` new keys, so
+    the memo settles at its size as soon as that many distinct keys have come (rather than growing towards a
+    large clear-all bound for as long as new GPU states keep appearing)."""
+
+    __slots__ = ("_cur", "_prev", "size")
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError("Memo needs size >= 1")
+        self.size = size
+        self._cur: dict[K, V] = {}
+        self._prev: dict[K, V] = {}
+
+    def get(self, key: K) -> V | None:
+        got = self._cur.get(key)
+        if got is None:
+            got = self._prev.get(key)
+            if got is not None:
+                self.put(key, got)
+        return got
+
+    def put(self, key: K, value: V) -> None:
+        self._cur[key] = value
+        if len(self._cur) >= self.size:
+            self._prev, self._cur = self._cur, {}
+
+    def clear(self) -> None:
+        self._cur, self._prev = {}, {}
+
+    def __len__(self) -> int:
+        return len(self._cur) + len(self._prev)
 
 
 class PlanState:
@@ -134,14 +176,18 @@ class PlanState:
         if got is None:
             # a function of the target's model and instances and of the source profile: memoised across
             # plans (a cluster shows few distinct GPU states), keeping the keys' objects referenced
-            if len(_DST) >= 16384:
-                _DST.clear()
-            got = _DST[key] = (t.model, src, _dst_placement(t, src))
+            got = (t.model, src, _dst_placement(t, src))
+            _DST.put(key, got)
         return got[2]
 
 
-_DST: dict[tuple[int, tuple[tuple[str, int, bool], ...], int],
-           tuple[GpuModel, Profile, tuple[Profile, int] | None]] = {}
+DST_MEMO = 1024
+"""Measured on a live run (64 × 8 A100, 1,000 jobs/s, 150 s): 12,224 look-ups, 89 % hits with no bound while
+new GPU states kept coming (1,352 distinct keys, ~400 new a minute at the end: the former clear-all bound of
+16,384 was still filling after a 10-minute soak); the same 89 % with this bound (512: 86 %, 256: 80 %), which
+holds at most 2,048 entries (~2 MB with their signatures)."""
+_DST: Memo[tuple[int, tuple[tuple[str, int, bool], ...], int],
+           tuple[GpuModel, Profile, tuple[Profile, int] | None]] = Memo(DST_MEMO)
 """``dst_placement`` by (id of the target's model, target's signature, id of the source profile)."""
 
 

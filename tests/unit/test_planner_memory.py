@@ -1,0 +1,95 @@
+"""The migration planner's memos across plans stay within their bounds whatever GPU states come by, keep the keys
+asked again, and answer as a fresh computation does."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from mig_strategies import GEO, random_instances
+
+from shared.policy import migration_pull, migration_state
+from shared.policy.migration_pull import _HOSTABLE, HOSTABLE_MEMO, _hostable, hostable_on
+from shared.policy.migration_search import VirtualGpu
+from shared.policy.migration_state import _DST, DST_MEMO, Memo, _dst_placement
+from shared.policy.snapshot import GpuView
+
+pytestmark = pytest.mark.unit
+A100 = GEO.model("A100-40GB")
+
+
+def test_a_key_asked_again_within_its_size_stays_and_one_offs_go() -> None:
+    memo: Memo[str, int] = Memo(4)
+    memo.put("hot", 0)
+    for i in range(100):
+        memo.put(f"once-{i}", i)
+        if i % 3 == 0:  # asked once every 3 new keys (< 4): never dropped
+            assert memo.get("hot") == 0
+        assert len(memo) <= 8
+    assert memo.get("hot") == 0
+    assert memo.get("once-0") is None and memo.get("once-99") == 99
+
+
+def test_the_memo_is_full_after_size_new_keys_and_never_holds_more_than_twice_that() -> None:
+    memo: Memo[int, int] = Memo(16)
+    sizes = []
+    for i in range(1000):
+        memo.put(i, i)
+        sizes.append(len(memo))
+    assert max(sizes) <= 32 and min(sizes[16:]) >= 16
+
+
+def test_a_hit_in_the_previous_generation_is_carried_over() -> None:
+    memo: Memo[str, int] = Memo(2)
+    memo.put("a", 1)
+    memo.put("b", 2)  # "a" and "b" are the previous generation now
+    assert memo.get("a") == 1  # carried into the current one
+    memo.put("c", 3)  # current full: previous = {a, c}, "b" goes later
+    memo.put("d", 4)
+    memo.put("e", 5)  # previous = {d, e}: "a" and "c" are gone, "b" long gone
+    assert [memo.get(k) for k in "abcde"] == [None, None, None, 4, 5]
+    memo.clear()
+    assert len(memo) == 0
+
+
+def test_a_nonsense_size_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Memo(0)
+
+
+def _gpu(rng: random.Random, i: int) -> GpuView:
+    return GpuView.build(id=f"n/{i}", node="n", index=0, model=A100.name,
+                         instances=random_instances(rng, A100, f"n/{i}", rng.random(), 0.3))
+
+
+def test_many_distinct_gpu_states_keep_the_planner_memos_within_their_bounds_and_their_answers_right(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dst: Memo[object, object] = Memo(64)
+    hostable: Memo[object, object] = Memo(64)
+    monkeypatch.setattr(migration_state, "_DST", dst)
+    monkeypatch.setattr(migration_pull, "_HOSTABLE", hostable)
+    rng = random.Random(7)
+    models = (A100,)
+    state = migration_state.PlanState.__new__(migration_state.PlanState)  # dst_placement reads no state
+    seen = []
+    for i in range(1500):  # ~1,000 distinct states, and repeats
+        view = _gpu(rng, i)
+        t = VirtualGpu(view, A100, 0)
+        seen.append(t.signature())
+        for _ in range(2):  # the second time from the memo
+            assert hostable_on(models, A100, t.signature()) == _hostable(models, A100, t.signature())
+            for src in A100.profiles:
+                assert state.dst_placement(t, src) == _dst_placement(t, src)
+        assert len(hostable) <= 128 and len(dst) <= 128
+    assert len(set(seen)) > 500
+
+
+def test_the_module_memos_are_bounded() -> None:
+    assert isinstance(_DST, Memo) and _DST.size == DST_MEMO <= 4096
+    assert isinstance(_HOSTABLE, Memo) and _HOSTABLE.size == HOSTABLE_MEMO <= 4096
+
+
+def test_the_hostable_answers_are_cached_once() -> None:
+    # the memo in front of _hostable is its only cache (an lru_cache behind it held every entry twice)
+    assert not hasattr(migration_pull._hostable, "cache_info")
