@@ -37,8 +37,9 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
         return span(self.size, self.start)
 
 
-class GpuView(msgspec.Struct, frozen=True, kw_only=True):
-    """One physical GPU: identity, model, mode and its instances, with derived occupancy."""
+class GpuView(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
+    """One physical GPU: identity, model, mode and its instances, with derived occupancy. Weakly referable, so
+    that a cache of what is derived from a view (``migration_pull._STATIC_JOBS``) lives no longer than it."""
 
     id: str
     node: str

@@ -9,10 +9,11 @@ import pytest
 from mig_strategies import GEO, random_instances
 
 from shared.policy import migration_pull, migration_state
+from shared.policy.migration import MigrationParams, plan_after_exit
 from shared.policy.migration_pull import _HOSTABLE, HOSTABLE_MEMO, _hostable, hostable_on
 from shared.policy.migration_search import VirtualGpu
 from shared.policy.migration_state import _DST, DST_MEMO, Memo, _dst_placement
-from shared.policy.snapshot import GpuView
+from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 pytestmark = pytest.mark.unit
 A100 = GEO.model("A100-40GB")
@@ -93,3 +94,29 @@ def test_the_module_memos_are_bounded() -> None:
 def test_the_hostable_answers_are_cached_once() -> None:
     # the memo in front of _hostable is its only cache (an lru_cache behind it held every entry twice)
     assert not hasattr(migration_pull._hostable, "cache_info")
+
+
+def test_the_jobs_memoised_per_view_go_with_the_view() -> None:
+    # a service builds every snapshot anew: entries kept after their views had held those views (and the
+    # pymalloc arenas of their snapshots) for up to 4,096 entries; the simulator's views live on and hit again
+    rng = random.Random(3)
+    snap = ClusterSnapshot.of(GEO, [
+        GpuView.build(id=f"n/{i}", node="n", index=0, model=A100.name,
+                      instances=random_instances(rng, A100, f"n/{i}", rng.uniform(0.3, 0.9), 0.2))
+        for i in range(64)
+    ])
+    params = MigrationParams()
+
+    def plan(s: ClusterSnapshot) -> None:
+        for g in s.gpus:
+            plan_after_exit(s, g.id, 1e9, params)
+
+    plan(snap)
+    ids = {id(g) for g in snap.gpus}
+    cached = [k for k in migration_pull._STATIC_JOBS if k in ids]
+    assert cached
+    entry = migration_pull._STATIC_JOBS[cached[0]]
+    plan(snap)
+    assert migration_pull._STATIC_JOBS[cached[0]] is entry  # hit again while the view lives
+    del snap, entry
+    assert not ids & set(migration_pull._STATIC_JOBS)
