@@ -16,7 +16,7 @@ from services.common.service import Service
 from shared.bus import Consumer, Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, MigrateOrder, MoveSpec, wire_gpu
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
-from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag
+from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag, size_memos
 from shared.policy.migration_payoff import pays_off, time_left
 from shared.policy.partition import new_instance_id
 from shared.policy.snapshot import ClusterSnapshot
@@ -24,6 +24,12 @@ from shared.settings import MigrationPlannerSettings
 from shared.state import StoredInstance
 
 _SUBMIT = msgspec.json.Decoder(JobSubmit)
+
+
+PLANNER_MEMO = 256
+"""Size of the policy's memos in this service (``size_memos``). Measured on a loop of snapshot + plans over 512
+GPUs with 30 changing per plan: at 1,024 its RSS still grew after 1,500 plans (~12 minutes of the service at one
+plan per 0.5 s), at 256 it was flat after 500; the hit rate falls from ~89 % to ~80 % (live run, 150 s)."""
 
 
 class MigrationPlanner(Service):
@@ -40,6 +46,7 @@ class MigrationPlanner(Service):
             intra=st.intra,
             inter=st.inter,
         )
+        size_memos(PLANNER_MEMO)
         self.ordered = 0
         self._exited: dict[str, Any] = {}  # GPU id -> trace context of an exit there, since the last plan
 

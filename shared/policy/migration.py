@@ -26,13 +26,27 @@ import heapq
 import numpy as np
 import numpy.typing as npt
 
+from shared.policy import migration_pull, migration_state
 from shared.policy.consolidate import consolidate
 from shared.policy.migration_moves import IntraMove, MigrationParams, Move, SourceJob
 from shared.policy.migration_plan import _Plan
 from shared.policy.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot
 
-__all__ = ["IntraMove", "MigrationParams", "Move", "SourceJob", "_Plan", "plan_after_exit", "plan_defrag"]
+__all__ = [
+    "IntraMove", "MigrationParams", "Move", "SourceJob", "_Plan", "plan_after_exit", "plan_defrag", "size_memos",
+]
+
+
+def size_memos(size: int) -> None:
+    """Set the size of the planner's memos (target placements and hostable profiles per GPU state; each holds
+    at most twice this many entries). They only save work, never change a plan. The default (1,024) suits the
+    simulator, whose views live on and whose large clusters show many states; the migration-planner service
+    rebuilds its snapshot from Redis every plan and takes a smaller one, so its memos are full within its first
+    minute instead of filling for ten (their entries, scattered among each plan's freed objects, kept its RSS
+    climbing: issue 7)."""
+    migration_state._DST.resize(size)
+    migration_pull._HOSTABLE.resize(size)
 
 
 def plan_after_exit(

@@ -53,6 +53,13 @@ class Memo(Generic[K, V]):
     def clear(self) -> None:
         self._cur, self._prev = {}, {}
 
+    def resize(self, size: int) -> None:
+        """A new size; what is held is dropped (a memo only saves work)."""
+        if size < 1:
+            raise ValueError("Memo needs size >= 1")
+        self.size = size
+        self.clear()
+
     def __len__(self) -> int:
         return len(self._cur) + len(self._prev)
 

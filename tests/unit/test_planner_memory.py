@@ -120,3 +120,19 @@ def test_the_jobs_memoised_per_view_go_with_the_view() -> None:
     assert migration_pull._STATIC_JOBS[cached[0]] is entry  # hit again while the view lives
     del snap, entry
     assert not ids & set(migration_pull._STATIC_JOBS)
+
+
+def test_the_planner_memos_can_be_resized_and_then_hold_at_most_twice_the_new_size() -> None:
+    from shared.policy.migration import size_memos
+
+    try:
+        size_memos(4)
+        for k in range(50):
+            _DST.put((k, (), 0), None)  # type: ignore[arg-type]
+            _HOSTABLE.put(((), k, ()), None)  # type: ignore[arg-type]
+        assert len(_DST) <= 8 and len(_HOSTABLE) <= 8
+        with pytest.raises(ValueError):
+            size_memos(0)
+    finally:
+        size_memos(DST_MEMO)
+    assert _DST.size == DST_MEMO and _HOSTABLE.size == HOSTABLE_MEMO
