@@ -186,6 +186,8 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
     async def on_migrate(self, ds: list[Delivery]) -> None:
         now = time.time()
         out: list[Outgoing] = []
+        # one read for the batch: a move whose job stopped migrating since the planner reserved it is not started
+        jobs = {j.job_id: j for j in await self.state.jobs([d.data.move.job_id for d in ds]) if j is not None}
         for d in ds:
             o: MigrateOrder = d.data
             mv = o.move
@@ -212,39 +214,10 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
                 await b.run()
                 m.child(m.MIGRATIONS, mv.kind, "aborted").inc()
                 continue
-            job = await self.state.job(mv.job_id)
+            job = jobs.get(mv.job_id)
             if job is None or job.state != "migrating" or job.mig_inst != o.dst_instance:
-                # the move is over already (the job ended or was re-queued since the planner reserved it):
-                # no target is made. A target a release kept retiring for a stop on that node is dropped
-                # (the node never made it), or the stop's confirmation would idle an instance it lacks. The
-                # idle instances in the target's way left the state with the reserve: the node destroys them,
-                # as the move's first ops would have (a destroy_idle of those ops only; no state to change).
                 if job is None or job.state != "migrating":
-                    b = self.state.batch()
-                    b.migrate_finish(
-                        "abort", mv.job_id, "move over before it started", now, "idle", o.dst_node,
-                        f":{mv.job_id}.{o.nonce}",
-                    )
-                    await b.run()
-                    clear = tuple(op for op in plan.ops if op.kind in ("destroy_ci", "destroy_gi"))
-                    if clear:
-                        cid = f"mig:{mv.job_id}:{o.nonce}:clear"
-                        out.append(
-                            Outgoing(
-                                self.subjects.cmd(o.dst_node),
-                                Command(
-                                    id=cid,
-                                    cmd_id=cid,
-                                    kind="destroy_idle",
-                                    node=o.dst_node,
-                                    gpu_id=mv.dst_gpu,
-                                    gpu_index=o.dst_gpu_view.index,
-                                    ops=clear,
-                                    at=now,
-                                ),
-                                d.ctx,
-                            )
-                        )
+                    out.extend(await self._move_over(d, o, plan, now))
                 self.log.info("not starting the move of %s to %s: no longer planned", mv.job_id, o.dst_instance)
                 continue
             cid = f"mig:{mv.job_id}:{o.nonce}:start"
@@ -273,6 +246,34 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
             d.span.set_attribute("migsched.move", mv.reason[:500])
         await self.bus.publish_batch(out)
         m.child(m.COMMANDS, "migrate_start", "sent").inc(len(out))
+
+    async def _move_over(self, d: Delivery, o: MigrateOrder, plan: PartitionPlan, now: float) -> list[Outgoing]:
+        """A move whose job ended or was re-queued since the planner reserved it: no target is made. A target a
+        release kept retiring for a stop on that node is dropped (the node never made it, or the stop's
+        confirmation would idle an instance it lacks). The idle instances in the target's way left the state
+        with the reserve: the node destroys them, as the move's first ops would have (a ``destroy_idle`` of
+        those ops only; no state to change)."""
+        mv = o.move
+        b = self.state.batch()
+        b.migrate_finish(
+            "abort", mv.job_id, "move over before it started", now, "idle", o.dst_node, f":{mv.job_id}.{o.nonce}"
+        )
+        await b.run()
+        clear = tuple(op for op in plan.ops if op.kind in ("destroy_ci", "destroy_gi"))
+        if not clear:
+            return []
+        cid = f"mig:{mv.job_id}:{o.nonce}:clear"
+        cmd = Command(
+            id=cid,
+            cmd_id=cid,
+            kind="destroy_idle",
+            node=o.dst_node,
+            gpu_id=mv.dst_gpu,
+            gpu_index=o.dst_gpu_view.index,
+            ops=clear,
+            at=now,
+        )
+        return [Outgoing(self.subjects.cmd(o.dst_node), cmd, d.ctx)]
 
     async def prepare(self) -> None:
         # Retention runs where the exit report is released (``reports``), not from jobs.exit: a consumer left

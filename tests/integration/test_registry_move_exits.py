@@ -4,7 +4,9 @@ items 12 and 13): the state and the GPU must agree on every instance afterwards.
 - A job whose source copy exits during its move to another node: that node created the target and may run the
   job's copy there. The registry sends it a ``stop`` of that run only and holds the target until it confirms.
 - A ``migrate_start`` the target's node failed: the idle instance the move had removed from the target's way
-  may or may not be destroyed; the partitioner sends it a ``destroy_idle`` and holds it until the answer."""
+  may or may not be destroyed; the partitioner sends it a ``destroy_idle`` and holds it until the answer.
+- A move order consumed after its job ended: no target is made; the node only destroys the idle instance the
+  reserve removed from the target's way."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import msgspec
 import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
-from shared.events import CmdDone, CmdFailed, JobExit, JobExited, new_id
+from shared.events import CmdDone, CmdFailed, JobExit, JobExited, JobInfo, MigrateOrder, MoveSpec, new_id, wire_gpu
 from shared.mig.geometry import default_geometry
 from shared.state import StoredInstance, audit
 from tests.integration.test_migration_planner_flow import run_job
@@ -131,6 +133,58 @@ async def test_a_failed_move_start_sends_a_destroy_for_the_idle_instance_the_mov
                 return await _held(ns, "n1/1") == []
 
             assert await until(dropped)
+            assert await audit(ns.state, GEO) == []
+        finally:
+            await n1.stop()
+            await stack.stop()
+
+
+async def test_a_move_order_consumed_after_its_job_ended_makes_no_target_and_only_clears_the_way(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, node_timeout_s=NEVER, cmd_timeout_s=NEVER)
+        await stack.start()
+        n1 = ScriptedExecutor(ns.bus, "n1", gpus=2, auto_ack=False)
+        try:
+            await n1.start(instances=[(1, "7g.40gb", 0)])  # an idle 7g.40gb on GPU 1, in the target's way
+            assert await until(lambda: _ready(ns, 2))
+            src = await run_job(ns, "j3", "n1/0", "1g.5gb", 0)
+            snap, _ = await ns.state.snapshot(GEO, 0)
+            seen = snap.gpu("n1/1")  # the target as the planner saw it, before its reserve
+            (idle,) = [i.id for i in seen.instances]
+            dst = StoredInstance(id="n1/1:1g.5gb@6:j3.m1", profile="1g.5gb", start=6, size=1, compute=1)
+            await _move(ns, "j3", src, "n1/1", dst, (idle,))
+            # the job ends on its source before the partitioner reads the order
+            await ns.bus.publish(
+                ns.bus.subjects.node_report("n1"),
+                JobExited(id=new_id("x"), node="n1", at=time.time(), job_id="j3", gpu_index=0, instance_id=src,
+                          exit="completed"),
+            )
+
+            async def finished() -> bool:
+                j = await ns.state.job("j3")
+                return j is not None and j.state == "finished"
+
+            assert await until(finished)
+            move = MoveSpec(job_id="j3", kind="inter", src_gpu="n1/0", src_instance=src, src_profile="1g.5gb",
+                            src_start=0, dst_gpu="n1/1", dst_profile="1g.5gb", dst_start=6, dst_size=1,
+                            destroy=(idle,))
+            await ns.bus.publish(
+                ns.bus.subjects.sched_migrate,
+                MigrateOrder(id="migrate:j3:m1", move=move, src_node="n1", dst_node="n1", dst_instance=dst.id,
+                             nonce="m1", dst_gpu_view=wire_gpu(seen), job=JobInfo(), decided_at=time.time()),
+            )
+            # (the freed source may get a destroy_idle of its own from retention: not this test's concern)
+            def clears() -> list[Any]:
+                return [c for c in n1.commands("destroy_idle") if c.cmd_id.startswith("mig:")]
+
+            assert await n1.wait_for(clears)
+            (clear,) = clears()
+            assert clear.cmd_id == "mig:j3:m1:clear"
+            assert [o.kind for o in clear.ops] == ["destroy_ci", "destroy_gi"]
+            assert not n1.commands("migrate_start")  # no target made for a job that is over
+            assert all(i.id != dst.id for i in (await ns.state.get_gpus(["n1/1"]))[0].instances)
             assert await audit(ns.state, GEO) == []
         finally:
             await n1.stop()
