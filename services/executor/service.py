@@ -32,9 +32,10 @@ from opentelemetry import trace
 from services.executor.backend import Backend, BackendError
 from services.executor.commands import CommandsMixin
 from services.executor.config import ExecutorError, ExecutorSettings, build_backend, node_name, parse_gpus
-from services.executor.exits import _REMEMBERED_EXITS, ExitsMixin, Recent
+from services.executor.exits import REMEMBERED_EXITS, ExitsMixin
 from services.executor.instances import InstanceBook, gpu_index_of
 from services.executor.metrics import ExecutorMetrics
+from services.executor.recent import Recent
 from services.executor.registration import RegistrationMixin
 from shared import telemetry
 from shared.bus import Bus, Delivery, Outgoing
@@ -94,7 +95,7 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
         # waits for its exit; one applied later than that finds nothing to wait for only after a 5 s wait, and
         # fails as it would have); an event only for a job someone waits on (one per exit held 8 MB at 20,000)
         self._exits_out: Recent[None] = Recent(
-            self.redelivery_window_s(settings), _REMEMBERED_EXITS, clock=clock
+            self.redelivery_window_s(settings), REMEMBERED_EXITS, clock=clock
         )
         self._exit_waiters: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []

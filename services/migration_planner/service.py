@@ -194,7 +194,7 @@ class MigrationPlanner(Service):
                     pass
             src = snap.gpu(mv.src_gpu).instance(mv.src_instance)
             left = time_left(info.duration_hint_s, src.started_at if src is not None else 0.0, now)
-            if left is not None and src is not None and src.started_at > 0:
+            if left is not None:  # the whole hint for a job not started (time_left)
                 info = msgspec.structs.replace(info, duration_hint_s=left)
             infos[mv.job_id] = info
         return infos

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.executor.exits import Recent
+from services.executor.recent import Recent
 from services.executor.service import Executor, ExecutorSettings
 from services.executor.sim_backend import SimBackend
 from shared.bus import Outgoing
