@@ -52,6 +52,8 @@ class Consume:
     stream: str
     durable: str | None = None
     filter: str | None = None
+    retired: tuple[str, ...] = ()
+    """Durables an older version of the service left on this stream, which it deletes at start (only those)."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +95,11 @@ ROLES: tuple[Role, ...] = (
          consume=(Consume("JOBS"), Consume("SCHED")), redis=SERVICE_REDIS),
     Role("partitioner", "turns placements into executor commands; node registry (reports, heartbeats, exits)",
          publish=("cmd.*", "jobs.exit", "sched.capacity", "dlq.>"),
-         consume=(Consume("SCHED"), Consume("JOBS"), Consume("NODE")), redis=SERVICE_REDIS),
+         consume=(Consume("SCHED"), Consume("JOBS", retired=("partitioner-exit",)), Consume("NODE")),
+         redis=SERVICE_REDIS),
     Role("migration-planner", "plans defragmenting moves on job exit",
          publish=("sched.migrate", "dlq.>"),
-         consume=(Consume("JOBS"),), redis=SERVICE_REDIS),
+         consume=(Consume("JOBS", retired=("planner-exit",)),), redis=SERVICE_REDIS),
     Role("audit", "read-only: `migsched status/check`, the load recorder, dashboards",
          subscribe=("jobs.>", "sched.>", "cmd.>", "node.>", "dlq.>"), redis=AUDIT_REDIS),
     Role("admin", "operators and stack bootstrap: streams, consumers, dead letters",
@@ -142,11 +145,12 @@ class User:
 def _consume_subjects(c: Consume) -> list[str]:
     """What a JetStream pull consumer needs (nats-py 2.16 against nats-server ≥ 2.9)."""
     s = c.stream
+    retire = [f"$JS.API.CONSUMER.DELETE.{s}.{d}" for d in c.retired]
     if c.durable is None:  # trusted service: any durable, any filter, on its own streams
         return [f"$JS.API.STREAM.INFO.{s}", f"$JS.API.CONSUMER.INFO.{s}.*",
                 f"$JS.API.CONSUMER.CREATE.{s}.*", f"$JS.API.CONSUMER.CREATE.{s}.*.>",
                 f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.*", f"$JS.API.CONSUMER.MSG.NEXT.{s}.*",
-                f"$JS.ACK.{s}.>"]
+                f"$JS.ACK.{s}.>", *retire]
     if c.filter is None:
         raise AccessError(f"a consumer pinned to durable {c.durable} must also pin its filter subject")
     # No DURABLE.CREATE (legacy form without the filter in the subject) and no STREAM.INFO: an executor

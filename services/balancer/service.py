@@ -62,9 +62,13 @@ class Balancer(Backfill):
             # two batches in flight: one is decided while the other's placements are being published
             b.consumer(s.stream_jobs, "balancer-submit", s.jobs_submit, self.on_submit, concurrency=2),
             b.consumer(s.stream_jobs, "balancer-cancel", s.jobs_cancel, self.on_cancel),
-            # every replica keeps its own mirror, so every replica must hear of every exit and capacity change
-            b.consumer(s.stream_jobs, "balancer-exit", s.jobs_exit, self.on_exit, ephemeral=True),
-            b.consumer(s.stream_sched, "balancer-capacity", s.sched_capacity, self.on_capacity, ephemeral=True),
+            # every replica keeps its own mirror, so every replica must hear of every exit and capacity change;
+            # the mirror is a cache of Redis, so these go unacknowledged: one message less per job, and an
+            # update the handler could not apply (it is not redelivered) reloads the mirror instead
+            b.consumer(s.stream_jobs, "balancer-exit", s.jobs_exit, self.on_exit, ephemeral=True, acks=False,
+                       lost=self._mirror_lost),
+            b.consumer(s.stream_sched, "balancer-capacity", s.sched_capacity, self.on_capacity, ephemeral=True,
+                       acks=False, lost=self._mirror_lost),
         ]
 
     def periodic(self) -> list[tuple[str, float, Any]]:
@@ -111,6 +115,10 @@ class Balancer(Backfill):
         if len(self.mirrors) == 1 and len(self.mirrors[0]):
             m.child(m.FRAG_RATE, self.name).set(frag_rate(self.mirrors[0].snapshot(), UNIFORM_SHAPES))
         self.request_backfill_now(queue_grew=True)
+
+    def _mirror_lost(self, reason: str) -> None:
+        """An exit or capacity change the mirror missed: reload it whole (coalesced, within 0.2 s)."""
+        self._refresh_wanted = True
 
     async def _refresh_if_wanted(self) -> None:
         if self._refresh_wanted:

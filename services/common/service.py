@@ -56,6 +56,16 @@ class Service:
     async def prepare(self) -> None:
         """Load what the service needs before it consumes (e.g. the balancer's mirror)."""
 
+    async def retire_consumer(self, stream: str, durable: str) -> None:
+        """Delete a durable an older version of this service left (``Consume.retired`` grants exactly that).
+        Never fatal: a server that refuses (a config rendered before the grant) costs a warning, and the old
+        consumer only keeps what nobody reads until its stream's age limit drops it."""
+        try:
+            await self.bus.nc.request(f"$JS.API.CONSUMER.DELETE.{stream}.{durable}", b"", timeout=2.0)
+        except Exception as exc:  # no answer (permissions), or the connection is busy reconnecting
+            self.log.warning("could not delete the retired consumer %s on %s (%r); an operator may: "
+                             "nats consumer rm %s %s", durable, stream, exc, stream, durable)
+
     async def start(self) -> None:
         await self.bus.ensure_streams()
         await self.state.load_scripts()  # SCRIPT LOAD once; transitions then run by EVALSHA

@@ -6,6 +6,7 @@ move with a compare-and-set on the target GPU's version and the job's cooldown v
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -24,6 +25,10 @@ from shared.settings import MigrationPlannerSettings
 from shared.state import StoredInstance
 
 _SUBMIT = msgspec.json.Decoder(JobSubmit)
+log = logging.getLogger("migsched.planner")
+
+EXIT_HINTS = "planner-exit-hints"
+"""The planner's durable consumer of ``jobs.exit`` (unacknowledged; ``planner-exit`` acknowledged each one)."""
 
 
 PLANNER_MEMO = 256
@@ -54,7 +59,18 @@ class MigrationPlanner(Service):
         if not self.settings.on_exit:
             return []
         s = self.subjects
-        return [self.bus.consumer(s.stream_jobs, "planner-exit", s.jobs_exit, self.on_exit)]
+        # exits are hints (where to look; the plan reads the state), kept only in memory until the next plan:
+        # an ack per exit bought nothing a crash would not lose anyway. A hint lost by a failed handler waits
+        # for the next defragmentation pass, which looks everywhere.
+        return [self.bus.consumer(s.stream_jobs, EXIT_HINTS, s.jobs_exit, self.on_exit, acks=False,
+                                  lost=self._hints_lost)]
+
+    def _hints_lost(self, reason: str) -> None:
+        log.warning("exit hints lost (%s): the next defragmentation pass covers those GPUs", reason)
+
+    async def prepare(self) -> None:
+        # an older version's consumer acknowledged each exit: left alone it would pile up what nobody reads
+        await self.retire_consumer(self.subjects.stream_jobs, "planner-exit")
 
     def periodic(self) -> list[tuple[str, float, Any]]:
         return [

@@ -19,11 +19,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
-
-from nats.js.errors import NotFoundError
 
 from services.common import metrics as m
 from services.common.service import Service
@@ -278,8 +275,7 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
     async def prepare(self) -> None:
         # Retention runs where the exit report is released (``reports``), not from jobs.exit: a consumer left
         # by an older version would only pile up messages nobody acks.
-        with contextlib.suppress(NotFoundError):
-            await self.bus.js.delete_consumer(self.subjects.stream_jobs, "partitioner-exit")
+        await self.retire_consumer(self.subjects.stream_jobs, "partitioner-exit")
 
     # --- after a job exit: keep or destroy the idle instance ------------------------------------------------
     async def retain_or_destroy(self, freed: list[tuple[StoredGpu, str, Any]]) -> None:

@@ -8,6 +8,11 @@ fails the whole batch, which is retried (handlers are idempotent); a message del
 goes to the DLQ instead of being handled again, so a message that crashes its consumer is not lost either
 (the server's own ``max_deliver`` is one higher than ours for that reason). Nothing is dropped silently.
 
+A consumer made with ``acks=False`` (``AckPolicy.NONE``) is for hints and caches that a periodic reload
+repairs (a balancer's mirror, the planner's exit hints): the server forgets each message once delivered, so
+neither side spends a message or any bookkeeping on an ack. Nothing can be redelivered: a batch whose handler
+fails calls the consumer's ``lost`` callback instead, whose owner must then reload from the source of truth.
+
 Tracing: each message gets a CONSUMER span whose parent is the ``traceparent`` in its headers;
 ``Delivery.ctx``
 carries it, and publishing with ``ctx=delivery.ctx`` continues the trace on the next hop.
@@ -99,11 +104,17 @@ class Consumer:
         deliver_new: bool = False,
         ephemeral: bool = False,
         concurrency: int = 1,
+        acks: bool = True,
+        lost: Callable[[str], None] | None = None,
     ) -> None:
         """``concurrency``: batches handled at once (a handler that waits on Redis or NATS lets the next batch
         start meanwhile; batches may then finish out of order).
         ``ephemeral``: a consumer of this process only (every replica sees every message, from now on; the
-        server removes it 30 s after the process is gone) instead of a durable shared by replicas."""
+        server removes it 30 s after the process is gone) instead of a durable shared by replicas.
+        ``acks=False``: no acknowledgements (see the module); ``lost(reason)`` is then called for every batch
+        the handler could not apply, which will not come back."""
+        if not acks and lost is None:
+            raise ValueError("a consumer without acks needs a `lost` callback: nothing is redelivered")
         st = bus.settings
         self.bus = bus
         self.stream = stream
@@ -119,6 +130,8 @@ class Consumer:
         self.concurrency = max(1, concurrency)
         self.deliver_new = deliver_new or ephemeral
         self.ephemeral = ephemeral
+        self.acks = acks
+        self.lost = lost
         if ephemeral:
             import uuid
 
@@ -134,7 +147,7 @@ class Consumer:
         cfg = api.ConsumerConfig(
             durable_name=self.durable,
             filter_subject=self.subject,
-            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_policy=api.AckPolicy.EXPLICIT if self.acks else api.AckPolicy.NONE,
             max_deliver=self.max_deliver + 1,
             ack_wait=self.ack_wait_s,
             max_ack_pending=20000,
@@ -234,8 +247,11 @@ class Consumer:
                 for d in good:
                     if d.outcome == "ack":
                         d.retry(f"handler error: {exc!r}"[:500])
-        for d in good:
-            await self._settle(d)
+        if self.acks:
+            for d in good:
+                await self._settle(d)
+        else:
+            await self._settle_unacked(good)
         self.handled += len(msgs)
 
     async def _settle(self, d: Delivery) -> None:
@@ -252,6 +268,19 @@ class Consumer:
         except Exception as exc:  # the ack is lost: the message comes back and the handler is idempotent
             log.warning("settling a message of %s failed: %r", self.durable, exc)
         d.span.end()
+
+    async def _settle_unacked(self, good: list[Delivery]) -> None:
+        """Without acks a retry cannot be redelivered: the owner is told once for the batch and reloads."""
+        retried = [d for d in good if d.outcome == "retry"]
+        if retried and self.lost is not None:
+            log.warning("%s: %d message(s) not applied and not redelivered (no acks): %s", self.durable,
+                        len(retried), retried[0].reason)
+            self.lost(retried[0].reason)
+        for d in good:
+            if d.outcome == "dead":
+                await self._dead(d.msg, d.reason, d.span)
+            else:
+                d.span.end()
 
     async def _dead(self, m: Msg, reason: str, span: trace.Span) -> None:
         """Publish the original bytes to ``dlq.<subject>`` with the reason, then ack the original."""
@@ -270,7 +299,8 @@ class Consumer:
         span.set_attribute("migsched.dead_letter", reason[:200])
         try:
             await self.bus.js.publish(self.bus.subjects.dlq(m.subject), m.data, headers=headers)
-            await m.ack()
+            if self.acks:
+                await m.ack()
             self.dead_lettered += 1
             log.warning("dead-lettered %s seq %s: %s", m.subject, md.sequence.stream, reason)
         except Exception as exc:  # DLQ unreachable: leave the message unacked so it comes back

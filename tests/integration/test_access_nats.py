@@ -198,6 +198,22 @@ async def test_each_role_publishes_only_what_the_table_allows(login, admin: Sess
         assert f'permissions violation for publish to "{subject.lower()}"' in await s.violation()
 
 
+@pytest.mark.parametrize(("user", "retired", "other"), [("partitioner", "partitioner-exit", "balancer-submit"),
+                                                       ("migration-planner", "planner-exit", "balancer-submit")])
+async def test_a_service_may_delete_the_consumer_its_older_version_left_and_no_other(
+        login, admin: Session, user: str, retired: str, other: str) -> None:
+    for name in (retired, other):
+        await admin.js.add_consumer("JOBS", ConsumerConfig(durable_name=name, filter_subject="jobs.exit",
+                                                           ack_policy="explicit"))
+    s = await login(user)
+    answer = json.loads((await s.nc.request(f"$JS.API.CONSUMER.DELETE.JOBS.{retired}", b"", timeout=5)).data)
+    assert answer.get("success") is True
+    await s.nc.publish(f"$JS.API.CONSUMER.DELETE.JOBS.{other}", b"")
+    assert "permissions violation" in await s.violation()
+    assert (await admin.js.consumer_info("JOBS", other)).name == other
+    await admin.js.delete_consumer("JOBS", other)
+
+
 async def test_the_audit_user_sees_the_pipeline_without_touching_it(login, admin: Session) -> None:
     audit = await login("audit")
     seen = await audit.nc.subscribe("cmd.>")

@@ -107,6 +107,27 @@ async def test_a_job_that_does_not_fit_waits_and_is_backfilled_after_an_exit(env
     assert await audit(ns.state, GEO) == []
 
 
+async def test_an_exit_the_mirror_failed_to_apply_reloads_the_mirror_and_the_waiting_job_starts(env) -> None:  # type: ignore[no-untyped-def]
+    ns, stack, ex = env
+    await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb"))
+    assert await until(lambda: _is(ns, "big", "running"))
+    await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("small", "1g.5gb"))
+    assert await until(lambda: _is(ns, "small", "pending"))
+    mirror = stack.balancer.mirrors[0]
+    failures: list[str] = []
+
+    def broken_release(*a: object) -> bool:  # once: the exit is unacknowledged, so it never comes back
+        failures.append("release")
+        del mirror.release
+        raise RuntimeError("mirror fault")
+
+    mirror.release = broken_release
+    await ex.exit(["big"])
+    # the periodic refresh (10 s) is later than this wait: only the reload the lost exit asks for places it
+    assert await until(lambda: _is(ns, "small", "running"), timeout=5.0)
+    assert failures == ["release"]
+
+
 async def test_a_replayed_submit_changes_nothing(env) -> None:  # type: ignore[no-untyped-def]
     ns, _stack, ex = env
     await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "1g.5gb", msg="a"))

@@ -212,3 +212,72 @@ async def test_the_trace_context_travels_in_the_headers(prefix: str, nats_url: s
         await task
         assert got[0].msg.headers["traceparent"].split("-")[1] == f"{trace_id:032x}"
         assert trace.get_current_span(got[0].ctx).get_span_context().trace_id == trace_id
+
+
+async def test_a_consumer_without_acks_gets_each_message_once_and_the_server_tracks_no_acks(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url, ack_wait_s=0.5)) as ns:
+        lost: list[str] = []
+        c, task, got = await collect(ns, "hints", ns.bus.subjects.jobs_submit, acks=False, lost=lost.append)
+        for i in range(5):
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit(i))
+        assert await until(lambda: len(got) == 5)
+        info = await ns.bus.js.consumer_info(ns.bus.subjects.stream_jobs, "hints")
+        await asyncio.sleep(1.0)  # twice the ack wait: an explicit-ack consumer would redeliver by now
+        c.stop()
+        await task
+        assert info.config.ack_policy == "none"
+        assert info.num_ack_pending == 0 and info.num_pending == 0
+        assert sorted(d.data.job_id for d in got) == [f"j{i}" for i in range(5)]
+        assert lost == []
+
+
+async def test_a_failed_batch_without_acks_is_reported_lost_and_not_redelivered(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url, ack_wait_s=0.5)) as ns:
+        calls: list[int] = []
+        lost: list[str] = []
+
+        async def crashes(ds: list[Delivery]) -> None:
+            calls.append(len(ds))
+            raise RuntimeError("mirror broke")
+
+        c, task, _ = await collect(ns, "fragile", ns.bus.subjects.jobs_submit, crashes, acks=False,
+                                   lost=lost.append)
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit(1))
+        assert await until(lambda: bool(lost))
+        await asyncio.sleep(1.0)
+        c.stop()
+        await task
+        assert calls == [1]  # not redelivered
+        assert len(lost) == 1 and "mirror broke" in lost[0]
+        assert await dlq(ns, 1, timeout=0.5) == []
+
+
+async def test_an_undecodable_message_without_acks_is_still_dead_lettered(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        c, task, got = await collect(ns, "hints-dlq", ns.bus.subjects.jobs_submit, acks=False,
+                                     lost=lambda reason: None)
+        await ns.bus.js.publish(ns.bus.subjects.jobs_submit, b"{not json", headers={"Nats-Msg-Id": "bad-2"})
+        dead = await dlq(ns, 1)
+        c.stop()
+        await task
+        assert len(dead) == 1 and dead[0].data == b"{not json" and got == []
+
+
+def test_a_consumer_without_acks_must_say_what_to_do_when_a_batch_is_lost() -> None:
+    from shared.bus.consumer import Consumer
+
+    class _Bus:
+        settings = make_settings("x", "nats://127.0.0.1:4222", "redis://127.0.0.1:6379")
+        subjects = Subjects("x")
+
+    async def handler(ds: list[Delivery]) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="lost"):
+        Consumer(_Bus(), "S", "d", "x.jobs.exit", handler, acks=False)

@@ -175,3 +175,30 @@ async def test_a_job_whose_hint_says_it_ends_soon_is_not_moved_and_one_with_long
         assert await audit(ns.state, GEO) == []
         await ex.stop()
         await stack.stop()
+
+
+async def test_the_planner_reads_exits_as_unacknowledged_hints_and_removes_the_old_acknowledging_consumer(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    from nats.js import api
+    from nats.js.errors import NotFoundError
+
+    from services.migration_planner.service import EXIT_HINTS
+
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stream = ns.bus.subjects.stream_jobs
+        # what an older planner left: a durable that acknowledged each exit (never read again, it would pile up)
+        await ns.bus.js.add_consumer(stream, api.ConsumerConfig(
+            durable_name="planner-exit", filter_subject=ns.bus.subjects.jobs_exit,
+            ack_policy=api.AckPolicy.EXPLICIT))
+        stack = Stack(prefix, nats_url, redis_url, planner=True)
+        await stack.start()
+        try:
+            info = await ns.bus.js.consumer_info(stream, EXIT_HINTS)
+            assert info.config.ack_policy == "none"
+            with pytest.raises(NotFoundError):
+                await ns.bus.js.consumer_info(stream, "planner-exit")
+            mirrors = [c for c in (await ns.bus.js.consumers_info(stream)) if c.name.startswith("balancer-exit-")]
+            assert len(mirrors) == 1 and mirrors[0].config.ack_policy == "none"
+        finally:
+            await stack.stop()
