@@ -9,6 +9,10 @@ every service's RSS), stops the stack with SIGTERM (the services then write thei
 the top functions of each profile by own CPU time. It also prints each stack process's CPU seconds (from
 ``/proc``, no profiler needed) spent while the scenario ran, the figure to compare runs by on a shared machine.
 
+The private nats-server runs with ``GOMAXPROCS`` = ``--nats-procs`` (default 1): on two cores shared with a
+dozen busy processes, Go's idle processors spin looking for work, and one processor took 14-16 % less server
+CPU for the same messages (steady-1000-64x8, three pairs of runs; docs/results-live.md).
+
 A scenario of ``n`` nodes × 8 GPUs runs as ``ceil(n * 8 / 64)`` executor processes of up to 64 GPUs each (a
 registration carries at most 64 GPUs; 64 executor processes would not fit on two cores): the same GPUs and
 slices, fewer processes.
@@ -54,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", help="Markdown report to update")
     ap.add_argument("--profile", help="directory for the services' CPU profiles")
     ap.add_argument("--drain", type=float, default=30.0)
+    ap.add_argument("--nats-procs", type=int, default=1,
+                    help="GOMAXPROCS of the private nats-server (0: the Go default, one per core)")
     ap.add_argument("--note", action="append", default=[])
     ap.add_argument("--skip", help="stages the recorder does not watch (see python -m load scenario --help)")
     ap.add_argument("--timelines", help="per-job stage instants as JSON (see python -m load scenario --help)")
@@ -62,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
     (work / "nats").mkdir()
     (work / "redis").mkdir()
-    nats = start_nats(free_port(), work / "nats")
+    nats = start_nats(free_port(), work / "nats",
+                      env={"GOMAXPROCS": str(args.nats_procs)} if args.nats_procs > 0 else None)
     redis = start_redis(free_port(), work / "redis", appendonly=True)
     gpus = sc.gpus
     procs = max(1, math.ceil(gpus / 64))
@@ -122,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--timelines", str(Path(args.timelines).resolve())]
         notes = [
             f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
-            f"partitioner, migration-planner, {procs} sim executor(s) × {per} {sc.model}. "
+            f"partitioner, migration-planner, {procs} sim executor(s) × {per} {sc.model}; nats-server "
+            f"GOMAXPROCS {args.nats_procs or 'default'}. "
             f"Driver: `python -m load.live {' '.join(argv or sys.argv[1:])}`.",
             *args.note,
         ]
