@@ -13,9 +13,12 @@ The private nats-server runs with ``GOMAXPROCS`` = ``--nats-procs`` (default 1):
 dozen busy processes, Go's idle processors spin looking for work, and one processor took 14-16 % less server
 CPU for the same messages (steady-1000-64x8, three pairs of runs; docs/results-live.md).
 
-A scenario of ``n`` nodes × 8 GPUs runs as ``ceil(n * 8 / 64)`` executor processes of up to 64 GPUs each (a
-registration carries at most 64 GPUs; 64 executor processes would not fit on two cores): the same GPUs and
-slices, fewer processes.
+A scenario of ``n`` nodes × 8 GPUs runs as ``ceil(n * 8 / 64)`` simulated executor nodes of up to 64 GPUs each
+(a registration carries at most 64 GPUs; 64 executor processes would not fit on two cores): the same GPUs and
+slices, fewer nodes. Those nodes run in ``--executor-procs`` processes (default 2, ``MIGSCHED_NODES``): each
+node keeps its own connection, consumer, heartbeats and GPUs, as on its own host, but eight event loops woken
+for one or two commands at a time cost the two cores ~30-45 % more executor CPU than two loops woken for a
+handful (docs/results-live.md). In a cluster the executors run on the GPU nodes, not beside the scheduler.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", help="Markdown report to update")
     ap.add_argument("--profile", help="directory for the services' CPU profiles")
     ap.add_argument("--drain", type=float, default=30.0)
+    ap.add_argument("--executor-procs", type=int, default=2,
+                    help="processes the simulated executor nodes run in (0: one per node)")
     ap.add_argument("--nats-procs", type=int, default=1,
                     help="GOMAXPROCS of the private nats-server (0: the Go default, one per core)")
     ap.add_argument("--note", action="append", default=[])
@@ -90,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         reconfig_latency_s=0.0,
         heartbeat_s=2.0,
         stream_storage="file",
+        nodes_per_executor=math.ceil(procs / args.executor_procs) if args.executor_procs > 0 else 1,
         metrics=False,
         env=env,
     )
@@ -129,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--timelines", str(Path(args.timelines).resolve())]
         notes = [
             f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
-            f"partitioner, migration-planner, {procs} sim executor(s) × {per} {sc.model}; nats-server "
+            f"partitioner, migration-planner, {procs} sim executor(s) × {per} {sc.model} in "
+            f"{len(stack.executor_groups())} process(es); nats-server "
             f"GOMAXPROCS {args.nats_procs or 'default'}. "
             f"Driver: `python -m load.live {' '.join(argv or sys.argv[1:])}`.",
             *args.note,

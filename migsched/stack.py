@@ -55,6 +55,8 @@ class StackConfig:
     metrics: bool = True
     """Give each process a free Prometheus port (listed in ``Stack.metrics_ports``); False: none."""
     stream_storage: str = "file"
+    nodes_per_executor: int = 1
+    """Simulated nodes per executor process (``MIGSCHED_NODES``): a bench of many nodes on few cores."""
 
 
 @dataclass
@@ -87,6 +89,11 @@ class Stack:
 
     def nodes(self) -> list[str]:
         return [f"gpu-node-{i}" for i in range(self.config.executors)]
+
+    def executor_groups(self) -> list[list[str]]:
+        """The nodes of each executor process, in order (``nodes_per_executor`` at a time)."""
+        nodes, per = self.nodes(), max(1, self.config.nodes_per_executor)
+        return [nodes[i:i + per] for i in range(0, len(nodes), per)]
 
     def base_env(self) -> dict[str, str]:
         c = self.config
@@ -121,11 +128,13 @@ class Stack:
                     c.run_dir / f"{name.replace('_', '-')}.log",
                 )
             )
-        for node in self.nodes():
+        for group in self.executor_groups():
+            node = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
             env = dict(base)
             env.update(
                 {
-                    "MIGSCHED_NODE": node,
+                    "MIGSCHED_NODE": group[0],
+                    "MIGSCHED_NODES": ",".join(group) if len(group) > 1 else "",
                     "MIGSCHED_EXECUTOR_BACKEND": "sim",
                     "MIGSCHED_EXECUTOR_GPUS": c.gpus,
                     "MIGSCHED_EXECUTOR_RECONFIG_LATENCY_S": repr(c.reconfig_latency_s),

@@ -31,7 +31,7 @@ from opentelemetry import trace
 
 from services.executor.backend import Backend, BackendError
 from services.executor.commands import CommandsMixin
-from services.executor.config import ExecutorError, ExecutorSettings, build_backend, node_name, parse_gpus
+from services.executor.config import ExecutorError, ExecutorSettings, build_backend, hosted_nodes, parse_gpus
 from services.executor.exits import REMEMBERED_EXITS, ExitsMixin
 from services.executor.instances import InstanceBook, gpu_index_of
 from services.executor.metrics import ExecutorMetrics
@@ -297,11 +297,12 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
 
 
 async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event | None = None) -> None:
-    """Run one executor until ``stop`` is set (or SIGTERM/SIGINT when run as a process)."""
+    """Run this process's executor(s) until ``stop`` is set (or SIGTERM/SIGINT when run as a process): one
+    node, or the simulated ``nodes`` side by side (``hosted_nodes``)."""
     settings = settings or load(ExecutorSettings)
-    node = node_name(settings.node)
+    nodes = hosted_nodes(settings)
     telemetry.setup(
-        f"migsched-executor-{node}",
+        f"migsched-executor-{nodes[0]}" if len(nodes) == 1 else "migsched-executors",
         endpoint=settings.otlp_endpoint or None,
         sample_ratio=settings.trace_sample_ratio,
     )
@@ -314,6 +315,16 @@ async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
+    try:
+        # a node that fails cancels the others (each closes what it opened): the process exits as one would
+        async with asyncio.TaskGroup() as tg:
+            for node in nodes:
+                tg.create_task(_serve_node(settings, node, stop), name=f"executor-{node}")
+    finally:
+        telemetry.shutdown()
+
+
+async def _serve_node(settings: ExecutorSettings, node: str, stop: asyncio.Event) -> None:
     backend = build_backend(settings, node)
     bus = await Bus.connect(settings, name=f"executor-{node}")
     executor = Executor(bus, backend, settings, node)
@@ -324,7 +335,6 @@ async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event
         await executor.stop()
         await backend.close()
         await bus.close()
-        telemetry.shutdown()
         log.info("executor %s stopped", node)
 
 
