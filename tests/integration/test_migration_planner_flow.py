@@ -202,3 +202,23 @@ async def test_the_planner_reads_exits_as_unacknowledged_hints_and_removes_the_o
             assert len(mirrors) == 1 and mirrors[0].config.ack_policy == "none"
         finally:
             await stack.stop()
+
+
+async def test_a_server_that_refuses_to_delete_the_old_consumer_costs_a_warning_not_the_start(
+    prefix: str, nats_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)):
+        stack = Stack(prefix, nats_url, redis_url, planner=True)
+        await stack.start()
+        try:
+            planner = stack.planner
+
+            async def refused(*a: object, **kw: object) -> None:  # as a config without the grant answers
+                raise TimeoutError("nats: timeout")
+
+            planner.bus.nc.request = refused
+            with caplog.at_level("WARNING"):
+                await planner.prepare()
+            assert "could not delete the retired consumer planner-exit" in caplog.text
+        finally:
+            await stack.stop()
