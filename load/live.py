@@ -15,10 +15,11 @@ CPU for the same messages (steady-1000-64x8, three pairs of runs; docs/results-l
 
 A scenario of ``n`` nodes × 8 GPUs runs as ``ceil(n * 8 / 64)`` simulated executor nodes of up to 64 GPUs each
 (a registration carries at most 64 GPUs; 64 executor processes would not fit on two cores): the same GPUs and
-slices, fewer nodes. Those nodes run in ``--executor-procs`` processes (default 2, ``MIGSCHED_NODES``): each
+slices, fewer nodes. Those nodes run in ``--executor-procs`` processes (default 1, ``MIGSCHED_NODES``): each
 node keeps its own connection, consumer, heartbeats and GPUs, as on its own host, but eight event loops woken
-for one or two commands at a time cost the two cores ~30-45 % more executor CPU than two loops woken for a
-handful (docs/results-live.md). In a cluster the executors run on the GPU nodes, not beside the scheduler.
+for a command or two at a time cost the two cores more than one loop woken for a handful: 7.6 executor
+CPU-seconds per 15,000 jobs in eight processes, 6.0 in two, 5.4 in one (steady-1000-64x8, quiet machine;
+docs/results-live.md). In a cluster the executors run on the GPU nodes, not beside the scheduler.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", help="Markdown report to update")
     ap.add_argument("--profile", help="directory for the services' CPU profiles")
     ap.add_argument("--drain", type=float, default=30.0)
-    ap.add_argument("--executor-procs", type=int, default=2,
+    ap.add_argument("--executor-procs", type=int, default=1,
                     help="processes the simulated executor nodes run in (0: one per node)")
     ap.add_argument("--nats-procs", type=int, default=1,
                     help="GOMAXPROCS of the private nats-server (0: the Go default, one per core)")
