@@ -67,8 +67,12 @@ def plan_partition(gpu: GpuView, model: GpuModel, slot: Slot, nonce: str) -> Par
         return PlanConflict(gpu_id=gpu.id, reason=f"{profile.name} cannot start at {slot.start}")
     pm = profile.placement_mask(slot.start)
     ops: list[MigOp] = []
+    same = 0
     for inst in gpu.instances:
-        if not inst.mask & pm:
+        # ``inst.mask``, inlined (the simulator plans every placement here)
+        if not (((1 << inst.size) - 1) << inst.start) & pm:
+            if inst.profile == profile.name:
+                same += 1  # an instance of the profile that stays: it counts towards the max count
             continue
         if inst.busy:
             return PlanConflict(
@@ -78,7 +82,7 @@ def plan_partition(gpu: GpuView, model: GpuModel, slot: Slot, nonce: str) -> Par
         for kind in ("destroy_ci", "destroy_gi"):
             ops.append(MigOp(kind=kind, gpu_id=gpu.id, instance_id=inst.id, profile=p.name,
                              profile_id=p.profile_id, start=inst.start, size=inst.size))
-    if sum(1 for i in gpu.instances if i.profile == profile.name and not i.mask & pm) >= profile.max_count:
+    if same >= profile.max_count:
         return PlanConflict(gpu_id=gpu.id, reason=f"{profile.name} is at its max count {profile.max_count}")
     iid = new_instance_id(gpu.id, profile.name, slot.start, nonce)
     for kind in ("create_gi", "create_ci"):

@@ -132,10 +132,14 @@ class PlacementIndex:
             return
         changed = range(len(self.gpus)) if self._sigs_seen < 0 else set(log[self._sigs_seen:])
         self._sigs_seen = len(log)
-        known, sig, gpus = self._signatures, self.sig, self.gpus
+        known, sig, gpus, mid = self._signatures, self.sig, self.gpus, self.mid
         for pos in changed:
             gpu = gpus[pos]
-            s = self._signature(pos, gpu)
+            # ``_signature``, inlined (a list, not a generator, for the instances: several times faster)
+            s = (
+                mid[pos], gpu.mig and gpu.healthy, gpu.busy_mask, gpu.idle_mask, gpu.used_compute,
+                tuple([(i.profile, i.start, i.job_id is None) for i in gpu.instances]),
+            )
             n = known.get(s)
             if n is None:
                 n = known[s] = len(self._examples)

@@ -182,8 +182,10 @@ class PullIndex:
             # by model slot, not model: hashing a GpuModel costs more than the row (as SnapshotBuilder does)
             if len(self._drops) >= _MEMO_LIMIT:
                 self._drops.clear()
-            drops = self._drops[dkey] = movable_drop_row_of(model, gpu.busy_mask, dkey[2], self._width)
-        if min(drops, default=0) >= 0:
+            drops = movable_drop_row_of(model, gpu.busy_mask, dkey[2], self._width)
+            # a row with no drop < 0 is kept as () (no candidate): its minimum is not taken again per update
+            drops = self._drops[dkey] = drops if min(drops, default=0) < 0 else ()
+        if not drops:
             self._set(p, None)
             return
         self._set(p, (k, (model.compute_slices << 4) | used, lq, drops))

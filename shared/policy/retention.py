@@ -49,6 +49,19 @@ def keep_idle(
     return Retain(keep=True, reason=f"{profile} is {share:.1%} of recent demand")
 
 
+def keeps_idle(
+    profile: str, recent: Mapping[str, int], idle_same_on_gpu: int, params: RetentionParams,
+    total: int | None = None,
+) -> bool:
+    """``keep_idle(...).keep`` without building the reason (the simulator asks once per freed instance);
+    ``total``: the sum of ``recent``, when the caller keeps it (``RecentDemand.total``)."""
+    if total is None:
+        total = sum(recent.values())
+    if total == 0 or recent.get(profile, 0) / total < params.min_share:
+        return False
+    return idle_same_on_gpu < params.max_idle_same
+
+
 def demand_instant(now: float, window_s: float) -> float:
     """``now`` rounded down to a thousandth of the window: a caller that records placements at these instants
     keeps at most ~1,000 entries in ``RecentDemand`` whatever its rate, at 0.1 % of the window's precision."""
@@ -65,20 +78,28 @@ class RecentDemand:
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._events: deque[tuple[float, Counter[str]]] = deque()
+        # per instant a plain dict, not a Counter: building a Counter costs several times more
+        self._events: deque[tuple[float, dict[str, int]]] = deque()
         self._counts: Counter[str] = Counter()
+        self.total = 0
+        """The sum of the counts (kept, so that a reader need not add them up per question)."""
 
     def observe(self, profile: str, now: float) -> None:
         ev = self._events
         if ev and ev[-1][0] == now:
-            ev[-1][1][profile] += 1
+            last = ev[-1][1]
+            last[profile] = last.get(profile, 0) + 1
         else:
-            ev.append((now, Counter({profile: 1})))
+            ev.append((now, {profile: 1}))
         self._counts[profile] += 1
-        self._expire(now)
+        self.total += 1
+        if ev[0][0] < now - self.window_s:  # ``_expire``'s first test, without its call when nothing expires
+            self._expire(now)
 
     def counts(self, now: float) -> Mapping[str, int]:
-        self._expire(now)
+        ev = self._events
+        if ev and ev[0][0] < now - self.window_s:
+            self._expire(now)
         return self._counts
 
     def __len__(self) -> int:
@@ -91,6 +112,7 @@ class RecentDemand:
         while ev and ev[0][0] < horizon:
             _, gone = ev.popleft()
             for p, n in gone.items():
+                self.total -= n
                 self._counts[p] -= n
                 if self._counts[p] <= 0:
                     del self._counts[p]

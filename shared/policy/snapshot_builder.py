@@ -4,7 +4,8 @@ and the services, so that taking a snapshot is a cheap copy (or, in the simulato
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 import numpy as np
@@ -15,6 +16,18 @@ from shared.mig.tables import tables_for
 from shared.policy.cluster_snapshot import ClusterSnapshot
 from shared.policy.gpu_view import GpuView
 from shared.policy.snapshot_columns import movable_drop_row_of
+
+_SCALARS = ("busy", "idle", "used", "compute", "mig", "healthy", "model_idx", "idle_profiles", "pair", "load_idx",
+            "load_q", "cu_idx", "ok")
+"""The one-value columns, in the order ``SnapshotBuilder._place`` returns their values."""
+_N_SCALARS = len(_SCALARS)
+_ROWS = ("idle_starts", "busy_starts", "movable_starts", "movable_drops")
+"""The per-profile columns (a row per GPU), after the one-value ones."""
+
+
+@functools.cache
+def _zeros(width: int) -> tuple[int, ...]:
+    return (0,) * width
 
 
 class SnapshotBuilder:
@@ -66,6 +79,35 @@ class SnapshotBuilder:
 
     def put(self, gpu: GpuView) -> None:
         """Add a GPU or replace the GPU of the same id."""
+        pos, row = self._place(gpu)
+        c = self._cols
+        # one statement per column (not a loop over the names): the services put one GPU at a time
+        (c["busy"][pos], c["idle"][pos], c["used"][pos], c["compute"][pos], c["mig"][pos], c["healthy"][pos],
+         c["model_idx"][pos], c["idle_profiles"][pos], c["pair"][pos], c["load_idx"][pos], c["load_q"][pos],
+         c["cu_idx"][pos], c["ok"][pos], c["idle_starts"][pos], c["busy_starts"][pos], c["movable_starts"][pos],
+         c["movable_drops"][pos]) = row
+
+    def put_many(self, gpus: Iterable[GpuView]) -> None:
+        """``put`` each GPU, in order; the columns are written once per column, not once per GPU and column
+        (the simulator brings a snapshot up to date by dozens of GPUs at a time). A GPU given twice keeps
+        its last view, as with ``put``."""
+        rows: dict[int, tuple[object, ...]] = {}
+        for gpu in gpus:
+            pos, row = self._place(gpu)
+            rows[pos] = row
+        if not rows:
+            return
+        at = np.fromiter(rows, dtype=np.intp, count=len(rows))
+        cols = list(zip(*rows.values(), strict=True))
+        c = self._cols
+        for k, name in enumerate(_SCALARS):
+            c[name][at] = cols[k]
+        for k, name in enumerate(_ROWS):
+            c[name][at] = cols[_N_SCALARS + k]
+
+    def _place(self, gpu: GpuView) -> tuple[int, tuple[object, ...]]:
+        """The GPU's position (added at the end if new) and its column values, in ``_SCALARS`` then ``_ROWS``
+        order."""
         got = self._by_name.get(gpu.model)
         if got is None:
             m = self.geometry.model(gpu.model)
@@ -85,18 +127,10 @@ class SnapshotBuilder:
             if self._gpus[pos].model != gpu.model:
                 self._groups = None
             self._gpus[pos] = gpu
-        c = self._cols
-        c["busy"][pos] = gpu.busy_mask
-        c["idle"][pos] = gpu.idle_mask
-        c["used"][pos] = gpu.used_compute
-        c["compute"][pos] = model.compute_slices
-        c["mig"][pos] = gpu.mig
-        c["healthy"][pos] = gpu.healthy
         mid = self._model_ids.get(model.name)
         if mid is None:
             mid = self._model_ids[model.name] = len(self._model_list)
             self._model_list.append(model)
-        c["model_idx"][pos] = mid
         # the starts columns in one pass over the instances (as snapshot_columns.fill_starts and
         # fill_movable_starts), built as Python lists and written once per row: per-element updates of a
         # numpy row cost more than the whole pass
@@ -115,28 +149,29 @@ class SnapshotBuilder:
                 brow[k] |= b
                 if inst.migratable and not inst.latency_sensitive:
                     mrow[k] |= b
-        c["idle_starts"][pos] = irow
-        c["busy_starts"][pos] = brow
-        c["movable_starts"][pos] = mrow
-        c["idle_profiles"][pos] = bits
+        drops = _zeros(width)
         if gpu.busy_mask:
             # memoised by model slot, not by model: hashing a GpuModel costs more than the row itself
             dkey = (mid, gpu.busy_mask, tuple(mrow))
-            drops = self._drops.get(dkey)
-            if drops is None:
+            row = self._drops.get(dkey)
+            if row is None:
                 if len(self._drops) >= 1 << 14:
                     self._drops.clear()
-                drops = self._drops[dkey] = movable_drop_row_of(model, gpu.busy_mask, dkey[2], width)
-            c["movable_drops"][pos] = drops
-        else:
-            c["movable_drops"][pos] = 0
-        # derived columns the balancer indexes with, kept here so a decision skips ~10 array operations
-        c["pair"][pos] = (mid << 16) | (gpu.busy_mask << 8) | gpu.idle_mask
-        c["load_idx"][pos] = (mid << 4) | gpu.used_compute
-        # as the load_q property computes it (float64 division, round half to even)
-        c["load_q"][pos] = round(gpu.used_compute * 1000.0 / max(model.compute_slices, 1))
-        c["cu_idx"][pos] = (model.compute_slices << 4) | gpu.used_compute
-        c["ok"][pos] = gpu.mig and gpu.healthy
+                row = self._drops[dkey] = movable_drop_row_of(model, gpu.busy_mask, dkey[2], width)
+            drops = row
+        compute = model.compute_slices
+        ok = gpu.mig and gpu.healthy
+        return pos, (
+            gpu.busy_mask, gpu.idle_mask, gpu.used_compute, compute, gpu.mig, gpu.healthy, mid, bits,
+            # derived columns the balancer indexes with, kept here so a decision skips ~10 array operations
+            (mid << 16) | (gpu.busy_mask << 8) | gpu.idle_mask,
+            (mid << 4) | gpu.used_compute,
+            # as the load_q property computes it (float64 division, round half to even)
+            round(gpu.used_compute * 1000.0 / max(compute, 1)),
+            (compute << 4) | gpu.used_compute,
+            ok,
+            irow, brow, mrow, drops,
+        )
 
     def snapshot(self, copy: bool = True) -> ClusterSnapshot:
         """An immutable snapshot. ``copy=False`` hands out read-only views of the builder's columns instead of

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
+from shared.mig.geometry import GpuModel
 from shared.policy.placement import CannotPlace, Slot
 from shared.policy.request import resolve_profile
 from shared.sim.jobs import SimJob
@@ -32,13 +33,13 @@ def schedule(sim: Simulator) -> None:
         i = key[2]
         memo = memos[i]
         seen = failed.get(memo)
-        job = jobs[i]
         if seen is not None:
             if seen == version:  # nothing freed since it failed (may_fit_since would say so, slower)
                 continue
-            if not may_fit_since(sim, job, seen):
+            if not may_fit_since(sim, jobs[i], seen):
                 failed[memo] = version
                 continue
+        job = jobs[i]
         if placer is not None and placer.handles(job.demand):
             got = placer.place(job.demand)
             if got is None:
@@ -64,31 +65,54 @@ def may_fit_since(sim: Simulator, job: SimJob, version: int) -> bool:
     changed = sim.freed[version:]
     if len(changed) > 64:
         return True
-    placer = sim.placer
-    cluster = sim.cluster
+    kind = job.demand.kind
+    if kind == "gpus":
+        return _gang_may_fit(sim, job, changed)
+    if kind != "mig":
+        return bool(changed)
+    views, models = sim.cluster.views, sim.cluster.models
+    last: GpuModel | None = None
+    masks: tuple[int, ...] = ()
     for gid in set(changed):
-        gpu = cluster.views[gid]
-        if job.demand.kind == "gpus":  # a gang needs n empty GPUs on one node
-            if placer is not None and placer.handles(job.demand):
-                # the index counts them (empty, MIG and healthy: what the balancer's gang rule needs)
-                if placer.empty_on(gpu.node) >= job.gpus:
-                    return True
-                continue
-            node = cluster.node_gpus[gpu.node]
-            if gpu.busy_mask == 0 and sum(cluster.gpu(g).busy_mask == 0 for g in node) >= job.gpus:
-                return True
-            continue
-        if job.demand.kind != "mig":
-            return True
-        model = cluster.models[gid]
-        key = (job.shape, model.name)
-        masks = sim._profiles.get(key)
-        if masks is None:
-            prof = resolve_profile(job.demand, model)
-            masks = sim._profiles[key] = () if prof is None else tuple(
-                ((1 << prof.memory_slices) - 1) << s for s in prof.placements)
-        busy = gpu.busy_mask
+        model = models[gid]
+        if model is not last:  # most clusters have one model: its masks are looked up once per call
+            last, masks = model, _masks(sim, job, model)
+        busy = views[gid].busy_mask
         for m in masks:
             if not busy & m:
                 return True
+    return False
+
+
+def _masks(sim: Simulator, job: SimJob, model: GpuModel) -> tuple[int, ...]:
+    """The slice masks of the placements of the job's profile on ``model`` (none: no such profile)."""
+    key = (job.shape, model.name)
+    masks = sim._profiles.get(key)
+    if masks is None:
+        prof = resolve_profile(job.demand, model)
+        masks = sim._profiles[key] = () if prof is None else tuple(
+            ((1 << prof.memory_slices) - 1) << s for s in prof.placements)
+    return masks
+
+
+def _gang_may_fit(sim: Simulator, job: SimJob, changed: list[str]) -> bool:
+    """``may_fit_since`` for a gang: it needs ``job.gpus`` empty GPUs on one node."""
+    placer = sim.placer
+    cluster = sim.cluster
+    views = cluster.views
+    # A node gains empty GPUs only through GPUs freed since the failure (``changed``) that are empty now: only
+    # their nodes can hold the gang now, and a GPU freed but still busy need not be looked at (the rule of the
+    # loop below too)
+    if placer is not None and placer.handles(job.demand):
+        # the index counts them (empty, MIG and healthy: what the balancer's gang rule needs)
+        for gid in changed:
+            gpu = views[gid]
+            if gpu.busy_mask == 0 and placer.empty_on(gpu.node) >= job.gpus:
+                return True
+        return False
+    for gid in set(changed):
+        gpu = views[gid]
+        node = cluster.node_gpus[gpu.node]
+        if gpu.busy_mask == 0 and sum(cluster.gpu(g).busy_mask == 0 for g in node) >= job.gpus:
+            return True
     return False

@@ -12,6 +12,7 @@ exits and ticks are answered without a snapshot (``shared.policy.migration_gate`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import msgspec
@@ -160,9 +161,8 @@ class SimCluster:
     def builder(self) -> SnapshotBuilder:
         """The snapshot builder, brought up to date."""
         if self._dirty:
-            put = self._builder.put
-            for gid in self._dirty:
-                put(self.views[gid])
+            views = self.views
+            self._builder.put_many([views[gid] for gid in self._dirty])
             self._dirty.clear()
         return self._builder
 
@@ -223,11 +223,11 @@ class SimCluster:
         return None if gid is None else self.views[gid].instance(inst_id)
 
     # writing -----------------------------------------------------------------------------------------------
-    def _put(self, gpu: GpuView, instances: Iterable[InstanceView], ordered: bool = False) -> None:
+    def _put(self, gpu: GpuView, instances: Iterable[InstanceView], ordered: bool = False) -> GpuView:
         """Replace the GPU's instances; ``ordered`` = already in ``GpuView.build``'s order (start, id).
 
         The view is derived as ``GpuView.build`` derives it, without re-validating its fields: this runs
-        several times per simulated job."""
+        several times per simulated job. Returns the new view."""
         insts = tuple(instances) if ordered else tuple(sorted(instances, key=_build_order))
         busy = idle = used = 0
         for i in insts:
@@ -238,20 +238,22 @@ class SimCluster:
                 busy |= m
                 used += i.compute
         new = msgspec.structs.replace(gpu, instances=insts, busy_mask=busy, idle_mask=idle, used_compute=used)
-        self.used += new.used_compute - gpu.used_compute
-        self.views[gpu.id] = new
-        pos = self.position[gpu.id]
+        self.used += used - gpu.used_compute
+        gid = gpu.id
+        self.views[gid] = new
+        pos = self.position[gid]
         self.by_pos[pos] = new
         self.busy[pos] = busy
         if self._noting:  # none without migration: one test per change
             for stale in self._noting:
                 stale.add(pos)
             self._light = None
-        self._dirty[gpu.id] = None
+        self._dirty[gid] = None
         self._snap = None
         self.changes += 1
         if self.index is not None:
             self.index.update(new)
+        return new
 
     def apply_slot(self, slot: Slot, job: InstanceView, nonce: str) -> tuple[str, int]:
         """Make ``slot`` real for the job described by ``job`` (a template carrying its fields); return the
@@ -266,13 +268,21 @@ class SimCluster:
 
     def try_apply(self, slot: Slot, job: InstanceView, nonce: str) -> tuple[str, int] | None:
         """As ``apply_slot`` but None when the slot no longer fits (a planned move gone stale)."""
-        gpu = self.gpu(slot.gpu_id)
+        gpu = self.views[slot.gpu_id]
         model = self.models[gpu.id]
         plan = plan_partition(gpu, model, slot, nonce)
         if not isinstance(plan, PartitionPlan):
             self.last_conflict = plan.reason
             return None
-        destroyed = {op.instance_id for op in plan.ops if op.kind == "destroy_gi"}
+        # the destroyed instances and ``plan.reconfigurations`` in one pass (none for a reuse)
+        destroyed: set[str] = set()
+        ops = 0
+        for op in plan.ops:
+            if op.kind == "destroy_gi":
+                destroyed.add(op.instance_id)
+                ops += 1
+            elif op.kind == "create_gi":
+                ops += 1
         prof = model.profile(slot.profile)
         inst = msgspec.structs.replace(
             job,
@@ -285,19 +295,19 @@ class SimCluster:
         for iid in destroyed:
             del self.where[iid]
         self.where[inst.id] = gpu.id
-        if not plan.ops and all(i.start == inst.start for i in gpu.instances if i.id == inst.id):
+        old = gpu.instance(inst.id) if not plan.ops else None  # ids are unique on a GPU
+        if not plan.ops and (old is None or old.start == inst.start):
             # reuse in place: the instance keeps its id and start, so the order holds
             self._put(gpu, [inst if i.id == inst.id else i for i in gpu.instances], ordered=True)
         else:
             keep = [i for i in gpu.instances if i.id not in destroyed and i.id != plan.instance_id]
             self._put(gpu, [*keep, inst])
-        ops = plan.reconfigurations
         self.reconfigurations += ops
         return inst.id, ops
 
     def release(self, inst_id: str) -> GpuView:
         """The job on ``inst_id`` is gone: the instance becomes idle (kept for reuse until destroyed)."""
-        gpu = self.gpu(self.where[inst_id])
+        gpu = self.views[self.where[inst_id]]
         insts = [
             msgspec.structs.replace(
                 i,
@@ -306,14 +316,13 @@ class SimCluster:
                 latency_sensitive=False,
                 priority=0,
                 tenant="",
-                last_moved_at=float("-inf"),
+                last_moved_at=-math.inf,
             )
             if i.id == inst_id
             else i
             for i in gpu.instances
         ]
-        self._put(gpu, insts, ordered=True)
-        return self.gpu(gpu.id)
+        return self._put(gpu, insts, ordered=True)
 
     def destroy(self, inst_id: str) -> None:
         gpu = self.gpu(self.where[inst_id])

@@ -16,6 +16,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from heapq import heappop
 from typing import Any, Protocol
 
 from shared.mig.geometry import Geometry, default_geometry
@@ -172,29 +173,45 @@ class Simulator:
         }
         arrivals = [j.arrival for j in jobs]
         heap = q.heap
+        state, epoch = self.state, self.epoch
         hook, check, progress = self.hook, self.cfg.check_invariants, self.progress
+        cluster = self.cluster
         while True:
             # arrivals are read from the sorted workload rather than pushed: half the heap traffic; an arrival
             # goes first unless the next event is earlier, or as early and of a kind ordered before arrivals
             if nxt < n and (not heap or arrivals[nxt] < heap[0].time
                             or (arrivals[nxt] == heap[0].time and heap[0].kind > ev.ARRIVAL)):
                 t = arrivals[nxt]
-                rec.advance(t)
-                self.now = t
+                e = None
+            elif heap:
+                e = heappop(heap)  # q.pop(), without its call
+                if e.kind == ev.DEFRAG and nxt >= n and (self.out.live == 0 or cluster.used == 0):
+                    continue  # nothing left to defragment: stop ticking so the run can end
+                t = e.time
+            else:
+                break
+            if t > rec.t_prev:
+                if t < rec.next_sample:  # Recorder.advance with no sample due, without its call
+                    rec.area += cluster.used * (t - rec.t_prev)
+                    rec.t_prev = t
+                else:
+                    rec.advance(t)
+            self.now = t
+            if e is None:
                 event = ev.Event(t, ev.ARRIVAL, 0, nxt, 0) if hook is not None else ARRIVED
                 self._on_arrival(nxt)
                 nxt += 1
-            elif heap:
-                e = q.pop()
-                if e.kind == ev.DEFRAG and nxt >= n and (self.out.live == 0 or self.cluster.used == 0):
-                    continue  # nothing left to defragment: stop ticking so the run can end
-                rec.advance(e.time)
-                self.now = e.time
+            else:
+                # the stale tests of _on_exit and _on_timeout, without their calls: most exits popped were moved by
+                # _respeed, most timeouts are of jobs placed long before (a subclass's handlers skip these too)
+                if e.kind == ev.EXIT:
+                    if state[e.job] != RUNNING or epoch[e.job] != e.epoch:
+                        continue
+                elif e.kind == ev.TIMEOUT and state[e.job] != QUEUED:
+                    continue
                 event = e
                 if not handlers[e.kind](e):
                     continue
-            else:
-                break
             self.events += 1
             if hook is not None:
                 hook(self, event)
@@ -304,7 +321,8 @@ class Simulator:
             iid, ops = self.cluster.apply_slot(slot, template, self.jobs[i].id)
             self.demand.observe(slot.profile, self.now)
             ids.append(iid)
-            ready = max(ready, self._ops_ready(slot.gpu_id, ops))
+            if ops:  # none (a reuse) is ready now, which ``ready`` already is at least
+                ready = max(ready, self._ops_ready(slot.gpu_id, ops))
         self.insts[i] = tuple(ids)
         self.out.placed(i, self.now)
         if ready > self.now:
@@ -327,10 +345,11 @@ class Simulator:
         self.t_last[i] = self.now
 
     def _join(self, i: int, iid: str) -> None:
-        gid = self.cluster.where[iid]
-        inst = self.cluster.views[gid].instance(iid)
+        cluster = self.cluster
+        gid = cluster.where[iid]
+        inst = cluster.views[gid].instance(iid)
         assert inst is not None
-        gpu_compute = self.cluster.model(gid).compute_slices
+        gpu_compute = cluster.models[gid].compute_slices
         self.pressure.setdefault(gid, {})[i] = self.interf.pressure(
             self.jobs[i].wclass, inst.compute, gpu_compute
         )
@@ -346,9 +365,11 @@ class Simulator:
         on = self.pressure[gid]
         total = sum(on.values())
         speed, epoch, now, work, t_last = self.speed, self.epoch, self.now, self.work, self.t_last
-        interf = self.interf
+        beta, push = self.interf.beta, self.q.push
         for j, own in on.items():
-            s = interf.speed(total, own)
+            # Interference.speed, inlined (the same arithmetic, so the same floats): once per co-runner
+            others = total - own
+            s = 1.0 if others <= 1e-12 or beta == 0.0 else 1.0 / (1.0 + beta * others)
             if j == new or s != speed[j]:
                 if j != new:
                     # _advance, inlined: this runs for every co-runner of every start and exit
@@ -356,7 +377,7 @@ class Simulator:
                 t_last[j] = now
                 speed[j] = s
                 epoch[j] += 1
-                self.q.push(now + work[j] / s, ev.EXIT, j, epoch[j])
+                push(now + work[j] / s, ev.EXIT, j, epoch[j])
 
     # freeing (shared/sim/release.py) ---------------------------------------------------------------------
     _free = release.free  # a method without a wrapper's call: it runs for every freed instance

@@ -8,7 +8,7 @@ Stale events (a job's exit that moved because its speed changed) carry an old ``
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 from typing import NamedTuple
 
 EXIT = 0
@@ -37,6 +37,9 @@ class Event(NamedTuple):
     epoch: int
 
 
+_new = tuple.__new__
+
+
 class EventQueue:
     __slots__ = ("_heap", "_seq")
 
@@ -51,7 +54,8 @@ class EventQueue:
 
     def push(self, time: float, kind: int, job: int = -1, epoch: int = 0) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, Event(time, kind, self._seq, job, epoch))
+        # ``Event(...)`` without its generated ``__new__`` (a Python-level lambda): the same tuple, made in C
+        heappush(self._heap, _new(Event, (time, kind, self._seq, job, epoch)))
 
     def peek_time(self) -> float:
         return self._heap[0].time if self._heap else float("inf")
@@ -63,7 +67,7 @@ class EventQueue:
         return (e.time, e.kind)
 
     def pop(self) -> Event:
-        return heapq.heappop(self._heap)
+        return heappop(self._heap)
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -15,6 +15,7 @@ from shared.policy.snapshot import GpuView
 
 if TYPE_CHECKING:
     from shared.sim.engine import Simulator
+    from shared.sim.jobs import SimJob
 
 KPI_VERSION = 1
 
@@ -306,10 +307,7 @@ class Recorder:
         sel = np.isin(win, top)
         return float((~done[sel]).mean()) if sel.any() else 0.0
 
-    def _slices(self, job: object) -> int:
-        from shared.sim.jobs import SimJob
-
-        assert isinstance(job, SimJob)
+    def _slices(self, job: SimJob) -> int:
         if job.demand.kind == "gpus":
             return 7 * job.demand.gpus
         return int(job.shape[0]) if job.shape[:1].isdigit() else 7
@@ -318,13 +316,17 @@ class Recorder:
         self, start: np.ndarray, finish: np.ndarray, done: np.ndarray, arrival: np.ndarray
     ) -> dict[str, TenantKpis]:
         acc: dict[str, list[float]] = {}
+        # Python floats, not numpy scalars: the same float64 arithmetic, without a numpy scalar per read
+        starts, finishes, dones, arrivals = start.tolist(), finish.tolist(), done.tolist(), arrival.tolist()
         for i, j in enumerate(self.sim.jobs):
-            a = acc.setdefault(j.tenant, [0, 0, 0, 0.0, 0.0])
+            a = acc.get(j.tenant)
+            if a is None:
+                a = acc[j.tenant] = [0, 0, 0, 0.0, 0.0]
             a[0] += 1
-            if done[i]:
+            if dones[i]:
                 a[1] += 1
-                a[3] += start[i] - arrival[i]
-                a[4] += self._slices(j) * (finish[i] - start[i]) / 3600.0
+                a[3] += starts[i] - arrivals[i]
+                a[4] += self._slices(j) * (finishes[i] - starts[i]) / 3600.0
             else:
                 a[2] += 1
         return {

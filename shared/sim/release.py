@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.policy.retention import keep_idle
+from shared.policy.retention import keeps_idle
 
 if TYPE_CHECKING:
     from shared.sim.engine import Simulator
@@ -13,22 +13,25 @@ if TYPE_CHECKING:
 
 def free(sim: Simulator, iid: str, job: int = -1) -> None:
     """Release an instance; keep it idle for reuse or destroy it (the partitioner's adaptive rule)."""
-    gid = sim.cluster.where[iid]
+    cluster = sim.cluster
+    gid = cluster.where[iid]
     if job >= 0:
         sim._leave(job, gid)
-    gpu = sim.cluster.release(iid)
+    gpu = cluster.release(iid)
     sim.freed.append(gid)
     if not sim.spec.repartitions:
         restore_layout(sim, gid)
         return
     inst = gpu.instance(iid)
     assert inst is not None
+    profile = inst.profile
     same = 0
     for other in gpu.instances:
-        if other.job_id is None and other.profile == inst.profile and other.id != iid:
+        if other.job_id is None and other.profile == profile and other.id != iid:
             same += 1
-    if not keep_idle(inst.profile, sim.demand.counts(sim.now), same, sim.cfg.retention).keep:
-        sim.cluster.destroy(iid)
+    demand = sim.demand
+    if not keeps_idle(profile, demand.counts(sim.now), same, sim.cfg.retention, demand.total):
+        cluster.destroy(iid)
         sim._ops_ready(gid, 1)
 
 

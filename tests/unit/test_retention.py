@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.policy.retention import RecentDemand, RetentionParams, demand_instant, keep_idle
+from shared.policy.retention import RecentDemand, RetentionParams, demand_instant, keep_idle, keeps_idle
 
 pytestmark = pytest.mark.unit
 P = RetentionParams(window_s=60, min_share=0.1, max_idle_same=2)
@@ -64,3 +64,19 @@ def test_the_counts_are_those_of_every_placement_inside_the_window(obs: list[tup
 def test_a_demand_instant_is_at_most_a_thousandth_of_the_window_early(now: float, window: float) -> None:
     at = demand_instant(now, window)
     assert at <= now and now - at <= window / 1000 + 1e-6 * max(1.0, now)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["1g.5gb", "2g.10gb", "7g.40gb"]), st.integers(0, 40)), max_size=60),
+       st.integers(0, 120), st.sampled_from(["1g.5gb", "2g.10gb", "7g.40gb", "3g.20gb"]), st.integers(0, 3))
+def test_keeps_idle_with_the_kept_total_decides_as_keep_idle(
+    obs: list[tuple[str, int]], at: int, profile: str, same: int
+) -> None:
+    d = RecentDemand(window_s=30)
+    times = sorted(t for _, t in obs)
+    for (p, _), t in zip(obs, times, strict=True):
+        d.observe(p, float(t))
+    counts = d.counts(float(max([at, *times])))
+    assert d.total == sum(counts.values())
+    want = keep_idle(profile, counts, same, P).keep
+    assert keeps_idle(profile, counts, same, P, d.total) is want
+    assert keeps_idle(profile, counts, same, P) is want

@@ -1,0 +1,55 @@
+"""``SnapshotBuilder.put_many`` writes the same columns as one ``put`` per GPU, in order."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from shared.mig.geometry import default_geometry
+from shared.policy.snapshot import GpuView, InstanceView, SnapshotBuilder
+
+pytestmark = pytest.mark.unit
+GEO = default_geometry()
+MODELS = ("A100-40GB", "H100-80GB")
+
+
+def _gpu(rng: random.Random, k: int) -> GpuView:
+    """GPU ``k`` (of a random model) with random non-overlapping instances, busy or idle."""
+    model = GEO.model(rng.choice(MODELS))
+    used, insts = 0, []
+    for p in rng.sample(model.profiles, len(model.profiles)):
+        for start in p.placements:
+            mask = ((1 << p.memory_slices) - 1) << start
+            if used & mask or rng.random() < 0.5:
+                continue
+            used |= mask
+            busy = rng.random() < 0.6
+            insts.append(InstanceView(
+                id=f"g{k}:{p.name}@{start}", profile=p.name, start=start, size=p.memory_slices,
+                compute=p.compute_slices, job_id=f"j{k}.{start}" if busy else None,
+                migratable=rng.random() < 0.8, latency_sensitive=rng.random() < 0.2,
+            ))
+    return GpuView.build(id=f"n{k // 8}/{k % 8}", node=f"n{k // 8}", index=k % 8, model=model.name,
+                         instances=insts, mig=rng.random() < 0.95, healthy=rng.random() < 0.95)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_put_many_equals_put_one_at_a_time(seed: int) -> None:
+    rng = random.Random(seed)
+    one, many = SnapshotBuilder(GEO), SnapshotBuilder(GEO)
+    for _ in range(4):
+        # new GPUs past the columns' first capacity, changed ones, and one GPU given twice
+        batch = [_gpu(rng, rng.randrange(90)) for _ in range(rng.randrange(1, 60))]
+        batch.append(batch[0].with_instances(()))
+        for g in batch:
+            one.put(g)
+        many.put_many(batch)
+        a, b = one.snapshot(), many.snapshot()
+        assert a.gpus == b.gpus and dict(a.position) == dict(b.position)
+        for name in ("busy", "idle", "used", "compute", "mig", "healthy", "idle_profiles", "model_idx", "pair",
+                     "load_idx", "ok", "load_q", "cu_idx", "idle_starts", "busy_starts", "movable_starts",
+                     "movable_drops"):
+            x, y = np.asarray(getattr(a, name)), np.asarray(getattr(b, name))
+            assert x.dtype == y.dtype and np.array_equal(x, y), name
