@@ -26,6 +26,7 @@ from shared.bus import Consumer, Delivery
 from shared.events import JobSubmit
 from shared.policy.balancer import BalancerParams
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
+from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings
 from shared.state import StoredGpu, shard_of
 
@@ -41,6 +42,7 @@ class Balancer(Backfill):
         st = self.settings
         self.params = BalancerParams(threshold=st.threshold, dynamic=st.dynamic, top_k=max(1, st.top_k))
         self.mirrors = [Mirror(self.geometry) for _ in range(st.shards)]
+        size_drop_rows(SERVICE_DROP_ROWS)  # the mirror's rows: bounded, or RSS grows with every new GPU state
         self.lock = asyncio.Lock()
         self._backfill_wanted = asyncio.Event()
         self._queue_maybe_nonempty = True

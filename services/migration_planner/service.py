@@ -21,6 +21,7 @@ from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan
 from shared.policy.migration_payoff import pays_off, time_left
 from shared.policy.partition import new_instance_id
 from shared.policy.snapshot import ClusterSnapshot
+from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import MigrationPlannerSettings
 from shared.state import StoredInstance
 
@@ -52,6 +53,7 @@ class MigrationPlanner(Service):
             inter=st.inter,
         )
         size_memos(PLANNER_MEMO)
+        size_drop_rows(SERVICE_DROP_ROWS)
         self.ordered = 0
         self._exited: dict[str, Any] = {}  # GPU id -> trace context of an exit there, since the last plan
 

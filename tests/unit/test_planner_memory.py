@@ -139,3 +139,21 @@ def test_the_planner_memos_can_be_resized_and_then_hold_at_most_twice_the_new_si
     finally:
         size_memos(DST_MEMO)
     assert _DST.size == DST_MEMO and _HOSTABLE.size == HOSTABLE_MEMO
+
+
+def test_the_drop_row_cache_holds_at_most_its_size_and_answers_as_a_fresh_computation() -> None:
+    from shared.policy import snapshot_columns as sc
+
+    try:
+        sc.size_drop_rows(16)
+        width = len(A100.profiles)
+        for busy in range(128):
+            starts = tuple((busy >> k) & 0x7F for k in range(width))
+            got = sc.movable_drop_row_of(A100, busy, starts, width)
+            assert got == tuple(sc.movable_drop_row(A100, busy, list(starts), width))
+            assert len(sc._drop_rows) <= 16
+        with pytest.raises(ValueError):
+            sc.size_drop_rows(0)
+    finally:
+        sc.size_drop_rows(sc.DROP_ROWS)
+    assert sc._drop_rows_cap == sc.DROP_ROWS
