@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from services.common import metrics as m
+from services.common.heap import release_free_memory
 from services.common.service import Service
 from shared.bus import Consumer, Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, MigrateOrder, MoveSpec, wire_gpu
@@ -27,6 +28,11 @@ from shared.state import StoredInstance
 
 _SUBMIT = msgspec.json.Decoder(JobSubmit)
 log = logging.getLogger("migsched.planner")
+
+HEAP_TRIM_S = 10.0
+"""How often the planner hands the heap's unused pages back (``services.common.heap``): each plan reads and frees
+the whole shard, and without it the service's RSS crept up ~10 % over a 10-minute soak while its Python heap
+stayed small."""
 
 EXIT_HINTS = "planner-exit-hints"
 """The planner's durable consumer of ``jobs.exit`` (unacknowledged; ``planner-exit`` acknowledged each one)."""
@@ -78,7 +84,11 @@ class MigrationPlanner(Service):
         return [
             ("defrag", self.settings.defrag_interval_s, self.defrag),
             ("after-exits", self.settings.plan_interval_s, self.plan_exits),
+            ("heap-trim", HEAP_TRIM_S, self._trim),
         ]
+
+    async def _trim(self) -> None:
+        release_free_memory()
 
     async def on_exit(self, ds: list[Delivery]) -> None:
         """Note where jobs left. The release is already committed (the node registry publishes ``jobs.exit``
