@@ -29,6 +29,7 @@ import asyncio
 import math
 import os
 import pstats
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         nats.stop()
         redis.stop()
         print("exit status:", status, flush=True)
+        # the servers' stores and the logs: ~100 MB a run, left behind by every run before
+        shutil.rmtree(work, ignore_errors=True)
     if prof is not None:
         print(hot_spots(prof), flush=True)
     return rc
