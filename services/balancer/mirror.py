@@ -81,8 +81,6 @@ class Mirror:
     def refresh(self, g: StoredGpu) -> bool:
         """``put`` unless the mirror already shows the GPU as stored (the periodic reload finds most GPUs
         unchanged: re-putting them would rebuild the placer for nothing); True if it changed."""
-        if self.vers.get(g.id, -1) > g.ver:  # read before a reservation this mirror has applied since: older
-            return False
         view = g.view()
         if g.id in self.builder and self.vers.get(g.id) == g.ver and self.builder.get(g.id) == view:
             return False

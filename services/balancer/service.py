@@ -28,13 +28,9 @@ from shared.policy.balancer import BalancerParams
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings
-from shared.state import shard_of
+from shared.state import StoredGpu, shard_of
 
 __all__ = ["Balancer", "Candidate", "mig_gang_refused", "placed_on"]
-
-
-REFRESH_SLICE = 64
-"""GPUs read and compared per step of the periodic mirror refresh (other work runs between steps)."""
 
 
 class Balancer(Backfill):
@@ -98,33 +94,24 @@ class Balancer(Backfill):
 
     async def refresh(self) -> None:
         """Reload every shard's mirror from Redis (and publish the queue depth)."""
-        ids = await self.state.gpu_ids()
-        by_shard: list[list[str]] = [[] for _ in range(self.settings.shards)]
-        for gid in ids:
-            by_shard[shard_of(gid.rsplit("/", 1)[0], self.settings.shards)].append(gid)
-        rebuild = [shard for shard, found in enumerate(by_shard) if not self.mirrors[shard].holds_exactly(found)]
-        # The same GPUs: update the drifted ones in place (a fresh mirror would rebuild its placer's key columns
-        # on the next decision), a slice at a time. Reading and decoding all 512 GPUs of a shard in one go kept
-        # the event loop from the submits for tens of milliseconds every refresh: a spike in submit -> command
-        # latency every 10 s under load.
-        for shard, found in enumerate(by_shard):
-            if shard in rebuild:
-                continue
-            for k in range(0, len(found), REFRESH_SLICE):
-                gpus = [g for g in await self.state.get_gpus(found[k:k + REFRESH_SLICE]) if g is not None]
-                async with self.lock:
-                    for g in gpus:
-                        self.mirrors[shard].refresh(g)
-        if rebuild:  # GPUs came or went (registrations, a lost node): those shards anew, whole
-            for shard in rebuild:
-                gpus = [g for g in await self.state.get_gpus(by_shard[shard]) if g is not None]
+        gpus = await self.state.load_gpus()
+        by_shard: list[list[StoredGpu]] = [[] for _ in range(self.settings.shards)]
+        for g in gpus:
+            by_shard[shard_of(g.node, self.settings.shards)].append(g)
+        async with self.lock:
+            for shard, found in enumerate(by_shard):
+                mirror = self.mirrors[shard]
+                if mirror.holds_exactly([g.id for g in found]):
+                    # the same GPUs: update the drifted ones in place (a fresh mirror would rebuild its
+                    # placer's key columns on the next decision, a pause every refresh)
+                    for g in found:
+                        mirror.refresh(g)
+                    continue
                 fresh = Mirror(self.geometry)
-                for g in gpus:
+                for g in found:
                     fresh.put(g)
-                async with self.lock:
-                    self.mirrors[shard] = fresh
-        if self.ledger.active:
-            async with self.lock:
+                self.mirrors[shard] = fresh
+            if self.ledger.active:
                 self.ledger.rebuild(mm.snapshot() for mm in self.mirrors)
         m.child(m.QUEUE_DEPTH, self.name).set(await self.state.pending_count())
         if len(self.mirrors) == 1 and len(self.mirrors[0]):

@@ -174,20 +174,3 @@ def test_a_reload_of_the_same_gpus_updates_only_the_drifted_ones_and_keeps_decid
     assert mirror._placer is placer and mirror.vers["e5"] == 4  # updated in place, not rebuilt
     assert mirror.get("e5").busy_mask != 0
     _check(mirror, job, params)
-
-
-def test_a_reload_read_before_a_reservation_the_mirror_made_since_does_not_undo_it() -> None:
-    gpus = _empty(4, "A100-40GB")
-    mirror = Mirror(GEO)
-    for g in gpus:
-        mirror.put(stored(g, ver=3))
-    params = BalancerParams()
-    job = JobRequest(job_id="j", demand=mig("3g"))
-    dec = _check(mirror, job, params)
-    assert isinstance(dec, Placement)
-    read_before = stored(next(g for g in gpus if g.id == dec.slot.gpu_id), ver=3)  # the refresh's read
-    mirror.apply(dec.slot, job.job_id, reservation_instance(dec.slot, job.job_id, 0, "t", False, True))
-    after = mirror.get(dec.slot.gpu_id)
-    assert after.busy_mask != 0 and mirror.vers[dec.slot.gpu_id] == 4
-    assert not mirror.refresh(read_before)  # older than what the mirror holds: kept
-    assert mirror.get(dec.slot.gpu_id) == after and mirror.vers[dec.slot.gpu_id] == 4
