@@ -6,7 +6,6 @@ move with a compare-and-set on the target GPU's version and the job's cooldown v
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -27,7 +26,6 @@ from shared.settings import MigrationPlannerSettings
 from shared.state import StoredInstance
 
 _SUBMIT = msgspec.json.Decoder(JobSubmit)
-log = logging.getLogger("migsched.planner")
 
 HEAP_TRIM_S = 10.0
 """How often the planner hands the heap's unused pages back (``services.common.heap``): each plan reads and frees
@@ -74,7 +72,8 @@ class MigrationPlanner(Service):
                                   lost=self._hints_lost)]
 
     def _hints_lost(self, reason: str) -> None:
-        log.warning("exit hints lost (%s): the next defragmentation pass covers those GPUs", reason)
+        # the consumer has logged the loss; the next defragmentation pass looks at every GPU, these included
+        return None
 
     async def prepare(self) -> None:
         # an older version's consumer acknowledged each exit: left alone it would pile up what nobody reads

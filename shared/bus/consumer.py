@@ -283,7 +283,7 @@ class Consumer:
                 d.span.end()
 
     async def _dead(self, m: Msg, reason: str, span: trace.Span) -> None:
-        """Publish the original bytes to ``dlq.<subject>`` with the reason, then ack the original."""
+        """Publish the original bytes to ``dlq.<subject>`` with the reason, then ack the original (if acked)."""
         md = m.metadata
         headers = {
             "Nats-Msg-Id": f"dlq:{md.stream}:{md.sequence.stream}",

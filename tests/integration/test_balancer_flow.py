@@ -93,12 +93,17 @@ async def _is(ns: Namespace, job: str, state: str) -> bool:
     return j is not None and j.state == state
 
 
-async def test_a_job_that_does_not_fit_waits_and_is_backfilled_after_an_exit(env) -> None:  # type: ignore[no-untyped-def]
-    ns, _stack, ex = env
+async def _gpu_full_and_one_waiting(ns: Namespace) -> None:
+    """"big" runs on the only GPU (a whole 7g), "small" (1g) waits in the queue."""
     await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb"))
     assert await until(lambda: _is(ns, "big", "running"))
     await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("small", "1g.5gb"))
     assert await until(lambda: _is(ns, "small", "pending"))
+
+
+async def test_a_job_that_does_not_fit_waits_and_is_backfilled_after_an_exit(env) -> None:  # type: ignore[no-untyped-def]
+    ns, _stack, ex = env
+    await _gpu_full_and_one_waiting(ns)
     job = await ns.state.job("small")
     assert job is not None and "cannot place" in job.reason and "1g.5gb" in job.reason
     await ex.exit(["big"])
@@ -109,10 +114,7 @@ async def test_a_job_that_does_not_fit_waits_and_is_backfilled_after_an_exit(env
 
 async def test_an_exit_the_mirror_failed_to_apply_reloads_the_mirror_and_the_waiting_job_starts(env) -> None:  # type: ignore[no-untyped-def]
     ns, stack, ex = env
-    await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb"))
-    assert await until(lambda: _is(ns, "big", "running"))
-    await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("small", "1g.5gb"))
-    assert await until(lambda: _is(ns, "small", "pending"))
+    await _gpu_full_and_one_waiting(ns)
     mirror = stack.balancer.mirrors[0]
     failures: list[str] = []
 
