@@ -41,6 +41,7 @@ from load.report import collect, render, update, verdict
 from load.scenarios import SCENARIOS, Budget, scenario
 from load.stragglers import note as straggler_note
 from load.stragglers import write as write_stragglers
+from services.common import stalls
 from shared import access
 from shared.events import Subjects
 
@@ -89,6 +90,10 @@ async def execute(args: argparse.Namespace, *, title: str, schedule: Any, factor
     sampler = MemorySampler(pids, interval_s=args.rss_interval) if pids else None
     sampling = asyncio.create_task(sampler.run(stop)) if sampler else None
     gen = Generator(gen_nc, subjects, factory, schedule, trace=trace, on_submit=rec.submitted)
+    # the harness's own pauses delay submissions past their intended instants, which count as latency
+    pauses = stalls.GcPauses("load")
+    pauses.install()
+    watch = asyncio.create_task(stalls.watch_loop("load"))
     load0, cpu0 = os.getloadavg()[0], time.process_time()
     print(f"{title}: sending (run {factory.run_id}) ...", file=sys.stderr)
     stats = await gen.run()
@@ -105,6 +110,8 @@ async def execute(args: argparse.Namespace, *, title: str, schedule: Any, factor
             straggler_line = f"stragglers ({len(short)}): Redis not read ({exc!r}), nothing written"
             print(f"stragglers: could not read Redis: {exc!r}", file=sys.stderr)
     stop.set()
+    watch.cancel()
+    pauses.uninstall()
     if sampling is not None:
         await sampling
     summary = collect(title=title, command=args.command_line, started_at=started, offered_rate=offered,

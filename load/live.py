@@ -39,6 +39,7 @@ from pathlib import Path
 from load.bench_pipeline import cpu_seconds
 from load.scenarios import scenario
 from migsched.stack import Stack, StackConfig
+from services.common import stalls
 from shared.localservers import free_port, start_nats, start_redis
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +57,56 @@ def hot_spots(profile_dir: Path, top: int = 8) -> str:
     return "\n".join(out)
 
 
+def pauses(run_dir: Path, top: int = 12) -> str:
+    """The stalls the services logged (``services.common.stalls``): per service and kind, how many, the
+    longest and their sum, then the longest ones with their monotonic instants (``mono``, the clock of
+    ``--timelines``)."""
+    found = [hit for log in sorted(run_dir.glob("*.log")) for line in log.read_text(errors="replace").splitlines()
+             if (hit := stalls.parse(line)) is not None]
+    if not found:
+        return f"pauses: none of {stalls.STALL_LOG_S * 1e3:.0f} ms or more logged by the services"
+    groups: dict[tuple[str, str], list[float]] = {}
+    for service, kind, ms, _mono in found:
+        groups.setdefault((service, kind), []).append(ms)
+    out = [f"pauses of {stalls.STALL_LOG_S * 1e3:.0f} ms or more logged by the services:"]
+    for (service, kind), each in sorted(groups.items()):
+        out.append(f"    {service:22s} {kind:5s} {len(each):5d} x, max {max(each):7.1f} ms, "
+                   f"sum {sum(each):8.1f} ms")
+    out.append("    longest:")
+    for service, kind, ms, mono in sorted(found, key=lambda h: -h[2])[:top]:
+        out.append(f"      mono {mono:12.3f}  {service:22s} {kind:5s} {ms:7.1f} ms")
+    return "\n".join(out)
+
+
+def watch_redis(url: str) -> None:
+    """Have Redis record its own pauses of 10 ms or more (fork, AOF writes, expiry cycles)."""
+    import redis as redis_sync
+
+    r = redis_sync.Redis.from_url(url)
+    r.config_set("latency-monitor-threshold", 10)
+    r.config_set("slowlog-log-slower-than", 5000)  # µs: the commands that hold every other client 5 ms or more
+    r.config_set("slowlog-max-len", 1024)
+
+
+def redis_pauses(url: str) -> str:
+    """Redis's own account of the run: its latency events and what its AOF and dataset grew to."""
+    import redis as redis_sync
+
+    r = redis_sync.Redis.from_url(url, decode_responses=True)
+    info = r.info("persistence") | r.info("memory")
+    out = [f"redis: used_memory {info['used_memory_human']}, AOF {info.get('aof_current_size', 0) / 2**20:.0f} MiB, "
+           f"AOF rewrites {info.get('aof_rewrites', 0)}, last fork {info.get('latest_fork_usec', 0) / 1e3:.1f} ms"]
+    for event, _at, latest_ms, max_ms in r.execute_command("LATENCY", "LATEST") or []:
+        out.append(f"    redis latency event {event}: latest {latest_ms} ms, max {max_ms} ms")
+    slow: dict[str, list[float]] = {}
+    for entry in r.slowlog_get(1024):
+        words = [w if isinstance(w, str) else str(w) for w in entry["command"].split()[:2]]
+        slow.setdefault(" ".join(words)[:60], []).append(entry["duration"] / 1e3)
+    for what, ms in sorted(slow.items(), key=lambda kv: -sum(kv[1]))[:8]:
+        out.append(f"    redis slow command {what!r}: {len(ms)} x, max {max(ms):.1f} ms, sum {sum(ms):.1f} ms")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m load.live", description=__doc__.splitlines()[0])
     ap.add_argument("name", help="a scenario of `python -m load scenarios`")
@@ -70,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", action="append", default=[])
     ap.add_argument("--skip", help="stages the recorder does not watch (see python -m load scenario --help)")
     ap.add_argument("--timelines", help="per-job stage instants as JSON (see python -m load scenario --help)")
+    ap.add_argument("--final", help="the stage every job must reach (see python -m load scenario --help)")
     args = ap.parse_args(argv)
     sc = scenario(args.name)
     work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
@@ -78,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     nats = start_nats(free_port(), work / "nats",
                       env={"GOMAXPROCS": str(args.nats_procs)} if args.nats_procs > 0 else None)
     redis = start_redis(free_port(), work / "redis", appendonly=True)
+    watch_redis(redis.url)
     gpus = sc.gpus
     procs = max(1, math.ceil(gpus / 64))
     per = gpus // procs
@@ -135,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--skip", args.skip]
         if args.timelines:
             cmd += ["--timelines", str(Path(args.timelines).resolve())]
+        if args.final:
+            cmd += ["--final", args.final]
         notes = [
             f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
             f"partitioner, migration-planner, {procs} sim executor(s) × {per} {sc.model} in "
@@ -157,11 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         print("CPU seconds while the scenario ran (servers):", flush=True)
         for name, pid in servers.items():
             print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
+        print(redis_pauses(redis.url), flush=True)
     finally:
         status = stack.stop(grace_s=20)
         nats.stop()
         redis.stop()
         print("exit status:", status, flush=True)
+        print(pauses(work / "run"), flush=True)
         # the servers' stores and the logs: ~100 MB a run, left behind by every run before
         shutil.rmtree(work, ignore_errors=True)
     if prof is not None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from services.common import metrics
+from services.common import metrics, stalls
 from shared import telemetry
 from shared.settings import load
 
@@ -44,23 +44,34 @@ GC_GEN0_THRESHOLD = 10_000
 
 
 def run_profiled(name: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """``asyncio.run(main())``; with ``MIGSCHED_PROFILE=<dir>`` under a cProfile of the whole run, written to
-    ``<dir>/<name>-<pid>.prof`` at a graceful stop (where the time goes)."""
+    """``asyncio.run(main())`` with its pauses watched (``stalls``); with ``MIGSCHED_PROFILE=<dir>`` under a
+    cProfile of the whole run, written to ``<dir>/<name>-<pid>.prof`` at a graceful stop (where the time
+    goes)."""
     tune_gc()
+    stalls.GcPauses(name).install()
     profile = os.environ.get("MIGSCHED_PROFILE", "")
     if not profile:
-        asyncio.run(main())
+        asyncio.run(watched(name, main))
         return
     import cProfile
 
     prof = cProfile.Profile(time.process_time)  # CPU time: a shared machine descheduling us is not our cost
     prof.enable()
     try:
-        asyncio.run(main())
+        asyncio.run(watched(name, main))
     finally:
         prof.disable()
         os.makedirs(profile, exist_ok=True)
         prof.dump_stats(os.path.join(profile, f"{name}-{os.getpid()}.prof"))
+
+
+async def watched(name: str, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``main()`` beside a watch of the event loop's stalls, which ends with it."""
+    watch = asyncio.create_task(stalls.watch_loop(name))
+    try:
+        await main()
+    finally:
+        watch.cancel()
 
 
 async def _main(service_cls: Any, settings: Any) -> None:
