@@ -14,6 +14,7 @@ import msgspec
 from services.common import metrics as m
 from services.common.heap import release_free_memory
 from services.common.service import Service
+from services.migration_planner.pacing import next_wait
 from shared.bus import Consumer, Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, MigrateOrder, MoveSpec, wire_gpu
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
@@ -60,6 +61,11 @@ class MigrationPlanner(Service):
         size_drop_rows(SERVICE_DROP_ROWS)
         self.ordered = 0
         self._exited: dict[str, Any] = {}  # GPU id -> trace context of an exit there, since the last plan
+        self.clock = time.monotonic
+        self.plan_wait_s = st.plan_interval_s
+        """Wait before the next after-exit pass (``pacing.next_wait``)."""
+        self._fruitless = 0
+        self._plan_after = 0.0
 
     def consumers(self) -> list[Consumer]:
         if not self.settings.on_exit:
@@ -98,7 +104,19 @@ class MigrationPlanner(Service):
     async def plan_exits(self) -> int:
         if not self._exited:
             return 0
+        started = self.clock()
+        if started < self._plan_after:  # backing off: the exits wait for the next pass
+            return 0
         exited, self._exited = self._exited, {}
+        n = await self._plan_exits(exited)
+        self._fruitless = 0 if n else self._fruitless + 1
+        base = self.settings.plan_interval_s
+        self.plan_wait_s = next_wait(self._fruitless, base, self.settings.plan_interval_max_s)
+        # the periodic task ticks every ``base``: a pass falls on the first tick at least ``plan_wait_s`` on
+        self._plan_after = started + self.plan_wait_s - base / 2
+        return n
+
+    async def _plan_exits(self, exited: dict[str, Any]) -> int:
         now = time.time()
         n = 0
         for shard in range(self.settings.shards):
@@ -122,6 +140,9 @@ class MigrationPlanner(Service):
         for shard in range(self.settings.shards):
             snap, vers = await self.state.snapshot(self.geometry, shard)
             n += await self.order(snap, vers, list(plan_defrag(snap, now, self.params)), now, None)
+        if n:  # there is something to heal after all: exits are planned at the shortest wait again
+            self._fruitless, self._plan_after = 0, 0.0
+            self.plan_wait_s = self.settings.plan_interval_s
         return n
 
     async def order(

@@ -222,3 +222,74 @@ async def test_a_server_that_refuses_to_delete_the_old_consumer_costs_a_warning_
             assert "could not delete the retired consumer planner-exit" in caplog.text
         finally:
             await stack.stop()
+
+
+async def test_after_exit_passes_that_find_nothing_to_move_back_off_and_one_that_orders_a_move_ends_it(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    import dataclasses
+
+    from services.migration_planner.service import MigrationPlanner
+    from shared.settings import MigrationPlannerSettings, load
+
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)  # the registry; the planner below is driven by hand
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=2)
+        await ex.start()
+        planner = await MigrationPlanner.create(load(
+            MigrationPlannerSettings, namespace=prefix, nats_url=nats_url, redis_url=redis_url,
+            stream_storage="memory", metrics_port=0, cooldown_s=0.0, defrag_interval_s=0.0))
+        try:
+            async def registered() -> bool:
+                return len(await ns.state.gpu_ids()) == 2
+
+            assert await until(registered)
+            # a pull into the lazy n1/1 is planned on every pass, but these jobs end too soon to be worth it
+            for job, profile, start in (("ja", "3g.20gb", 4), ("jb", "1g.5gb", 0), ("jc", "1g.5gb", 2)):
+                await run_job(ns, job, "n1/0", profile, start, hint_s=5.0)
+            await run_job(ns, "jd", "n1/1", "1g.5gb", 6)
+            reads = 0
+            snapshot = planner.state.snapshot
+
+            async def counted(*a: object, **kw: object) -> object:
+                nonlocal reads
+                reads += 1
+                return await snapshot(*a, **kw)
+
+            planner.state.snapshot = counted
+            clock = [100.0]
+            planner.clock = lambda: clock[0]
+            seen: list[tuple[float, int, float]] = []
+            for at in (100.0, 100.5, 101.0, 101.5, 102.0, 102.5, 103.0, 105.0, 107.0):
+                clock[0] = at
+                planner._exited.setdefault("n1/1", None)  # an exit there since the last pass
+                assert await planner.plan_exits() == 0
+                seen.append((at, reads, planner.plan_wait_s))
+            # passes at 100, 101, 103 and 107 only: waits of 0.5 -> 1 -> 2 -> 4 s, then the 4 s cap
+            assert seen == [(100.0, 1, 1.0), (100.5, 1, 1.0), (101.0, 2, 2.0), (101.5, 2, 2.0), (102.0, 2, 2.0),
+                            (102.5, 2, 2.0), (103.0, 3, 4.0), (105.0, 3, 4.0), (107.0, 4, 4.0)]
+
+            planner.settings = dataclasses.replace(planner.settings, min_left_s=0.0)  # now every move pays
+            clock[0] = 109.0
+            planner._exited.setdefault("n1/1", None)
+            assert await planner.plan_exits() == 0  # still backing off: due at 110.75
+            assert reads == 4 and "n1/1" in planner._exited  # a skipped tick keeps its exits for the next pass
+            clock[0] = 111.0
+            assert await planner.plan_exits() == 1
+            assert reads == 5 and planner.plan_wait_s == 0.5
+
+            async def moved() -> bool:
+                return bool(ex.commands("migrate_stop"))
+
+            assert await until(moved)
+        finally:
+            await planner.bus.close()
+            await planner.state.close()
+            await ex.stop()
+            await stack.stop()
+        assert await until(lambda: _clean(ns))
+
+
+async def _clean(ns: Namespace) -> bool:
+    return await audit(ns.state, GEO) == []
