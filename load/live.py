@@ -45,6 +45,23 @@ from shared.localservers import free_port, start_nats, start_redis
 REPO = Path(__file__).resolve().parents[1]
 
 
+RETENTION_S = 0.0
+"""Ended jobs kept in Redis, and messages in the streams, in a load run (0: the services' defaults, a day).
+At that default a 10-minute soak at 1,000 jobs/s grew Redis to 1.3 GB and it rewrote its AOF three times, each
+a fork and a child writing the whole dataset beside the stack on two cores; an operator at such a rate would
+keep jobs for minutes, not a day. ``--retention 120`` keeps Redis at ~270 MB, but the expiry's deletions cost
+Redis ~11 % more CPU, and on two cores already ~90 % busy the same soak then fell behind (docs/results-live.md,
+fourth session of 30 Nov 2026), so the default stays the services' own."""
+
+
+def service_env(retention_s: float) -> dict[str, str]:
+    """The services' environment in a load run (``retention_s`` 0: their default retentions)."""
+    env = {"MIGSCHED_LOG_LEVEL": "WARNING", "MIGSCHED_NODE_TIMEOUT_S": "60"}
+    if retention_s > 0:  # the same for both: a job must outlive every message that could name it
+        env |= {"MIGSCHED_STREAM_MAX_AGE_S": str(retention_s), "MIGSCHED_JOB_RETENTION_S": str(retention_s)}
+    return env
+
+
 def hot_spots(profile_dir: Path, top: int = 8) -> str:
     out: list[str] = []
     for f in sorted(profile_dir.glob("*.prof")):
@@ -122,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", help="stages the recorder does not watch (see python -m load scenario --help)")
     ap.add_argument("--timelines", help="per-job stage instants as JSON (see python -m load scenario --help)")
     ap.add_argument("--final", help="the stage every job must reach (see python -m load scenario --help)")
+    ap.add_argument("--retention", type=float, default=RETENTION_S,
+                    help="seconds ended jobs stay in Redis and messages in the streams (0: the services' defaults)")
     args = ap.parse_args(argv)
     sc = scenario(args.name)
     work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
@@ -135,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     procs = max(1, math.ceil(gpus / 64))
     per = gpus // procs
     ns = "live" + uuid.uuid4().hex[:6]
-    env = {"MIGSCHED_LOG_LEVEL": "WARNING", "MIGSCHED_NODE_TIMEOUT_S": "60"}
+    env = service_env(args.retention)
     prof = Path(args.profile).resolve() if args.profile else None
     if prof is not None:
         prof.mkdir(parents=True, exist_ok=True)

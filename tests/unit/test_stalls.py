@@ -118,3 +118,4 @@ def test_a_load_run_summarises_the_pauses_its_services_logged(tmp_path: Path) ->
 def test_a_load_run_without_pauses_says_so(tmp_path: Path) -> None:
     (tmp_path / "balancer.log").write_text("nothing to see\n")
     assert pauses(tmp_path).startswith("pauses: none")
+
