@@ -27,17 +27,21 @@ from shared.policy.snapshot import GpuView
 
 def no_moves_after_exit(
     gpu: GpuView, model: GpuModel, models: tuple[GpuModel, ...], pulls: PullIndex, now: float,
-    params: MigrationParams, model_ids: tuple[int, ...] | None = None,
+    params: MigrationParams, model_ids: tuple[int, ...] | None = None, screen: DefragScreen | None = None,
 ) -> bool:
     """True only if ``plan_after_exit`` at ``now`` on a snapshot of the current state (whose model list is
     ``models``; ``model_ids``: their ids, if at hand) plans nothing after a job left ``gpu``. ``pulls`` must be
-    up to date with that state."""
+    up to date with that state. ``screen``: a defragmentation screen whose memo of intra bounds answers for a
+    Busy GPU (any screen will do: the bound depends on the GPU alone)."""
     if params.max_moves <= 0 or not (gpu.mig and gpu.healthy):
         return True
     compute = model.compute_slices
     t_q = round(params.threshold * 1000)
     if round(gpu.used_compute * 1000 / max(compute, 1)) >= t_q:
-        return not params.intra  # Busy: intra moves are the planner's to look for
+        # Busy: only intra moves, none when the intra bound (a lower bound of ``best_intra``, the one
+        # ``plan_defrag`` starts its search from) says no busy instance has a better placement: ~13 % of the
+        # plans after an exit at 1,000 GPUs, all of them empty
+        return not params.intra or (screen is not None and screen.intra_bound(gpu, model) >= 0)
     if params.consolidate and gpu.busy_mask and _may_consolidate(gpu, now, params):
         return False
     # a consolidation that cannot start plans nothing and leaves the pull to a fresh plan, as if never tried
@@ -95,7 +99,7 @@ class DefragScreen:
             return
         compute = model.compute_slices
         if round(gpu.used_compute * 1000 / max(compute, 1)) >= self.t_q:
-            if self._intra_bound(gpu, model) < 0:
+            if self.intra_bound(gpu, model) < 0:
                 self._intra.add(p)
             return
         if not self.params.pull_into_empty and gpu.busy_mask == 0:
@@ -107,7 +111,7 @@ class DefragScreen:
             self._class[p] = target
             self._targets[target] = self._targets.get(target, 0) + 1
 
-    def _intra_bound(self, gpu: GpuView, model: GpuModel) -> int:
+    def intra_bound(self, gpu: GpuView, model: GpuModel) -> int:
         """``PlanState._intra_bound`` of one GPU: the best ``intra_by_starts`` over its busy instances'
         profiles (a profile with no busy instance adds 0)."""
         index = tables_for(model).index

@@ -158,6 +158,25 @@ class PlacementIndex:
         if len(self._log) >= self.log_limit:
             self._compact()
 
+    def retime(self, pos: int, gpu: GpuView) -> None:
+        """``gpu``, at ``pos``, differs from the GPU held there only in its instances' times (start, last
+        move), which no key depends on: the view is replaced, no key recomputed."""
+        self.gpus[pos] = gpu
+
+    def agrees_with(self, gpus: Sequence[GpuView]) -> bool:
+        """Whether the index holds ``gpus`` (its GPUs, in order) and keys each by its current signature and
+        gang state, as one built from scratch would (for invariant checks)."""
+        self._catch_up_signatures()
+        self._catch_up_gangs()
+        if len(gpus) != len(self.gpus) or any(a is not b for a, b in zip(gpus, self.gpus, strict=True)):
+            return False
+        for p, g in enumerate(gpus):
+            if self._signatures.get(self._signature(p, g)) != int(self.sig[p]):
+                return False
+            if (p in self._empty[g.node]) != (g.busy_mask == 0 and g.mig and g.healthy):
+                return False
+        return self._not_mig == {p for p, g in enumerate(gpus) if not g.mig}
+
     def _compact(self) -> None:
         """Drop the part of the log every consumer has read."""
         # signatures never asked for (-1) will be computed for every GPU anyway: they hold nothing back

@@ -19,7 +19,6 @@ import msgspec
 import numpy as np
 
 from shared.mig.geometry import Geometry, GpuModel
-from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
 from shared.policy.balancer import BalancerParams
 from shared.policy.migration_gate import DefragScreen
@@ -29,10 +28,15 @@ from shared.policy.placement import Slot
 from shared.policy.placement_index import PlacementIndex
 from shared.policy.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
+from shared.sim import cluster_check
 from shared.sim.cluster_spec import ClusterSpec, NodeSpec, gpu_views, load_nodes_file, parse_cluster
 from shared.sim.errors import InvariantError
 
 __all__ = ["ClusterSpec", "NodeSpec", "SimCluster", "gpu_views", "load_nodes_file", "parse_cluster"]
+
+
+_TIMES = frozenset({"started_at", "last_moved_at"})
+"""Instance fields no index keeps but the pull index (``SimCluster._retime``)."""
 
 
 def _build_order(inst: InstanceView) -> tuple[int, str]:
@@ -345,52 +349,35 @@ class SimCluster:
 
     def update(self, inst_id: str, **fields: object) -> None:
         gpu = self.gpu(self.where[inst_id])
-        self._put(
-            gpu, [msgspec.structs.replace(i, **fields) if i.id == inst_id else i for i in gpu.instances],
-            ordered="start" not in fields and "id" not in fields,
-        )
+        insts = [msgspec.structs.replace(i, **fields) if i.id == inst_id else i for i in gpu.instances]
+        if fields.keys() <= _TIMES:
+            self._retime(gpu, insts, "last_moved_at" in fields)
+        else:
+            self._put(gpu, insts, ordered="start" not in fields and "id" not in fields)
+
+    def _retime(self, gpu: GpuView, insts: list[InstanceView], cooldowns: bool) -> None:
+        """``_put`` for instances that differ from the GPU's only in their times (``_TIMES``, in the same
+        order): no mask, load, profile or job changes, so the placement index, the defragmentation screen and
+        the planner snapshot's columns still hold; only the pull index reads a time (``cooldowns``: a
+        ``last_moved_at`` changed). A move changes only times twice: its source at the reservation, its destination
+        at the switch; each used to re-key the GPU in every index."""
+        new = msgspec.structs.replace(gpu, instances=tuple(insts))
+        gid = gpu.id
+        self.views[gid] = new
+        pos = self.position[gid]
+        self.by_pos[pos] = new
+        if cooldowns and self.pulls is not None:
+            self._pull_stale.add(pos)
+        self._light = None
+        self._dirty[gid] = None
+        self._snap = None
+        self.changes += 1
+        if self.index is not None:
+            self.index.retime(pos, new)
 
     # checking ----------------------------------------------------------------------------------------------
     def check(self, now: float | None = None) -> None:
-        """Raise InvariantError if any slice is double-booked or a placement is illegal, or the pull index
-        (brought up to date at ``now``) differs from one rebuilt from scratch."""
-        for gpu in self.views.values():
-            model = self.geometry.model(gpu.model)
-            seen = busy = 0
-            counts: dict[str, int] = {}
-            for inst in gpu.instances:
-                prof = model.profile(inst.profile)
-                if inst.start not in prof.placements:
-                    raise InvariantError(f"{gpu.id}: {inst.id} at illegal start {inst.start}")
-                m = span(inst.size, inst.start)
-                if seen & m:
-                    raise InvariantError(
-                        f"{gpu.id}: {inst.id} overlaps slices {seen & m:08b} (double-booked)"
-                    )
-                seen |= m
-                if inst.busy:
-                    busy |= m
-                counts[prof.name] = counts.get(prof.name, 0) + 1
-                if counts[prof.name] > prof.max_count:
-                    raise InvariantError(f"{gpu.id}: more than {prof.max_count} x {prof.name}")
-                if self.where.get(inst.id) != gpu.id:
-                    raise InvariantError(f"{gpu.id}: instance {inst.id} missing from the index")
-            if busy != gpu.busy_mask:
-                raise InvariantError(f"{gpu.id}: busy mask {gpu.busy_mask:08b} != instances {busy:08b}")
-        if self.pulls is not None:
-            # the incremental pull index must describe the current snapshot as one rebuilt from scratch does
-            kept = self.pull_index(now)
-            fresh = PullIndex(self.pulls.threshold, self.pulls.cooldown_s)
-            fresh.sync(self.snapshot())
-            if fresh.cooldown_s is not None:
-                for p, gid in enumerate(self.gpu_ids):
-                    fresh.update(p, self.views[gid], self.pulls.at)
-            if kept is None or kept.sources() != fresh.sources():
-                raise InvariantError("the migration planner's pull index differs from the cluster's state")
-        if self.screen is not None:
-            kept_screen = self.defrag_screen()
-            fresh_screen = DefragScreen(self.screen.params, self.model_list, len(self.gpu_ids))
-            for p, gid in enumerate(self.gpu_ids):
-                fresh_screen.update(p, self.views[gid], self.models[gid])
-            if kept_screen is None or kept_screen.state() != fresh_screen.state():
-                raise InvariantError("the defragmentation screen differs from the cluster's state")
+        """Raise InvariantError if any slice is double-booked or a placement is illegal, or a kept index
+        (the pull index brought up to date at ``now``, the defragmentation screen, the placement index's
+        views) differs from one rebuilt from scratch (``shared/sim/cluster_check.py``)."""
+        cluster_check.check(self, now)

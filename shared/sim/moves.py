@@ -31,16 +31,17 @@ class InFlight:
 
 def after_exit(sim: Simulator, gpu_id: str) -> tuple[Any, ...]:
     """The planner's moves after a job left ``gpu_id``. Most exits provably plan none
-    (``migration_gate``): those are answered from the kept pull index, without a snapshot or a plan. The
-    others get a snapshot that skips the builder (``planner_snapshot``): with the pull index, a plan after an
-    exit reads GPUs, not columns (a consolidation's few columns are derived from the base ones on first read)."""
+    (``migration_gate``): those are answered from the kept pull index (and, on a Busy GPU, the defragmentation
+    screen's intra bound), without a snapshot or a plan. The others get a snapshot that skips the builder
+    (``planner_snapshot``): with the pull index, a plan after an exit reads GPUs, not columns (a
+    consolidation's few columns are derived from the base ones on first read)."""
     assert sim.mig is not None
     c, params = sim.cluster, sim.mig_params
     pulls = c.current_pulls(sim.now)
     if pulls is None:
         return sim.mig.plan_after_exit(c.snapshot(), gpu_id, sim.now, params)
     if no_moves_after_exit(c.views[gpu_id], c.models[gpu_id], c.model_list, pulls, sim.now, params,
-                           c.model_ids):
+                           c.model_ids, c.screen):
         return ()
     snap = c.planner_snapshot()
     pulls.follow(snap)
