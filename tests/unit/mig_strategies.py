@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from shared.mig.geometry import GpuModel, default_geometry
 from shared.mig.occupancy import span
+from shared.policy.migration import MigrationParams
+from shared.policy.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
 GEO = default_geometry()
@@ -85,3 +87,21 @@ def layout_is_legal(model: GpuModel, insts: list[InstanceView]) -> bool:
         if counts[p.name] > p.max_count:
             return False
     return True
+
+
+MIGRATION_PARAMS = st.builds(
+    MigrationParams, threshold=st.sampled_from([0.0, 0.2, 0.4, 0.6]), cooldown_s=st.sampled_from([0.0, 120.0]),
+    max_moves=st.integers(0, 5), intra=st.booleans(), inter=st.booleans(), pull_into_empty=st.booleans(),
+    consolidate=st.booleans(),
+)
+"""Planner parameters over the range the screens must be exact for."""
+
+
+def keyed_pull_index(snap: ClusterSnapshot, threshold: float, cooldown_s: float | None, now: float) -> PullIndex:
+    """A pull index keyed from the views at ``now`` (the simulator's way)."""
+    index = PullIndex(threshold, cooldown_s)
+    index.sync(snap)
+    for p, g in enumerate(snap.gpus):
+        index.update(p, g, now)
+    index.follow(snap)
+    return index

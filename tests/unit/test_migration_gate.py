@@ -8,39 +8,24 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mig_strategies import GEO, clusters, random_instances
+from mig_strategies import GEO, MIGRATION_PARAMS, clusters, random_instances
+from mig_strategies import keyed_pull_index as _keyed
 
 from shared.policy.migration import MigrationParams, plan_after_exit, plan_defrag
 from shared.policy.migration_gate import DefragScreen, no_moves_after_exit
 from shared.policy.migration_pull import hostable_on
-from shared.policy.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 pytestmark = pytest.mark.unit
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-PARAMS = st.builds(
-    MigrationParams, threshold=st.sampled_from([0.0, 0.2, 0.4, 0.6]), cooldown_s=st.sampled_from([0.0, 120.0]),
-    max_moves=st.integers(0, 5), intra=st.booleans(), inter=st.booleans(), pull_into_empty=st.booleans(),
-    consolidate=st.booleans(),
-)
 # random_instances moves jobs last at -inf, 970 or 500: at 1000 a 120 s cooldown holds the 970 ones back
 NOW = 1000.0
 NOWS = st.sampled_from([1000.0, 1089.0, 1090.0, 1200.0])
 
 
-def _keyed(snap: ClusterSnapshot, threshold: float, cooldown_s: float | None, now: float) -> PullIndex:
-    """An index keyed from the views at ``now`` (the simulator's way)."""
-    index = PullIndex(threshold, cooldown_s)
-    index.sync(snap)
-    for p, g in enumerate(snap.gpus):
-        index.update(p, g, now)
-    index.follow(snap)
-    return index
-
-
 @SETTINGS
-@given(snap=clusters(max_gpus=25), params=PARAMS, now=NOWS, cooldown_mode=st.booleans())
+@given(snap=clusters(max_gpus=25), params=MIGRATION_PARAMS, now=NOWS, cooldown_mode=st.booleans())
 def test_the_screen_says_no_moves_only_when_the_planner_plans_none(
     snap: ClusterSnapshot, params: MigrationParams, now: float, cooldown_mode: bool
 ) -> None:
@@ -53,7 +38,7 @@ def test_the_screen_says_no_moves_only_when_the_planner_plans_none(
 
 
 @SETTINGS
-@given(snap=clusters(max_gpus=25), params=PARAMS, now=NOWS)
+@given(snap=clusters(max_gpus=25), params=MIGRATION_PARAMS, now=NOWS)
 def test_a_defragmentation_with_a_cooldown_index_plans_what_it_plans_without_one(
     snap: ClusterSnapshot, params: MigrationParams, now: float
 ) -> None:
@@ -103,7 +88,7 @@ def _screen(snap: ClusterSnapshot, params: MigrationParams) -> DefragScreen:
 
 
 @SETTINGS
-@given(snap=clusters(max_gpus=25), params=PARAMS, now=NOWS, cooldown_mode=st.booleans())
+@given(snap=clusters(max_gpus=25), params=MIGRATION_PARAMS, now=NOWS, cooldown_mode=st.booleans())
 def test_the_defragmentation_screen_says_no_moves_only_when_the_planner_plans_none(
     snap: ClusterSnapshot, params: MigrationParams, now: float, cooldown_mode: bool
 ) -> None:
@@ -114,7 +99,7 @@ def test_the_defragmentation_screen_says_no_moves_only_when_the_planner_plans_no
 
 @SETTINGS
 @given(snap=clusters(max_gpus=25), seeds=st.lists(st.integers(0, 2**16), min_size=1, max_size=3),
-       params=PARAMS)
+       params=MIGRATION_PARAMS)
 def test_a_screen_updated_with_the_changed_gpus_only_equals_one_built_from_scratch(
     snap: ClusterSnapshot, seeds: list[int], params: MigrationParams
 ) -> None:

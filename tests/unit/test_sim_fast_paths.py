@@ -10,41 +10,26 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mig_strategies import GEO, clusters, random_cluster
+from mig_strategies import GEO, MIGRATION_PARAMS, clusters, keyed_pull_index, random_cluster
 
 from shared.policy.balancer import BalancerParams
 from shared.policy.migration import MigrationParams, plan_after_exit
 from shared.policy.migration_gate import DefragScreen, no_moves_after_exit
 from shared.policy.placement_index import PlacementIndex
-from shared.policy.pull_index import PullIndex
 from shared.policy.request import mig
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 pytestmark = pytest.mark.unit
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-PARAMS = st.builds(
-    MigrationParams, threshold=st.sampled_from([0.0, 0.2, 0.4, 0.6]), cooldown_s=st.sampled_from([0.0, 120.0]),
-    max_moves=st.integers(0, 5), intra=st.booleans(), inter=st.booleans(), pull_into_empty=st.booleans(),
-    consolidate=st.booleans(),
-)
-
-
-def _keyed(snap: ClusterSnapshot, params: MigrationParams, now: float) -> PullIndex:
-    index = PullIndex(params.threshold, params.cooldown_s)
-    index.sync(snap)
-    for p, g in enumerate(snap.gpus):
-        index.update(p, g, now)
-    index.follow(snap)
-    return index
 
 
 @SETTINGS
-@given(snap=clusters(max_gpus=25), params=PARAMS, now=st.sampled_from([1000.0, 1090.0, 1200.0]))
+@given(snap=clusters(max_gpus=25), params=MIGRATION_PARAMS, now=st.sampled_from([1000.0, 1090.0, 1200.0]))
 def test_exit_screen_with_intra_bounds_says_no_moves_only_when_the_planner_plans_none(
     snap: ClusterSnapshot, params: MigrationParams, now: float
 ) -> None:
-    index = _keyed(snap, params, now)
+    index = keyed_pull_index(snap, params.threshold, params.cooldown_s, now)
     screen = DefragScreen(params, snap.model_list, len(snap))
     for g in snap.gpus:
         model = GEO.model(g.model)
