@@ -36,6 +36,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import redis as redis_sync
+
 from load.bench_pipeline import cpu_seconds
 from load.scenarios import scenario
 from migsched.stack import Stack, StackConfig
@@ -97,8 +99,6 @@ def pauses(run_dir: Path, top: int = 12) -> str:
 
 def watch_redis(url: str) -> None:
     """Have Redis record its own pauses of 10 ms or more (fork, AOF writes, expiry cycles)."""
-    import redis as redis_sync
-
     r = redis_sync.Redis.from_url(url)
     r.config_set("latency-monitor-threshold", 10)
     r.config_set("slowlog-log-slower-than", 5000)  # µs: the commands that hold every other client 5 ms or more
@@ -107,8 +107,6 @@ def watch_redis(url: str) -> None:
 
 def redis_pauses(url: str) -> str:
     """Redis's own account of the run: its latency events and what its AOF and dataset grew to."""
-    import redis as redis_sync
-
     r = redis_sync.Redis.from_url(url, decode_responses=True)
     info = r.info("persistence") | r.info("memory")
     out = [f"redis: used_memory {info['used_memory_human']}, AOF {info.get('aof_current_size', 0) / 2**20:.0f} MiB, "

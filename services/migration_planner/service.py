@@ -62,9 +62,7 @@ class MigrationPlanner(Service):
         self.ordered = 0
         self._exited: dict[str, Any] = {}  # GPU id -> trace context of an exit there, since the last plan
         self.clock = time.monotonic
-        self.plan_wait_s = st.plan_interval_s
-        """Wait before the next after-exit pass (``pacing.next_wait``)."""
-        self._fruitless = 0
+        self._fruitless = 0  # after-exit passes in a row that ordered no move
         self._plan_after = 0.0
 
     def consumers(self) -> list[Consumer]:
@@ -110,11 +108,15 @@ class MigrationPlanner(Service):
         exited, self._exited = self._exited, {}
         n = await self._plan_exits(exited)
         self._fruitless = 0 if n else self._fruitless + 1
-        base = self.settings.plan_interval_s
-        self.plan_wait_s = next_wait(self._fruitless, base, self.settings.plan_interval_max_s)
-        # the periodic task ticks every ``base``: a pass falls on the first tick at least ``plan_wait_s`` on
-        self._plan_after = started + self.plan_wait_s - base / 2
+        # the periodic task ticks every ``plan_interval_s``: a pass falls on the first tick at least
+        # ``plan_wait_s`` on
+        self._plan_after = started + self.plan_wait_s - self.settings.plan_interval_s / 2
         return n
+
+    @property
+    def plan_wait_s(self) -> float:
+        """Wait before the next after-exit pass (``pacing.next_wait``)."""
+        return next_wait(self._fruitless, self.settings.plan_interval_s, self.settings.plan_interval_max_s)
 
     async def _plan_exits(self, exited: dict[str, Any]) -> int:
         now = time.time()
@@ -142,7 +144,6 @@ class MigrationPlanner(Service):
             n += await self.order(snap, vers, list(plan_defrag(snap, now, self.params)), now, None)
         if n:  # there is something to heal after all: exits are planned at the shortest wait again
             self._fruitless, self._plan_after = 0, 0.0
-            self.plan_wait_s = self.settings.plan_interval_s
         return n
 
     async def order(
