@@ -16,10 +16,12 @@ CPU for the same messages (steady-1000-64x8, three pairs of runs; docs/results-l
 A scenario of ``n`` nodes × 8 GPUs runs as ``ceil(n * 8 / 64)`` simulated executor nodes of up to 64 GPUs each
 (a registration carries at most 64 GPUs; 64 executor processes would not fit on two cores): the same GPUs and
 slices, fewer nodes. Those nodes run in ``--executor-procs`` processes (default 1, ``MIGSCHED_NODES``): each
-node keeps its own connection, consumer, heartbeats and GPUs, as on its own host, but eight event loops woken
-for a command or two at a time cost the two cores more than one loop woken for a handful: 7.6 executor
-CPU-seconds per 15,000 jobs in eight processes, 6.0 in two, 5.4 in one (steady-1000-64x8, quiet machine;
-docs/results-live.md). In a cluster the executors run on the GPU nodes, not beside the scheduler.
+node keeps its own consumer, heartbeats and GPUs, as on its own host, but eight event loops woken for a command
+or two at a time cost the two cores more than one loop woken for a handful: 7.6 executor CPU-seconds per 15,000
+jobs in eight processes, 6.0 in two, 5.4 in one (steady-1000-64x8, quiet machine; docs/results-live.md). The
+nodes of one process share one NATS connection (one socket read or write for several nodes' messages: executor
+CPU 4.93 -> 4.65 s and nats-server 5.65 -> 5.46 s per 15,000 jobs, three pairs, 30 Nov 2026). In a cluster
+the executors run on the GPU nodes, not beside the scheduler.
 """
 
 from __future__ import annotations
@@ -111,6 +113,13 @@ def redis_pauses(url: str) -> str:
     info = r.info("persistence") | r.info("memory")
     out = [f"redis: used_memory {info['used_memory_human']}, AOF {info.get('aof_current_size', 0) / 2**20:.0f} MiB, "
            f"AOF rewrites {info.get('aof_rewrites', 0)}, last fork {info.get('latest_fork_usec', 0) / 1e3:.1f} ms"]
+    stats = r.info("stats")
+    out.append(f"    redis round trips (read events) {stats.get('total_reads_processed', 0)}, "
+               f"commands {stats.get('total_commands_processed', 0)}")
+    calls = sorted(r.info("commandstats").items(), key=lambda kv: -int(kv[1]["usec"]))
+    for name, c in calls[:6]:  # where Redis's own CPU went, by command
+        out.append(f"    redis {name.removeprefix('cmdstat_'):12s} {c['calls']:9d} calls, {c['usec'] / 1e6:6.2f} s, "
+                   f"{c['usec_per_call']:6.1f} µs each")
     for event, _at, latest_ms, max_ms in r.execute_command("LATENCY", "LATEST") or []:
         out.append(f"    redis latency event {event}: latest {latest_ms} ms, max {max_ms} ms")
     slow: dict[str, list[float]] = {}
