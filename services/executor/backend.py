@@ -145,7 +145,16 @@ class Backend(Protocol):
         ...
 
     def running(self) -> Mapping[str, InstanceInfo]:
-        """Job id -> the instance it runs on, for workloads this backend is running or has adopted."""
+        """Job id -> the instance it runs on, for workloads this backend is running or has adopted.
+
+        A read-only LIVE view (no copy per call: it is asked several times per command and per exit): it changes
+        as workloads start, move and end. Take a copy to keep it across an ``await`` or to iterate it while
+        workloads may change."""
+        ...
+
+    def jobs_on(self, gpu_index: int) -> Mapping[int, str]:
+        """GI id -> the job running on it, on one GPU (plain bindings under their pseudo GI ids): a read-only
+        live view, like ``running()``."""
         ...
 
     async def close(self) -> None: ...

@@ -181,10 +181,12 @@ class CommandsMixin:
     async def _ops(self, cmd: Command, created: list[InstanceInfo] | None = None) -> int:
         if not cmd.ops:
             return 0
-        # only a destroy needs the running instances (mapping every running job costs per command)
+        # only a destroy needs the running instances, and only those of the command's GPU (``book.apply`` asks
+        # about no other): a snapshot of that GPU's, not a pass over every running job
+        lane = self._lane(cmd)
         destroys = any(op.kind == "destroy_gi" for op in cmd.ops)
-        busy = {(i.gpu_index, i.gi_id) for i in self.backend.running().values()} if destroys else set()
-        return await self.book.apply(self._lane(cmd), cmd.ops, busy, created)
+        busy = {(lane, gi) for gi in self.backend.jobs_on(lane)} if destroys else set()
+        return await self.book.apply(lane, cmd.ops, busy, created)
 
     def _runs_on(self, job: str, instance_id: str | None) -> bool:
         info = self.backend.running().get(job)

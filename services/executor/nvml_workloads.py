@@ -113,3 +113,6 @@ class NvmlWorkloads:
 
     def running(self) -> Mapping[str, InstanceInfo]:
         return self._jobs.running()
+
+    def jobs_on(self, gpu_index: int) -> Mapping[int, str]:
+        return self._jobs.jobs_on(gpu_index)

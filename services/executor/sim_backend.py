@@ -32,6 +32,14 @@ from shared.mig.occupancy import span
 _NS = uuid.UUID("6f1c7e52-9a43-4d2b-8d5e-6b1f0c3a9e10")
 
 
+def _free_gi_id(gis: Mapping[int, InstanceInfo]) -> int:
+    """The lowest GI id from 1 to 63 not in use (the driver's choice for a GI smaller than the GPU)."""
+    for gi_id in range(1, 64):
+        if gi_id not in gis:
+            return gi_id
+    raise ValueError("every GI id from 1 to 63 is in use")
+
+
 class SimBackend:
     name = "sim"
 
@@ -54,6 +62,8 @@ class SimBackend:
         self._speedup = speedup
         self._mig_disabled = frozenset(mig_disabled)
         self._gis: list[dict[int, InstanceInfo]] = [{} for _ in self._models]
+        self._listed: list[tuple[InstanceInfo, ...] | None] = [None for _ in self._models]
+        """``list_instances`` of each GPU, by placement; None once the GPU's instances change."""
         self._locks = [asyncio.Lock() for _ in self._models]
         self._jobs = JobTable()
         self._faults: dict[str, list[int]] = {"create": [], "destroy": []}
@@ -103,7 +113,12 @@ class SimBackend:
 
     async def list_instances(self, gpu_index: int) -> Sequence[InstanceInfo]:
         self._mig_gpu(gpu_index)
-        return sorted(self._gis[gpu_index].values(), key=lambda i: (i.start, i.gi_id))
+        listed = self._listed[gpu_index]
+        if listed is None:  # sorted once per change of the GPU, not per call (several per command)
+            listed = self._listed[gpu_index] = tuple(
+                sorted(self._gis[gpu_index].values(), key=lambda i: (i.start, i.gi_id))
+            )
+        return list(listed)
 
     # ---- GI operations ----
 
@@ -129,7 +144,7 @@ class SimBackend:
             same = sum(1 for gi in gis.values() if gi.profile_id == profile_id)
             if used & span(profile.memory_slices, start) or same >= profile.max_count:
                 raise error_for_code(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES, action)
-            gi_id = 0 if profile.memory_slices == model.memory_slices else min(set(range(1, 64)) - set(gis))
+            gi_id = 0 if profile.memory_slices == model.memory_slices else _free_gi_id(gis)
             self._serial += 1
             info = InstanceInfo(
                 gpu_index=gpu_index,
@@ -143,6 +158,7 @@ class SimBackend:
                 owned=True,
             )
             gis[gi_id] = info
+            self._listed[gpu_index] = None
             return info
 
     async def destroy_instance(self, gpu_index: int, gi_id: int) -> None:
@@ -161,6 +177,7 @@ class SimBackend:
             if self._faults["destroy"]:
                 raise error_for_code(self._faults["destroy"].pop(0), action)
             del gis[gi_id]
+            self._listed[gpu_index] = None
 
     # ---- workloads ----
 
@@ -217,6 +234,9 @@ class SimBackend:
 
     def running(self) -> Mapping[str, InstanceInfo]:
         return self._jobs.running()
+
+    def jobs_on(self, gpu_index: int) -> Mapping[int, str]:
+        return self._jobs.jobs_on(gpu_index)
 
     async def close(self) -> None:
         await self._jobs.close()

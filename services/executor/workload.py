@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 
 import msgspec
 
@@ -78,16 +79,31 @@ def _reason(run: Run, result: RunResult) -> str:
 
 
 class JobTable:
-    """Job id -> its current run. Exits of runs that were replaced (moved) are never reported."""
+    """Job id -> its current run. Exits of runs that were replaced (moved) are never reported.
+
+    Every question a command or an exit asks per job is answered without a pass over the runs: ``running()`` is
+    a live view of a maintained job -> instance map, and an index (GPU, GI id) -> job answers ``job_on`` and
+    ``jobs_on``. All of them change together: in ``_set`` (add, move), ``_drop`` (an end) and ``close`` only.
+    """
 
     def __init__(self, on_change: Callable[[], None] | None = None) -> None:
         self._runs: dict[str, Run] = {}
+        self._instances: dict[str, InstanceInfo] = {}
+        """Job -> its run's instance, in the order of ``_runs`` (a scan of either meets the jobs alike)."""
+        self._view: Mapping[str, InstanceInfo] = MappingProxyType(self._instances)
+        self._by_gpu: dict[int, dict[int, str]] = {}
+        """GPU index -> GI id -> the job running there: the first one in ``_runs`` order, as a scan finds it."""
+        self._crowded: dict[tuple[int, int], int] = {}
+        """(GPU, GI id) -> runs there beyond the first. Never from a start or a move (both refuse a busy
+        instance); only an adoption of a state file listing two jobs on one instance could."""
         self._watchers: set[asyncio.Task[None]] = set()
         self._exits: asyncio.Queue[WorkloadExit] = asyncio.Queue()
         self._on_change = on_change or (lambda: None)
 
     def running(self) -> Mapping[str, InstanceInfo]:
-        return {job: run.instance for job, run in self._runs.items()}
+        """Job id -> the instance it runs on: a read-only LIVE view, which changes as runs start, move and end.
+        A caller that keeps it across an ``await``, or iterates it while runs may change, takes a copy."""
+        return self._view
 
     def runs(self) -> dict[str, Run]:
         return dict(self._runs)
@@ -96,10 +112,60 @@ class JobTable:
         return self._runs.get(job_id)
 
     def job_on(self, gpu_index: int, gi_id: int) -> str | None:
-        for job, run in self._runs.items():
-            if run.instance.gpu_index == gpu_index and run.instance.gi_id == gi_id:
-                return job
-        return None
+        """The job running on the instance (the first one started there, should several be), or None."""
+        gis = self._by_gpu.get(gpu_index)
+        return None if gis is None else gis.get(gi_id)
+
+    def jobs_on(self, gpu_index: int) -> Mapping[int, str]:
+        """GI id -> the job running on it, for one GPU: a read-only live view, like ``running()``."""
+        gis = self._by_gpu.get(gpu_index)
+        if gis is None:  # kept from now on (one small dict per GPU asked about), so the view stays live
+            gis = self._by_gpu[gpu_index] = {}
+        return MappingProxyType(gis)
+
+    # ---- the one place the maps change ----
+
+    def _set(self, job_id: str, run: Run) -> None:
+        """Add the job's run, or replace its current one (in place: the job keeps its position)."""
+        old = self._runs.get(job_id)
+        self._runs[job_id] = run
+        self._instances[job_id] = run.instance
+        if old is not None:
+            self._unindex(old.instance)
+        self._index(job_id, run.instance)
+
+    def _drop(self, job_id: str) -> None:
+        run = self._runs.pop(job_id)
+        del self._instances[job_id]
+        self._unindex(run.instance)
+
+    def _index(self, job_id: str, instance: InstanceInfo) -> None:
+        gis = self._by_gpu.get(instance.gpu_index)
+        if gis is None:
+            gis = self._by_gpu[instance.gpu_index] = {}
+        if instance.gi_id not in gis:
+            gis[instance.gi_id] = job_id
+            return
+        slot = (instance.gpu_index, instance.gi_id)
+        self._crowded[slot] = self._crowded.get(slot, 0) + 1
+        gis[instance.gi_id] = self._first_on(slot)
+
+    def _unindex(self, instance: InstanceInfo) -> None:
+        """Called once the run is gone from ``_runs`` (or replaced there)."""
+        gis = self._by_gpu[instance.gpu_index]
+        slot = (instance.gpu_index, instance.gi_id)
+        extra = self._crowded.get(slot)
+        if extra is None:
+            del gis[instance.gi_id]
+            return
+        if extra == 1:
+            del self._crowded[slot]
+        else:
+            self._crowded[slot] = extra - 1
+        gis[instance.gi_id] = self._first_on(slot)
+
+    def _first_on(self, slot: tuple[int, int]) -> str:
+        return next(job for job, i in self._instances.items() if (i.gpu_index, i.gi_id) == slot)
 
     def check_can_start(self, job_id: str, instance: InstanceInfo) -> bool:
         """True when the job already runs on this instance (a redelivered command: do nothing)."""
@@ -121,7 +187,7 @@ class JobTable:
         return False
 
     def add(self, job_id: str, run: Run) -> None:
-        self._runs[job_id] = run
+        self._set(job_id, run)
         self._watch(job_id, run)
         self._on_change()
 
@@ -137,7 +203,7 @@ class JobTable:
         """Forget the run and queue its exit, once (its watcher and ``stop`` may both get here)."""
         if self._runs.get(job_id) is not run:
             return  # replaced by a move (the job did not end), or reported already
-        del self._runs[job_id]
+        self._drop(job_id)
         self._on_change()
         self._exits.put_nowait(
             WorkloadExit(
@@ -192,7 +258,7 @@ class JobTable:
             await target.stop(grace_s)
             await target.wait()
             raise WorkloadError(f"move of job {job_id} aborted: the source copy ended during the move")
-        self._runs[job_id] = target
+        self._set(job_id, target)
         self._watch(job_id, target)
         self._on_change()
         await source.stop(grace_s)
@@ -208,3 +274,7 @@ class JobTable:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._runs.clear()
+        self._instances.clear()
+        for gis in self._by_gpu.values():  # emptied, not dropped: the views handed out stay live
+            gis.clear()
+        self._crowded.clear()

@@ -4,15 +4,17 @@ likewise; a hard cap holds at any rate. Time is an injected clock: no sleeps."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.executor.recent import Recent
 from services.executor.service import Executor, ExecutorSettings
 from services.executor.sim_backend import SimBackend
 from shared.bus import Outgoing
-from shared.events import CmdDone, CmdFailed, Command, Subjects, now
+from shared.events import CmdDone, CmdFailed, Command, Subjects, encode, now
 from shared.mig.geometry import default_geometry
 from shared.policy.partition import MigOp
 from shared.settings import load
@@ -209,4 +211,39 @@ async def test_published_exits_are_remembered_for_the_window_then_forgotten() ->
     await rig.ex._exit_reported("j1", timeout=0.0)  # known: returns at once
     rig.clock.t += 12.0
     assert "j1" not in rig.ex._exits_out
+    await rig.backend.close()
+
+
+async def test_a_remembered_report_is_its_json_at_its_exact_size_and_replays_as_sent() -> None:
+    rig = Rig()
+    done = CmdDone(id="c1.done", node=NODE, at=1.5, cmd_id="c1", command="destroy_idle")
+    failed = CmdFailed(id="c2.failed", node=NODE, at=2.5, cmd_id="c2", command="place", job_id="j", error="x" * 2000)
+    subject = rig.bus.subjects.node_report(NODE)
+    rig.ex._remember("c2", [Outgoing(subject, failed)])  # a long one first: the buffer grows, then shrinks back
+    rig.ex._remember("c1", [Outgoing(subject, done)])
+    rig.ex._remember("c3", [Outgoing(subject, done), Outgoing(subject, failed)])
+    kept = rig.ex._done.get("c1")
+    assert kept == encode(done) and isinstance(kept, bytes) and sys.getsizeof(kept) == sys.getsizeof(encode(done))
+    assert rig.ex._done.get("c2") == encode(failed)
+    assert [o.msg for o in rig.ex._replayed(subject, rig.ex._done.get("c3"), None)] == [done, failed]  # type: ignore[arg-type]
+    await rig.backend.close()
+
+
+async def test_a_destroy_is_refused_only_for_an_instance_busy_on_the_commands_own_gpu() -> None:
+    rig = Rig()
+    await rig.deliver(place("c1", "j1", 0, "1g.5gb", 0))
+    await rig.deliver(place("c2", "j2", 1, "1g.5gb", 0))
+    await rig.backend.stop_workload("j2")  # GPU 1's instance is idle now; GPU 0's (same GI id) still busy
+    (gi,) = [i.gi_id for i in await rig.backend.list_instances(0)]
+    assert [i.gi_id for i in await rig.backend.list_instances(1)] == [gi]
+
+    def destroy(cmd_id: str, gpu: int) -> Command:
+        ops = tuple(msgspec.structs.replace(op, kind=kind) for op, kind in
+                    zip(place(cmd_id, f"j{gpu + 1}", gpu, "1g.5gb", 0).ops, ("destroy_ci", "destroy_gi"), strict=True))
+        return Command(id=cmd_id, cmd_id=cmd_id, kind="destroy_idle", node=NODE, gpu_index=gpu, ops=ops, at=now())
+
+    (refused,) = await rig.deliver(destroy("c3", 0))
+    assert isinstance(refused, CmdFailed) and "a workload still runs on it" in refused.error  # the executor's check
+    (freed,) = await rig.deliver(destroy("c4", 1))
+    assert isinstance(freed, CmdDone) and await rig.backend.list_instances(1) == []
     await rig.backend.close()
