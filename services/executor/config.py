@@ -26,8 +26,9 @@ class ExecutorSettings(Settings):
     """This node's name (one subject token); empty uses the host name."""
     nodes: str = ""
     """sim backend only: several simulated nodes in this one process (comma-separated names), each with its own
-    connection, consumer, heartbeats and GPUs (``executor_gpus`` each), as separate processes would have; a
-    bench of many nodes on a few cores then spends no CPU on an event loop per node. Overrides ``node``."""
+    consumer, subjects, heartbeats and GPUs (``executor_gpus`` each), as separate processes would have, over one
+    shared NATS connection; a bench of many nodes on a few cores then spends no CPU on an event loop and a socket
+    per node. Overrides ``node``."""
     executor_backend: str = "sim"
     """``sim`` (simulated GPUs) or ``nvml`` (real MIG through NVML)."""
     executor_gpus: str = "A100-40GB:8"

@@ -326,18 +326,25 @@ async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
+    # Simulated nodes side by side share one connection: a message for any of them, and a publish of any of
+    # them, then rides with the others' in one socket read or write of this process and of the server, where
+    # a connection per node cost a wake-up per message on both sides. Each node keeps its own consumer,
+    # subjects, heartbeats and GPUs.
+    shared = await Bus.connect(settings, name="executors") if len(nodes) > 1 else None
     try:
         # a node that fails cancels the others (each closes what it opened): the process exits as one would
         async with asyncio.TaskGroup() as tg:
             for node in nodes:
-                tg.create_task(_serve_node(settings, node, stop), name=f"executor-{node}")
+                tg.create_task(_serve_node(settings, node, stop, shared), name=f"executor-{node}")
     finally:
+        if shared is not None:
+            await shared.close()
         telemetry.shutdown()
 
 
-async def _serve_node(settings: ExecutorSettings, node: str, stop: asyncio.Event) -> None:
+async def _serve_node(settings: ExecutorSettings, node: str, stop: asyncio.Event, shared: Bus | None) -> None:
     backend = build_backend(settings, node)
-    bus = await Bus.connect(settings, name=f"executor-{node}")
+    bus = shared or await Bus.connect(settings, name=f"executor-{node}")
     executor = Executor(bus, backend, settings, node)
     try:
         await executor.start()
@@ -345,7 +352,8 @@ async def _serve_node(settings: ExecutorSettings, node: str, stop: asyncio.Event
     finally:
         await executor.stop()
         await backend.close()
-        await bus.close()
+        if shared is None:
+            await bus.close()
         log.info("executor %s stopped", node)
 
 

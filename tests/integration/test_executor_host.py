@@ -1,5 +1,6 @@
-"""Several simulated nodes in one executor process (``MIGSCHED_NODES``), against a real NATS: each node
-registers its own GPUs, reads only its own commands and reports on its own subjects, and one stop ends all."""
+"""Several simulated nodes in one executor process (``MIGSCHED_NODES``), against a real NATS: they share one
+connection, each node registers its own GPUs, reads only its own commands and reports on its own subjects, and
+one stop ends all."""
 
 from __future__ import annotations
 
@@ -36,12 +37,20 @@ def place(node: str, job: str) -> Command:
                    gpu_index=0, ops=ops, instance_id=iid, job_id=job, duration_s=3600.0, at=now())
 
 
-async def test_nodes_hosted_in_one_process_each_register_and_answer_only_their_own_commands(
-    nats_url: str, prefix: str
+async def test_nodes_hosted_in_one_process_share_one_connection_and_each_answers_only_its_own_commands(
+    nats_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     st = settings(nats_url, prefix, nodes="h1,h2,h3")
     bus = await Bus.connect(st)
     await bus.ensure_streams()
+    opened: list[str] = []
+    connect = Bus.connect
+
+    async def counted(settings: Any, name: str = "migsched", **options: Any) -> Bus:
+        opened.append(name)
+        return await connect(settings, name=name, **options)
+
+    monkeypatch.setattr(Bus, "connect", counted)
     seen: list[tuple[str, Any]] = []
 
     async def on_msg(m: Any) -> None:
@@ -62,6 +71,7 @@ async def test_nodes_hosted_in_one_process_each_register_and_answer_only_their_o
         await asyncio.wait_for(until(lambda: len(reports(Registered)) == 3), 10)
         assert sorted(m.node for _, m in reports(Registered)) == ["h1", "h2", "h3"]
         assert all(len(m.gpus) == 2 for _, m in reports(Registered))
+        assert opened == ["executors"]  # one connection for the three nodes
         for node in ("h1", "h3"):
             await bus.publish(bus.subjects.cmd(node), place(node, f"job-{node}"))
         await asyncio.wait_for(until(lambda: len(reports(CmdDone)) == 2), 10)
