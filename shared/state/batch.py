@@ -29,7 +29,6 @@ class Batch:
 
     def __init__(self, store: RedisState) -> None:
         self.store = store
-        self.pipe = store.redis.pipeline(transaction=False)
         self._calls: list[tuple[str, Sequence[str], Sequence[Any], Any]] = []
 
     def __len__(self) -> int:
@@ -248,26 +247,24 @@ class Batch:
         # queued in call order with the scripts (run() sends them in order), or the results would not line up
         return self._add("", [self.store.keys(shard).cmds], [cmd_id, _ENC.encode(info)], lambda v: v)
 
+    def _command(self, call: tuple[str, Sequence[str], Sequence[Any], Any]) -> tuple[Any, ...]:
+        name, keys, args, _ = call
+        if name:
+            return ("EVALSHA", self.store.sha(name), len(keys), *keys, *args)
+        return ("HSET", keys[0], args[0], args[1])  # track_command
+
     async def run(self) -> list[Any]:
         """One round trip: EVALSHA for every queued call (no SCRIPT EXISTS first, unlike redis-py's pipelined
         Script); the calls Redis answers NOSCRIPT (a restarted or flushed Redis) did not run, so they are
         loaded and sent again, in their order."""
         if not self._calls:
             return []
-        for name, keys, args, _ in self._calls:
-            if name:
-                self.pipe.evalsha(self.store.sha(name), len(keys), *keys, *args)
-            else:  # track_command
-                self.pipe.hset(keys[0], args[0], args[1])
-        raw = await self.pipe.execute(raise_on_error=False)
+        raw = await self.store.roundtrips.run([self._command(call) for call in self._calls])
         missing = [n for n, v in enumerate(raw) if isinstance(v, NoScriptError)]
         if missing:
             await self.store.load_scripts()
-            again = self.store.redis.pipeline(transaction=False)
-            for n in missing:
-                name, keys, args, _ = self._calls[n]
-                again.evalsha(self.store.sha(name), len(keys), *keys, *args)
-            for n, v in zip(missing, await again.execute(raise_on_error=False), strict=True):
+            again = await self.store.roundtrips.run([self._command(self._calls[n]) for n in missing])
+            for n, v in zip(missing, again, strict=True):
                 raw[n] = v
         out: list[Any] = []
         for (name, _, _, parse), v in zip(self._calls, raw, strict=True):

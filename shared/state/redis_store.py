@@ -46,6 +46,7 @@ from shared.state.model import (
     shard_of,
 )
 from shared.state.reads import DerivedReads
+from shared.state.roundtrip import RoundTrips
 
 
 class RedisState(DerivedReads):
@@ -57,6 +58,7 @@ class RedisState(DerivedReads):
         self.shards = shards
         self._keys = [Keys(namespace, s) for s in range(shards)]
         self._scripts: dict[str, Any] = {}
+        self.roundtrips = RoundTrips(redis)
 
     @classmethod
     def from_settings(cls, settings: Any) -> RedisState:
@@ -66,6 +68,7 @@ class RedisState(DerivedReads):
         return cls(client, settings.namespace, settings.shards)
 
     async def close(self) -> None:
+        await self.roundtrips.close()
         await self.redis.aclose()
 
     def sha(self, name: str) -> str:
