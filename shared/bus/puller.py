@@ -93,7 +93,10 @@ class Puller:
         if not self._buf:
             self._ready.clear()
             try:
-                await asyncio.wait_for(self._ready.wait(), timeout)
+                # a timeout scope, not ``asyncio.wait_for``: on Python 3.11 that wraps the wait in a new Task,
+                # one per batch fetched by every consumer
+                async with asyncio.timeout(timeout):
+                    await self._ready.wait()
             except TimeoutError:
                 return []
         out: list[Msg] = []
