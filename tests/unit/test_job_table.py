@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -64,8 +64,14 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def test_a_started_job_is_found_on_its_instance_and_in_running() -> None:
-    table = JobTable()
+@pytest.fixture
+async def table() -> AsyncIterator[JobTable]:
+    made = JobTable()
+    yield made
+    await made.close()
+
+
+async def test_a_started_job_is_found_on_its_instance_and_in_running(table: JobTable) -> None:
     table.add("a", StubRun(inst(0, 1)))
     table.add("b", StubRun(inst(1, 1)))
     assert table.job_on(0, 1) == "a" and table.job_on(1, 1) == "b" and table.job_on(0, 2) is None
@@ -74,11 +80,9 @@ async def test_a_started_job_is_found_on_its_instance_and_in_running() -> None:
     assert table.check_can_start("a", inst(0, 1)) is True  # a replayed start
     with pytest.raises(WorkloadError, match="busy with job b"):
         table.check_can_start("c", inst(1, 1))
-    await table.close()
 
 
-async def test_running_is_a_read_only_view_that_follows_starts_and_ends() -> None:
-    table = JobTable()
+async def test_running_is_a_read_only_view_that_follows_starts_and_ends(table: JobTable) -> None:
     view = table.running()
     table.add("a", StubRun(inst(0, 1)))
     assert "a" in view
@@ -87,22 +91,18 @@ async def test_running_is_a_read_only_view_that_follows_starts_and_ends() -> Non
     await table.stop("a", 0.0)
     assert "a" not in view and table.job_on(0, 1) is None
     assert (await table.next_exit()).reason == "stopped"
-    await table.close()
 
 
-async def test_a_job_that_ends_on_its_own_leaves_the_index_once_its_exit_is_queued() -> None:
-    table = JobTable()
+async def test_a_job_that_ends_on_its_own_leaves_the_index_once_its_exit_is_queued(table: JobTable) -> None:
     run = StubRun(inst(2, 3))
     table.add("a", run)
     run.end(1)
     exit_ = await asyncio.wait_for(table.next_exit(), 1.0)
     assert (exit_.job_id, exit_.reason) == ("a", "failed")
     assert table.job_on(2, 3) is None and "a" not in table.running() and dict(table.jobs_on(2)) == {}
-    await table.close()
 
 
-async def test_a_moved_job_is_found_on_its_target_only_and_its_source_instance_is_free() -> None:
-    table = JobTable()
+async def test_a_moved_job_is_found_on_its_target_only_and_its_source_instance_is_free(table: JobTable) -> None:
     table.add("before", StubRun(inst(0, 2)))
     table.add("a", StubRun(inst(0, 1)))
     table.add("after", StubRun(inst(1, 2)))
@@ -116,7 +116,6 @@ async def test_a_moved_job_is_found_on_its_target_only_and_its_source_instance_i
     await settle()
     assert table.exits_ready(10) == []  # the retired source is no exit
     assert_agrees_with_a_scan(table, {}, table.running())
-    await table.close()
 
 
 async def test_close_empties_the_table_and_the_views_handed_out_before() -> None:
@@ -130,8 +129,7 @@ async def test_close_empties_the_table_and_the_views_handed_out_before() -> None
     await table.close()
 
 
-async def test_two_jobs_adopted_onto_one_instance_answer_as_a_scan_does_first_come_first() -> None:
-    table = JobTable()
+async def test_two_jobs_adopted_onto_one_instance_answer_as_a_scan_does_first_come_first(table: JobTable) -> None:
     first, second = StubRun(inst(0, 1)), StubRun(inst(0, 1))
     table.add("x", first)
     table.add("y", second)  # an adoption (no check_can_start): a state file listing both
@@ -141,17 +139,14 @@ async def test_two_jobs_adopted_onto_one_instance_answer_as_a_scan_does_first_co
     assert table.job_on(0, 1) == "y"
     await table.stop("y", 0.0)
     assert table.job_on(0, 1) is None and dict(table.jobs_on(0)) == {}
-    await table.close()
 
 
-async def test_adding_a_job_again_replaces_its_run_in_place_and_in_the_index() -> None:
-    table = JobTable()
+async def test_adding_a_job_again_replaces_its_run_in_place_and_in_the_index(table: JobTable) -> None:
     table.add("a", StubRun(inst(0, 1)))
     table.add("b", StubRun(inst(0, 2)))
     table.add("a", StubRun(inst(1, 1)))
     assert list(table.running()) == ["a", "b"]
     assert table.job_on(0, 1) is None and table.job_on(1, 1) == "a"
-    await table.close()
 
 
 # --- any sequence of operations -------------------------------------------------------------------------------
