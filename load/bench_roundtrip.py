@@ -43,7 +43,7 @@ def calls(state: RedisState, trip: int, size: int, now: float) -> list[tuple[Any
             b.mark_running(job, f"node-3/5:1g.5gb@{i % 7}:{job}", now, f"place:{job}:0")
         else:
             b.track_command(0, f"place:{job}:0", {"node": "node-3", "kind": "place", "job": job, "at": now})
-    return [b._command(c) for c in b._calls]
+    return b.commands()
 
 
 async def once(variant: str, trips: int, size: int) -> float:

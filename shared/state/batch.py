@@ -247,6 +247,10 @@ class Batch:
         # queued in call order with the scripts (run() sends them in order), or the results would not line up
         return self._add("", [self.store.keys(shard).cmds], [cmd_id, _ENC.encode(info)], lambda v: v)
 
+    def commands(self) -> list[tuple[Any, ...]]:
+        """The Redis commands ``run()`` sends, in call order."""
+        return [self._command(call) for call in self._calls]
+
     def _command(self, call: tuple[str, Sequence[str], Sequence[Any], Any]) -> tuple[Any, ...]:
         name, keys, args, _ = call
         if name:
@@ -259,7 +263,7 @@ class Batch:
         loaded and sent again, in their order."""
         if not self._calls:
             return []
-        raw = await self.store.roundtrips.run([self._command(call) for call in self._calls])
+        raw = await self.store.roundtrips.run(self.commands())
         missing = [n for n, v in enumerate(raw) if isinstance(v, NoScriptError)]
         if missing:
             await self.store.load_scripts()

@@ -1,6 +1,7 @@
 """``RoundTrips`` against a real Redis: replies in order with error replies in place, a broken connection failing
 one round trip (retried only as far as the client's ``Retry`` allows), a cancelled round trip never answering the
-next one, and the connections given back on close."""
+next one, and the connections given back on close; and the store's connections writing without
+``asyncio.wait_for`` while keeping redis-py's write errors."""
 
 from __future__ import annotations
 
@@ -128,3 +129,30 @@ async def test_concurrent_round_trips_each_get_their_own_replies_and_close_gives
     await rig.trips.close()
     assert len(pool._in_use_connections) == in_use_before - held
     assert await rig.trips.run([("GET", keys[0])]) == [b"0"]  # usable again after close: checks one out anew
+
+
+async def test_a_connected_connection_writes_without_asyncio_wait_for_and_keeps_redis_pys_write_errors(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis.asyncio.connection as redis_connection
+
+    await rig.r.ping()  # connected: writes take the scoped path from now on
+
+    def no_wait_for(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("asyncio.wait_for used for a write (a Task per command)")
+
+    monkeypatch.setattr(redis_connection.asyncio, "wait_for", no_wait_for)
+    assert await rig.r.set(rig.key, "1") is True
+    assert await rig.trips.run([("GET", rig.key)]) == [b"1"]
+
+    conn = await rig.r.connection_pool.get_connection()
+    try:
+        def broken(_data: Any) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        monkeypatch.setattr(conn._writer, "writelines", broken)
+        with pytest.raises(RedisConnectionError, match="Error while writing to socket"):
+            await conn.send_packed_command(conn.pack_command("GET", rig.key))
+        assert not conn.is_connected  # closed, as redis-py closes a connection whose write failed
+    finally:
+        await rig.r.connection_pool.release(conn)
