@@ -40,6 +40,7 @@ from pathlib import Path
 
 import redis as redis_sync
 
+from load.aof_watch import AofWatch
 from load.bench_pipeline import cpu_seconds
 from load.scenarios import scenario
 from migsched.stack import Stack, StackConfig
@@ -231,7 +232,12 @@ def main(argv: list[str] | None = None) -> int:
         # the servers share the two cores too: fewer messages or Redis calls per job show up there as well
         servers = {name: s.proc.pid for name, s in (("nats-server", nats), ("redis-server", redis)) if s.proc}
         cpu0 = {name: cpu_seconds(pid) for name, pid in {**procs_by_name, **servers}.items()}
-        rc = subprocess.call(cmd, cwd=str(REPO))
+        aof = AofWatch(redis.url, servers.get("redis-server"))
+        aof.start()
+        try:
+            rc = subprocess.call(cmd, cwd=str(REPO))
+        finally:
+            aof.stop()
         print("CPU seconds while the scenario ran (stack processes):", flush=True)
         for name, pid in sorted(procs_by_name.items()):
             print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
@@ -239,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, pid in servers.items():
             print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
         print(redis_pauses(redis.url), flush=True)
+        print(aof.summary(), flush=True)
     finally:
         status = stack.stop(grace_s=20)
         nats.stop()
