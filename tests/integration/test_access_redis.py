@@ -10,7 +10,7 @@ import redis
 import redis.exceptions as rex
 
 from shared import access
-from shared.localservers import LocalServer, ServerError, start_redis
+from shared.localservers import AOF_REWRITE_MIN_SIZE, REDIS_TUNING, LocalServer, ServerError, start_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -88,6 +88,28 @@ def test_the_shipped_redis_conf_keeps_state_durable_and_unevictable(secured) -> 
     admin = client(*secured, "admin")
     got = {k: admin.config_get(k)[k] for k in ("appendonly", "appendfsync", "maxmemory-policy")}
     assert got == {"appendonly": "yes", "appendfsync": "everysec", "maxmemory-policy": "noeviction"}
+
+
+def test_the_shipped_redis_conf_packs_job_hashes_and_rewrites_rarely(secured) -> None:
+    admin = client(*secured, "admin")
+    got = {k: admin.config_get(k)[k] for k in ("hash-max-listpack-value", "rdbcompression")}
+    assert got == {"hash-max-listpack-value": "1024", "rdbcompression": "no"}
+    assert int(admin.config_get("auto-aof-rewrite-min-size")["auto-aof-rewrite-min-size"]) == 2**30
+    # a job-shaped hash (its spec is ~400 bytes of JSON) stays packed
+    admin.hset("{t:0}:job:j1", mapping={"state": "running", "spec": "x" * 400, "gpu": "n/0"})
+    assert admin.object("encoding", "{t:0}:job:j1") == b"listpack"
+
+
+def test_private_servers_are_tuned_as_the_shipped_conf() -> None:
+    conf = dict(
+        line.split(None, 1) for line in (DEPLOY / "redis.conf").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    tuning = dict(zip(REDIS_TUNING[::2], REDIS_TUNING[1::2], strict=True))
+    assert {k.removeprefix("--"): v for k, v in tuning.items()} == {
+        k.removeprefix("--"): conf[k.removeprefix("--")].strip() for k in tuning
+    }
+    assert conf["auto-aof-rewrite-min-size"].strip() == AOF_REWRITE_MIN_SIZE
 
 
 def test_the_unrendered_acl_template_fails_closed() -> None:
