@@ -91,7 +91,7 @@ def verdict(s: RunSummary, budget: Budget) -> list[Check]:
         checks.append(Check(f"backlog drained within {budget.max_wait_s:g} s",
                             measured and wait_s <= budget.max_wait_s, f"worst submit→command {wait_s:.2f} s"))
     trends = {k: v for k, v in s.memory.items() if v is not None}
-    if trends:
+    if trends and budget.max_rss_drift_pct is not None:
         worst = max(trends.items(), key=lambda kv: abs(kv[1].drift_pct))
         checks.append(Check(f"RSS flat (±{budget.max_rss_drift_pct:g} %)",
                             abs(worst[1].drift_pct) <= budget.max_rss_drift_pct,

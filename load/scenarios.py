@@ -33,12 +33,16 @@ class Budget:
     p99_submit_to_command_ms: float | None = 50.0
     min_rate_share: float | None = 0.98
     """Delivered command rate / offered rate below which the stack did not sustain the load."""
-    max_rss_drift_pct: float = 10.0
+    max_rss_drift_pct: float | None = 10.0
+    """Judged over the soak only (None elsewhere): in a 60-s run the executors' window of remembered commands
+    (60 s) is still filling, so their RSS grows by design and a verdict would say nothing; the RSS table still
+    shows every drift."""
     max_wait_s: float | None = None
     """Burst: the worst submit → command wait, i.e. how long the backlog took to drain (our own target)."""
 
 
-BURST_BUDGET = Budget(p99_submit_to_command_ms=None, min_rate_share=None, max_wait_s=10.0)
+BURST_BUDGET = Budget(p99_submit_to_command_ms=None, min_rate_share=None, max_wait_s=10.0, max_rss_drift_pct=None)
+STEADY_BUDGET = Budget(max_rss_drift_pct=None)
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ class Scenario:
 def _steady(rate: int, nodes: int, seconds: float = 60.0) -> Scenario:
     shape = f"{nodes}x8"
     return Scenario(f"steady-{rate}-{shape}", f"{rate} arrivals/s for {seconds:.0f} s with matching exits on "
-                    f"{nodes} × 8 GPUs", ((float(rate), seconds),), nodes=nodes)
+                    f"{nodes} × 8 GPUs", ((float(rate), seconds),), nodes=nodes, budget=STEADY_BUDGET)
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (

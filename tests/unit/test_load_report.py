@@ -129,3 +129,15 @@ def test_the_cli_lists_scenarios_and_refuses_unknown_ones(capsys: pytest.Capture
     assert "steady-2000-64x8" in capsys.readouterr().out
     assert main(["--no-uvloop", "scenario", "no-such-thing", "--nats", "nats://127.0.0.1:1"]) == 2
     assert "no scenario 'no-such-thing'" in capsys.readouterr().err
+
+
+def test_rss_drift_is_judged_over_the_soak_only() -> None:
+    from load.memory import MemoryTrend
+
+    s = a_run()
+    s.memory = {"executor": MemoryTrend(samples=30, first_mib=100.0, last_mib=140.0, max_mib=140.0, drift_pct=40.0)}
+    soak = {c.name: c for c in verdict(s, scenario("soak-1000-64x8").budget)}
+    assert not soak["RSS flat (±10 %)"].ok and "+40.0 % (executor)" in soak["RSS flat (±10 %)"].detail
+    steady = [c.name for c in verdict(s, scenario("steady-1000-64x8").budget)]
+    assert steady == ["nothing lost", "p99 submit→command ≤ 50 ms", "rate sustained"]
+    assert not any("RSS" in c.name for c in verdict(s, scenario("burst-64x8").budget))
