@@ -52,8 +52,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 RETENTION_S = 0.0
 """Ended jobs kept in Redis, and messages in the streams, in a load run (0: the services' defaults, a day).
-At that default a 10-minute soak at 1,000 jobs/s grew Redis to 1.3 GB and it rewrote its AOF three times, each
-a fork and a child writing the whole dataset beside the stack on two cores; an operator at such a rate would
+At that default a 10-minute soak at 1,000 jobs/s grew Redis to 1.3 GB (0.97 GB with job hashes packed) and it
+rewrote its AOF three times, each a fork and a child writing the whole dataset beside the stack on two cores for
+2.4-7.2 s (``load/aof_watch.py``), the soak's worst bursts; an operator at such a rate would
 keep jobs for minutes, not a day. ``--retention 120`` keeps Redis at ~270 MB, but the expiry's deletions cost
 Redis ~11 % more CPU, and on two cores already ~90 % busy the same soak then fell behind (docs/results-live.md,
 fourth session of 30 Nov 2026), so the default stays the services' own."""
