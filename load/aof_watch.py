@@ -10,22 +10,13 @@ The children's CPU comes from ``/proc`` (``cutime + cstime`` of redis-server: re
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import redis as redis_sync
 
-
-def children_cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process's reaped children (Linux /proc): for redis-server, its rewrite children."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
+from load.bench_pipeline import cpu_seconds
 
 
 @dataclass
@@ -51,7 +42,7 @@ class AofWatch:
 
     def start(self) -> None:
         self._t0 = time.monotonic()
-        self._cpu0 = children_cpu_seconds(self.pid) if self.pid else float("nan")
+        self._cpu0 = cpu_seconds(self.pid, children=True) if self.pid else float("nan")
         self._thread = threading.Thread(target=self._run, name="aof-watch", daemon=True)
         self._thread.start()
 
@@ -59,7 +50,7 @@ class AofWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._cpu = children_cpu_seconds(self.pid) - self._cpu0 if self.pid else float("nan")
+        self._cpu = cpu_seconds(self.pid, children=True) - self._cpu0 if self.pid else float("nan")
 
     def _run(self) -> None:
         r = redis_sync.Redis.from_url(self.url)

@@ -201,11 +201,13 @@ async def generate(bus: Bus, rate: float, seconds: float, duration: float, rng: 
         await asyncio.sleep(max(0.0, tick - (time.time() - now)))
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc); ``children``: of its reaped children
+    instead (for redis-server, its AOF rewrites)."""
+    first = 13 if children else 11
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return float("nan")
 
