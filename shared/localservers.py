@@ -157,12 +157,12 @@ def start_redis(port: int | None = None, workdir: Path | None = None, appendonly
     argv = [binary] + ([str(config)] if config is not None else [])
     argv += ["--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(wd),
              "--appendonly", "yes" if appendonly else "no", "--daemonize", "no"]
-    if config is None:
+    if config is None:  # tuned as deploy/redis/redis.conf (a given config says for itself)
         argv += REDIS_TUNING
-    if appendonly and config is None:
-        # as deploy/redis/redis.conf: the default 64 MB made Redis rewrite its AOF every ~12 s at 1,000 jobs/s,
-        # each rewrite a forked child writing the whole dataset, a latency spike on a small machine
-        argv += ["--auto-aof-rewrite-min-size", AOF_REWRITE_MIN_SIZE]
+        if appendonly:
+            # the default 64 MB made Redis rewrite its AOF every ~12 s at 1,000 jobs/s, each rewrite a forked
+            # child writing the whole dataset, a latency spike on a small machine
+            argv += ["--auto-aof-rewrite-min-size", AOF_REWRITE_MIN_SIZE]
     if aclfile is not None:
         argv += ["--aclfile", str(aclfile)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
