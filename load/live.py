@@ -42,6 +42,7 @@ import redis as redis_sync
 
 from load.aof_watch import AofWatch
 from load.bench_pipeline import cpu_seconds
+from load.cpu_watch import CpuWatch
 from load.scenarios import scenario
 from migsched.stack import Stack, StackConfig
 from services.common import stalls
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", help="stages the recorder does not watch (see python -m load scenario --help)")
     ap.add_argument("--timelines", help="per-job stage instants as JSON (see python -m load scenario --help)")
     ap.add_argument("--final", help="the stage every job must reach (see python -m load scenario --help)")
+    ap.add_argument("--cpu-window", type=float, default=20.0,
+                    help="seconds per window of the CPU-per-process table printed after the run (0: none)")
     ap.add_argument("--retention", type=float, default=RETENTION_S,
                     help="seconds ended jobs stay in Redis and messages in the streams (0: the services' defaults)")
     args = ap.parse_args(argv)
@@ -235,9 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         cpu0 = {name: cpu_seconds(pid) for name, pid in {**procs_by_name, **servers}.items()}
         aof = AofWatch(redis.url, servers.get("redis-server"))
         aof.start()
+        harness = subprocess.Popen(cmd, cwd=str(REPO))
+        watch = CpuWatch({**procs_by_name, **servers, "harness": harness.pid}, every_s=args.cpu_window)
+        if args.cpu_window > 0:
+            watch.start()
         try:
-            rc = subprocess.call(cmd, cwd=str(REPO))
+            rc = harness.wait()
+        except BaseException:  # as subprocess.call: an interrupted run leaves no harness behind
+            harness.kill()
+            harness.wait()
+            raise
         finally:
+            watch.stop()
             aof.stop()
         print("CPU seconds while the scenario ran (stack processes):", flush=True)
         for name, pid in sorted(procs_by_name.items()):
@@ -247,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
         print(redis_pauses(redis.url), flush=True)
         print(aof.summary(), flush=True)
+        if watch.windows:
+            print(f"CPU seconds per {args.cpu_window:g}-s window (and how busy all {watch.cores} cores were):",
+                  flush=True)
+            print(watch.table(), flush=True)
     finally:
         status = stack.stop(grace_s=20)
         nats.stop()
