@@ -9,18 +9,17 @@ Order of preference for a MIG request, over every GPU that is healthy, in MIG mo
 5. lower load, then the higher start index (NVIDIA's habit, keeps low slices for big profiles);
 6. the GPU listed first in the snapshot.
 
-All six keys are packed into one int64 per GPU so that the choice is one argmin. Everything but tier and
-load is precomputed per GPU model and request as a table indexed by ``busy << 8 | idle`` (create) or
-``busy << 8 | starts of idle instances of the profile`` (reuse); the tables of a snapshot's models are
+All six keys are packed into one int64 per GPU so that the choice is one argmin. Everything but tier and load is
+precomputed per GPU model and request (``balancer_keys.py``) as a table indexed by ``busy << 8 | idle`` (create)
+or ``busy << 8 | starts of idle instances of the profile`` (reuse); the tables of a snapshot's models are
 stacked so that one decision is a few gathers over the snapshot's columns, whatever the model mix
-(``load/bench_placement.py``; ``balancer_loop.py`` is the same algorithm as a plain loop). The ``Placement``
-of a chosen candidate is built in ``placement_explain.py``; ``live_placement.py`` gives the same decisions
+(``load/bench_placement.py``; ``balancer_loop.py`` is the same algorithm as a plain loop). The ``Placement`` of
+a chosen candidate is built in ``placement_explain.py``; ``live_placement.py`` gives the same decisions
 incrementally, for the balancer service's mirror.
 """
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -29,13 +28,12 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.mig.geometry import GpuModel, Profile
-from shared.mig.occupancy import span
-from shared.mig.tables import PAIRS, ModelTables, tables_for
+from shared.policy.balancer_keys import _UNFIT, _compile, _Compiled, _tier_load
 from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.placement_explain import Cand, explain_choice, whole_placement
 from shared.policy.placement_explain import create_slot as _create_slot
 from shared.policy.placement_explain import idle_at as _idle_at
-from shared.policy.request import Demand, full_profile, resolve_profile
+from shared.policy.request import full_profile
 from shared.policy.sharing import place_plain_gpus, place_share
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
@@ -77,129 +75,12 @@ def pack_key(
     return (k << 4) + (15 - np.asarray(start, dtype=np.int64))
 
 
-def _acceptable(tables: ModelTables, wanted: Profile, allow_larger: bool) -> dict[str, Profile]:
-    if not allow_larger:
-        return {wanted.name: wanted}
-    return {
-        p.name: p
-        for p in tables.profiles
-        if p.compute_slices >= wanted.compute_slices
-        and p.memory_slices >= wanted.memory_slices
-        and p.media_extensions == wanted.media_extensions
-    }
-
-
 def _count_ok(gpu: GpuView, prof: Profile, start: int) -> bool:
     """Room for one more ``prof`` at ``start`` once the idle instances in the way are destroyed (the
     partitioner's rule)."""
     pm = ((1 << prof.memory_slices) - 1) << start
     n = sum(1 for i in gpu.instances if i.profile == prof.name and (i.busy or not i.mask & pm))
     return n < prof.max_count
-
-
-_UNFIT = 1 << 62
-"""Key of a GPU with no candidate: above every real key (< 2**56) even after adding tier and load."""
-
-
-class _Compiled(msgspec.Struct, frozen=True):
-    """The per-request look-up tables of every model in a snapshot, stacked as ``model << 16 | index``."""
-
-    profiles: tuple[Profile | None, ...]
-    create: npt.NDArray[np.int64] | None
-    """Per ``model << 16 | busy << 8 | idle``: the create key minus tier and load, or _UNFIT."""
-    reuse: tuple[tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]], ...]
-    """Per acceptable profile slot: (key part per ``model << 16 | busy << 8 | idle starts``, profile index of
-    that slot on each model)."""
-    idle_bits: npt.NDArray[np.uint32]
-    """Per model: the ``idle_profiles`` bits of the acceptable profiles (screens GPUs before any look-up)."""
-
-
-def _before_q(model: GpuModel, delta: bool) -> npt.NDArray[np.int64] | int:
-    """Per ``busy << 8 | x``: the quantised FragCost before, subtracted from the key in ``delta`` mode."""
-    if not delta:
-        return 0
-    return tables_for(model).fragcost_q[np.arange(PAIRS, dtype=np.int64) >> 8]
-
-
-@functools.lru_cache(maxsize=4096)
-def _create_part(model: GpuModel, profile: str, delta: bool = False) -> npt.NDArray[np.int64]:
-    start, cost, ov = tables_for(model).best_create(profile)
-    cost = cost - _before_q(model, delta)
-    part = (1 << 53) + (cost << 22) + (ov.astype(np.int64) << 15) + (15 - start.astype(np.int64))
-    out = np.where(start >= 0, part, _UNFIT)
-    out.setflags(write=False)
-    return out
-
-
-@functools.lru_cache(maxsize=256)
-def _reuse_part(model: GpuModel, profile: str, waste: int, delta: bool = False) -> npt.NDArray[np.int64]:
-    """Per ``busy << 8 | starts`` (a bit per start of an idle ``profile`` instance): the best reuse key
-    part."""
-    size = model.profile(profile).memory_slices
-    cost_q = tables_for(model).fragcost_q
-    pairs = np.arange(PAIRS, dtype=np.int64)
-    busy, starts = pairs >> 8, pairs & 0xFF
-    best = np.full(PAIRS, _UNFIT, dtype=np.int64)
-    for s in range(model.memory_slices - size + 1):
-        val = ((cost_q[(busy | span(size, s)) & 0xFF] - (cost_q[busy] if delta else 0)) << 22) \
-            + (waste << 19) + (15 - s)
-        best = np.where(((starts >> s) & 1).astype(bool) & (val < best), val, best)
-    best.setflags(write=False)
-    return best
-
-
-def _compile(
-    models: tuple[GpuModel, ...], demand: Demand, dynamic: bool, allow_larger: bool, delta: bool = False
-) -> _Compiled:
-    # keyed on the resolved profiles, not the demand: sized requests vary endlessly, resolutions do not
-    return _compile_profiles(
-        models, tuple(resolve_profile(demand, m) for m in models), dynamic, allow_larger, delta
-    )
-
-
-@functools.lru_cache(maxsize=128)
-def _compile_profiles(
-    models: tuple[GpuModel, ...], profiles: tuple[Profile | None, ...], dynamic: bool, allow_larger: bool,
-    delta: bool = False,
-) -> _Compiled:
-    unfit = np.full(PAIRS, _UNFIT, dtype=np.int64)
-    create = None
-    if dynamic:
-        create = np.concatenate([unfit if p is None else _create_part(m, p.name, delta)
-                                 for m, p in zip(models, profiles, strict=True)])
-    per_model: list[list[tuple[npt.NDArray[np.int64], int]]] = []
-    idle_bits = np.zeros(len(models), dtype=np.uint32)
-    for k, (m, p) in enumerate(zip(models, profiles, strict=True)):
-        slots: list[tuple[npt.NDArray[np.int64], int]] = []
-        if p is not None:
-            index = tables_for(m).index
-            for name, acc in _acceptable(tables_for(m), p, allow_larger).items():
-                slots.append((_reuse_part(m, name, acc.memory_slices - p.memory_slices, delta), index[name]))
-                idle_bits[k] |= np.uint32(1 << index[name])
-        per_model.append(slots)
-    reuse = []
-    for a in range(max((len(s) for s in per_model), default=0)):
-        table = np.concatenate([s[a][0] if a < len(s) else unfit for s in per_model])
-        pidx = np.array([s[a][1] if a < len(s) else 0 for s in per_model], dtype=np.intp)
-        reuse.append((table, pidx))
-    for arr in ([create] if create is not None else []) + [t for t, _ in reuse]:
-        arr.setflags(write=False)
-    idle_bits.setflags(write=False)
-    return _Compiled(profiles=profiles, create=create, reuse=tuple(reuse), idle_bits=idle_bits)
-
-
-@functools.lru_cache(maxsize=1024)
-def _tier_load(models: tuple[GpuModel, ...], threshold: float, lazy_first: bool) -> npt.NDArray[np.int64]:
-    """Per ``model << 4 | used compute slices``: tier << 54 | load_q << 4, load_q = load in thousandths."""
-    t_q = round(threshold * 1000)
-    out = np.zeros(len(models) * 16, dtype=np.int64)
-    for k, m in enumerate(models):
-        used = np.arange(16)
-        load_q = np.rint(used * 1000.0 / max(m.compute_slices, 1)).astype(np.int64)
-        tier = (load_q >= t_q).astype(np.int64) if lazy_first else np.zeros(16, dtype=np.int64)
-        out[k * 16:(k + 1) * 16] = (tier << 54) + (load_q << 4)
-    out.setflags(write=False)
-    return out
 
 
 def place_mig(

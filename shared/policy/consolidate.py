@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from shared.mig.geometry import Profile
 from shared.mig.occupancy import span
-from shared.policy.balancer import _UNFIT, _create_part
+from shared.policy.balancer_keys import _UNFIT, _create_part
 from shared.policy.migration_search import VirtualGpu, shape_target
 
 if TYPE_CHECKING:

@@ -30,16 +30,8 @@ import numpy.typing as npt
 
 from shared.mig.geometry import Geometry, GpuModel, Profile
 from shared.mig.tables import tables_for
-from shared.policy.balancer import (
-    _UNFIT,
-    BalancerParams,
-    _compile_profiles,
-    _Compiled,
-    _first_legal,
-    _shortlist,
-    _tier_load,
-    explain_shortlist,
-)
+from shared.policy.balancer import BalancerParams, _first_legal, _shortlist, explain_shortlist
+from shared.policy.balancer_keys import _UNFIT, _compile_profiles, _Compiled, _tier_load
 from shared.policy.gpu_view import GpuView
 from shared.policy.placement import JobRequest, Placement
 from shared.policy.placement_explain import whole_placement

@@ -28,16 +28,8 @@ import numpy.typing as npt
 
 from shared.mig.geometry import Geometry, GpuModel, Profile
 from shared.mig.tables import tables_for
-from shared.policy.balancer import (
-    _UNFIT,
-    BalancerParams,
-    _compile_profiles,
-    _Compiled,
-    _count_ok,
-    _create_slot,
-    _idle_at,
-    _tier_load,
-)
+from shared.policy.balancer import BalancerParams, _count_ok, _create_slot, _idle_at
+from shared.policy.balancer_keys import _UNFIT, _compile_profiles, _Compiled, _tier_load
 from shared.policy.placement import Slot
 from shared.policy.request import Demand, full_profile, resolve_profile
 from shared.policy.snapshot import GpuView
