@@ -236,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         # the servers share the two cores too: fewer messages or Redis calls per job show up there as well
         servers = {name: s.proc.pid for name, s in (("nats-server", nats), ("redis-server", redis)) if s.proc}
         cpu0 = {name: cpu_seconds(pid) for name, pid in {**procs_by_name, **servers}.items()}
+        # the harness imports for a second or so before it sends: the watches started after it miss nothing
+        harness = subprocess.Popen(cmd, cwd=str(REPO))
         aof = AofWatch(redis.url, servers.get("redis-server"))
         aof.start()
-        harness = subprocess.Popen(cmd, cwd=str(REPO))
         watch = CpuWatch({**procs_by_name, **servers, "harness": harness.pid}, every_s=args.cpu_window)
         if args.cpu_window > 0:
             watch.start()
