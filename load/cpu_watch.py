@@ -3,8 +3,10 @@
 The totals ``load.live`` prints say what a run cost, not whether the cost moved while it ran: a tail that grows
 over a soak is either more work per job later on (one process's share rises) or the same work on a machine
 too busy to absorb it (every share flat, the machine near 100 %). This thread reads ``/proc`` every
-``every_s`` seconds and keeps, per window, each named process's CPU seconds and the share of all cores that
-were busy (anything else on the machine included).
+``every_s`` seconds and keeps, per window, each named process's CPU seconds, the seconds its threads spent
+runnable but waiting for a core (the scheduler's run-queue delay, ``/proc/<pid>/task/*/schedstat``: latency
+that no profile of the process shows), and the share of all cores that were busy (anything else on the machine
+included).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from load.bench_pipeline import cpu_seconds, machine_busy_seconds
 
@@ -28,6 +31,23 @@ class Window:
     """Share of all cores busy in the window (nan when /proc/stat could not be read)."""
     cpu_s: dict[str, float]
     """Name -> CPU seconds in the window (nan for a process that had gone)."""
+    wait_s: dict[str, float] = field(default_factory=dict)
+    """Name -> seconds its threads waited, runnable, for a core in the window (summed over threads)."""
+
+
+def run_queue_seconds(pid: int) -> float:
+    """Seconds all threads of a process (the live ones) have waited runnable for a core (Linux schedstat)."""
+    total = 0.0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return math.nan
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended between the listing and the read
+    return total
 
 
 @dataclass
@@ -39,11 +59,12 @@ class CpuWatch:
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     read_cpu: Callable[[int], float] = cpu_seconds
     read_busy: Callable[[], float] = machine_busy_seconds
+    read_wait: Callable[[int], float] = run_queue_seconds
     windows: list[Window] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _t0: float = 0.0
-    _last: tuple[float, float, dict[str, float]] = (0.0, 0.0, {})
+    _last: tuple[float, float, dict[str, float], dict[str, float]] = (0.0, 0.0, {}, {})
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -63,28 +84,33 @@ class CpuWatch:
             if last:
                 return
 
-    def _read(self, at_s: float) -> tuple[float, float, dict[str, float]]:
-        return at_s, self.read_busy(), {name: self.read_cpu(pid) for name, pid in self.pids.items()}
+    def _read(self, at_s: float) -> tuple[float, float, dict[str, float], dict[str, float]]:
+        return (at_s, self.read_busy(), {name: self.read_cpu(pid) for name, pid in self.pids.items()},
+                {name: self.read_wait(pid) for name, pid in self.pids.items()})
 
-    def observe(self, at_s: float, busy_s: float, cpu: dict[str, float]) -> None:
-        """One sample (seconds since the start, machine busy seconds, name -> CPU seconds so far): closes the
-        window since the previous sample."""
-        t0, busy0, cpu0 = self._last
+    def observe(self, at_s: float, busy_s: float, cpu: dict[str, float],
+                wait: dict[str, float] | None = None) -> None:
+        """One sample (seconds since the start, machine busy seconds, name -> CPU seconds so far, name ->
+        run-queue seconds so far): closes the window since the previous sample."""
+        wait = wait or {}
+        t0, busy0, cpu0, wait0 = self._last
         length = at_s - t0
         if length <= 0:
             return
         share = 100 * (busy_s - busy0) / (length * self.cores)
-        self.windows.append(Window(t0, length, share, {n: cpu[n] - cpu0.get(n, math.nan) for n in cpu}))
-        self._last = (at_s, busy_s, cpu)
+        self.windows.append(Window(t0, length, share, {n: cpu[n] - cpu0.get(n, math.nan) for n in cpu},
+                                   {n: wait[n] - wait0.get(n, math.nan) for n in wait}))
+        self._last = (at_s, busy_s, cpu, wait)
 
-    def table(self) -> str:
-        """The windows as a Markdown table, one column per process."""
-        names = sorted({n for w in self.windows for n in w.cpu_s})
+    def table(self, what: str = "cpu") -> str:
+        """The windows as a Markdown table, one column per process: CPU seconds (``cpu``) or seconds waiting
+        for a core (``wait``)."""
+        names = sorted({n for w in self.windows for n in (w.cpu_s if what == "cpu" else w.wait_s)})
         head = ["| from (s) | machine busy % | " + " | ".join(names) + " |",
                 "|---:|---:|" + "---:|" * len(names)]
         rows = [
-            f"| {w.start_s:.0f} | {_fmt(w.busy_pct, 1)} | " + " | ".join(_fmt(w.cpu_s.get(n, math.nan), 2)
-                                                                for n in names) + " |"
+            f"| {w.start_s:.0f} | {_fmt(w.busy_pct, 1)} | "
+            + " | ".join(_fmt((w.cpu_s if what == "cpu" else w.wait_s).get(n, math.nan), 2) for n in names) + " |"
             for w in self.windows
         ]
         return "\n".join(head + rows)

@@ -263,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         if watch.windows:
             print(f"CPU seconds per {args.cpu_window:g}-s window (and how busy all {watch.cores} cores were):",
                   flush=True)
-            print(watch.table(), flush=True)
+            print(watch.table("cpu"), flush=True)
+            print(f"Seconds waiting, runnable, for a core per {args.cpu_window:g}-s window (all threads):", flush=True)
+            print(watch.table("wait"), flush=True)
     finally:
         status = stack.stop(grace_s=20)
         nats.stop()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from load.cpu_watch import CpuWatch
+from load.cpu_watch import CpuWatch, run_queue_seconds
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +17,7 @@ def test_each_window_holds_the_cpu_spent_in_it_not_since_the_start() -> None:
                      (20.0, {"balancer": 17.5, "redis": 6.5})])
     watch = CpuWatch({"balancer": 1, "redis": 2}, every_s=10, cores=2)
     busy0, cpu0 = next(readings)
-    watch._last = (0.0, busy0, cpu0)
+    watch._last = (0.0, busy0, cpu0, {})
     for at, (busy, cpu) in zip((10.0, 20.0), readings, strict=True):
         watch.observe(at, busy, cpu)
 
@@ -29,7 +29,7 @@ def test_each_window_holds_the_cpu_spent_in_it_not_since_the_start() -> None:
 
 def test_a_process_that_has_gone_shows_as_a_dash_not_a_negative_figure() -> None:
     watch = CpuWatch({"harness": 1, "balancer": 2}, every_s=10, cores=1)
-    watch._last = (0.0, 0.0, {"harness": 1.0, "balancer": 1.0})
+    watch._last = (0.0, 0.0, {"harness": 1.0, "balancer": 1.0}, {})
     watch.observe(10.0, 5.0, {"harness": math.nan, "balancer": 3.0})
 
     rows = watch.table().splitlines()
@@ -39,9 +39,25 @@ def test_a_process_that_has_gone_shows_as_a_dash_not_a_negative_figure() -> None
 
 def test_a_sample_at_the_same_instant_opens_no_empty_window() -> None:
     watch = CpuWatch({"x": 1}, cores=1)
-    watch._last = (5.0, 1.0, {"x": 1.0})
+    watch._last = (5.0, 1.0, {"x": 1.0}, {})
     watch.observe(5.0, 1.0, {"x": 1.0})
     assert watch.windows == []
+
+
+def test_the_wait_table_holds_each_window_s_run_queue_seconds_beside_the_cpu_table() -> None:
+    watch = CpuWatch({"balancer": 1}, cores=2)
+    watch._last = (0.0, 0.0, {"balancer": 1.0}, {"balancer": 0.5})
+    watch.observe(10.0, 10.0, {"balancer": 4.0}, {"balancer": 2.0})
+    watch.observe(20.0, 18.0, {"balancer": 6.0}, {"balancer": 2.25})
+
+    assert [w.wait_s for w in watch.windows] == [{"balancer": 1.5}, {"balancer": 0.25}]
+    assert watch.table("wait").splitlines()[2:] == ["| 0 | 50.0 | 1.50 |", "| 10 | 40.0 | 0.25 |"]
+    assert watch.table("cpu").splitlines()[2:] == ["| 0 | 50.0 | 3.00 |", "| 10 | 40.0 | 2.00 |"]
+
+
+def test_run_queue_seconds_of_a_live_process_is_a_figure_and_of_a_gone_one_nan() -> None:
+    assert run_queue_seconds(os.getpid()) >= 0.0
+    assert math.isnan(run_queue_seconds(2**22 + 12345))  # above the largest pid Linux allows (2**22)
 
 
 def test_a_real_watch_sees_this_process_burn_cpu_and_closes_its_last_window_on_stop() -> None:
@@ -56,6 +72,7 @@ def test_a_real_watch_sees_this_process_burn_cpu_and_closes_its_last_window_on_s
     watch.stop()
 
     assert watch.windows, "no window closed"
+    assert all(w.wait_s["me"] >= 0.0 for w in watch.windows)
     assert math.fsum(w.cpu_s["me"] for w in watch.windows) > 0.2
     assert all(w.busy_pct >= 0.0 for w in watch.windows)
     ends = [w.start_s + w.length_s for w in watch.windows]
