@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from load.bench_pipeline import cpu_seconds, machine_busy_seconds
 
@@ -36,7 +37,9 @@ class Window:
 
 
 def run_queue_seconds(pid: int) -> float:
-    """Seconds all threads of a process (the live ones) have waited runnable for a core (Linux schedstat)."""
+    """Seconds all threads of a process (the live ones) have waited runnable for a core (Linux schedstat). A
+    thread that ends takes its share with it, so a window in which one ended reads low (the services' and
+    servers' threads live as long as they do)."""
     total = 0.0
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -88,11 +91,9 @@ class CpuWatch:
         return (at_s, self.read_busy(), {name: self.read_cpu(pid) for name, pid in self.pids.items()},
                 {name: self.read_wait(pid) for name, pid in self.pids.items()})
 
-    def observe(self, at_s: float, busy_s: float, cpu: dict[str, float],
-                wait: dict[str, float] | None = None) -> None:
+    def observe(self, at_s: float, busy_s: float, cpu: dict[str, float], wait: dict[str, float]) -> None:
         """One sample (seconds since the start, machine busy seconds, name -> CPU seconds so far, name ->
         run-queue seconds so far): closes the window since the previous sample."""
-        wait = wait or {}
         t0, busy0, cpu0, wait0 = self._last
         length = at_s - t0
         if length <= 0:
@@ -102,16 +103,17 @@ class CpuWatch:
                                    {n: wait[n] - wait0.get(n, math.nan) for n in wait}))
         self._last = (at_s, busy_s, cpu, wait)
 
-    def table(self, what: str = "cpu") -> str:
+    def table(self, what: Literal["cpu", "wait"] = "cpu") -> str:
         """The windows as a Markdown table, one column per process: CPU seconds (``cpu``) or seconds waiting
         for a core (``wait``)."""
-        names = sorted({n for w in self.windows for n in (w.cpu_s if what == "cpu" else w.wait_s)})
+        col = [w.cpu_s if what == "cpu" else w.wait_s for w in self.windows]
+        names = sorted({n for c in col for n in c})
         head = ["| from (s) | machine busy % | " + " | ".join(names) + " |",
                 "|---:|---:|" + "---:|" * len(names)]
         rows = [
             f"| {w.start_s:.0f} | {_fmt(w.busy_pct, 1)} | "
-            + " | ".join(_fmt((w.cpu_s if what == "cpu" else w.wait_s).get(n, math.nan), 2) for n in names) + " |"
-            for w in self.windows
+            + " | ".join(_fmt(c.get(n, math.nan), 2) for n in names) + " |"
+            for w, c in zip(self.windows, col, strict=True)
         ]
         return "\n".join(head + rows)
 

@@ -19,7 +19,7 @@ def test_each_window_holds_the_cpu_spent_in_it_not_since_the_start() -> None:
     busy0, cpu0 = next(readings)
     watch._last = (0.0, busy0, cpu0, {})
     for at, (busy, cpu) in zip((10.0, 20.0), readings, strict=True):
-        watch.observe(at, busy, cpu)
+        watch.observe(at, busy, cpu, {})
 
     assert [(w.start_s, w.length_s) for w in watch.windows] == [(0.0, 10.0), (10.0, 10.0)]
     assert watch.windows[0].cpu_s == {"balancer": 3.0, "redis": 1.0}
@@ -30,7 +30,7 @@ def test_each_window_holds_the_cpu_spent_in_it_not_since_the_start() -> None:
 def test_a_process_that_has_gone_shows_as_a_dash_not_a_negative_figure() -> None:
     watch = CpuWatch({"harness": 1, "balancer": 2}, every_s=10, cores=1)
     watch._last = (0.0, 0.0, {"harness": 1.0, "balancer": 1.0}, {})
-    watch.observe(10.0, 5.0, {"harness": math.nan, "balancer": 3.0})
+    watch.observe(10.0, 5.0, {"harness": math.nan, "balancer": 3.0}, {})
 
     rows = watch.table().splitlines()
     assert rows[0] == "| from (s) | machine busy % | balancer | harness |"
@@ -40,7 +40,7 @@ def test_a_process_that_has_gone_shows_as_a_dash_not_a_negative_figure() -> None
 def test_a_sample_at_the_same_instant_opens_no_empty_window() -> None:
     watch = CpuWatch({"x": 1}, cores=1)
     watch._last = (5.0, 1.0, {"x": 1.0}, {})
-    watch.observe(5.0, 1.0, {"x": 1.0})
+    watch.observe(5.0, 1.0, {"x": 1.0}, {})
     assert watch.windows == []
 
 
