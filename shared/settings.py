@@ -112,6 +112,17 @@ class PartitionerSettings(Settings):
     """How long a finished, failed, cancelled or rejected job (its record and history) is kept in Redis before
     the partitioner deletes it; 0 keeps them forever. The default is the streams' default max age, so a
     redelivered message never finds its job forgotten."""
+    job_retention_max: int = 1_000_000
+    """Most ended jobs kept per shard, whatever their age (0: no cap): beyond it the oldest go first, but never
+    one that ended within ``MIGSCHED_DUP_WINDOW_S`` + ``MIGSCHED_MAX_DELIVER`` x ``MIGSCHED_ACK_WAIT_S`` (270 s
+    by default), while a redelivered message may still name it. An ended job costs Redis ~1.7 KB, so at 1,000
+    jobs/s a day's retention alone would need ~150 GB; the cap bounds it to ~1.7 GB per shard."""
+
+    @property
+    def redelivery_horizon_s(self) -> float:
+        """How long after a job ended a message may still name it: a delivery unacked ``max_deliver`` times
+        over, plus the duplicate window of a republish. The cap never forgets a job younger than this."""
+        return self.dup_window_s + self.max_deliver * self.ack_wait_s
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -3,9 +3,10 @@
 ``tests/integration/test_state_expiry_lua.py`` on ``RedisState``.
 
 A job that reaches a terminal state (finished, failed, cancelled, rejected; a cancel tombstone too) is listed
-with the time it ended; ``expire(shard, before, limit)`` deletes at most ``limit`` of those that ended strictly
-before ``before``, the oldest first: the job's record, its history and its id in the shard's job set. A job that
-is not terminal is never deleted. Times are explicit (``NOW`` + offsets), never the wall clock."""
+with the time it ended; ``expire(shard, before, limit, cap, settled)`` deletes at most ``limit`` of those that
+ended strictly before ``before`` and, while more than ``cap`` (> 0) are listed, the oldest beyond the cap that
+ended strictly before ``settled``, the oldest first: the job's record, its history and its id in the shard's
+job set. A job that is not terminal is never deleted. Times are explicit (``NOW`` + offsets), never the wall clock."""
 
 from __future__ import annotations
 
@@ -172,7 +173,70 @@ async def running_the_sweep_again_changes_nothing(store: Any) -> None:
     await clean(store)
 
 
+async def _ended(store: Any, ends: dict[str, float]) -> None:
+    for job, at in ends.items():
+        await store.enqueue(job, b"{}", 0, NOW, "no room", NOW)
+        await store.settle(job, "rejected", "waited too long", at, ("pending",))
+
+
+async def beyond_the_cap_the_oldest_go_first_whatever_their_retention(store: Any) -> None:
+    await _ended(store, {"e": NOW + 1, "a": NOW + 2, "d": NOW + 3, "b": NOW + 4, "c": NOW + 5})
+    # retention not due for any (before = NOW), cap 3, all settled: the two oldest go
+    assert await store.expire(0, NOW, 1000, 3, LATER) == 2
+    assert await store.ended_before(0, LATER) == ["d", "b", "c"]
+    assert [await kept(store, j) for j in "eadbc"] == [False, False, True, True, True]
+    # at the cap: nothing more, however often it runs
+    assert await store.expire(0, NOW, 1000, 3, LATER) == 0
+    await clean(store)
+
+
+async def the_cap_never_forgets_a_job_that_ended_inside_the_redelivery_horizon(store: Any) -> None:
+    await _ended(store, {"e": NOW + 1, "a": NOW + 2, "d": NOW + 3, "b": NOW + 4, "c": NOW + 5})
+    # cap 1 wants four gone, but only those that ended before NOW + 3 (strictly) are settled
+    assert await store.expire(0, NOW, 1000, 1, NOW + 3) == 2
+    assert await store.ended_before(0, LATER) == ["d", "b", "c"]
+    # later the horizon has moved on: the rest beyond the cap go
+    assert await store.expire(0, NOW, 1000, 1, LATER) == 2
+    assert await store.ended_before(0, LATER) == ["c"]
+    await clean(store)
+
+
+async def retention_and_cap_together_forget_the_longer_prefix_within_the_limit(store: Any) -> None:
+    await _ended(store, {"e": NOW + 1, "a": NOW + 2, "d": NOW + 3, "b": NOW + 4, "c": NOW + 5})
+    # the retention alone would take e, a, d; the cap (4) only e: the retention wins
+    assert await store.expire(0, NOW + 3.5, 1000, 4, LATER) == 3
+    assert await store.ended_before(0, LATER) == ["b", "c"]
+    await _ended(store, {"f": NOW + 6, "g": NOW + 7, "h": NOW + 8})
+    # the retention takes none of b c f g h, the cap (1) four, the limit two per call
+    assert await store.expire(0, NOW, 2, 1, LATER) == 2
+    assert await store.ended_before(0, LATER) == ["f", "g", "h"]
+    assert await store.expire(0, NOW, 2, 1, LATER) == 2
+    assert await store.expire(0, NOW, 2, 1, LATER) == 0
+    assert await store.ended_before(0, LATER) == ["h"]
+    # no cap (0): only the retention counts
+    assert await store.expire(0, NOW, 1000, 0, LATER) == 0
+    assert await kept(store, "h")
+    await clean(store)
+
+
+async def the_cap_never_removes_an_active_job(store: Any) -> None:
+    await _ended(store, {"old": NOW + 1})
+    await store.enqueue("waiting", b"{}", 0, NOW, "no room", NOW)
+    # only ended jobs count against the cap: one listed, a cap of one, nothing goes
+    assert await store.expire(0, NOW, 1000, 1, LATER) == 0
+    assert await kept(store, "old") and (await store.job("waiting")).state == "pending"
+    await store.settle("waiting", "rejected", "waited too long", NOW + 2, ("pending",))
+    assert await store.expire(0, NOW, 1000, 1, LATER) == 1
+    assert not await kept(store, "old")
+    assert (await store.job("waiting")).state == "rejected"
+    await clean(store)
+
+
 CASES = [
+    beyond_the_cap_the_oldest_go_first_whatever_their_retention,
+    the_cap_never_forgets_a_job_that_ended_inside_the_redelivery_horizon,
+    retention_and_cap_together_forget_the_longer_prefix_within_the_limit,
+    the_cap_never_removes_an_active_job,
     a_finished_job_is_kept_until_its_retention_and_then_forgotten,
     every_terminal_state_expires,
     an_active_job_is_never_removed,

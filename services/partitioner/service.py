@@ -12,8 +12,9 @@
   (reusable, and reclaimable by any placement that needs its slices), never lost.
 - ``jobs.cancel`` -> cancel transition; an active job gets a ``stop`` command.
 - ``node.*.report`` / ``node.*.heartbeat``: the node registry and command results (``registry``, ``reports``).
-- every ``EXPIRE_EVERY_S``: jobs ended longer than ``job_retention_s`` ago are deleted from Redis
-  (``lua/expire.lua``), so that the state does not grow with every job ever submitted.
+- every ``EXPIRE_EVERY_S``: jobs ended longer than ``job_retention_s`` ago, and the oldest beyond
+  ``job_retention_max`` per shard, are deleted from Redis (``lua/expire.lua``), so that the state does not
+  grow with every job ever submitted.
 """
 
 from __future__ import annotations
@@ -101,23 +102,29 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
 
     def periodic(self) -> list[tuple[str, float, Any]]:
         st = self.settings
+        sweeps = st.job_retention_s > 0 or st.job_retention_max > 0
         return [
             ("liveness", max(0.2, st.node_timeout_s / 5), self.check_liveness),
             ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.sweep_commands),
-            *([("expire-jobs", EXPIRE_EVERY_S, self.expire_jobs)] if st.job_retention_s > 0 else []),
+            *([("expire-jobs", EXPIRE_EVERY_S, self.expire_jobs)] if sweeps else []),
         ]
 
     async def expire_jobs(self) -> int:
-        """Delete the jobs of every shard that ended more than ``job_retention_s`` ago -> how many."""
-        before = time.time() - self.settings.job_retention_s
+        """Delete the jobs of every shard that ended more than ``job_retention_s`` ago, and the oldest beyond
+        ``job_retention_max`` that ended before the redelivery horizon -> how many."""
+        st = self.settings
+        now = time.time()
+        before = now - st.job_retention_s if st.job_retention_s > 0 else 0.0  # 0: no job ended before 1970
+        settled = now - st.redelivery_horizon_s
         total = 0
-        for shard in range(self.settings.shards):
-            while (n := await self.state.expire(shard, before, EXPIRE_LIMIT)) > 0:
+        for shard in range(st.shards):
+            while (n := await self.state.expire(shard, before, EXPIRE_LIMIT, st.job_retention_max, settled)) > 0:
                 total += n
                 if n < EXPIRE_LIMIT:
                     break
         if total:
-            self.log.info("expired %d job(s) that ended before %.0f", total, before)
+            self.log.info("expired %d ended job(s) (retention %.0f s, at most %d kept per shard)", total,
+                          st.job_retention_s, st.job_retention_max)
         return total
 
     # --- sched.placed ---------------------------------------------------------------------------------------

@@ -238,10 +238,12 @@ class Batch:
             lambda v: (_s(v[0]), _s(v[1])),
         )
 
-    def expire(self, shard: int, before: float, limit: int) -> int:
-        """Forget at most ``limit`` jobs of ``shard`` that ended before ``before``, the oldest first (hash,
-        history, set memberships) -> how many (``lua/expire.lua``)."""
-        return self._add("expire", [self.store.keys(shard).gpus], [repr(before), limit], int)
+    def expire(self, shard: int, before: float, limit: int, cap: int = 0, settled: float = 0.0) -> int:
+        """Forget at most ``limit`` ended jobs of ``shard``, the oldest first (hash, history, set memberships):
+        those that ended before ``before`` and, while the shard lists more than ``cap`` ended jobs (0: no cap),
+        the oldest beyond the cap that ended before ``settled`` -> how many (``lua/expire.lua``)."""
+        args: list[Any] = [repr(before), limit, cap, repr(settled)]
+        return self._add("expire", [self.store.keys(shard).gpus], args, int)
 
     def track_command(self, shard: int, cmd_id: str, info: dict[str, Any]) -> int:
         # queued in call order with the scripts (run() sends them in order), or the results would not line up

@@ -15,8 +15,9 @@ key                        type    content
 ``{ns:s}:jobs``            set     every job id known to the shard (audit)
 ``{ns:s}:done``            zset    jobs in a terminal state (finished, failed, cancelled, rejected; cancel
                                    tombstones too), score = when they got there: ``lua/expire.lua`` deletes
-                                   those older than the retention (``MIGSCHED_JOB_RETENTION_S``) with their
-                                   hash and history, ``:jobs`` included, a bounded batch per call
+                                   those older than the retention (``MIGSCHED_JOB_RETENTION_S``), and the
+                                   oldest beyond ``MIGSCHED_JOB_RETENTION_MAX``, with their hash and
+                                   history, ``:jobs`` included, a bounded batch per call
 ``{ns:s}:pending``         zset    pending job ids, score (1000 - priority) * 1e10 + submitted_at
 ``{ns:s}:cmds``            hash    command id -> JSON {node, kind, job, gpu, at}: commands in flight
 ``{ns:s}:placing``         zset    jobs in placing, score = when they entered it (lost-placement sweep)

@@ -233,11 +233,17 @@ class JobTransitions(MemoryPrelude):
             return CancelResult(status="stop", node=j.node, gpu_id=j.gpu, instance_id=j.inst)
         return CancelResult(status="noop", state=j.state)
 
-    def _t_expire(self, shard: int, before: float, limit: int) -> int:
-        """As expire.lua: at most ``limit`` jobs that ended before ``before``, the oldest first (ties by id, as a
-        Redis zset orders them), are forgotten; a ``done`` entry whose job is not terminal only leaves it."""
+    def _t_expire(self, shard: int, before: float, limit: int, cap: int = 0, settled: float = 0.0) -> int:
+        """As expire.lua: at most ``limit`` ended jobs, the oldest first (ties by id, as a Redis zset orders
+        them), are forgotten: those that ended before ``before`` and, while more than ``cap`` (> 0) are listed,
+        the oldest beyond the cap that ended before ``settled``; a ``done`` entry whose job is not terminal only
+        leaves it."""
         sh = self._s[shard]
-        ids = sorted((t, j) for j, t in sh.done.items() if t < before)[:limit]
+        ended = sorted((t, j) for j, t in sh.done.items())
+        due = sum(1 for t, _ in ended if t < before)
+        over = len(ended) - cap if cap > 0 else 0
+        beyond_cap = sum(1 for t, _ in ended[:over] if t < settled)  # a prefix: ``ended`` is in time order
+        ids = ended[: min(limit, max(due, beyond_cap))]
         n = 0
         for _, job in ids:
             j = sh.jobs.get(job)

@@ -155,8 +155,8 @@ class RedisState(DerivedReads):
     async def instance(self, op: str, node: str, gpu_id: str, instance_id: str, now: float) -> str:
         return await self._one("instance", op, node, gpu_id, instance_id, now)
 
-    async def expire(self, shard: int, before: float, limit: int) -> int:
-        return await self._one("expire", shard, before, limit)
+    async def expire(self, shard: int, before: float, limit: int, cap: int = 0, settled: float = 0.0) -> int:
+        return await self._one("expire", shard, before, limit, cap, settled)
 
     async def register_node(
         self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""

@@ -46,9 +46,10 @@ def test_the_audit_does_not_miss_an_ended_job_that_was_expired() -> None:
     assert check_state(GEO, [], [JobRecord(job_id="recent", state="cancelled")], set(), b"", {"recent"}) == []
 
 
-def _partitioner(store: MemoryState, retention_s: float) -> Any:
+def _partitioner(store: MemoryState, retention_s: float, cap: int = 0) -> Any:
     """The attributes ``Partitioner.expire_jobs`` and ``periodic`` use, without a bus."""
-    settings = load(PartitionerSettings, {}, job_retention_s=retention_s, shards=store.shards)
+    settings = load(PartitionerSettings, {}, job_retention_s=retention_s, job_retention_max=cap,
+                    shards=store.shards)
     p = types.SimpleNamespace(settings=settings, state=store, log=logging.getLogger("test"))
     p.check_liveness = p.sweep_commands = p.expire_jobs = None  # periodic() only names them
     return p
@@ -72,12 +73,39 @@ async def test_the_partitioner_sweep_repeats_until_every_expired_job_of_every_sh
     assert await Partitioner.expire_jobs(p) == 0
 
 
-def test_the_partitioner_sweeps_only_when_a_retention_is_set() -> None:
+def test_the_partitioner_sweeps_only_when_a_retention_or_a_cap_is_set() -> None:
     store = MemoryState()
     assert "expire-jobs" in [name for name, _, _ in Partitioner.periodic(_partitioner(store, 86400.0))]
     assert "expire-jobs" not in [name for name, _, _ in Partitioner.periodic(_partitioner(store, 0.0))]
+    assert "expire-jobs" in [name for name, _, _ in Partitioner.periodic(_partitioner(store, 0.0, 10))]
 
 
 def test_the_job_retention_is_read_from_the_environment_and_defaults_to_the_streams_max_age() -> None:
     assert load(PartitionerSettings, {}).job_retention_s == load(PartitionerSettings, {}).stream_max_age_s
     assert load(PartitionerSettings, {"MIGSCHED_JOB_RETENTION_S": "3600"}).job_retention_s == 3600.0
+
+
+async def test_the_partitioner_sweep_caps_the_ended_jobs_kept_but_spares_those_inside_the_redelivery_horizon() -> None:
+    store = MemoryState()
+    p = _partitioner(store, 0.0, cap=2)
+    settings = p.settings
+    assert settings.redelivery_horizon_s == settings.dup_window_s + settings.max_deliver * settings.ack_wait_s
+    jobs = [f"old{n}" for n in range(4)] + ["fresh"]
+    for job in jobs:
+        await store.enqueue(job, b"{}", 0, NOW, "no room", NOW)
+    for n, job in enumerate(jobs[:4]):
+        await store.cancel(job, "by request", NOW + n)  # ended long ago
+    await store.cancel("fresh", "by request", 10.0**12)  # ends in the future: inside the horizon
+    assert await Partitioner.expire_jobs(p) == 3  # five ended, two kept: the three oldest go
+    assert [await store.job(j) is None for j in jobs] == [True, True, True, False, False]
+    assert await Partitioner.expire_jobs(p) == 0
+    # a cap of one would take 'old3' too, but never 'fresh'
+    p.settings = _partitioner(store, 0.0, cap=1).settings
+    assert await Partitioner.expire_jobs(p) == 1
+    assert await Partitioner.expire_jobs(p) == 0
+    assert (await store.job("fresh")).state == "cancelled"  # type: ignore[union-attr]
+
+
+def test_the_cap_on_ended_jobs_is_read_from_the_environment() -> None:
+    assert load(PartitionerSettings, {}).job_retention_max == 1_000_000
+    assert load(PartitionerSettings, {"MIGSCHED_JOB_RETENTION_MAX": "5"}).job_retention_max == 5
