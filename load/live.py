@@ -61,12 +61,20 @@ Redis ~11 % more CPU, and on two cores already ~90 % busy the same soak then fel
 fourth session of 30 Nov 2026), so the default stays the services' own."""
 
 
-def service_env(retention_s: float) -> dict[str, str]:
-    """The services' environment in a load run (``retention_s`` 0: their default retentions)."""
+def service_env(retention_s: float, retention_max: int | None = None) -> dict[str, str]:
+    """The services' environment in a load run (``retention_s`` 0: their default retentions;
+    ``retention_max`` None: their default cap on ended jobs)."""
     env = {"MIGSCHED_LOG_LEVEL": "WARNING", "MIGSCHED_NODE_TIMEOUT_S": "60"}
     if retention_s > 0:  # the same for both: a job must outlive every message that could name it
         env |= {"MIGSCHED_STREAM_MAX_AGE_S": str(retention_s), "MIGSCHED_JOB_RETENTION_S": str(retention_s)}
+    if retention_max is not None:
+        env["MIGSCHED_JOB_RETENTION_MAX"] = str(retention_max)
     return env
+
+
+def disk_mib(path: Path) -> float:
+    """What the files under ``path`` hold (the private nats-server's JetStream store), in MiB."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
 def hot_spots(profile_dir: Path, top: int = 8) -> str:
@@ -153,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds per window of the CPU-per-process table printed after the run (0: none)")
     ap.add_argument("--retention", type=float, default=RETENTION_S,
                     help="seconds ended jobs stay in Redis and messages in the streams (0: the services' defaults)")
+    ap.add_argument("--retention-max", type=int,
+                    help="most ended jobs kept in Redis per shard (MIGSCHED_JOB_RETENTION_MAX; default: the services')")
     args = ap.parse_args(argv)
     sc = scenario(args.name)
     work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
@@ -166,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     procs = max(1, math.ceil(gpus / 64))
     per = gpus // procs
     ns = "live" + uuid.uuid4().hex[:6]
-    env = service_env(args.retention)
+    env = service_env(args.retention, args.retention_max)
     prof = Path(args.profile).resolve() if args.profile else None
     if prof is not None:
         prof.mkdir(parents=True, exist_ok=True)
@@ -260,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
         print(redis_pauses(redis.url), flush=True)
         print(aof.summary(), flush=True)
+        print(aof.memory_summary(), flush=True)
+        print(f"nats-server JetStream store on disk: {disk_mib(work / 'nats'):.0f} MiB", flush=True)
         if watch.windows:
             print(f"CPU seconds per {args.cpu_window:g}-s window (and how busy all {watch.cores} cores were):",
                   flush=True)
