@@ -43,8 +43,11 @@ class Settings:
     """JetStream replicas per stream (1 for a single server; 3 on a NATS cluster)."""
     stream_max_age_s: float = 86400.0
     """How long JetStream keeps messages (limits retention); the dedupe window is ``dup_window_s``."""
-    dup_window_s: float = 120.0
-    """JetStream ``Nats-Msg-Id`` duplicate window."""
+    dup_window_s: float = 0.0
+    """JetStream ``Nats-Msg-Id`` duplicate window; 0: twice ``MIGSCHED_ACK_WAIT_S`` (60 s). A handler whose
+    publishes failed gets its message back after the ack wait and publishes the same ids again, stored once
+    inside the window; longer costs nats-server memory for every id (500 jobs/s: ~300 MB and growing at 120 s,
+    ~200 MB flat at 60 s)."""
     max_deliver: int = 5
     """Deliveries of one message before it goes to ``dlq.<subject>``."""
     ack_wait_s: float = 30.0
@@ -67,6 +70,17 @@ class Settings:
     """Prometheus endpoint port; 0 disables it. Services override the default (9101-9103)."""
     geometry_file: str = ""
     """Overrides/extends the built-in MIG geometry (also read by ``shared.mig.geometry``)."""
+
+    @property
+    def duplicate_window_s(self) -> float:
+        """The streams' ``Nats-Msg-Id`` duplicate window: ``dup_window_s``, or twice the ack wait when 0."""
+        return self.dup_window_s if self.dup_window_s > 0 else 2 * self.ack_wait_s
+
+    @property
+    def redelivery_horizon_s(self) -> float:
+        """How long after a job ended a message may still name it: a delivery unacked ``max_deliver`` times
+        over, plus the duplicate window of a republish. The cap never forgets a job younger than this."""
+        return self.duplicate_window_s + self.max_deliver * self.ack_wait_s
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,15 +128,9 @@ class PartitionerSettings(Settings):
     redelivered message never finds its job forgotten."""
     job_retention_max: int = 1_000_000
     """Most ended jobs kept per shard, whatever their age (0: no cap): beyond it the oldest go first, but never
-    one that ended within ``MIGSCHED_DUP_WINDOW_S`` + ``MIGSCHED_MAX_DELIVER`` x ``MIGSCHED_ACK_WAIT_S`` (270 s
+    one that ended within the duplicate window + ``MIGSCHED_MAX_DELIVER`` x ``MIGSCHED_ACK_WAIT_S`` (210 s
     by default), while a redelivered message may still name it. An ended job costs Redis ~1.7 KB, so at 1,000
     jobs/s a day's retention alone would need ~150 GB; the cap bounds it to ~1.7 GB per shard."""
-
-    @property
-    def redelivery_horizon_s(self) -> float:
-        """How long after a job ended a message may still name it: a delivery unacked ``max_deliver`` times
-        over, plus the duplicate window of a republish. The cap never forgets a job younger than this."""
-        return self.dup_window_s + self.max_deliver * self.ack_wait_s
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

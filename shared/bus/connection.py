@@ -164,7 +164,7 @@ class Bus:
                 storage=storage,
                 num_replicas=st.stream_replicas,
                 max_age=st.stream_max_age_s,
-                duplicate_window=min(st.dup_window_s, st.stream_max_age_s),
+                duplicate_window=min(st.duplicate_window_s, st.stream_max_age_s),
                 discard=api.DiscardPolicy.OLD,
             )
             try:

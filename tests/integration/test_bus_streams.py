@@ -61,6 +61,8 @@ async def test_the_five_streams_exist_with_namespaced_subjects(
         for name, subjects in s.streams().items():
             info = await ns.bus.js.stream_info(name)
             assert info.config.subjects == subjects
+            # the dedupe window follows the ack wait unless set: a redelivered handler's republish is stored once
+            assert info.config.duplicate_window == ns.settings.duplicate_window_s == 2 * ns.settings.ack_wait_s
         assert s.stream_jobs == f"{prefix}_JOBS" and s.jobs_submit == f"{prefix}.jobs.submit"
         assert Subjects("").stream_jobs == "JOBS" and Subjects("").cmd("n1") == "cmd.n1"
 

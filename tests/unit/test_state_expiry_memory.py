@@ -89,7 +89,7 @@ async def test_the_partitioner_sweep_caps_the_ended_jobs_kept_but_spares_those_i
     store = MemoryState()
     p = _partitioner(store, 0.0, cap=2)
     settings = p.settings
-    assert settings.redelivery_horizon_s == settings.dup_window_s + settings.max_deliver * settings.ack_wait_s
+    assert settings.redelivery_horizon_s == settings.duplicate_window_s + settings.max_deliver * settings.ack_wait_s
     jobs = [f"old{n}" for n in range(4)] + ["fresh"]
     for job in jobs:
         await store.enqueue(job, b"{}", 0, NOW, "no room", NOW)
@@ -109,3 +109,12 @@ async def test_the_partitioner_sweep_caps_the_ended_jobs_kept_but_spares_those_i
 def test_the_cap_on_ended_jobs_is_read_from_the_environment() -> None:
     assert load(PartitionerSettings, {}).job_retention_max == 1_000_000
     assert load(PartitionerSettings, {"MIGSCHED_JOB_RETENTION_MAX": "5"}).job_retention_max == 5
+
+
+def test_the_duplicate_window_is_twice_the_ack_wait_unless_set_and_the_horizon_follows_it() -> None:
+    default = load(PartitionerSettings, {})
+    assert default.duplicate_window_s == 60.0 and default.redelivery_horizon_s == 60.0 + 5 * 30.0
+    longer = load(PartitionerSettings, {"MIGSCHED_ACK_WAIT_S": "90"})
+    assert longer.duplicate_window_s == 180.0
+    fixed = load(PartitionerSettings, {"MIGSCHED_DUP_WINDOW_S": "20", "MIGSCHED_ACK_WAIT_S": "90"})
+    assert fixed.duplicate_window_s == 20.0 and fixed.redelivery_horizon_s == 20.0 + 5 * 90.0
