@@ -44,6 +44,9 @@ NODES = Gauge("migsched_nodes", "Nodes by state", ["state"])
 TRANSITIONS = Counter(
     "migsched_transitions_total", "State transitions applied", ["service", "transition", "status"]
 )
+JOBS_EXPIRED = Counter(
+    "migsched_jobs_expired_total", "Ended jobs deleted from Redis by the retention sweep (age or cap)"
+)
 
 
 _CHILDREN: dict[tuple[Any, tuple[str, ...]], Any] = {}

@@ -123,6 +123,7 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
                 if n < EXPIRE_LIMIT:
                     break
         if total:
+            m.JOBS_EXPIRED.inc(total)
             self.log.info("expired %d ended job(s) (retention %.0f s, at most %d kept per shard)", total,
                           st.job_retention_s, st.job_retention_max)
         return total

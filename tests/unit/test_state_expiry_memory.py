@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from expiry_cases import CASES, NOW
+from prometheus_client import REGISTRY
 
 from services.partitioner import service
 from services.partitioner.service import Partitioner
@@ -96,7 +97,9 @@ async def test_the_partitioner_sweep_caps_the_ended_jobs_kept_but_spares_those_i
     for n, job in enumerate(jobs[:4]):
         await store.cancel(job, "by request", NOW + n)  # ended long ago
     await store.cancel("fresh", "by request", 10.0**12)  # ends in the future: inside the horizon
+    expired = REGISTRY.get_sample_value("migsched_jobs_expired_total") or 0.0
     assert await Partitioner.expire_jobs(p) == 3  # five ended, two kept: the three oldest go
+    assert REGISTRY.get_sample_value("migsched_jobs_expired_total") == expired + 3  # operators see the cap work
     assert [await store.job(j) is None for j in jobs] == [True, True, True, False, False]
     assert await Partitioner.expire_jobs(p) == 0
     # a cap of one would take 'old3' too, but never 'fresh'
