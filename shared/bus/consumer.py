@@ -177,6 +177,7 @@ class Consumer:
             self.durable,
             self.batch,
             expires_s=max(1.0, min(30.0, self.fetch_timeout_s * 100)),
+            linger_s=self.bus.settings.batch_linger_s,
         )
         await self._sub.start()
 

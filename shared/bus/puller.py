@@ -26,8 +26,11 @@ from nats.aio.msg import Msg
 
 
 class Puller:
-    def __init__(self, nc: NATS, stream: str, consumer: str, batch: int, expires_s: float = 5.0) -> None:
+    def __init__(
+        self, nc: NATS, stream: str, consumer: str, batch: int, expires_s: float = 5.0, linger_s: float = 0.0
+    ) -> None:
         self.nc = nc
+        self.linger_s = linger_s
         self.api = f"{'$JS.API'}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self.batch = batch
         self.expires_s = expires_s
@@ -88,7 +91,8 @@ class Puller:
             await self.nc.publish(self.api, json.dumps(req).encode(), reply=self.inbox)
 
     async def next_batch(self, timeout: float) -> list[Msg]:
-        """Up to ``batch`` messages as soon as at least one is there; [] after ``timeout`` without any."""
+        """Up to ``batch`` messages as soon as at least one is there (and ``linger_s`` more, unless a whole
+        batch is); [] after ``timeout`` without any."""
         await self._top_up()
         if not self._buf:
             self._ready.clear()
@@ -99,6 +103,10 @@ class Puller:
                     await self._ready.wait()
             except TimeoutError:
                 return []
+        if self.linger_s > 0 and len(self._buf) < self.batch:
+            # a short wait for the rest of a burst: one handler call, one Redis round trip and one flush for
+            # several messages instead of one each, at the price of up to ``linger_s`` more per hop
+            await asyncio.sleep(self.linger_s)
         out: list[Msg] = []
         while self._buf and len(out) < self.batch:
             out.append(self._buf.popleft())
