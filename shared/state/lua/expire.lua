@@ -8,7 +8,7 @@
 -- through set_state; the audit flags it) only leaves ':done': the job is kept. Returns how many were deleted.
 local limit = tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', DONE, '-inf', '(' .. ARGV[1], 'LIMIT', 0, limit)
-local cap = tonumber(ARGV[3] or '0')
+local cap = tonumber(ARGV[3])
 if cap > 0 and #ids < limit and tonumber(ARGV[4]) > tonumber(ARGV[1]) then
   local over = redis.call('ZCARD', DONE) - cap
   if over > #ids then
