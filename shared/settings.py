@@ -111,6 +111,11 @@ class BalancerSettings(Settings):
     tenancy file; 0 turns the reserve off."""
     tenancy_poll_s: float = 2.0
     """How often the tenancy file's mtime/size is checked for a hot reload."""
+    direct_commands: bool = True
+    """Send each placement's executor command (``cmd.<node>``) from the balancer right after its
+    compare-and-set, instead of publishing ``sched.placed`` for the partitioner to turn into the command: one
+    hop, one stored message and one acknowledgement per job fewer. False: the partitioner sends them (as before
+    this setting existed; a mixed fleet during an upgrade works either way)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -95,6 +95,6 @@ class Backfill(Decisions):
                 if self.ledger.active:  # priority, then fair share between tenants, then age
                     cands = fair_order(self.ledger, self.mirrors[shard].snapshot(), cands)
                 out = await self.decide_and_commit(cands)
-            await self.bus.publish_batch(out)
+            await self.send(out)
         m.child(m.QUEUE_DEPTH, self.name).set(depth)
         return self.placed - placed_before

@@ -1,8 +1,9 @@
 """The balancer's batch decision and commit: ``decide_and_commit`` decides each job of a batch on its shard's
 mirror (``Mirror.decide``, which is ``shared.policy.balancer.place``'s decision; with tenancy: quota -> place
 behind the reserve -> preempt), commits every reservation of the batch as one Redis pipeline of compare-and-set
-Lua calls, re-decides the losers and returns the ``sched.placed`` messages. No room: the job waits in the
-shard's priority queue with the policy's reasons. ``Candidate`` is one job to decide.
+Lua calls, re-decides the losers and returns the messages to publish with ``send``: each placement's executor
+command (``cmd.<node>``; ``sched.placed`` for the partitioner with ``MIGSCHED_DIRECT_COMMANDS`` off). No room:
+the job waits in the shard's priority queue with the policy's reasons. ``Candidate`` is one job to decide.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from services.balancer.mirror import Mirror, reservation_instance
 from services.balancer.preempting import admit_job, placed_view, record_preemptions, wire_priority
 from services.balancer.tenancy import TenantLedger
 from services.common import metrics as m
+from services.common.place_command import place_command, tracking
 from services.common.service import Service
 from shared import telemetry
 from shared.bus import Delivery, Outgoing
-from shared.events import JobInfo, JobSubmit, Placed, wire_gpu
+from shared.events import Command, JobInfo, JobSubmit, Placed, wire_gpu
 from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
 from shared.policy.charges import slot_usages
@@ -82,7 +84,7 @@ class Decisions(Service):
 
     async def decide_and_commit(self, cands: list[Candidate]) -> list[Outgoing]:
         """Decide each job in order on the mirror, commit the batch in one pipeline, re-decide CAS losers;
-        return the ``sched.placed`` messages to publish. Call under ``self.lock``."""
+        return the messages to publish (``send``). Call under ``self.lock``."""
         st = self.settings
         out: list[Outgoing] = []
         todo = cands
@@ -260,7 +262,7 @@ class Decisions(Service):
                     placed = self._placed(c, dec, gpu_before, ver, now)
                     if victims:
                         placed = msgspec.structs.replace(placed, preempted=tuple(v.job_id for v in victims))
-                    out.append(Outgoing(self.subjects.sched_placed, placed, c.ctx))
+                    out.append(self._command_or_placed(placed, c, now))
                     if c.delivery is not None:
                         sp = c.delivery.span
                         sp.set_attribute("migsched.decision", dec.explain()[:1000])
@@ -294,6 +296,35 @@ class Decisions(Service):
             await b.run()
             self.request_backfill_now(queue_grew=True)
         return out
+
+    def _command_or_placed(self, placed: Placed, c: Candidate, now: float) -> Outgoing:
+        """The executor's ``place`` command, sent from here (``direct_commands``), or ``sched.placed`` for the
+        partitioner: with direct commands off, and for a placement that cannot be planned (which the
+        compare-and-set rules out; the partitioner then fails it, one code path for that)."""
+        if self.settings.direct_commands:
+            cmd = place_command(placed, self.geometry, now)
+            if isinstance(cmd, Command):
+                m.count_reconfigurations(cmd.ops)
+                if c.delivery is not None:
+                    c.delivery.span.set_attribute("migsched.ops", len(cmd.ops))
+                return Outgoing(self.subjects.cmd(cmd.node), cmd, c.ctx)
+            self.log.warning("placement of %s cannot be planned (%s): left to the partitioner", placed.job_id,
+                             cmd.reason)
+        return Outgoing(self.subjects.sched_placed, placed, c.ctx)
+
+    async def send(self, out: list[Outgoing]) -> None:
+        """Publish a batch's messages; the place commands among them are tracked in Redis (``:cmds``) in the
+        same round trip: tracking is for the partitioner's time-outs only, so it need not precede them."""
+        track = self.state.batch()
+        for o in out:
+            cmd = o.msg
+            if isinstance(cmd, Command) and cmd.kind == "place":
+                track.track_command(shard_of(cmd.node, self.settings.shards), cmd.cmd_id, tracking(cmd))
+        if not len(track):
+            await self.bus.publish_batch(out)
+            return
+        await asyncio.gather(track.run(), self.bus.publish_batch(out))
+        m.child(m.COMMANDS, "place", "sent").inc(len(track))
 
     def _max_count(self, slot: Slot) -> int:
         if slot.profile in PLAIN_PROFILES:

@@ -1,7 +1,9 @@
 """The balancer: decode submits, decide on the local mirror (``shared.policy.balancer.place``), commit every
-reservation of the batch as one Redis pipeline of compare-and-set Lua calls, re-decide the losers, publish
-``sched.placed``, ack. No room: the job waits in the shard's priority queue with the policy's reasons, and is
-tried again (backfill) when room appears: a job exit, a capacity change, or the periodic pass.
+reservation of the batch as one Redis pipeline of compare-and-set Lua calls, re-decide the losers, send each
+placement's executor command (``cmd.<node>``, tracked in ``:cmds``; ``sched.placed`` for the partitioner with
+``MIGSCHED_DIRECT_COMMANDS`` off), ack. No room: the job waits in the shard's priority queue with the
+policy's reasons, and is tried again (backfill) when room appears: a job exit, a capacity change, or the
+periodic pass.
 
 Consumers: ``jobs.submit`` (balancer-submit), ``jobs.cancel`` (balancer-cancel), ``jobs.exit`` (balancer-exit),
 ``sched.capacity`` (balancer-capacity). All decisions and commits run under one lock, so the mirror is only
@@ -148,7 +150,7 @@ class Balancer(Backfill):
             out = await self.decide_and_commit(cands)
         # published outside the lock: the reservations are committed, and the next batch can be decided
         # meanwhile
-        await self.bus.publish_batch(out)
+        await self.send(out)
         m.child(m.BATCH_SECONDS, self.name, "submit").observe(time.perf_counter() - t0)
         m.child(m.BATCH_SIZE, self.name, "submit").observe(len(ds))
 

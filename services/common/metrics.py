@@ -5,6 +5,7 @@ Exposed on ``MIGSCHED_METRICS_PORT`` (balancer 9101, partitioner 9102, migration
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -61,6 +62,13 @@ def child(metric: Any, *values: str) -> Any:
     if c is None:
         c = _CHILDREN[key] = metric.labels(*values)
     return c
+
+
+def count_reconfigurations(ops: Iterable[Any]) -> None:
+    """One ``RECONFIGURATIONS`` increment per GPU instance a command's ops create or destroy."""
+    for op in ops:
+        if op.kind in ("create_gi", "destroy_gi"):
+            child(RECONFIGURATIONS, op.kind).inc()
 
 
 def serve(port: int) -> None:

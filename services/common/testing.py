@@ -153,12 +153,30 @@ class ScriptedExecutor:
                     cmd_id=c.cmd_id,
                     command=c.kind,
                     job_id=c.job_id,
+                    instance=self._instance_report(c),
                 ),
             )
         ]
         if c.kind == "stop" and c.job_id:
             out.append(Outgoing(subj, self._exit(c.job_id, "cancelled", "stopped by command")))
         return out
+
+    def _instance_report(self, c: Command) -> InstanceReport | None:
+        """What the executor reports with a MIG ``place``'s ``cmd_done``: the instance the job runs on (read
+        here from its id, ``<gpu>:<profile>@<start>:<nonce>``, as the node would find it)."""
+        from shared.mig.geometry import default_geometry
+
+        if c.kind != "place" or c.plain or not c.instance_id:
+            return None
+        profile, _, start = c.instance_id.split(":")[1].partition("@")
+        model = default_geometry().model(self.model)
+        if not model.has_profile(profile):
+            return None
+        p = model.profile(profile)
+        return InstanceReport(
+            instance_id=c.instance_id, profile=profile, profile_id=p.profile_id, start=int(start),
+            size=p.memory_slices, job_id=c.job_id,
+        )
 
     def _exit(self, job_id: str, kind: str, reason: str) -> JobExited:
         c = self.running.pop(job_id, None)

@@ -1,7 +1,8 @@
 """What executors report (``node.<node>.report``), turned into state transitions by the partitioner.
 
-- ``cmd_done``: place -> mark running; migrate_start -> send migrate_stop for the source; migrate_stop ->
-  commit the move; destroy_idle -> drop the instance (its slices are free: capacity changed).
+- ``cmd_done``: place -> mark running (and count the profile as recent demand for retention); migrate_start ->
+  send migrate_stop for the source; migrate_stop -> commit the move; destroy_idle -> drop the instance (its
+  slices are free: capacity changed).
 - ``cmd_failed``: place -> release the reservation and re-queue the job (or fail it after max attempts), then
   a capacity signal so the balancer re-decides it; migrate_start -> abort the move; destroy_idle -> the
   instance is idle again.
@@ -40,12 +41,14 @@ from shared.events import (
     JobStarted,
     SlotRef,
 )
+from shared.policy.retention import RecentDemand, RetentionParams, demand_instant
 from shared.state import StoredInstance, gpu_id_of
+from shared.state.model import PLAIN_PROFILES
 
 
 def place_attempt(cmd_id: str, job_id: str) -> int | None:
-    """The attempt a place command was sent for (``service.place_cmd_id``: ``place:<job>:<attempt>``); None
-    for any other id (then no command is judged late)."""
+    """The attempt a place command was sent for (``services.common.place_command.place_cmd_id``:
+    ``place:<job>:<attempt>``); None for any other id (then no command is judged late)."""
     head, _, tail = cmd_id.rpartition(":")
     return int(tail) if head == f"place:{job_id}" and tail.isdigit() else None
 
@@ -81,6 +84,8 @@ class ReportsMixin:
     settings: Any
     geometry: Any
     log: Any
+    demand: RecentDemand
+    retention: RetentionParams
 
     if TYPE_CHECKING:
 
@@ -181,6 +186,10 @@ class ReportsMixin:
         m.child(m.COMMANDS, r.command, "done").inc()
         if r.command == "place" and r.job_id:
             iid = r.instance.instance_id if r.instance and r.instance.instance_id else ""
+            if r.instance is not None and r.instance.profile and r.instance.profile not in PLAIN_PROFILES:
+                # the recent demand the keep-or-destroy policy weighs: counted where the partitioner sees every
+                # placement whoever sent its command (the balancer sends most), one entry per instant
+                self.demand.observe(r.instance.profile, demand_instant(now, self.retention.window_s))
             attempt = place_attempt(r.cmd_id, r.job_id)
             found = self._reported(r) if attempt is not None else None
             return int(b.mark_running(r.job_id, iid or "", now, r.cmd_id, attempt, r.node, found))

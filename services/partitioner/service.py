@@ -24,17 +24,17 @@ import time
 from typing import Any
 
 from services.common import metrics as m
+from services.common.place_command import place_command, tracking
 from services.common.service import Service
 from services.partitioner.registry import RegistryMixin
 from services.partitioner.reports import ReportsMixin
 from shared.bus import Consumer, Delivery, Outgoing
-from shared.events import Command, MigrateOrder, Placed, PlainSlot
-from shared.policy.partition import PartitionPlan, new_instance_id, plan_partition
+from shared.events import Command, MigrateOrder, Placed
+from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement import Slot
-from shared.policy.retention import RecentDemand, RetentionParams, demand_instant, keep_idle
+from shared.policy.retention import RecentDemand, RetentionParams, keep_idle
 from shared.settings import PartitionerSettings
 from shared.state import StoredGpu, shard_of
-from shared.state.model import PLAIN_PROFILES
 
 EXPIRE_EVERY_S = 2.0
 """Sweeps come often and small: at 1,000 jobs/s a sweep every 30 s deleted 30,000 jobs in one burst of Redis
@@ -42,41 +42,6 @@ time; every 2 s it deletes ~2,000, in calls of ``EXPIRE_LIMIT``, and costs one s
 EXPIRE_LIMIT = 250
 """Jobs one expire call deletes at most: one script never blocks Redis long (~2 ms here; the sweep calls again
 while a call deleted this many, so a backlog drains within one sweep, between other clients' commands)."""
-
-
-def place_cmd_id(job_id: str, attempt: int) -> str:
-    return f"place:{job_id}:{attempt}"
-
-
-def plain_place_command(p: Placed, cmd_id: str, now: float) -> Command:
-    """A placement on non-MIG GPUs (every slot of a gang, or one share): no ops, the workload bound to the
-    GPUs. The instance ids are the ones the balancer reserved (``new_instance_id`` of each slot)."""
-    slots = tuple(
-        PlainSlot(
-            gpu_index=int(s.gpu_id.rsplit("/", 1)[1]),
-            instance_id=new_instance_id(s.gpu_id, s.profile, s.start, p.job_id),
-            profile="shared" if s.profile == "shared" else "gpu",
-            replica=s.start if s.profile == "shared" else 0,
-        )
-        for s in p.placement.slots
-    )
-    first = p.placement.slot
-    return Command(
-        id=cmd_id,
-        cmd_id=cmd_id,
-        kind="place",
-        node=first.node,
-        gpu_id=first.gpu_id,
-        gpu_index=slots[0].gpu_index,
-        instance_id=slots[0].instance_id,
-        job_id=p.job_id,
-        workload=p.job.workload,
-        duration_s=p.job.duration_hint_s,
-        at=now,
-        submitted_at=p.job.submitted_at,
-        stop_jobs=p.preempted,
-        plain=slots,
-    )
 
 
 class Partitioner(RegistryMixin, ReportsMixin, Service):
@@ -137,50 +102,17 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         failed: list[tuple[Placed, str]] = []
         for d in ds:
             p: Placed = d.data
-            slot = p.placement.slot
-            if slot.profile in PLAIN_PROFILES:  # whole GPU(s) or a time-sliced share: no MIG operation
-                cmd = plain_place_command(p, place_cmd_id(p.job_id, p.attempt), now)
-                track.track_command(
-                    shard_of(slot.node, self.settings.shards),
-                    cmd.cmd_id,
-                    {"node": slot.node, "kind": "place", "job": p.job_id, "gpu": slot.gpu_id, "at": now},
-                )
-                out.append(Outgoing(self.subjects.cmd(slot.node), cmd, d.ctx))
+            cmd = place_command(p, self.geometry, now)
+            if not isinstance(cmd, Command):  # cannot happen after a CAS on this view; never act on it
+                failed.append((p, f"partition plan conflict: {cmd.reason}"))
+                d.span.set_attribute("migsched.plan_conflict", cmd.reason)
+                continue
+            track.track_command(shard_of(cmd.node, self.settings.shards), cmd.cmd_id, tracking(cmd))
+            out.append(Outgoing(self.subjects.cmd(cmd.node), cmd, d.ctx))
+            m.count_reconfigurations(cmd.ops)
+            d.span.set_attribute("migsched.ops", len(cmd.ops))
+            if cmd.plain:
                 d.span.set_attribute("migsched.plain_slots", len(cmd.plain))
-                continue
-            plan = plan_partition(p.gpu, self.geometry.model(slot.model), slot, p.job_id)
-            if not isinstance(plan, PartitionPlan):  # cannot happen after a CAS on this view; never act on it
-                failed.append((p, f"partition plan conflict: {plan.reason}"))
-                d.span.set_attribute("migsched.plan_conflict", plan.reason)
-                continue
-            cmd = Command(
-                id=place_cmd_id(p.job_id, p.attempt),
-                cmd_id=place_cmd_id(p.job_id, p.attempt),
-                kind="place",
-                node=slot.node,
-                gpu_id=slot.gpu_id,
-                gpu_index=p.gpu.index,
-                ops=plan.ops,
-                instance_id=plan.instance_id,
-                job_id=p.job_id,
-                workload=p.job.workload,
-                duration_s=p.job.duration_hint_s,
-                at=now,
-                submitted_at=p.job.submitted_at,
-                stop_jobs=p.preempted,
-            )
-            track.track_command(
-                shard_of(slot.node, self.settings.shards),
-                cmd.cmd_id,
-                {"node": slot.node, "kind": "place", "job": p.job_id, "gpu": slot.gpu_id, "at": now},
-            )
-            out.append(Outgoing(self.subjects.cmd(slot.node), cmd, d.ctx))
-            # one entry per instant in the window, not per placement (which held 300,000 at 1,000/s)
-            self.demand.observe(slot.profile, demand_instant(now, self.retention.window_s))
-            for op in plan.ops:
-                if op.kind in ("create_gi", "destroy_gi"):
-                    m.child(m.RECONFIGURATIONS, op.kind).inc()
-            d.span.set_attribute("migsched.ops", len(plan.ops))
         # tracking is for time-outs only: it need not precede the command, so both go in one round trip
         await asyncio.gather(track.run(), self.bus.publish_batch(out))
         m.child(m.COMMANDS, "place", "sent").inc(len(out))

@@ -174,7 +174,7 @@ async def test_an_executor_cannot_read_another_nodes_commands(login, admin: Sess
 
 
 SERVICE_RULES = [
-    ("balancer", "sched.placed", True), ("balancer", "cmd.node-a", False), ("balancer", "jobs.submit", False),
+    ("balancer", "sched.placed", True), ("balancer", "cmd.node-a", True), ("balancer", "jobs.submit", False),
     ("balancer", "sched.capacity", False), ("balancer", "jobs.exit", False),
     ("partitioner", "cmd.node-a", True), ("partitioner", "jobs.exit", True),
     ("partitioner", "sched.capacity", True),

@@ -63,25 +63,59 @@ async def _mirror_ready(stack: Stack, n: int) -> bool:
     return len(stack.balancer.mirrors[0]) >= n
 
 
-async def test_a_submitted_job_is_placed_and_published_on_sched_placed(env) -> None:  # type: ignore[no-untyped-def]
-    ns, _stack, ex = env
-    placed: list[Placed] = []
-
-    async def grab(ds: list[Delivery]) -> None:
-        placed.extend(d.data for d in ds)
-
-    c = ns.bus.consumer(ns.bus.subjects.stream_sched, "test-placed", ns.bus.subjects.sched_placed, grab)
-    await c.start()
-    task = asyncio.create_task(c.run())
+async def test_a_submitted_job_is_placed_and_the_balancer_sends_its_command_itself(env) -> None:  # type: ignore[no-untyped-def]
+    ns, stack, ex = env
     await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "3g.20gb"))
-    assert await until(lambda: _async(len(placed) == 1))
-    c.stop()
-    await task
-    p = placed[0]
-    assert p.job_id == "j1" and p.placement.slot.gpu_id == "n1/0" and p.placement.slot.profile == "3g.20gb"
-    assert p.placement.reasons and p.placement.frag_after >= 0 and p.gpu.instances == ()
     assert await until(lambda: _async(len(ex.commands("place")) == 1))
+    cmd = ex.commands("place")[0]
+    assert (cmd.cmd_id, cmd.node, cmd.gpu_id, cmd.job_id) == ("place:j1:0", "n1", "n1/0", "j1")
+    created = [op for op in cmd.ops if op.kind == "create_gi"]
+    assert [(op.profile, op.instance_id) for op in created] == [("3g.20gb", cmd.instance_id)]
     assert await until(lambda: _is(ns, "j1", "running"))
+    job = await ns.state.job("j1")
+    assert job is not None and (job.gpu, job.inst) == ("n1/0", cmd.instance_id)
+    # nothing went through sched.placed: the partitioner had no hop to make
+    subj = ns.bus.subjects.sched_placed
+    info = await ns.bus.js.stream_info(ns.bus.subjects.stream_sched, subjects_filter=subj)
+    assert (info.state.subjects or {}).get(subj, 0) == 0
+    assert stack.balancer.settings.direct_commands
+
+
+async def test_with_direct_commands_off_the_placement_goes_through_sched_placed_and_the_partitioner(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, direct_commands=False)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
+        await ex.start()
+        try:
+            assert await until(lambda: _has_gpus(ns, 1))
+            assert await until(lambda: _mirror_ready(stack, 1))
+            placed: list[Placed] = []
+
+            async def grab(ds: list[Delivery]) -> None:
+                placed.extend(d.data for d in ds)
+
+            c = ns.bus.consumer(ns.bus.subjects.stream_sched, "test-placed", ns.bus.subjects.sched_placed, grab)
+            await c.start()
+            task = asyncio.create_task(c.run())
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "3g.20gb"))
+            assert await until(lambda: _async(len(placed) == 1))
+            c.stop()
+            await task
+            p = placed[0]
+            assert p.job_id == "j1" and p.placement.slot.gpu_id == "n1/0" and p.placement.slot.profile == "3g.20gb"
+            assert p.placement.reasons and p.placement.frag_after >= 0 and p.gpu.instances == ()
+            assert await until(lambda: _async(len(ex.commands("place")) == 1))
+            assert ex.commands("place")[0].cmd_id == "place:j1:0"
+            subj = ns.bus.subjects.sched_placed
+            info = await ns.bus.js.stream_info(ns.bus.subjects.stream_sched, subjects_filter=subj)
+            assert (info.state.subjects or {}).get(subj, 0) == 1
+            assert await until(lambda: _is(ns, "j1", "running"))
+        finally:
+            await ex.stop()
+            await stack.stop()
 
 
 async def _async(v: bool) -> bool:

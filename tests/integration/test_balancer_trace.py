@@ -1,5 +1,5 @@
-"""One job is one trace: the W3C context travels in NATS headers from the submit through the balancer and the
-partitioner to the executor's command consumer."""
+"""One job is one trace: the W3C context travels in NATS headers from the submit through the balancer (which
+sends the command itself) to the executor's command consumer."""
 
 from __future__ import annotations
 
@@ -49,8 +49,11 @@ async def test_the_submit_the_decision_and_the_command_share_one_trace(
     names = {s.name for s in spans}
     s = ns.bus.subjects
     assert f"{s.jobs_submit} process" in names  # balancer
-    assert f"{s.sched_placed} process" in names  # partitioner
+    assert f"{s.sched_placed} process" not in names  # no partitioner hop: the balancer sent the command
     assert f"{s.cmd('n1')} process" in names  # executor
     decision = next(sp for sp in spans if sp.name == f"{s.jobs_submit} process")
     assert "traced -> n1/0 1g.5gb" in str(decision.attributes.get("migsched.decision"))
     assert decision.kind == trace.SpanKind.CONSUMER
+    assert decision.attributes.get("migsched.ops") == 2  # create_gi + create_ci, planned in the balancer
+    command = next(sp for sp in spans if sp.name == f"{s.cmd('n1')} process")
+    assert command.parent is not None and command.parent.span_id == decision.context.span_id

@@ -18,9 +18,9 @@ async def test_the_memory_store_agrees_with_the_lua_transitions(case: Any) -> No
     await case(MemoryState())
 
 
-def test_the_registry_reads_the_attempt_back_from_the_place_command_id_the_partitioner_sends() -> None:
+def test_the_registry_reads_the_attempt_back_from_the_place_command_id_either_service_sends() -> None:
+    from services.common.place_command import place_cmd_id
     from services.partitioner.reports import place_attempt
-    from services.partitioner.service import place_cmd_id
 
     assert place_attempt(place_cmd_id("j:1", 3), "j:1") == 3
     assert place_attempt(place_cmd_id("j1", 0), "j2") is None  # another job's command

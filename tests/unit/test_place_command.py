@@ -1,0 +1,91 @@
+"""``place_command``: one committed placement -> the executor's place command, the same whichever service sends
+it (the balancer with ``MIGSCHED_DIRECT_COMMANDS``, the partitioner for ``sched.placed``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.place_command import place_cmd_id, place_command, tracking
+from shared.events import Command, JobInfo, Placed, Workload
+from shared.mig.geometry import default_geometry
+from shared.policy.gpu_view import GpuView, InstanceView
+from shared.policy.partition import PlanConflict
+from shared.policy.placement import Placement, Slot
+
+pytestmark = pytest.mark.unit
+GEO = default_geometry()
+
+
+def _slot(profile: str, start: int, size: int, compute: int, action: str = "create", **kw: object) -> Slot:
+    return Slot(gpu_id="n1/0", node="n1", model="A100-40GB", profile=profile, start=start, size=size,
+                compute=compute, action=action, **kw)  # type: ignore[arg-type]
+
+
+def _placed(gpu: GpuView, *slots: Slot, attempt: int = 2, preempted: tuple[str, ...] = ()) -> Placed:
+    return Placed(
+        id="p-1",
+        job_id="j1",
+        placement=Placement(job_id="j1", policy="test", slots=slots, tier="lazy", frag_before=0.0, frag_after=0.0),
+        gpu=gpu,
+        gpu_version=7,
+        attempt=attempt,
+        decided_at=100.0,
+        preempted=preempted,
+        job=JobInfo(workload=Workload(argv=("python", "x.py")), duration_hint_s=30.0, submitted_at=99.5),
+    )
+
+
+def _idle(profile: str, start: int, size: int, compute: int, job: str | None = None) -> InstanceView:
+    return InstanceView(id=f"n1/0:{profile}@{start}:old", profile=profile, start=start, size=size, compute=compute,
+                        job_id=job)
+
+
+def test_a_mig_placement_becomes_a_place_command_that_clears_the_idle_instance_in_its_way_first() -> None:
+    gpu = GpuView.build(id="n1/0", node="n1", index=0, model="A100-40GB", instances=(_idle("7g.40gb", 0, 8, 7),))
+    p = _placed(gpu, _slot("3g.20gb", 4, 4, 3, destroy=("n1/0:7g.40gb@0:old",)), preempted=("victim",))
+    cmd = place_command(p, GEO, 123.0)
+    assert isinstance(cmd, Command)
+    assert (cmd.id, cmd.cmd_id, cmd.kind, cmd.node, cmd.gpu_id, cmd.gpu_index) == (
+        "place:j1:2", "place:j1:2", "place", "n1", "n1/0", 0)
+    assert [(op.kind, op.instance_id) for op in cmd.ops] == [
+        ("destroy_ci", "n1/0:7g.40gb@0:old"), ("destroy_gi", "n1/0:7g.40gb@0:old"),
+        ("create_gi", "n1/0:3g.20gb@4:j1"), ("create_ci", "n1/0:3g.20gb@4:j1")]
+    assert cmd.instance_id == "n1/0:3g.20gb@4:j1" and cmd.ops[2].start == 4 and cmd.ops[2].profile_id == 9
+    assert (cmd.job_id, cmd.workload.argv, cmd.duration_s, cmd.at, cmd.submitted_at) == (
+        "j1", ("python", "x.py"), 30.0, 123.0, 99.5)
+    assert cmd.stop_jobs == ("victim",) and cmd.plain == ()
+
+
+def test_reusing_an_idle_instance_needs_no_mig_operation() -> None:
+    gpu = GpuView.build(id="n1/0", node="n1", index=0, model="A100-40GB", instances=(_idle("3g.20gb", 4, 4, 3),))
+    cmd = place_command(_placed(gpu, _slot("3g.20gb", 4, 4, 3, "reuse", instance_id="n1/0:3g.20gb@4:old")),
+                        GEO, 1.0)
+    assert isinstance(cmd, Command) and cmd.ops == () and cmd.instance_id == "n1/0:3g.20gb@4:old"
+
+
+def test_a_view_where_a_busy_instance_overlaps_the_slot_is_a_conflict_not_a_command() -> None:
+    gpu = GpuView.build(id="n1/0", node="n1", index=0, model="A100-40GB",
+                        instances=(_idle("4g.20gb", 0, 4, 4, job="other"),))
+    res = place_command(_placed(gpu, _slot("3g.20gb", 0, 4, 3)), GEO, 1.0)
+    assert isinstance(res, PlanConflict) and "busy instance" in res.reason and "other" in res.reason
+
+
+def test_a_whole_gpu_gang_becomes_one_plain_command_binding_every_gpu() -> None:
+    gpu = GpuView.build(id="n1/0", node="n1", index=0, model="A100-40GB", mig=False)
+    slots = tuple(
+        Slot(gpu_id=f"n1/{i}", node="n1", model="A100-40GB", profile="gpu", start=0, size=8, compute=7,
+             action="create")
+        for i in (0, 3)
+    )
+    cmd = place_command(_placed(gpu, *slots, attempt=0), GEO, 5.0)
+    assert isinstance(cmd, Command) and cmd.ops == () and cmd.cmd_id == place_cmd_id("j1", 0) == "place:j1:0"
+    assert [(s.gpu_index, s.profile, s.instance_id) for s in cmd.plain] == [
+        (0, "gpu", "n1/0:gpu@0:j1"), (3, "gpu", "n1/3:gpu@0:j1")]
+    assert cmd.instance_id == "n1/0:gpu@0:j1" and cmd.gpu_index == 0
+
+
+def test_a_place_command_is_tracked_by_node_job_gpu_and_send_time() -> None:
+    gpu = GpuView.build(id="n1/0", node="n1", index=0, model="A100-40GB")
+    cmd = place_command(_placed(gpu, _slot("1g.5gb", 6, 1, 1)), GEO, 42.0)
+    assert isinstance(cmd, Command)
+    assert tracking(cmd) == {"node": "n1", "kind": "place", "job": "j1", "gpu": "n1/0", "at": 42.0}
