@@ -21,7 +21,7 @@ from services.balancer.mirror import Mirror, reservation_instance
 from services.balancer.preempting import admit_job, placed_view, record_preemptions, wire_priority
 from services.balancer.tenancy import TenantLedger
 from services.common import metrics as m
-from services.common.place_command import place_command, tracking
+from services.common.place_command import place_command
 from services.common.service import Service
 from shared import telemetry
 from shared.bus import Delivery, Outgoing
@@ -194,6 +194,7 @@ class Decisions(Service):
                         destroy=first.destroy,
                         max_count=first.max_count,
                         extra=tuple(slot_res[1:]),
+                        track=st.direct_commands,
                         spec=c.spec,
                         prio=c.priority,
                         submitted_at=sub.submitted_at,
@@ -313,18 +314,12 @@ class Decisions(Service):
         return Outgoing(self.subjects.sched_placed, placed, c.ctx)
 
     async def send(self, out: list[Outgoing]) -> None:
-        """Publish a batch's messages; the place commands among them are tracked in Redis (``:cmds``) in the
-        same round trip: tracking is for the partitioner's time-outs only, so it need not precede them."""
-        track = self.state.batch()
-        for o in out:
-            cmd = o.msg
-            if isinstance(cmd, Command) and cmd.kind == "place":
-                track.track_command(shard_of(cmd.node, self.settings.shards), cmd.cmd_id, tracking(cmd))
-        if not len(track):
-            await self.bus.publish_batch(out)
-            return
-        await asyncio.gather(track.run(), self.bus.publish_batch(out))
-        m.child(m.COMMANDS, "place", "sent").inc(len(track))
+        """Publish a batch's messages. The place commands among them are tracked in ``:cmds`` already: each
+        reservation recorded its command in the same transition (``Reservation.track``)."""
+        await self.bus.publish_batch(out)
+        sent = sum(1 for o in out if isinstance(o.msg, Command))
+        if sent:
+            m.child(m.COMMANDS, "place", "sent").inc(sent)
 
     def _max_count(self, slot: Slot) -> int:
         if slot.profile in PLAIN_PROFILES:

@@ -189,4 +189,8 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
     j.gpu, j.inst, j.node = r.gpu_id, new_ids[0][1], first.node
     j.slots = tuple(new_ids) if len(new_ids) > 1 else ()
     store._state(sh, r.job_id, prev, "placing", r.reason, now)
+    if r.track:
+        sh.cmds[f"place:{r.job_id}:{j.attempts}"] = {
+            "node": first.node, "kind": "place", "job": r.job_id, "gpu": r.gpu_id, "at": now,
+        }
     return out("ok", ver, str(j.attempts))

@@ -232,6 +232,10 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     ones removed) and the job re-queued with ``reason``."""
     extra: tuple[SlotReservation, ...] = ()
     """The other slots of a gang (``gpus: n`` on one node); the job record then lists all in ``slots``."""
+    track: bool = False
+    """Also record the place command ``place:<job>:<attempt>`` in ``:cmds`` (node, job, GPU, ``at`` = ``now``)
+    in the same transition: the balancer sends that command itself, so its time-out tracking costs no second
+    Redis call."""
 
     def all_slots(self) -> tuple[SlotReservation, ...]:
         first = SlotReservation(

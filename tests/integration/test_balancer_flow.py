@@ -242,3 +242,31 @@ async def test_a_gang_no_node_can_hold_waits_with_its_reason(env) -> None:  # ty
     await ns.bus.publish(ns.bus.subjects.jobs_submit, two)
     assert await until(lambda: _is(ns, "two", "pending"))
     assert "no node has 2" in (await ns.state.job("two")).reason  # type: ignore[union-attr]
+
+
+async def test_the_command_the_balancer_sends_is_tracked_until_the_executor_confirms_it(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=1, auto_ack=False)
+        await ex.start()
+        try:
+            assert await until(lambda: _has_gpus(ns, 1))
+            assert await until(lambda: _mirror_ready(stack, 1))
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "1g.5gb"))
+            assert await until(lambda: _async(len(ex.commands("place")) == 1))
+            cmd = ex.commands("place")[0]
+            tracked = await ns.state.commands(0)
+            assert list(tracked) == [cmd.cmd_id]  # recorded by the reservation itself, before the send
+            assert {k: tracked[cmd.cmd_id][k] for k in ("node", "kind", "job", "gpu")} == {
+                "node": "n1", "kind": "place", "job": "j1", "gpu": "n1/0"}
+            assert tracked[cmd.cmd_id]["at"] == pytest.approx(cmd.at, abs=1e-3)
+            assert await _is(ns, "j1", "placing")
+            await ns.bus.publish_batch(ex.reply(cmd))  # the node confirms: running, no longer tracked
+            assert await until(lambda: _is(ns, "j1", "running"))
+            assert await ns.state.commands(0) == {}
+        finally:
+            await ex.stop()
+            await stack.stop()

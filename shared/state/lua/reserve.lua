@@ -123,4 +123,9 @@ if r.tenant and r.tenant ~= '' then
   redis.call('HSET', jkey, 'tenant', r.tenant, 'usage', cjson.encode(r.usage or {}))
 end
 set_state(job, st or '', 'placing', r.reason, now)
-return {'ok', ver, redis.call('HGET', jkey, 'attempts') or '0'}
+local attempts = redis.call('HGET', jkey, 'attempts') or '0'
+if r.track then  -- the balancer sends the place command itself: track it for the command time-out sweep
+  redis.call('HSET', CMDS, 'place:' .. job .. ':' .. attempts,
+    cjson.encode({node = first.node, kind = 'place', job = job, gpu = r.gpu_id, at = now}))
+end
+return {'ok', ver, attempts}
