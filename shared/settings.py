@@ -115,7 +115,8 @@ class BalancerSettings(Settings):
     """Send each placement's executor command (``cmd.<node>``) from the balancer right after its
     compare-and-set, instead of publishing ``sched.placed`` for the partitioner to turn into the command: one
     hop, one stored message and one acknowledgement per job fewer. False: the partitioner sends them (as before
-    this setting existed; a mixed fleet during an upgrade works either way)."""
+    this setting existed). Upgrade the partitioner first: an older one counts the recent demand that decides
+    which idle instances to keep from ``sched.placed`` only, and would destroy every idle instance."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

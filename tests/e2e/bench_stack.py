@@ -77,9 +77,10 @@ async def one_rate(stack: Stack, log: Path, rate: float, seconds: float, duratio
         for r in await state.jobs(ids):
             k = r.state if r is not None else "missing"
             states[k] = states.get(k, 0) + 1
-        # where the time goes: submit -> placing (balancer), placing -> command (partitioner and the CMD
-        # stream), command -> running (executor, its report and the registry's transition)
-        stages: dict[str, list[float]] = {"balancer": [], "partitioner": [], "executor+report": []}
+        # where the time goes: submit -> placing (the balancer's decision and commit), placing -> command (the
+        # send: the balancer's publish and the CMD stream; the partitioner's hop too with
+        # MIGSCHED_DIRECT_COMMANDS=false), command -> running (executor, its report and the registry's transition)
+        stages: dict[str, list[float]] = {"balancer": [], "send": [], "executor+report": []}
         for job in ids[:: max(1, len(ids) // 500)]:
             hist = await state.history(job)
             placing = next((h.at for h in hist if h.to == "placing"), None)
@@ -87,7 +88,7 @@ async def one_rate(stack: Stack, log: Path, rate: float, seconds: float, duratio
             if job in first and placing is not None and running is not None:
                 sub, rec = first[job]
                 stages["balancer"].append(placing - sub)
-                stages["partitioner"].append(rec - placing)
+                stages["send"].append(rec - placing)
                 stages["executor+report"].append(running - rec)
     finally:
         await state.close()
