@@ -56,8 +56,15 @@ if ARGV[2] ~= '' and ARGV[2] ~= f[3] then return {'stale', f[1]} end
 local held = slot_insts(job, job_slots(f[2], f[3], f[4]))
 for _, e in ipairs(held) do if not e.i then return {'gone', f[1]} end end
 for _, e in ipairs(held) do
+  local was_idle = e.i.state == 'idle'
   e.i.state = 'busy'; e.i.started = tonumber(ARGV[3]); e.i.created = nil
-  save_gpu(e.key, e.insts, false)
+  if was_idle then
+    save_gpu(e.key, e.insts, false)
+  else
+    -- neither counter moves and reserved -> busy leaves the busy mask as it was: only the instances change
+    -- (save_gpu would read and rewrite both counters and rewrite the occupancy byte, all unchanged)
+    redis.call('HSET', e.key, 'inst', encode_insts(e.insts))
+  end
 end
 set_state(job, 'placing', 'running', 'executor started the workload', tonumber(ARGV[3]))
 return {'ok', 'running'}
