@@ -197,42 +197,18 @@ async def test_a_silent_node_is_marked_lost_and_its_jobs_requeued(
         await stack.stop()
 
 
+@pytest.mark.parametrize(
+    ("track", "why", "next_command"),
+    [
+        # a balancer that committed and crashed before publishing sched.placed (MIGSCHED_DIRECT_COMMANDS off)
+        (False, "no command was sent", "place:orphan:1"),
+        # the default path: the reservation tracked the place command the balancer was about to send
+        (True, "no result for place:orphan:0", "place:orphan:1"),
+    ],
+    ids=["untracked", "tracked"],
+)
 async def test_a_reservation_whose_command_never_went_out_is_requeued_and_placed(
-    prefix: str, nats_url: str, redis_url: str
-) -> None:
-    import time
-
-    from shared.state import Reservation, StoredInstance
-
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack, ex = await started(prefix, nats_url, redis_url, ns, cmd_timeout_s=1.0)
-        spec = submit("orphan", "1g.5gb")
-        from shared.events import encode
-
-        # as if a balancer had committed and crashed before publishing sched.placed
-        inst = StoredInstance(id="n1/0:1g.5gb@6:orphan", profile="1g.5gb", start=6, size=1, compute=1)
-        (g,) = await ns.state.get_gpus(["n1/0"])
-        r = Reservation(
-            job_id="orphan",
-            gpu_id="n1/0",
-            expected_ver=g.ver,
-            instance=inst,
-            action="create",
-            max_count=7,
-            spec=encode(spec),
-            submitted_at=spec.submitted_at,
-        )
-        assert (await ns.state.reserve(r, time.time() - 5)).ok
-        assert await until(is_(ns, "orphan", "running"), timeout=15)
-        hist = await ns.state.history("orphan")
-        assert "no command was sent" in hist[1].reason
-        assert await audit(ns.state, GEO) == []
-        await ex.stop()
-        await stack.stop()
-
-
-async def test_a_balancer_that_tracked_its_command_and_died_before_sending_it_has_the_job_requeued_and_placed(
-    prefix: str, nats_url: str, redis_url: str
+    prefix: str, nats_url: str, redis_url: str, track: bool, why: str, next_command: str
 ) -> None:
     import time
 
@@ -242,17 +218,16 @@ async def test_a_balancer_that_tracked_its_command_and_died_before_sending_it_ha
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
         stack, ex = await started(prefix, nats_url, redis_url, ns, cmd_timeout_s=1.0)
         spec = submit("orphan", "1g.5gb")
-        # the default path: the reservation tracks the place command the balancer was about to send
         inst = StoredInstance(id="n1/0:1g.5gb@6:orphan", profile="1g.5gb", start=6, size=1, compute=1)
         (g,) = await ns.state.get_gpus(["n1/0"])
         r = Reservation(job_id="orphan", gpu_id="n1/0", expected_ver=g.ver, instance=inst, action="create",
-                        max_count=7, spec=encode(spec), submitted_at=spec.submitted_at, track=True)
+                        max_count=7, spec=encode(spec), submitted_at=spec.submitted_at, track=track)
         assert (await ns.state.reserve(r, time.time() - 5)).ok
-        assert list(await ns.state.commands(0)) == ["place:orphan:0"]
+        assert list(await ns.state.commands(0)) == (["place:orphan:0"] if track else [])
         assert await until(is_(ns, "orphan", "running"), timeout=15)
         hist = await ns.state.history("orphan")
-        assert "no result for place:orphan:0" in hist[1].reason
-        assert [c.cmd_id for c in ex.commands("place")] == ["place:orphan:1"]  # the next attempt's command
+        assert why in hist[1].reason
+        assert [c.cmd_id for c in ex.commands("place")] == [next_command]  # the next attempt's command
         assert await audit(ns.state, GEO) == []
         await ex.stop()
         await stack.stop()
