@@ -16,13 +16,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-async def test_the_lua_transitions(case: Any, prefix: str, redis_url: str, nats_url: str) -> None:
-    state = RedisState.from_settings(make_settings(prefix, nats_url, redis_url))
-    try:
-        await case(state)
-    finally:
-        await state.wipe()
-        await state.close()
+async def test_the_lua_transitions(case: Any, redis_state: RedisState) -> None:
+    await case(redis_state)
 
 
 async def test_the_audit_flags_an_ended_entry_whose_job_is_not_terminal(

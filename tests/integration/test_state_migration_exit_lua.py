@@ -9,17 +9,11 @@ from typing import Any
 import pytest
 from migration_exit_cases import CASES
 
-from services.common.testing import make_settings
 from shared.state import RedisState
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-async def test_the_lua_transitions(case: Any, prefix: str, redis_url: str, nats_url: str) -> None:
-    state = RedisState.from_settings(make_settings(prefix, nats_url, redis_url))
-    try:
-        await case(state)
-    finally:
-        await state.wipe()
-        await state.close()
+async def test_the_lua_transitions(case: Any, redis_state: RedisState) -> None:
+    await case(redis_state)
