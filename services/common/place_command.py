@@ -21,6 +21,25 @@ def place_cmd_id(job_id: str, attempt: int) -> str:
     return f"place:{job_id}:{attempt}"
 
 
+def _place(p: Placed, cmd_id: str, now: float, **target: Any) -> Command:
+    """The fields every place command of ``p`` has; ``target``: where it runs (index, instance, ops or plain)."""
+    slot = p.placement.slot
+    return Command(
+        id=cmd_id,
+        cmd_id=cmd_id,
+        kind="place",
+        node=slot.node,
+        gpu_id=slot.gpu_id,
+        job_id=p.job_id,
+        workload=p.job.workload,
+        duration_s=p.job.duration_hint_s,
+        at=now,
+        submitted_at=p.job.submitted_at,
+        stop_jobs=p.preempted,
+        **target,
+    )
+
+
 def plain_place_command(p: Placed, cmd_id: str, now: float) -> Command:
     """A placement on non-MIG GPUs (every slot of a gang, or one share): no ops, the workload bound to the
     GPUs. The instance ids are the ones the balancer reserved (``new_instance_id`` of each slot)."""
@@ -33,23 +52,7 @@ def plain_place_command(p: Placed, cmd_id: str, now: float) -> Command:
         )
         for s in p.placement.slots
     )
-    first = p.placement.slot
-    return Command(
-        id=cmd_id,
-        cmd_id=cmd_id,
-        kind="place",
-        node=first.node,
-        gpu_id=first.gpu_id,
-        gpu_index=slots[0].gpu_index,
-        instance_id=slots[0].instance_id,
-        job_id=p.job_id,
-        workload=p.job.workload,
-        duration_s=p.job.duration_hint_s,
-        at=now,
-        submitted_at=p.job.submitted_at,
-        stop_jobs=p.preempted,
-        plain=slots,
-    )
+    return _place(p, cmd_id, now, gpu_index=slots[0].gpu_index, instance_id=slots[0].instance_id, plain=slots)
 
 
 def place_command(p: Placed, geometry: Geometry, now: float) -> Command | PlanConflict:
@@ -63,22 +66,7 @@ def place_command(p: Placed, geometry: Geometry, now: float) -> Command | PlanCo
     plan = plan_partition(p.gpu, geometry.model(slot.model), slot, p.job_id)
     if not isinstance(plan, PartitionPlan):
         return plan
-    return Command(
-        id=cmd_id,
-        cmd_id=cmd_id,
-        kind="place",
-        node=slot.node,
-        gpu_id=slot.gpu_id,
-        gpu_index=p.gpu.index,
-        ops=plan.ops,
-        instance_id=plan.instance_id,
-        job_id=p.job_id,
-        workload=p.job.workload,
-        duration_s=p.job.duration_hint_s,
-        at=now,
-        submitted_at=p.job.submitted_at,
-        stop_jobs=p.preempted,
-    )
+    return _place(p, cmd_id, now, gpu_index=p.gpu.index, ops=plan.ops, instance_id=plan.instance_id)
 
 
 def tracking(cmd: Command) -> dict[str, Any]:
