@@ -111,12 +111,15 @@ class BalancerSettings(Settings):
     tenancy file; 0 turns the reserve off."""
     tenancy_poll_s: float = 2.0
     """How often the tenancy file's mtime/size is checked for a hot reload."""
-    direct_commands: bool = True
+    direct_commands: bool = False
     """Send each placement's executor command (``cmd.<node>``) from the balancer right after its
     compare-and-set, instead of publishing ``sched.placed`` for the partitioner to turn into the command: one
-    hop, one stored message and one acknowledgement per job fewer. False: the partitioner sends them (as before
-    this setting existed). Upgrade the partitioner first: an older one counts the recent demand that decides
-    which idle instances to keep from ``sched.placed`` only, and would destroy every idle instance."""
+    hop, one stored message and one acknowledgement per job fewer. Off by default until a known race is closed:
+    a job that ends while its move is reserved but not started leaves the idle instances in the move's target
+    way on the node but not in the state, and a place command that arrives before the partitioner's clean-up
+    fails there (docs/architecture.md, "Known race"); sent sooner, it arrives first more often. Upgrade the
+    partitioner first: an older one counts the recent demand for idle-instance retention from ``sched.placed``
+    only."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -3,8 +3,9 @@
 - ``sched.placed`` (a balancer with ``MIGSCHED_DIRECT_COMMANDS`` off or of an older version, or a placement it
   could not plan) -> ``services.common.place_command`` on the GPU as the decision saw it (proved current by the
   CAS) -> a ``place`` command (destroy idle instances in the way, create GI+CI at the exact placement, start the
-  workload); the command is tracked in Redis (``{ns:s}:cmds``) until the executor reports. By default the
-  balancer sends that command itself, with the same function, and its reservation tracks it.
+  workload); the command is tracked in Redis (``{ns:s}:cmds``) until the executor reports. With
+  ``MIGSCHED_DIRECT_COMMANDS`` the balancer sends that command itself, with the same function, and its
+  reservation tracks it.
 - ``sched.migrate`` -> ``migrate_start`` on the target node (make before break); its confirmation sends
   ``migrate_stop`` for the source, whose confirmation commits the move (``reports``).
 - a job's exit report (``reports``: release, then ``jobs.exit`` for the balancer and the planner) -> keep the

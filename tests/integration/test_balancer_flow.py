@@ -44,7 +44,7 @@ async def states(ns: Namespace, jobs: list[str]) -> dict[str, str]:
 @pytest.fixture
 async def env(prefix: str, nats_url: str, redis_url: str):  # type: ignore[no-untyped-def]
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url)
+        stack = Stack(prefix, nats_url, redis_url, direct_commands=True)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
         await ex.start()
@@ -248,7 +248,7 @@ async def test_the_command_the_balancer_sends_is_tracked_until_the_executor_conf
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url)
+        stack = Stack(prefix, nats_url, redis_url, direct_commands=True)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=1, auto_ack=False)
         await ex.start()
