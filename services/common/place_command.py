@@ -40,7 +40,7 @@ def _place(p: Placed, cmd_id: str, now: float, **target: Any) -> Command:
     )
 
 
-def plain_place_command(p: Placed, cmd_id: str, now: float) -> Command:
+def _plain_place_command(p: Placed, cmd_id: str, now: float) -> Command:
     """A placement on non-MIG GPUs (every slot of a gang, or one share): no ops, the workload bound to the
     GPUs. The instance ids are the ones the balancer reserved (``new_instance_id`` of each slot)."""
     slots = tuple(
@@ -62,7 +62,7 @@ def place_command(p: Placed, geometry: Geometry, now: float) -> Command | PlanCo
     cmd_id = place_cmd_id(p.job_id, p.attempt)
     slot = p.placement.slot
     if slot.profile in PLAIN_PROFILES:
-        return plain_place_command(p, cmd_id, now)
+        return _plain_place_command(p, cmd_id, now)
     plan = plan_partition(p.gpu, geometry.model(slot.model), slot, p.job_id)
     if not isinstance(plan, PartitionPlan):
         return plan

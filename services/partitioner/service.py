@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from services.common import metrics as m
-from services.common.place_command import place_command, tracking
+from services.common.place_command import place_cmd_id, place_command, tracking
 from services.common.service import Service
 from services.partitioner.registry import RegistryMixin
 from services.partitioner.reports import ReportsMixin
@@ -120,7 +120,9 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         await asyncio.gather(track.run(), self.bus.publish_batch(out))
         m.child(m.COMMANDS, "place", "sent").inc(len(out))
         for p, why in failed:
-            await self.placement_failed(p.job_id, why, "")
+            # named by its command: a reservation that tracked it (the balancer's) forgets it, and a replayed
+            # placement of an older attempt fails nothing
+            await self.placement_failed(p.job_id, why, place_cmd_id(p.job_id, p.attempt))
         m.child(m.BATCH_SECONDS, self.name, "placed").observe(time.perf_counter() - t0)
         m.child(m.BATCH_SIZE, self.name, "placed").observe(len(ds))
 

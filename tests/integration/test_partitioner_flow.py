@@ -231,3 +231,43 @@ async def test_a_reservation_whose_command_never_went_out_is_requeued_and_placed
         assert await audit(ns.state, GEO) == []
         await ex.stop()
         await stack.stop()
+
+
+async def test_a_placement_whose_plan_conflicts_is_failed_and_its_tracked_command_forgotten(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    import time
+
+    from shared.events import JobInfo, Placed, encode, wire_gpu
+    from shared.policy.gpu_view import GpuView, InstanceView
+    from shared.policy.placement import Placement, Slot
+    from shared.state import Reservation, StoredInstance
+
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack, ex = await started(prefix, nats_url, redis_url, ns)
+        spec = submit("clash", "1g.5gb")
+        inst = StoredInstance(id="n1/0:1g.5gb@6:clash", profile="1g.5gb", start=6, size=1, compute=1)
+        (g,) = await ns.state.get_gpus(["n1/0"])
+        r = Reservation(job_id="clash", gpu_id="n1/0", expected_ver=g.ver, instance=inst, action="create",
+                        max_count=7, spec=encode(spec), submitted_at=spec.submitted_at, track=True)
+        assert (await ns.state.reserve(r, time.time())).ok
+        # a view in which another job's instance holds the slot: the plan conflicts (a CAS rules this out; the
+        # partitioner must still never act on it)
+        busy = InstanceView(id="n1/0:1g.5gb@6:other", profile="1g.5gb", start=6, size=1, compute=1, job_id="other")
+        view = wire_gpu(GpuView.build(id="n1/0", node="n1", index=0, model="A100-40GB", instances=(busy,)))
+        slot = Slot(gpu_id="n1/0", node="n1", model="A100-40GB", profile="1g.5gb", start=6, size=1, compute=1,
+                    action="create")
+        placed = Placed(id="p-clash", job_id="clash", gpu=view, gpu_version=g.ver, decided_at=time.time(),
+                        job=JobInfo(submitted_at=spec.submitted_at),
+                        placement=Placement(job_id="clash", policy="test", slots=(slot,), tier="lazy",
+                                            frag_before=0.0, frag_after=0.0))
+        await ns.bus.publish(ns.bus.subjects.sched_placed, placed)
+        ok = await until(is_(ns, "clash", "running"))  # re-queued, then placed again by the balancer
+        assert ok, (await ns.state.job("clash"), await ns.state.history("clash"), await ns.state.commands(0))
+        hist = await ns.state.history("clash")
+        assert "partition plan conflict" in hist[1].reason
+        assert [c.cmd_id for c in ex.commands("place")] == ["place:clash:1"]
+        assert await ns.state.commands(0) == {}  # the conflicting attempt's tracked command is gone too
+        assert await audit(ns.state, GEO) == []
+        await ex.stop()
+        await stack.stop()
