@@ -17,7 +17,9 @@ node's confirmation (``node_stopped``) idles it, a failed ``migrate_start`` (the
 A move that ends without taking gives back the idle instances its reservation removed from the target's way
 (item 13): an abort before its command went out restores them idle (they were never touched); an abort after
 the node failed the move keeps them ``retiring`` (destroyed or not, nobody knows) and names them, so the
-partitioner sends a ``destroy_idle`` for each: the node's answer drops them or idles them again."""
+partitioner sends a ``destroy_idle`` for each: the node's answer drops them or idles them again. So does a
+release from the source copy during the move (``given_back``): the move's ops may not have run, and dropping
+them showed slices free that the node still held (placements there failed for overlap)."""
 
 from __future__ import annotations
 
@@ -206,13 +208,39 @@ async def a_committed_move_leaves_the_idle_instance_in_its_way_destroyed(store: 
     await clean(store)
 
 
-async def an_abort_after_an_exit_during_the_move_gives_back_nothing(store: Any) -> None:
-    src, _idle = await moving_over_an_idle(store, "j11")
-    assert (await store.release("j11", "completed", "exit 0", NOW + 1, src.id)).status == "ok"
+async def an_exit_before_the_move_started_holds_the_idle_instance_in_its_way_until_a_destroy_confirms(
+    store: Any,
+) -> None:
+    src, idle = await moving_over_an_idle(store, "j11")
+    (g0,) = await store.get_gpus(["n1/1"])
+    res = await store.release("j11", "completed", "exit 0", NOW + 1, src.id)
+    # the move's ops (which destroy it) may not have run: its slices stay taken until the node confirms
+    assert (res.status, res.given_back) == ("ok", f"n1/1|{idle}")
+    assert await held(store, "n1/1") == [(idle, "retiring", None)]
+    (g,) = await store.get_gpus(["n1/1"])
+    assert g.ver > g0.ver and g.busy_mask != 0  # a decision that saw the slices free cannot commit
+    other = new("j12", 1, 6)
+    refused = await store.reserve(
+        Reservation(job_id="j12", gpu_id="n1/1", expected_ver=g.ver, instance=other, action="create",
+                    max_count=7, spec=b"{}", submitted_at=NOW),
+        NOW + 1,
+    )
+    assert (refused.status, refused.detail) == ("overlap", idle)
     b = store.batch()
-    b.migrate_finish("abort", "j11", "failed", NOW + 2)  # the move's command went out: its ops ran
+    b.migrate_finish("abort", "j11", "failed", NOW + 2)  # the move's failure after the exit changes nothing
     assert (await b.run())[0][0] == "noop"
+    assert await held(store, "n1/1") == [(idle, "retiring", None)]
+    await clean(store)
+    assert await store.instance("drop", "n1", "n1/1", idle, NOW + 3) == "ok"  # the destroy_idle confirmed
     assert await held(store, "n1/1") == []
+    await clean(store)
+
+
+async def an_exit_from_the_target_of_a_move_over_an_idle_gives_back_nothing(store: Any) -> None:
+    _src, _idle = await moving_over_an_idle(store, "j13")
+    res = await store.release("j13", "completed", "exit 0", NOW + 1, target("j13").id)
+    assert (res.status, res.given_back) == ("ok", "")  # the node made the target: the move's ops ran
+    assert await held(store, "n1/1") == [(target("j13").id, "idle", None)]
     await clean(store)
 
 
@@ -226,5 +254,6 @@ CASES = [
     a_move_aborted_before_its_command_went_out_gives_back_the_idle_instance_in_its_way,
     a_failed_move_start_holds_the_idle_instance_in_its_way_until_a_destroy_confirms,
     a_committed_move_leaves_the_idle_instance_in_its_way_destroyed,
-    an_abort_after_an_exit_during_the_move_gives_back_nothing,
+    an_exit_before_the_move_started_holds_the_idle_instance_in_its_way_until_a_destroy_confirms,
+    an_exit_from_the_target_of_a_move_over_an_idle_gives_back_nothing,
 ]

@@ -136,6 +136,8 @@ class ReportsMixin:
                 out.extend(self._exit_out(d, r, res, now))
                 if res.status == "ok" and res.stop:
                     out.append(self._stop_target(d, r, res.stop, now))
+                if res.status == "ok" and res.given_back:  # the move's ops may not have run: destroy them
+                    out.extend(await self.destroy_given_back(res.given_back, now))
                 if res.status != "ok":  # not the state's copy: perhaps one a registration found and stopped
                     ended.append((r.node, r.job_id))
                 if res.status == "ok" and res.gpu is not None and r.instance_id:
@@ -158,7 +160,7 @@ class ReportsMixin:
             elif what == "failed" and r.command == "migrate_start":
                 m.child(m.MIGRATIONS, "move", "aborted").inc()
                 if res[0] == "ok" and res[1]:
-                    out.extend(await self._destroy_given_back(res[1], now))
+                    out.extend(await self.destroy_given_back(res[1], now))
         if len(gone):
             await gone.run()
         for node, job in dict.fromkeys(ended):  # rare (stops, stale exits): one script each
@@ -260,8 +262,9 @@ class ReportsMixin:
         cmd = stop_command(node, r.job_id, f"stop:{r.job_id}:{iid}", gpu, iid, now, only_that_run=True)
         return Outgoing(self.subjects.cmd(node), cmd, d.ctx)
 
-    async def _destroy_given_back(self, detail: str, now: float) -> list[Outgoing]:
-        """A ``destroy_idle`` for each idle instance an aborted move gave back ``retiring`` (``gpu|id,id``)."""
+    async def destroy_given_back(self, detail: str, now: float) -> list[Outgoing]:
+        """A ``destroy_idle`` for each idle instance a move that ended without taking (aborted, or its job
+        released during it) gave back ``retiring`` (``gpu|id,id``)."""
         gpu_id, _, ids = detail.partition("|")
         (g,) = await self.state.get_gpus([gpu_id])
         if g is None:

@@ -195,8 +195,10 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         """A move whose job ended or was re-queued since the planner reserved it: no target is made. A target a
         release kept retiring for a stop on that node is dropped (the node never made it, or the stop's
         confirmation would idle an instance it lacks). The idle instances in the target's way left the state
-        with the reserve: the node destroys them, as the move's first ops would have (a ``destroy_idle`` of
-        those ops only; no state to change)."""
+        with the reserve. A release gives them back ``retiring`` and the registry destroys them (``given_back``):
+        nothing to send. A re-queue by the node registry (a lost or re-registered source node) does not: the
+        node destroys them here, as the move's first ops would have (a ``destroy_idle`` of those ops only; no
+        state to change)."""
         mv = o.move
         b = self.state.batch()
         b.migrate_finish(
@@ -205,6 +207,10 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         await b.run()
         clear = tuple(op for op in plan.ops if op.kind in ("destroy_ci", "destroy_gi"))
         if not clear:
+            return []
+        (g,) = await self.state.get_gpus([mv.dst_gpu])
+        if g is not None and any(i.id in {op.instance_id for op in clear} for i in g.instances):
+            # given back by the release: a second destroy could find a newer instance at the same place
             return []
         cid = f"mig:{mv.job_id}:{o.nonce}:clear"
         cmd = Command(

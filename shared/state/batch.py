@@ -111,7 +111,8 @@ class Batch:
                 profile=_s(v[4]),
                 gpu=gpu,
                 slots=decode_slots(v[9]) if len(v) > 9 else (),
-                stop=(_s(v[10]), _s(v[11]), _s(v[12])) if len(v) > 12 else None,
+                stop=(_s(v[10]), _s(v[11]), _s(v[12])) if len(v) > 12 and _s(v[10]) else None,
+                given_back=_s(v[13]) if len(v) > 13 else "",
             )
 
         return self._add(

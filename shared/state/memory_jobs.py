@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from shared.state.codec import CancelResult
 from shared.state.memory_prelude import _ACTIVE, MemoryPrelude, _Shard
-from shared.state.memory_slots import hold_for_stop, names, vacate
+from shared.state.memory_slots import give_back, hold_for_stop, names, vacate
 from shared.state.memory_slots import idle as _idle
 from shared.state.model import (
     EXIT_TO_STATE,
@@ -83,6 +83,7 @@ class JobTransitions(MemoryPrelude):
                 first, profile = g, left.profile if left else ""
             self._save(sh, g)
         stop: tuple[str, str, str] | None = None
+        given = ""
         if prev == "migrating" and j.mig_gpu:
             _, mg = self._gpu(j.mig_gpu)
             if mg is not None:
@@ -96,7 +97,9 @@ class JobTransitions(MemoryPrelude):
                                 mg.instances.remove(i)
                         else:
                             _idle(i)
-                self._save(sh, mg)
+                back = give_back(mg.instances, j.mig_gone, "retiring")
+                self._save(sh, mg, "claim" if back else True)
+                given = f"{mg.id}|{','.join(back)}" if back else ""
         j.mig_gpu = j.mig_inst = ""
         j.mig_gone = ()
         to = EXIT_TO_STATE[kind]
@@ -115,6 +118,7 @@ class JobTransitions(MemoryPrelude):
             gpu=copy.deepcopy(first),
             slots=slots,
             stop=stop,
+            given_back=given,
         )
 
     def _t_mark_running(

@@ -7,6 +7,7 @@ import copy
 from collections.abc import Sequence
 
 from shared.state.memory_prelude import MemoryPrelude
+from shared.state.memory_slots import give_back
 from shared.state.memory_slots import idle as _idle
 from shared.state.model import PLAIN_PROFILES, StoredInstance
 
@@ -127,15 +128,8 @@ class MigrationTransitions(MemoryPrelude):
         else:
             if dst is not None and dst.job == job:
                 dg.instances.remove(dst)
-            for was in j.mig_gone:  # the idle instances the reserve removed from the target's way (migrate.lua)
-                if any(i.id == was.id or i.mask & was.mask for i in dg.instances):
-                    continue
-                r = copy.deepcopy(was)
-                _idle(r)
-                if gone != "idle":
-                    r.state = "retiring"
-                dg.instances.append(r)
-                back.append(r.id)
+            # the idle instances the reserve removed from the target's way (migrate.lua)
+            back = give_back(dg.instances, j.mig_gone, "idle" if gone == "idle" else "retiring")
             detail = f"{dg.id}|{','.join(back)}" if back and gone != "idle" else ""
         j.mig_gpu = j.mig_inst = ""
         j.mig_gone = ()

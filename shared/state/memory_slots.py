@@ -5,6 +5,7 @@ with the preemption of victims in the same step; and how a job leaves its instan
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
 
 from shared.state.model import (
@@ -39,6 +40,22 @@ def hold_for_stop(i: StoredInstance, job: str) -> None:
     (``memory_nodes.stopped``)."""
     idle(i)
     i.state, i.job = "retiring", job
+
+
+def give_back(insts: list[StoredInstance], gone: Iterable[StoredInstance], state: str) -> list[str]:
+    """The idle instances a move's reserve removed from its target's way, back in ``insts`` as ``state`` (idle,
+    or retiring until a destroy settles them) unless they overlap an instance there now (``lua/migrate.lua``
+    abort, ``lua/release.lua``); returns their ids."""
+    back: list[str] = []
+    for was in gone:
+        if any(i.id == was.id or i.mask & was.mask for i in insts):
+            continue
+        r = copy.deepcopy(was)
+        idle(r)
+        r.state = state
+        insts.append(r)
+        back.append(r.id)
+    return back
 
 
 def vacate(insts: list[StoredInstance], instance_id: str, job: str, drop_created: bool) -> StoredInstance | None:

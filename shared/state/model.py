@@ -288,6 +288,10 @@ class ReleaseResult(msgspec.Struct, frozen=True, kw_only=True):
     """(node, gpu id, instance id): the exit came from the source of a move to another node, whose target that
     node may run a copy of the job on; the target is kept retiring with the job until the node confirms a
     ``stop`` of that run (``node_stopped``), or drops it when its ``migrate_start`` failed."""
+    given_back: str = ""
+    """``gpu|id,id``: the idle instances the job's move had removed from its target's way, back in the state
+    ``retiring`` (the move's ops that destroy them may not have run): the registry sends each a
+    ``destroy_idle``."""
 
 
 class Violation(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,5 +1,7 @@
 -- release: a job left its instances (every slot of a gang). Idempotent: the first call frees them, later ones
 -- are no-ops. KEYS[2] job hash. ARGV: job_id, exit_kind, new_state, reason, now, instance_id ('' = any)
+-- Returns {status, state, gpu, node, profile, insts, ver, model, index, slots[, stop node, stop gpu, stop
+-- instance, given back]} (see ReleaseResult).
 local job, jkey = ARGV[1], KEYS[2]
 local now = tonumber(ARGV[5])
 local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'node', 'slots')
@@ -25,7 +27,7 @@ for n, e in ipairs(slot_insts(job, job_slots(f[2], f[3], f[7]))) do
   local v = save_gpu(e.key, e.insts, true)
   if n == 1 then ver = v end
 end
-local stop = nil
+local stop, back, given = nil, {}, ''
 if st == 'migrating' and f[4] then
   -- the move's target. An exit from the source copy means the move never took. On the source's node the
   -- executor destroys a target it created when the move fails (and creates none for a job that already ended),
@@ -51,7 +53,27 @@ if st == 'migrating' and f[4] then
       idle(t)
     end
   end
-  save_gpu(mkey, minsts, true)
+  -- The idle instances the move's reserve removed from the target's way ('mig_gone'): the move's first ops
+  -- destroy them on the node, and those may not have run (the partitioner may not even have consumed the move
+  -- order). Dropping them showed their slices free while the node still held them, and placements there
+  -- failed for overlap until jobs ran out of attempts. They come back 'retiring' (taken, never reused) and are
+  -- named ('gpu|id,id') for the registry to send each a destroy_idle: its confirmation drops them (a node that
+  -- destroyed them already confirms at once), its failure idles them. One that overlaps an instance the GPU
+  -- holds now (the target, kept) is left out: the node made the target, so the move's ops ran.
+  for _, g in ipairs(decode_insts(redis.call('HGET', jkey, 'mig_gone'))) do
+    local m, clear = imask(g), true
+    for _, i in ipairs(minsts) do
+      if i.id == g.id or bit.band(imask(i), m) ~= 0 then clear = false end
+    end
+    if clear then
+      idle(g)
+      g.state = 'retiring'
+      table.insert(minsts, g)
+      table.insert(back, g.id)
+    end
+  end
+  save_gpu(mkey, minsts, #back > 0 and 'claim' or true)
+  if #back > 0 then given = f[4] .. '|' .. table.concat(back, ',') end
 end
 redis.call('HDEL', jkey, 'mig_gpu', 'mig_inst', 'mig_gone')
 if ARGV[3] == 'pending' then
@@ -61,5 +83,8 @@ else
 end
 local gm = redis.call('HMGET', gk(f[2]), 'inst', 'model', 'index')
 local res = {'ok', ARGV[3], f[2], f[6] or '', profile, gm[1], ver, gm[2] or '', gm[3] or '0', f[7] or ''}
-if stop then table.insert(res, stop[1]); table.insert(res, stop[2]); table.insert(res, stop[3]) end
+if stop or given ~= '' then
+  table.insert(res, stop and stop[1] or ''); table.insert(res, stop and stop[2] or '')
+  table.insert(res, stop and stop[3] or ''); table.insert(res, given)
+end
 return res
