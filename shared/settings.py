@@ -111,15 +111,12 @@ class BalancerSettings(Settings):
     tenancy file; 0 turns the reserve off."""
     tenancy_poll_s: float = 2.0
     """How often the tenancy file's mtime/size is checked for a hot reload."""
-    direct_commands: bool = False
+    direct_commands: bool = True
     """Send each placement's executor command (``cmd.<node>``) from the balancer right after its
     compare-and-set, instead of publishing ``sched.placed`` for the partitioner to turn into the command: one
-    hop, one stored message and one acknowledgement per job fewer. Off by default until a known race is closed:
-    a job that ends while its move is reserved but not started leaves the idle instances in the move's target
-    way on the node but not in the state, and a place command that arrives before the partitioner's clean-up
-    fails there (docs/architecture.md, "Known race"); sent sooner, it arrives first more often. Upgrade the
-    partitioner first: an older one counts the recent demand for idle-instance retention from ``sched.placed``
-    only."""
+    hop, one stored message and one acknowledgement per job fewer (its time-out tracking rides in the
+    reservation). False restores the DESIGN's path through the partitioner. Upgrade the partitioner first: an
+    older one counts the recent demand for idle-instance retention from ``sched.placed`` only."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
