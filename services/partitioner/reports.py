@@ -11,7 +11,8 @@
 - ``job_exit``: release (the first release frees the slices), re-publish as ``jobs.exit`` for the balancer and
   the migration planner, then keep or destroy the instance the job left (retention, ``service``). An exit
   naming another instance than the job's current one (a late message from before a re-queue) is stale and
-  ignored.
+  ignored. An exit during a move whose ops may not have run gives back the idle instances the move had
+  removed from its target's way (``given_back``, held ``retiring``): each gets a ``destroy_idle``.
 - a place's ``cmd_done`` for a command the state no longer expects (of an older attempt than the job's: it
   timed out, or the job was re-queued, re-placed, failed, finished or cancelled since; an executor restarted
   mid-load applies such commands late) started a second run: its instance is held ``retiring`` for it and the
