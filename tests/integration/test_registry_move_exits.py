@@ -17,7 +17,18 @@ import msgspec
 import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
-from shared.events import CmdDone, CmdFailed, JobExit, JobExited, JobInfo, MigrateOrder, MoveSpec, new_id, wire_gpu
+from shared.events import (
+    CmdDone,
+    CmdFailed,
+    Command,
+    JobExit,
+    JobExited,
+    JobInfo,
+    MigrateOrder,
+    MoveSpec,
+    new_id,
+    wire_gpu,
+)
 from shared.mig.geometry import default_geometry
 from shared.state import StoredInstance, audit
 from tests.integration.test_migration_planner_flow import run_job
@@ -35,6 +46,21 @@ async def _ready(ns: Namespace, gpus: int) -> bool:
 async def _held(ns: Namespace, gpu: str) -> list[tuple[str, str, str | None]]:
     (g,) = await ns.state.get_gpus([gpu])
     return sorted((i.id, i.state, i.job) for i in g.instances)
+
+
+async def _destroy_confirmed(ns: Namespace, destroy: Command, gpu: str) -> bool:
+    """The node confirms ``destroy`` (a ``destroy_idle``): the instance leaves ``gpu`` in the state, which stays
+    sound."""
+    await ns.bus.publish(
+        ns.bus.subjects.node_report("n1"),
+        CmdDone(id=f"{destroy.cmd_id}.done", node="n1", at=time.time(), cmd_id=destroy.cmd_id,
+                command="destroy_idle"),
+    )
+
+    async def dropped() -> bool:
+        return all(i.id != destroy.instance_id for i in (await ns.state.get_gpus([gpu]))[0].instances)
+
+    return await until(dropped) and await audit(ns.state, GEO) == []
 
 
 async def _move(ns: Namespace, job: str, src: str, dst_gpu: str, dst: StoredInstance, destroy: tuple[str, ...]) -> None:
@@ -123,17 +149,8 @@ async def test_a_failed_move_start_sends_a_destroy_for_the_idle_instance_the_mov
             assert (await ns.state.job("j2")).state == "running"
             assert await _held(ns, "n1/1") == [(idle, "retiring", None)]  # destroyed or not: held until told
             assert await audit(ns.state, GEO) == []
-            await ns.bus.publish(
-                ns.bus.subjects.node_report("n1"),
-                CmdDone(id=f"{destroy.cmd_id}.done", node="n1", at=time.time(), cmd_id=destroy.cmd_id,
-                        command="destroy_idle"),
-            )
-
-            async def dropped() -> bool:
-                return await _held(ns, "n1/1") == []
-
-            assert await until(dropped)
-            assert await audit(ns.state, GEO) == []
+            assert await _destroy_confirmed(ns, destroy, "n1/1")
+            assert await _held(ns, "n1/1") == []
         finally:
             await n1.stop()
             await stack.stop()
@@ -194,17 +211,8 @@ async def test_a_job_ending_before_its_move_started_holds_and_destroys_the_idle_
             # the release's destroy is the only one: a second could find a newer instance at that place
             assert not [c for c in n1.commands("destroy_idle") if c.cmd_id.startswith("mig:")]
             assert await _held(ns, "n1/1") == [(idle, "retiring", None)]
-            await ns.bus.publish(
-                ns.bus.subjects.node_report("n1"),
-                CmdDone(id=f"{destroy.cmd_id}.done", node="n1", at=time.time(), cmd_id=destroy.cmd_id,
-                        command="destroy_idle"),
-            )
-
-            async def dropped() -> bool:
-                return await _held(ns, "n1/1") == []
-
-            assert await until(dropped)
-            assert await audit(ns.state, GEO) == []
+            assert await _destroy_confirmed(ns, destroy, "n1/1")
+            assert await _held(ns, "n1/1") == []
         finally:
             await n1.stop()
             await stack.stop()

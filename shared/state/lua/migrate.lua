@@ -101,19 +101,7 @@ if op == 'commit' then
 end
 -- abort
 if dst and dst.job == job then table.remove(dinsts, tn) end
-local back = {}
-for _, g in ipairs(decode_insts(redis.call('HGET', jkey, 'mig_gone'))) do
-  local m, clear = imask(g), true
-  for _, i in ipairs(dinsts) do
-    if i.id == g.id or bit.band(imask(i), m) ~= 0 then clear = false end
-  end
-  if clear then
-    idle(g)
-    if ARGV[5] ~= 'idle' then g.state = 'retiring' end
-    table.insert(dinsts, g)
-    table.insert(back, g.id)
-  end
-end
+local back = give_back(dinsts, redis.call('HGET', jkey, 'mig_gone'), ARGV[5] == 'idle' and 'idle' or 'retiring')
 redis.call('HDEL', jkey, 'mig_gpu', 'mig_inst', 'mig_gone')
 if skey ~= dkey then save_gpu(skey, sinsts, true) end
 save_gpu(dkey, dinsts, #back > 0 and 'claim' or true)

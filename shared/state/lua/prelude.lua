@@ -82,6 +82,25 @@ end
 local function hold_for_stop(i, job)
   idle(i); i.state = 'retiring'; i.job = job
 end
+-- The idle instances a move's reserve removed from its target's way (the job's 'mig_gone', raw), back in insts as
+-- state ('idle': untouched; 'retiring': a destroy_idle settles them) unless one overlaps an instance there now
+-- (migrate.lua abort, release.lua). Returns their ids.
+local function give_back(insts, raw, state)
+  local back = {}
+  for _, g in ipairs(decode_insts(raw)) do
+    local m, clear = imask(g), true
+    for _, i in ipairs(insts) do
+      if i.id == g.id or bit.band(imask(i), m) ~= 0 then clear = false end
+    end
+    if clear then
+      idle(g)
+      g.state = state
+      table.insert(insts, g)
+      table.insert(back, g.id)
+    end
+  end
+  return back
+end
 -- Non-MIG GPUs hold plain instances: 'gpu' (the whole GPU, its busy mask full) or 'shared' (one time-slice
 -- replica, start = replica index, size 0). They are never idle: a job leaving one removes it.
 local function is_plain(i) return i.profile == 'gpu' or i.profile == 'shared' end

@@ -27,7 +27,7 @@ for n, e in ipairs(slot_insts(job, job_slots(f[2], f[3], f[7]))) do
   local v = save_gpu(e.key, e.insts, true)
   if n == 1 then ver = v end
 end
-local stop, back, given = nil, {}, ''
+local stop, given = nil, ''
 if st == 'migrating' and f[4] then
   -- the move's target. An exit from the source copy means the move never took. On the source's node the
   -- executor destroys a target it created when the move fails (and creates none for a job that already ended),
@@ -60,18 +60,7 @@ if st == 'migrating' and f[4] then
   -- named ('gpu|id,id') for the registry to send each a destroy_idle: its confirmation drops them (a node that
   -- destroyed them already confirms at once), its failure idles them. One that overlaps an instance the GPU
   -- holds now (the target, kept) is left out: the node made the target, so the move's ops ran.
-  for _, g in ipairs(decode_insts(redis.call('HGET', jkey, 'mig_gone'))) do
-    local m, clear = imask(g), true
-    for _, i in ipairs(minsts) do
-      if i.id == g.id or bit.band(imask(i), m) ~= 0 then clear = false end
-    end
-    if clear then
-      idle(g)
-      g.state = 'retiring'
-      table.insert(minsts, g)
-      table.insert(back, g.id)
-    end
-  end
+  local back = give_back(minsts, redis.call('HGET', jkey, 'mig_gone'), 'retiring')
   save_gpu(mkey, minsts, #back > 0 and 'claim' or true)
   if #back > 0 then given = f[4] .. '|' .. table.concat(back, ',') end
 end
