@@ -1,7 +1,7 @@
 """A committed placement (``Placed``) -> the executor's ``place`` command, and what tracks it until the node reports.
 
 Pure: the same function serves the balancer, which sends the command itself right after its compare-and-set
-(``MIGSCHED_DIRECT_COMMANDS``: one hop and one message per job fewer; off by default), and the partitioner, which
+(``MIGSCHED_DIRECT_COMMANDS``, the default: one hop and one message per job fewer), and the partitioner, which
 sends it for ``sched.placed`` messages (a balancer with direct commands off, an older version, or the rare
 placement the balancer could not plan). The GPU view in ``Placed`` is the one the compare-and-set proved
 current, so neither reads Redis to plan.

@@ -208,8 +208,9 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         clear = tuple(op for op in plan.ops if op.kind in ("destroy_ci", "destroy_gi"))
         if not clear:
             return []
+        cleared = {op.instance_id for op in clear}
         (g,) = await self.state.get_gpus([mv.dst_gpu])
-        if g is not None and any(i.id in {op.instance_id for op in clear} for i in g.instances):
+        if g is not None and any(i.id in cleared for i in g.instances):
             # given back by the release: a second destroy could find a newer instance at the same place
             return []
         cid = f"mig:{mv.job_id}:{o.nonce}:clear"

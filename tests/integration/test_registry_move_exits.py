@@ -186,6 +186,7 @@ async def test_a_job_ending_before_its_move_started_holds_and_destroys_the_idle_
                 return j is not None and j.state == "finished"
 
             assert await until(finished)
+
             def destroys() -> list[Any]:  # (retention may destroy the freed source too: not this test's concern)
                 return [c for c in n1.commands("destroy_idle") if c.cmd_id == f"destroy:{idle}"]
 
