@@ -109,10 +109,15 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
         )
 
     # --- lifecycle ------------------------------------------------------------------------------------------
+    def command_consumer(self) -> Any:
+        """This node's consumer of ``cmd.<node>``; a command waits up to ``background_linger_s`` for the rest of
+        its burst (it is past the submit -> command latency the stack is held to)."""
+        return self.bus.command_consumer(self.node, self.handle, linger_s=self.settings.background_linger_s)
+
     async def start(self) -> None:
         await self.bus.ensure_streams()
         await self.register()
-        self._consumer = self.bus.command_consumer(self.node, self.handle)
+        self._consumer = self.command_consumer()
         await self._consumer.start()
         self._tasks = [
             asyncio.create_task(self._consumer.run()),

@@ -60,12 +60,13 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
 
     def consumers(self) -> list[Consumer]:
         s, b = self.subjects, self.bus
+        slow = self.settings.background_linger_s  # what nodes report: off the submit -> command path
         return [
             b.consumer(s.stream_sched, "partitioner-placed", s.sched_placed, self.on_placed, concurrency=2),
             b.consumer(s.stream_sched, "partitioner-migrate", s.sched_migrate, self.on_migrate),
             b.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, self.on_cancel),
-            b.consumer(s.stream_node, "registry-report", s.node_reports, self.on_report),
-            b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.on_heartbeat),
+            b.consumer(s.stream_node, "registry-report", s.node_reports, self.on_report, linger_s=slow),
+            b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.on_heartbeat, linger_s=slow),
         ]
 
     def periodic(self) -> list[tuple[str, float, Any]]:

@@ -106,13 +106,15 @@ class Consumer:
         concurrency: int = 1,
         acks: bool = True,
         lost: Callable[[str], None] | None = None,
+        linger_s: float | None = None,
     ) -> None:
         """``concurrency``: batches handled at once (a handler that waits on Redis or NATS lets the next batch
         start meanwhile; batches may then finish out of order).
         ``ephemeral``: a consumer of this process only (every replica sees every message, from now on; the
         server removes it 30 s after the process is gone) instead of a durable shared by replicas.
         ``acks=False``: no acknowledgements (see the module); ``lost(reason)`` is then called for every batch
-        the handler could not apply, which will not come back."""
+        the handler could not apply, which will not come back.
+        ``linger_s``: this consumer's wait for the rest of a burst (None: ``MIGSCHED_BATCH_LINGER_S``)."""
         if not acks and lost is None:
             raise ValueError("a consumer without acks needs a `lost` callback: nothing is redelivered")
         st = bus.settings
@@ -127,6 +129,7 @@ class Consumer:
         self.max_deliver = max_deliver or st.max_deliver
         self.ack_wait_s = ack_wait_s or st.ack_wait_s
         self.retry_delay_s = retry_delay_s
+        self.linger_s = linger_s if linger_s is not None else st.batch_linger_s
         self.concurrency = max(1, concurrency)
         self.deliver_new = deliver_new or ephemeral
         self.ephemeral = ephemeral
@@ -177,7 +180,7 @@ class Consumer:
             self.durable,
             self.batch,
             expires_s=max(1.0, min(30.0, self.fetch_timeout_s * 100)),
-            linger_s=self.bus.settings.batch_linger_s,
+            linger_s=self.linger_s,
         )
         await self._sub.start()
 

@@ -1,0 +1,81 @@
+"""The consumers off the submit -> command path (what nodes report or are told, the planner's exit hints) wait
+``MIGSCHED_BACKGROUND_LINGER_S`` for the rest of a burst; the ones on it keep ``MIGSCHED_BATCH_LINGER_S``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from services.balancer.service import Balancer
+from services.executor.config import ExecutorSettings
+from services.executor.service import Executor
+from services.executor.sim_backend import SimBackend
+from services.migration_planner.service import MigrationPlanner
+from services.partitioner.service import Partitioner
+from shared.bus.consumer import Consumer
+from shared.events.subjects import Subjects
+from shared.settings import BalancerSettings, MigrationPlannerSettings, PartitionerSettings, Settings
+from shared.state.memory_store import MemoryState
+
+pytestmark = pytest.mark.unit
+
+SLOW, FAST = 0.04, 0.001
+
+
+class _Bus:
+    """Enough of ``shared.bus.Bus`` to build consumers (nothing connects)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.subjects = Subjects("")
+
+    def consumer(self, stream: str, durable: str, subject: str, handler: Any, **kw: Any) -> Consumer:
+        return Consumer(self, stream, durable, subject, handler, **kw)
+
+    def command_consumer(self, node: str, handler: Any, **kw: Any) -> Consumer:
+        return self.consumer("CMD", f"executor-{node}", self.subjects.cmd(node), handler, **kw)
+
+
+def _lingers(service: Any) -> dict[str, float]:
+    return {c.durable.rsplit("-", 1)[0] if c.ephemeral else c.durable: c.linger_s for c in service.consumers()}
+
+
+def _settings(cls: type[Any]) -> Any:
+    return cls(batch_linger_s=FAST, background_linger_s=SLOW)
+
+
+def test_the_node_registry_lingers_longer_on_node_reports_and_heartbeats_than_on_placements() -> None:
+    st = _settings(PartitionerSettings)
+    lingers = _lingers(Partitioner(st, _Bus(st), MemoryState()))  # type: ignore[arg-type]
+    assert lingers["registry-report"] == SLOW and lingers["registry-heartbeat"] == SLOW
+    assert lingers["partitioner-placed"] == FAST  # on the path when the balancer does not send commands
+    assert lingers["partitioner-cancel"] == FAST and lingers["partitioner-migrate"] == FAST
+
+
+def test_the_migration_planner_lingers_longer_on_its_exit_hints() -> None:
+    st = _settings(MigrationPlannerSettings)
+    assert set(_lingers(MigrationPlanner(st, _Bus(st), MemoryState())).values()) == {SLOW}  # type: ignore[arg-type]
+
+
+def test_the_balancer_keeps_the_short_linger_on_every_consumer() -> None:
+    st = _settings(BalancerSettings)
+    lingers = _lingers(Balancer(st, _Bus(st), MemoryState()))  # type: ignore[arg-type]
+    assert lingers and set(lingers.values()) == {FAST}
+
+
+def test_an_executor_lingers_longer_on_its_commands() -> None:
+    st = dataclasses.replace(_settings(ExecutorSettings), node="n1")
+    ex = Executor(_Bus(st), SimBackend(node="n1", models=["A100-40GB"]), st, "n1")  # type: ignore[arg-type]
+    assert ex.command_consumer().linger_s == SLOW
+
+
+def test_a_consumer_without_its_own_linger_takes_the_bus_setting() -> None:
+    st = _settings(Settings)
+
+    async def handler(ds: list[Any]) -> None:
+        return None
+
+    assert Consumer(_Bus(st), "JOBS", "d", "jobs.submit", handler).linger_s == FAST
+    assert Consumer(_Bus(st), "JOBS", "d", "jobs.submit", handler, linger_s=0.0).linger_s == 0.0
