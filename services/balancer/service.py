@@ -157,10 +157,8 @@ class Balancer(Backfill):
     # --- jobs.exit, sched.capacity, jobs.cancel -------------------------------------------------------------
     async def on_exit(self, ds: list[Delivery]) -> None:
         """Apply each exit to the mirror. The release transition itself is already committed: the node
-        registry
-        publishes ``jobs.exit`` only after it (so a second release here would always be a no-op), and a
-        release
-        never moves the compare-and-set version, so the mirror stays exact without reading Redis."""
+        registry publishes ``jobs.exit`` only after it (so a second release here would always be a no-op), and
+        a release never moves the compare-and-set version, so the mirror stays exact without reading Redis."""
         stale: set[str] = set()
         for d in ds:
             e = d.data

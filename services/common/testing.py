@@ -29,8 +29,7 @@ from shared.settings import BalancerSettings, MigrationPlannerSettings, Partitio
 
 class ScriptedExecutor:
     """Registers ``gpus`` GPUs of ``model`` for ``node``, confirms every command (or fails the placements of
-    the
-    jobs in ``fail_jobs``), and lets the test end jobs with ``exit()``. ``arrivals`` holds (receive time,
+    the jobs in ``fail_jobs``), and lets the test end jobs with ``exit()``. ``arrivals`` holds (receive time,
     command) for every command, in order. ``plain`` maps GPU indexes that are not in MIG mode to their
     time-slice replicas (0: whole-GPU jobs only)."""
 

@@ -271,8 +271,7 @@ class ReserveResult(msgspec.Struct, frozen=True, kw_only=True):
 class ReleaseResult(msgspec.Struct, frozen=True, kw_only=True):
     """``status``: ok (slices freed now) | noop (already released or never placed) | stale (the exit names
     another instance than the job's current one). ``gpu``: the GPU right after the release (ok), or as it is
-    now
-    when an already released job's exit names its last instance (noop)."""
+    now when an already released job's exit names its last instance (noop)."""
 
     status: str
     job_id: str

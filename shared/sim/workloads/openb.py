@@ -60,8 +60,7 @@ def load_openb(
     limit: int | None = None,
 ) -> Workload:
     """Read one openb pod list. ``time_scale`` > 1 compresses the arrival gaps (not the run times) to raise
-    the
-    offered load; ``window`` is ``auto`` (start at the observation window), ``all``, or ``START:END`` in trace
+    the offered load; ``window`` is ``auto`` (start at the observation window), ``all``, or ``START:END`` in trace
     seconds (pods created in it)."""
     path = resolve(trace)
     if time_scale <= 0:
