@@ -40,6 +40,7 @@ from pathlib import Path
 
 import redis as redis_sync
 
+from load import aof_bytes
 from load.aof_watch import AofWatch
 from load.bench_pipeline import cpu_seconds
 from load.cpu_watch import CpuWatch
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds per window of the CPU-per-process table printed after the run (0: none)")
     ap.add_argument("--retention", type=float, default=RETENTION_S,
                     help="seconds ended jobs stay in Redis and messages in the streams (0: the services' defaults)")
+    ap.add_argument("--aof-bytes", action="store_true",
+                    help="after the run, what Redis's AOF spent its bytes on (load/aof_bytes.py)")
     ap.add_argument("--retention-max", type=int,
                     help="most ended jobs kept in Redis per shard (MIGSCHED_JOB_RETENTION_MAX; default: the services')")
     args = ap.parse_args(argv)
@@ -289,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         redis.stop()
         print("exit status:", status, flush=True)
         print(pauses(work / "run"), flush=True)
+        if args.aof_bytes:
+            print(aof_bytes.summary(work / "redis"), flush=True)
         # the servers' stores and the logs: ~100 MB a run, left behind by every run before
         shutil.rmtree(work, ignore_errors=True)
     if prof is not None:
