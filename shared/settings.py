@@ -62,8 +62,8 @@ class Settings:
     """The linger of the consumers off the submit -> command path, each a batch of what a node reports or is
     told: the executor's commands, the node registry's reports and heartbeats, the migration planner's exit
     hints. At 1,000 jobs/s, 20 ms instead of 2 cut the whole stack's CPU by 5-15 % (steady-1000-64x8, two
-    alternating pairs; the executors' and the registry's each by a fifth or more) and took that much contention
-    off the path whose latency is budgeted; each of those steps (start, release, mark running) may then
+    alternating pairs; the executors' and the registry's each by a fifth or more; 5-10 % over 10-minute soaks)
+    and took that much contention off the path whose latency is budgeted; each of those steps (start, release, mark running) may then
     happen up to 20 ms later."""
     fetch_timeout_s: float = 0.05
     """How often an idle consumer wakes to check for a stop (>= 0.2 s); its pull requests stay open 100 times
