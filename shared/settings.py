@@ -58,13 +58,15 @@ class Settings:
     """How long a consumer that has fewer than ``batch`` messages waits for more before handing them over (0:
     at once): a burst becomes one handler call, one Redis round trip and one flush. 2 ms cut the stack's CPU at
     500 jobs/s by 5.3-6.5 % (two alternating pairs), for at most 2 ms more per hop."""
-    background_linger_s: float = 0.02
+    background_linger_s: float = -1.0
     """The linger of the consumers off the submit -> command path, each a batch of what a node reports or is
     told: the executor's commands, the node registry's reports and heartbeats, the migration planner's exit
-    hints. At 1,000 jobs/s, 20 ms instead of 2 cut the whole stack's CPU by 5-15 % (steady-1000-64x8, two
-    alternating pairs; the executors' and the registry's each by a fifth or more; 5-10 % over 10-minute soaks)
-    and took that much contention off the path whose latency is budgeted; each of those steps (start, release, mark running) may then
-    happen up to 20 ms later."""
+    hints (negative: ``batch_linger_s``). A trade of CPU for slot time: a job's start and its release may each
+    come this much later, so its slot is held up to twice as long beyond its run. At 1,000 jobs/s of 1.28-s
+    jobs (steady-1000-64x8) 0.02 cut the whole stack's CPU by 5-15 % (two alternating 60-s pairs; 5-10 % over
+    10-minute soaks), but with 40-ms jobs (steady-1000-2x8) it cut the rate the stack sustains from 978.6 to
+    736.1 jobs/s (0.005: 886.4/s, for 1.6 % less CPU on 64 x 8). Worth setting for jobs that run seconds or
+    more at high arrival rates; by default nothing lingers longer."""
     fetch_timeout_s: float = 0.05
     """How often an idle consumer wakes to check for a stop (>= 0.2 s); its pull requests stay open 100 times
     as long (1-30 s), so a message is handed over as soon as it arrives either way."""
@@ -81,6 +83,11 @@ class Settings:
     """Prometheus endpoint port; 0 disables it. Services override the default (9101-9103)."""
     geometry_file: str = ""
     """Overrides/extends the built-in MIG geometry (also read by ``shared.mig.geometry``)."""
+
+    @property
+    def off_path_linger_s(self) -> float:
+        """``background_linger_s``, or ``batch_linger_s`` when that is negative."""
+        return self.background_linger_s if self.background_linger_s >= 0 else self.batch_linger_s
 
     @property
     def duplicate_window_s(self) -> float:

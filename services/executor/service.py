@@ -110,9 +110,9 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
 
     # --- lifecycle ------------------------------------------------------------------------------------------
     def command_consumer(self) -> Any:
-        """This node's consumer of ``cmd.<node>``; a command waits up to ``background_linger_s`` for the rest of
+        """This node's consumer of ``cmd.<node>``; a command waits up to ``off_path_linger_s`` for the rest of
         its burst (it is past the submit -> command latency the stack is held to)."""
-        return self.bus.command_consumer(self.node, self.handle, linger_s=self.settings.background_linger_s)
+        return self.bus.command_consumer(self.node, self.handle, linger_s=self.settings.off_path_linger_s)
 
     async def start(self) -> None:
         await self.bus.ensure_streams()

@@ -73,7 +73,7 @@ class MigrationPlanner(Service):
         # an ack per exit bought nothing a crash would not lose anyway. A hint lost by a failed handler waits
         # for the next defragmentation pass, which looks everywhere.
         return [self.bus.consumer(s.stream_jobs, EXIT_HINTS, s.jobs_exit, self.on_exit, acks=False,
-                                  lost=self._hints_lost, linger_s=self.settings.background_linger_s)]
+                                  lost=self._hints_lost, linger_s=self.settings.off_path_linger_s)]
 
     def _hints_lost(self, reason: str) -> None:
         # the consumer has logged the loss; the next defragmentation pass looks at every GPU, these included

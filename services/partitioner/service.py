@@ -60,7 +60,7 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
 
     def consumers(self) -> list[Consumer]:
         s, b = self.subjects, self.bus
-        slow = self.settings.background_linger_s  # what nodes report: off the submit -> command path
+        slow = self.settings.off_path_linger_s  # what nodes report: off the submit -> command path
         return [
             b.consumer(s.stream_sched, "partitioner-placed", s.sched_placed, self.on_placed, concurrency=2),
             b.consumer(s.stream_sched, "partitioner-migrate", s.sched_migrate, self.on_migrate),

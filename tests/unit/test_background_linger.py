@@ -1,5 +1,6 @@
 """The consumers off the submit -> command path (what nodes report or are told, the planner's exit hints) wait
-``MIGSCHED_BACKGROUND_LINGER_S`` for the rest of a burst; the ones on it keep ``MIGSCHED_BATCH_LINGER_S``."""
+``MIGSCHED_BACKGROUND_LINGER_S`` for the rest of a burst when it is set; the ones on it keep
+``MIGSCHED_BATCH_LINGER_S``, and so do all of them by default (a longer linger holds each slot longer)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from services.migration_planner.service import MigrationPlanner
 from services.partitioner.service import Partitioner
 from shared.bus.consumer import Consumer
 from shared.events.subjects import Subjects
-from shared.settings import BalancerSettings, MigrationPlannerSettings, PartitionerSettings, Settings
+from shared.settings import BalancerSettings, MigrationPlannerSettings, PartitionerSettings, Settings, load
 from shared.state.memory_store import MemoryState
 
 pytestmark = pytest.mark.unit
@@ -69,6 +70,13 @@ def test_an_executor_lingers_longer_on_its_commands() -> None:
     st = dataclasses.replace(_settings(ExecutorSettings), node="n1")
     ex = Executor(_Bus(st), SimBackend(node="n1", models=["A100-40GB"]), st, "n1")  # type: ignore[arg-type]
     assert ex.command_consumer().linger_s == SLOW
+
+
+def test_by_default_the_consumers_off_the_path_linger_as_long_as_the_others() -> None:
+    st = PartitionerSettings(batch_linger_s=FAST)
+    assert st.off_path_linger_s == FAST
+    assert set(_lingers(Partitioner(st, _Bus(st), MemoryState())).values()) == {FAST}  # type: ignore[arg-type]
+    assert load(Settings, {"MIGSCHED_BACKGROUND_LINGER_S": "0"}).off_path_linger_s == 0.0  # 0: no linger at all
 
 
 def test_a_consumer_without_its_own_linger_takes_the_bus_setting() -> None:
