@@ -101,8 +101,12 @@ def increments(path: Path) -> list[Path]:
     first; a file is taken as it is."""
     if path.is_file():
         return [path]
-    found = sorted(path.rglob("*.incr.aof"), key=lambda p: int(p.name.split(".")[-3]))
-    return found
+
+    def sequence(p: Path) -> tuple[int, str]:  # appendonly.aof.<n>.incr.aof; another name sorts first, by name
+        n = p.name.split(".")[-3] if p.name.count(".") >= 3 else ""
+        return (int(n) if n.isdigit() else -1, p.name)
+
+    return sorted(path.rglob("*.incr.aof"), key=sequence)
 
 
 def summary(path: Path, jobs: int = 0, limit: int = LIMIT_BYTES, top: int = 12) -> str:
@@ -112,9 +116,10 @@ def summary(path: Path, jobs: int = 0, limit: int = LIMIT_BYTES, top: int = 12) 
         return f"no AOF increments under {path}"
     size, count = tally(files, limit)
     total = sum(size.values())
-    read = min(limit, sum(f.stat().st_size for f in files))
+    on_disk = sum(f.stat().st_size for f in files)
+    read = min(limit, on_disk)
     out = [f"AOF bytes by command ({read / 2**20:.0f} MiB of increments read, {total:,} bytes in whole commands)"]
-    if jobs > 0 and read >= sum(f.stat().st_size for f in files):
+    if jobs > 0 and read >= on_disk:  # bytes per job only over the whole run
         out[0] += f", {total / jobs:,.0f} bytes per job"
     for t, n in size.most_common(top):
         out.append(f"    {100 * n / total:5.1f} %  {n / count[t]:7.0f} B x {count[t]:8d}  {t}")

@@ -75,3 +75,10 @@ def test_the_summary_puts_the_largest_first_and_gives_bytes_per_job(tmp_path: Pa
     assert f"{(len(GPU) + len(HIST)) / 2:,.0f} bytes per job" in lines[0]
     assert lines[1].endswith("HSET gpu inst,rev,ver") and lines[2].endswith("RPUSH hist")
     assert summary(tmp_path / "nothing-here").startswith("no AOF increments")
+
+
+def test_increments_are_taken_in_sequence_and_an_oddly_named_one_first(tmp_path: Path) -> None:
+    for name in ("appendonly.aof.10.incr.aof", "appendonly.aof.9.incr.aof", "x.incr.aof"):
+        (tmp_path / name).write_bytes(HIST)
+    assert [f.name for f in increments(tmp_path)] == ["x.incr.aof", "appendonly.aof.9.incr.aof",
+                                                      "appendonly.aof.10.incr.aof"]
