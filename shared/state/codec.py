@@ -50,25 +50,9 @@ def _s(v: Any) -> str:
 
 
 def decode_instances(raw: Any) -> list[StoredInstance]:
-    """A JSON array of instances, ordered by first slice then id: Redis keeps a GPU's instances as hash fields,
-    whose order is the hash's, not the GPU's."""
     if not raw or raw in (b"{}", b"[]", "{}", "[]"):
         return []
-    return sorted(_INSTS.decode(raw), key=_by_place)
-
-
-def _by_place(i: StoredInstance) -> tuple[int, str]:
-    return (i.start, i.id)
-
-
-def gpu_instances(h: dict[str, bytes]) -> list[StoredInstance]:
-    """A GPU hash's instances: one field ``i:<id>`` each (lua/prelude.lua), and an older version's whole list
-    in ``inst`` while no transition has rewritten the GPU since."""
-    parts = [v for k, v in h.items() if k.startswith("i:")]
-    legacy = h.get("inst")
-    if legacy and legacy not in (b"[]", b"{}"):
-        parts.append(legacy[1:-1])
-    return decode_instances(b"[" + b",".join(parts) + b"]") if parts else []
+    return _INSTS.decode(raw)
 
 
 def decode_gpu(gpu_id: str, h: dict[bytes, bytes]) -> StoredGpu | None:
@@ -87,7 +71,7 @@ def decode_gpu(gpu_id: str, h: dict[bytes, bytes]) -> StoredGpu | None:
         pos=int(g.get("pos", 0)),
         uuid=_s(g.get("uuid")),
         replicas=int(g.get("replicas", 0)),
-        instances=gpu_instances(g),
+        instances=decode_instances(g.get("inst")),
     )
 
 

@@ -6,9 +6,7 @@ key                        type    content
 =========================  ======  ===========================================================================
 ``{ns:s}:gpus``            zset    GPU id -> position (its byte in ``occ``); the shard's GPU index
 ``{ns:s}:gpu:<gpu_id>``    hash    node, index, model, uuid, mig, replicas (time-slice shares of a non-MIG
-                                   GPU), healthy, pos, ver (CAS), rev, and one field ``i:<instance id>``
-                                   per instance (its JSON: a transition writes only those it changes; an
-                                   older version's ``inst``, the whole list, is read until the first write)
+                                   GPU), healthy, pos, ver (CAS), inst (JSON array)
 ``{ns:s}:occ``             string  one byte per GPU position: the busy mask (non-idle instances)
 ``{ns:s}:job:<job_id>``    hash    state, reason, spec (JobSubmit JSON), prio, at, gpu, inst, node, attempts,
                                    cancel, mig_gpu, mig_inst, updated, slots (a gang: JSON [[gpu, inst], ...]),

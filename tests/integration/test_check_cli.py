@@ -109,21 +109,24 @@ async def test_an_overlap_written_by_hand_is_reported_by_gpu_and_instance(
     k = state.keys(0)
     g = (await state.get_gpus(["n1/0"]))[0]
     assert g is not None
-    # a 2g.10gb at 4 lands on slices 4-5 of the running 3g.20gb at 4 (slices 4-7); one field per instance
-    intruder = {
-        "id": "n1/0:2g.10gb@4:intruder",
-        "profile": "2g.10gb",
-        "start": 4,
-        "size": 2,
-        "compute": 2,
-        "state": "busy",
-        "job": "intruder",
-    }
-    await state.redis.hset(k.gpu("n1/0"), f"i:{intruder['id']}", json.dumps(intruder))
+    raw = await state.redis.hget(k.gpu("n1/0"), "inst")
+    insts = json.loads(raw)
+    # a 2g.10gb at 4 lands on slices 4-5 of the running 3g.20gb at 4 (slices 4-7)
+    insts.append(
+        {
+            "id": "n1/0:2g.10gb@4:intruder",
+            "profile": "2g.10gb",
+            "start": 4,
+            "size": 2,
+            "compute": 2,
+            "state": "busy",
+            "job": "intruder",
+        }
+    )
+    await state.redis.hset(k.gpu("n1/0"), "inst", json.dumps(insts))
     code, out = await run_cli(redis_url, prefix)
     assert code == 1, out
-    # instances are read in slice order, then by id: the later of the two is the one named
-    assert "overlap" in out and "n1/0: n1/0:3g.20gb@4:run1 overlaps another instance" in out
+    assert "overlap" in out and "n1/0: n1/0:2g.10gb@4:intruder overlaps another instance" in out
     # the intruder is busy for a job nobody knows: an orphan reservation
     assert "intruder (unknown job) which does not name it" in out
     code, out = await run_cli(redis_url, prefix, "--json")

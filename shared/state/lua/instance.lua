@@ -6,7 +6,7 @@
 -- the job's stop frees it.
 local op, id, gkey = ARGV[1], ARGV[2], KEYS[2]
 if redis.call('EXISTS', gkey) == 0 then return {'nogpu', 0} end
-local insts = gpu_insts(gkey)
+local insts = decode_insts(redis.call('HGET', gkey, 'inst'))
 local n, i = find(insts, id)
 if not i then return {'gone', 0} end
 if op == 'retire' then

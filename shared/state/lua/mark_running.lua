@@ -18,7 +18,7 @@ local function hold_late(node, iid, raw)
   local gid = string.match(iid, '^([^:]+):')
   local key = gid and gk(gid)
   if not key or redis.call('HGET', key, 'node') ~= node or redis.call('HGET', key, 'mig') ~= '1' then return end
-  local insts = gpu_insts(key)
+  local insts = decode_insts(redis.call('HGET', key, 'inst'))
   local _, i = find(insts, iid)
   if i then
     if i.job or (i.state ~= 'idle' and i.state ~= 'retiring') then return end
@@ -63,7 +63,7 @@ for _, e in ipairs(held) do
   else
     -- neither counter moves and reserved -> busy leaves the busy mask as it was: only the instances change
     -- (save_gpu would read and rewrite both counters and rewrite the occupancy byte, all unchanged)
-    store_insts(e.key, e.insts)
+    redis.call('HSET', e.key, 'inst', encode_insts(e.insts))
   end
 end
 set_state(job, 'placing', 'running', 'executor started the workload', tonumber(ARGV[3]))

@@ -19,7 +19,7 @@ if op == 'reserve' then
   if f[1] ~= 'running' then return {'state', f[1] or ''} end
   if f[3] ~= ARGV[4] then return {'moved', f[3] or ''} end
   local skey, dkey = gk(f[2]), gk(ARGV[5])
-  local sinsts = gpu_insts(skey)
+  local sinsts = decode_insts(redis.call('HGET', skey, 'inst'))
   local _, src = find(sinsts, f[3])
   if not src or src.job ~= job then return {'gone', f[3]} end
   -- a job on a whole GPU or a time-sliced share (or a gang) never moves: plain slots have no MIG geometry
@@ -32,7 +32,7 @@ if op == 'reserve' then
   if d[3] == '0' then return {'mode', ARGV[5]} end
   local same_gpu = (skey == dkey)
   local dinsts = sinsts
-  if not same_gpu then dinsts = gpu_insts(dkey) end
+  if not same_gpu then dinsts = decode_insts(redis.call('HGET', dkey, 'inst')) end
   local gone = {}
   for _, id in ipairs(cjson.decode(ARGV[8])) do
     local n, i = find(dinsts, id)
@@ -67,7 +67,7 @@ if f[1] ~= 'migrating' then
     local tail = ARGV[7]
     for _, id in ipairs(cjson.decode(redis.call('HGET', nk(ARGV[6]), 'gpus') or '[]')) do
       local key = gk(id)
-      local insts = gpu_insts(key)
+      local insts = decode_insts(redis.call('HGET', key, 'inst'))
       for n = #insts, 1, -1 do
         local i = insts[n]
         if i.state == 'retiring' and i.job == job and #i.id > #tail and string.sub(i.id, -#tail) == tail then
@@ -80,9 +80,9 @@ if f[1] ~= 'migrating' then
   return {'noop', f[1] or ''}
 end
 local skey, dkey = gk(f[2]), gk(f[4])
-local sinsts = gpu_insts(skey)
+local sinsts = decode_insts(redis.call('HGET', skey, 'inst'))
 local dinsts = sinsts
-if skey ~= dkey then dinsts = gpu_insts(dkey) end
+if skey ~= dkey then dinsts = decode_insts(redis.call('HGET', dkey, 'inst')) end
 local _, src = find(sinsts, f[3])
 local tn, dst = find(dinsts, f[5])
 if op == 'commit' then

@@ -59,7 +59,7 @@ local function free_moves()
     for _, pair in ipairs({{m[2], m[3]}, {m[4], m[5]}}) do
       local g, iid = pair[1], pair[2]
       if g and iid and redis.call('EXISTS', gk(g)) == 1 then
-        local insts = gpu_insts(gk(g))
+        local insts = decode_insts(redis.call('HGET', gk(g), 'inst'))
         local n, i = find(insts, iid)
         if i and i.job == m[1] and i.state ~= 'idle' then
           if op == 'register' and redis.call('HGET', gk(g), 'node') == node and not reported_ids[iid] then
@@ -111,7 +111,7 @@ if op == 'register' then
       local byid, running, rjob = {}, {}, {}
       for _, r in ipairs(reported) do byid[r.id] = r; reported_ids[r.id] = true; rjob[r.id] = r.job end
       for _, j in ipairs(g.jobs or {}) do running[j] = true end
-      local insts = gpu_insts(key)
+      local insts = decode_insts(redis.call('HGET', key, 'inst'))
       local kept = evict(insts, function(i)
         if byid[i.id] then byid[i.id] = nil; return true end
         if is_plain(i) and i.job and running[i.job] then return true end
@@ -159,7 +159,7 @@ if op == 'stopped' then
   local job, freed = ARGV[4], {}
   for _, id in ipairs(cjson.decode(redis.call('HGET', nkey, 'gpus') or '[]')) do
     local key = gk(id)
-    local insts = gpu_insts(key)
+    local insts = decode_insts(redis.call('HGET', key, 'inst'))
     local hit = false
     for _, i in ipairs(insts) do
       if i.state == 'retiring' and i.job == job then idle(i); hit = true end
@@ -173,7 +173,7 @@ if redis.call('HGET', nkey, 'state') ~= 'up' then return cjson.encode({requeued 
 local ids = cjson.decode(redis.call('HGET', nkey, 'gpus') or '[]')
 for _, id in ipairs(ids) do
   local key = gk(id)
-  local insts = gpu_insts(key)
+  local insts = decode_insts(redis.call('HGET', key, 'inst'))
   evict(insts, function(i) return false end, ARGV[4])
   redis.call('HSET', key, 'healthy', 0)
   save_gpu(key, {}, 'claim')

@@ -23,73 +23,6 @@ local function encode_insts(t)
   if #t == 0 then return '[]' end
   return cjson.encode(t)
 end
--- A GPU's instances are its hash's fields 'i:<instance id>', one JSON object each, so that a transition writes
--- the instances it changed and not the GPU's whole list (one field, rewritten ~3 times per job, was ~40 % of the
--- AOF's bytes). SEEN[key] is what the hash holds as this script last read or wrote it: {raw = {id -> JSON},
--- was = {id -> a copy of its fields}, legacy}; store_insts writes the difference. Compared field by field, not
--- as text: cjson's key order follows its table's layout, and decoding and encoding again does not settle on
--- one text. A hash written by an older version keeps its list as one JSON array in 'inst': it is read as such
--- and replaced by fields on the first write.
-local SEEN = {}
-local function copy(t)
-  local c = {}
-  for k, v in pairs(t) do c[k] = v end
-  return c
-end
-local function same(a, b)
-  for k, v in pairs(a) do if b[k] ~= v then return false end end
-  for k in pairs(b) do if a[k] == nil then return false end end
-  return true
-end
-local function gpu_insts(key)
-  local flat = redis.call('HGETALL', key)
-  local raw, was, insts, legacy = {}, {}, {}, false
-  for n = 1, #flat, 2 do
-    local f = flat[n]
-    if string.byte(f, 1) == 105 and string.byte(f, 2) == 58 then  -- 'i:'
-      local id, i = string.sub(f, 3), cjson.decode(flat[n + 1])
-      raw[id] = flat[n + 1]
-      was[id] = copy(i)
-      table.insert(insts, i)
-    elseif f == 'inst' then
-      legacy = true
-      for _, i in ipairs(decode_insts(flat[n + 1])) do table.insert(insts, i) end
-    end
-  end
-  SEEN[key] = {raw = raw, was = was, legacy = legacy}
-  return insts
-end
--- Write insts as the GPU's instances: changed ones set, gone ones deleted; 'more' ({field, value, ...}) is
--- written with them.
-local function store_insts(key, insts, more)
-  local seen = SEEN[key]
-  if not seen then gpu_insts(key); seen = SEEN[key] end
-  local raw, was, set = {}, {}, {}
-  if seen.legacy then redis.call('HDEL', key, 'inst'); seen.raw = {}; seen.was = {} end
-  for _, i in ipairs(insts) do
-    local id, w = i.id, seen.was[i.id]
-    if w and same(w, i) then
-      raw[id] = seen.raw[id]; was[id] = w
-    else
-      local s = cjson.encode(i)
-      table.insert(set, 'i:' .. id); table.insert(set, s)
-      raw[id] = s; was[id] = copy(i)
-    end
-  end
-  local gone = {}
-  for id in pairs(seen.raw) do if not raw[id] then table.insert(gone, 'i:' .. id) end end
-  if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
-  for _, x in ipairs(more or {}) do table.insert(set, x) end  -- the caller's own fields, in the same write
-  if #set > 0 then redis.call('HSET', key, unpack(set)) end
-  SEEN[key] = {raw = raw, was = was, legacy = false}
-end
--- The GPU's instances as one JSON array, as this script last read or wrote them (a release hands the GPU back).
-local function insts_json(key)
-  if not SEEN[key] then gpu_insts(key) end
-  local parts = {}
-  for _, s in pairs(SEEN[key].raw) do table.insert(parts, s) end
-  return '[' .. table.concat(parts, ',') .. ']'
-end
 local function imask(i) return bit.lshift(bit.lshift(1, i.size) - 1, i.start) end
 local function busy_mask(insts)
   local m = 0
@@ -102,12 +35,13 @@ end
 -- failed placement, destroyed instance, committed move) cannot make a reservation decided before it unsafe: the
 -- scripts still check every overlap, count and idle instance themselves. Returns 'ver'.
 local function save_gpu(key, insts, bump)
-  local v = redis.call('HMGET', key, 'rev', 'ver', 'pos')
+  local v = redis.call('HMGET', key, 'rev', 'ver')
   local rev, ver = tonumber(v[1] or '0'), tonumber(v[2] or '0')
   if bump then rev = rev + 1 end
   if bump == 'claim' then ver = ver + 1 end
-  store_insts(key, insts, {'rev', rev, 'ver', ver})
-  redis.call('SETRANGE', OCC, tonumber(v[3]), string.char(busy_mask(insts)))
+  redis.call('HSET', key, 'inst', encode_insts(insts), 'rev', rev, 'ver', ver)
+  local pos = tonumber(redis.call('HGET', key, 'pos'))
+  redis.call('SETRANGE', OCC, pos, string.char(busy_mask(insts)))
   return ver
 end
 local function find(insts, id)
@@ -183,7 +117,7 @@ local function slot_insts(job, slots)
   local out = {}
   for _, s in ipairs(slots) do
     local key = gk(s[1])
-    local insts = gpu_insts(key)
+    local insts = decode_insts(redis.call('HGET', key, 'inst'))
     local _, i = find(insts, s[2])
     if i and i.job ~= job then i = nil end
     table.insert(out, {key = key, insts = insts, i = i})

@@ -10,9 +10,9 @@ if st ~= 'placing' and st ~= 'running' and st ~= 'migrating' then
   -- already released: still hand back the GPU as it is now when the exit names the job's last instance, so a
   -- consumer acting after the release (retention) needs no second read
   if f[2] and ARGV[6] ~= '' and ARGV[6] == f[3] then
-    local gm = redis.call('HMGET', gk(f[2]), 'model', 'index', 'ver')
-    if gm[1] then
-      return {'noop', st or '', f[2], f[6] or '', '', insts_json(gk(f[2])), tonumber(gm[3]), gm[1], gm[2], f[7] or ''}
+    local gm = redis.call('HMGET', gk(f[2]), 'inst', 'model', 'index', 'ver')
+    if gm[2] then
+      return {'noop', st or '', f[2], f[6] or '', '', gm[1], tonumber(gm[4]), gm[2], gm[3], f[7] or ''}
     end
   end
   return {'noop', st or '', '', '', '', ''}
@@ -38,7 +38,7 @@ if st == 'migrating' and f[4] then
   -- 'stopped') idles it, a failed migrate_start (migrate.lua 'abort') drops it. An exit from the target copy
   -- (the move took, not yet committed), or one naming no instance, leaves the target idle: it exists.
   local mkey = gk(f[4])
-  local minsts = gpu_insts(mkey)
+  local minsts = decode_insts(redis.call('HGET', mkey, 'inst'))
   local tn, t = find(minsts, f[5])
   if t and t.job == job then
     if t.created and ARGV[6] ~= '' and ARGV[6] ~= f[5] then
@@ -70,8 +70,8 @@ if ARGV[3] == 'pending' then
 else
   set_state(job, st, ARGV[3], ARGV[4], now)
 end
-local gm = redis.call('HMGET', gk(f[2]), 'model', 'index')
-local res = {'ok', ARGV[3], f[2], f[6] or '', profile, insts_json(gk(f[2])), ver, gm[1] or '', gm[2] or '0', f[7] or ''}
+local gm = redis.call('HMGET', gk(f[2]), 'inst', 'model', 'index')
+local res = {'ok', ARGV[3], f[2], f[6] or '', profile, gm[1], ver, gm[2] or '', gm[3] or '0', f[7] or ''}
 if stop or given ~= '' then
   table.insert(res, stop and stop[1] or ''); table.insert(res, stop and stop[2] or '')
   table.insert(res, stop and stop[3] or ''); table.insert(res, given)

@@ -20,7 +20,7 @@ local function load(id)
     local h = redis.call('HMGET', key, 'ver', 'healthy', 'node', 'mig', 'replicas')
     if not h[1] then return nil end
     g = {key = key, ver = tonumber(h[1]), healthy = h[2] == '1', node = h[3], mig = h[4] ~= '0',
-      replicas = tonumber(h[5] or '0'), insts = gpu_insts(key)}
+      replicas = tonumber(h[5] or '0'), insts = decode_insts(redis.call('HGET', key, 'inst'))}
     gpus[id] = g
     table.insert(order, id)
   end
