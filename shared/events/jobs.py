@@ -41,8 +41,7 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 class JobSubmit(Message, frozen=True, kw_only=True):
     """``jobs.submit``: one job. ``id`` dedupes the message; ``job_id`` is the job (re-submitting a known job
-    is a
-    no-op)."""
+    is a no-op)."""
 
     job_id: JobId
     tenant: Tenant = "default"
