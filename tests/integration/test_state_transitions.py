@@ -303,3 +303,29 @@ async def test_a_redelivered_registration_changes_nothing_but_a_new_one_is_appli
     finally:
         await st.wipe()
         await st.close()
+
+
+async def test_a_job_history_keeps_its_last_64_entries(state: RedisState) -> None:
+    now = time.time()
+    assert (await state.reserve(res("j1", "1g.5gb", 6, ver=1), now)).ok
+    assert await state.mark_running("j1", "n1/0:1g.5gb@6:j1", now) == "ok"
+    for n in range(70):  # each cancel request on a running job is one more entry
+        assert (await state.cancel("j1", f"ask {n}", now + n)).status == "stop"
+    hist = await state.history("j1")
+    assert len(hist) == 64
+    assert hist[0].reason == "cancel requested: ask 6" and hist[-1].reason == "cancel requested: ask 69"
+    assert await audit(state, GEO) == []
+
+
+async def test_a_job_deleted_by_hand_and_submitted_again_is_no_longer_listed_as_ended(state: RedisState) -> None:
+    now = time.time()
+    assert (await state.reserve(res("j1", "1g.5gb", 6, ver=1), now)).ok
+    assert (await state.release("j1", "completed", "exit 0", now)).state == "finished"
+    k = state.keys(0)
+    assert await state.redis.zscore(k.done, "j1") is not None
+    await state.redis.delete(k.job("j1"), k.hist("j1"))  # an operator's clean-up that left the ended list alone
+    assert await state.enqueue("j1", b"{}", 0, now, "submitted again", now + 1) == "queued"
+    assert await state.redis.zscore(k.done, "j1") is None  # the retention sweep must not delete it
+    # a pending job leaving for placing is never listed either
+    assert (await state.reserve(res("j1", "1g.5gb", 5, ver=2), now + 2)).ok
+    assert await state.redis.zscore(k.done, "j1") is None

@@ -35,13 +35,12 @@ end
 -- failed placement, destroyed instance, committed move) cannot make a reservation decided before it unsafe: the
 -- scripts still check every overlap, count and idle instance themselves. Returns 'ver'.
 local function save_gpu(key, insts, bump)
-  local v = redis.call('HMGET', key, 'rev', 'ver')
+  local v = redis.call('HMGET', key, 'rev', 'ver', 'pos')
   local rev, ver = tonumber(v[1] or '0'), tonumber(v[2] or '0')
   if bump then rev = rev + 1 end
   if bump == 'claim' then ver = ver + 1 end
   redis.call('HSET', key, 'inst', encode_insts(insts), 'rev', rev, 'ver', ver)
-  local pos = tonumber(redis.call('HGET', key, 'pos'))
-  redis.call('SETRANGE', OCC, pos, string.char(busy_mask(insts)))
+  redis.call('SETRANGE', OCC, tonumber(v[3]), string.char(busy_mask(insts)))
   return ver
 end
 local function find(insts, id)
@@ -49,8 +48,10 @@ local function find(insts, id)
   return nil, nil
 end
 local function hist(job, from, to, reason, now)
-  redis.call('RPUSH', hk(job), cjson.encode({at = now, ['from'] = from, to = to, reason = reason}))
-  redis.call('LTRIM', hk(job), -64, -1)
+  -- trimmed only once it is over the bound: an LTRIM that removes nothing is still a call, ~3 a job
+  if redis.call('RPUSH', hk(job), cjson.encode({at = now, ['from'] = from, to = to, reason = reason})) > 64 then
+    redis.call('LTRIM', hk(job), -64, -1)
+  end
 end
 local function set_state(job, from, to, reason, now)
   redis.call('HSET', jk(job), 'state', to, 'reason', reason, 'updated', now)
@@ -58,11 +59,12 @@ local function set_state(job, from, to, reason, now)
   -- jobs in placing, by when: a placement whose command never went out is found and re-queued
   if to == 'placing' then redis.call('ZADD', PLACING, now, job)
   elseif from == 'placing' then redis.call('ZREM', PLACING, job) end
-  -- ended jobs, by when: expire.lua deletes them after the retention. Any other state takes the job out (an
-  -- O(1) miss nearly always): no script leaves a terminal state today, but settle.lua takes any from-state,
-  -- and a job id whose record was deleted by hand and then submitted again must not be deleted under it.
+  -- ended jobs, by when: expire.lua deletes them after the retention. Any other state takes the job out when
+  -- it may be there: 'from' is always the state the script found, so only a job leaving a terminal state (no
+  -- script does today, but settle.lua takes any from-state) or one without a record (a job id whose record
+  -- was deleted by hand and then submitted again must not be deleted under it) can be listed.
   if TERMINAL[to] then redis.call('ZADD', DONE, now, job)
-  else redis.call('ZREM', DONE, job) end
+  elseif from == '' or TERMINAL[from] then redis.call('ZREM', DONE, job) end
 end
 local function prio_score(prio, at) return (1000 - prio) * 1e10 + at end
 local function requeue(job, from, reason, now)

@@ -64,7 +64,7 @@ if st == 'migrating' and f[4] then
   save_gpu(mkey, minsts, #back > 0 and 'claim' or true)
   if #back > 0 then given = f[4] .. '|' .. table.concat(back, ',') end
 end
-redis.call('HDEL', jkey, 'mig_gpu', 'mig_inst', 'mig_gone')
+if f[4] or st == 'migrating' then redis.call('HDEL', jkey, 'mig_gpu', 'mig_inst', 'mig_gone') end
 if ARGV[3] == 'pending' then
   requeue(job, st, ARGV[4], now)
 else
