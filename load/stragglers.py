@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from shared.state.codec import history_raw
 from shared.state.keys import Keys
 from shared.state.model import shard_of
 
@@ -43,6 +44,11 @@ LIST_AT_MOST = 2000
 
 def _s(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _is_history_field(name: str) -> bool:
+    """``hn`` and ``h<n>``: the history's count and entries, listed apart under "history"."""
+    return name == "hn" or (name[:1] == "h" and name[1:].isdigit())
 
 
 def _json(x: Any) -> Any:
@@ -144,7 +150,8 @@ async def snapshot(redis: Any, namespace: str, shards: int, timelines: Mapping[s
             res = await pipe.execute()
             for n, j in enumerate(part):
                 h, hist, pend, plac, done = res[5 * n: 5 * n + 5]
-                job = {_s(k): _s(v) for k, v in (h or {}).items()}
+                entries = history_raw(h, hist)
+                job = {_s(k): _s(v) for k, v in (h or {}).items() if not _is_history_field(_s(k))}
                 if "spec" in job:
                     job["spec"] = _json(job["spec"])
                 tl = timelines[j]
@@ -154,7 +161,7 @@ async def snapshot(redis: Any, namespace: str, shards: int, timelines: Mapping[s
                                   for st, t in sorted(tl.items(), key=lambda kv: kv[1])},
                     "missing": [st for st in watched if st not in tl],
                     "job": job,
-                    "history": [_json(x) for x in hist or []],
+                    "history": [_json(x) for x in entries],
                     "pending": pend is not None, "placing": plac is not None, "done": done is not None,
                     "cmds": cmds_by_job.get(j, {}),
                 }

@@ -24,6 +24,7 @@ from shared.policy.fragcost import demand_weights, frag_rate
 from shared.policy.request import resolve_profile
 from shared.sim.jobs import Workload
 from shared.state import RedisState
+from shared.state.codec import decode_job, history_raw
 
 KPI_KEYS = (
     "jobs",
@@ -100,19 +101,21 @@ class Sampler:
 
 async def outcomes(state: RedisState, job_ids: Iterable[str]) -> dict[str, JobOutcome | None]:
     ids = list(job_ids)
-    recs = await state.jobs(ids)
     pipe = state.redis.pipeline(transaction=False)
     for j in ids:
-        pipe.lrange(state.job_keys(j).hist(j), 0, -1)
-    hists = await pipe.execute()
+        pipe.hgetall(state.job_keys(j).job(j))
+        pipe.lrange(state.job_keys(j).hist(j), 0, -1)  # an older version's history
+    res = await pipe.execute()
     out: dict[str, JobOutcome | None] = {}
-    for j, rec, raw in zip(ids, recs, hists, strict=True):
+    for n, j in enumerate(ids):
+        h, legacy = res[2 * n], res[2 * n + 1]
+        rec = decode_job(j, h)
         if rec is None:
             out[j] = None
             continue
         started = finished = math.nan
         migrations = 0
-        hist = [msgspec.json.decode(x) for x in raw]
+        hist = [msgspec.json.decode(x) for x in history_raw(h, legacy)]
         for h in hist:
             to, prev = h.get("to"), h.get("from")
             if to == "running" and math.isnan(started):

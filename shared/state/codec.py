@@ -100,6 +100,21 @@ def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
     )
 
 
+HISTORY_MAX = 64
+"""Entries a job's history keeps (lua/prelude.lua ``hist_entry``)."""
+
+
+def history_raw(job_hash: dict[Any, Any] | None, legacy: list[Any] | None = None) -> list[Any]:
+    """A job's history entries (JSON), oldest first: the job hash's fields ``h<n>``, after the list an older
+    version kept in ``:hist:<id>`` for a job it had written."""
+    numbered = []
+    for k, v in (job_hash or {}).items():
+        name = k.decode() if isinstance(k, bytes) else str(k)
+        if name[:1] == "h" and name[1:].isdigit():
+            numbered.append((int(name[1:]), v))
+    return [*(legacy or []), *(v for _, v in sorted(numbered, key=lambda nv: nv[0]))][-HISTORY_MAX:]
+
+
 _SLOTS = msgspec.json.Decoder(list[tuple[str, str]])
 
 

@@ -10,8 +10,11 @@ key                        type    content
 ``{ns:s}:occ``             string  one byte per GPU position: the busy mask (non-idle instances)
 ``{ns:s}:job:<job_id>``    hash    state, reason, spec (JobSubmit JSON), prio, at, gpu, inst, node, attempts,
                                    cancel, mig_gpu, mig_inst, updated, slots (a gang: JSON [[gpu, inst], ...]),
-                                   late (",<attempt>,...": place commands whose late run was stopped)
-``{ns:s}:hist:<job_id>``   list    JSON {at, from, to, reason} per transition (last 64)
+                                   late (",<attempt>,...": place commands whose late run was stopped),
+                                   hn and h<n> (its history, below)
+``{ns:s}:hist:<job_id>``   list    an older version's history of the job (read, deleted with the job); the job
+                                   hash now keeps it: ``h<n>`` = JSON {at, from, to, reason} of its n-th
+                                   transition (the last 64), ``hn`` = how many so far
 ``{ns:s}:jobs``            set     every job id known to the shard (audit)
 ``{ns:s}:done``            zset    jobs in a terminal state (finished, failed, cancelled, rejected; cancel
                                    tombstones too), score = when they got there: ``lua/expire.lua`` deletes

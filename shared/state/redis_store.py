@@ -31,6 +31,7 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     decode_instances,
     decode_job,
     decode_slots,
+    history_raw,
     script_source,
 )
 from shared.state.fastpack import connection_class
@@ -221,8 +222,12 @@ class RedisState(DerivedReads):
         return [decode_job(j, h) for j, h in zip(job_ids, await pipe.execute(), strict=True)]
 
     async def history(self, job_id: str) -> list[HistoryEntry]:
-        raw = await self.redis.lrange(self.job_keys(job_id).hist(job_id), 0, -1)
-        return [_HIST.decode(x) for x in raw]
+        k = self.job_keys(job_id)
+        pipe = self.redis.pipeline(transaction=True)  # one instant: an entry is never seen twice or missed
+        pipe.hgetall(k.job(job_id))
+        pipe.lrange(k.hist(job_id), 0, -1)
+        job, legacy = await pipe.execute()
+        return [_HIST.decode(x) for x in history_raw(job, legacy)]
 
     async def pending(self, shard: int = 0, limit: int = 256) -> list[JobRecord]:
         """The first ``limit`` pending jobs in queue order (priority, then age)."""

@@ -329,3 +329,23 @@ async def test_a_job_deleted_by_hand_and_submitted_again_is_no_longer_listed_as_
     # a pending job leaving for placing is never listed either
     assert (await state.reserve(res("j1", "1g.5gb", 5, ver=2), now + 2)).ok
     assert await state.redis.zscore(k.done, "j1") is None
+
+
+async def test_the_history_lives_in_the_job_hash_after_an_older_versions_list(state: RedisState) -> None:
+    now = time.time()
+    k = state.keys(0)
+    # an older version wrote j1's first entry to a list of its own
+    old = '{"at": 1.0, "from": "", "to": "pending", "reason": "queued by an older version"}'
+    await state.redis.rpush(k.hist("j1"), old)
+    await state.redis.hset(k.job("j1"), mapping={"state": "pending", "prio": 0, "at": 1.0, "attempts": 0})
+    await state.redis.zadd(k.pending, {"j1": 1.0})
+    assert (await state.reserve(res("j1", "1g.5gb", 6, ver=1), now)).ok
+    assert await state.mark_running("j1", "n1/0:1g.5gb@6:j1", now) == "ok"
+    hist = await state.history("j1")
+    assert [(h.prev, h.to) for h in hist] == [("", "pending"), ("pending", "placing"), ("placing", "running")]
+    assert await state.redis.llen(k.hist("j1")) == 1  # nothing more went to the list
+    assert await state.redis.hget(k.job("j1"), "hn") == b"2"
+    # a job written now has no list at all
+    assert (await state.reserve(res("j2", "1g.5gb", 5, ver=2), now)).ok
+    assert not await state.redis.exists(k.hist("j2"))
+    assert [h.to for h in await state.history("j2")] == ["placing"]

@@ -115,6 +115,7 @@ async def test_each_straggler_is_written_with_its_hash_history_queues_and_comman
     assert p["placing"] and list(p["cmds"]) == [f"place:{run}-placing:1"] and p["job"]["gpu"] == "n4/0"
     assert p["job"]["spec"] == {"job_id": f"{run}-placing"} and p["stages_ms"] == {"submit": 0.0, "command": 2.0}
     assert [h["to"] for h in f["history"]] == ["placing", "running", "finished"] and f["done"]
+    assert "hn" not in f["job"] and "h1" not in f["job"] and f["job"]["state"] == "finished"  # listed once
     assert "not seen by the recorder" in f["verdict"]
     assert n["job"] == {} and n["history"] == [] and "unknown to Redis" in n["verdict"]
     # a stalled stack leaves thousands short: every state is counted, the queued ones are listed last
