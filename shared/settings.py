@@ -153,8 +153,8 @@ class PartitionerSettings(Settings):
     job_retention_max: int = 1_000_000
     """Most ended jobs kept per shard, whatever their age (0: no cap): beyond it the oldest go first, but never
     one that ended within the duplicate window + ``MIGSCHED_MAX_DELIVER`` x ``MIGSCHED_ACK_WAIT_S`` (210 s
-    by default), while a redelivered message may still name it. An ended job costs Redis ~1.7 KB, so at 1,000
-    jobs/s a day's retention alone would need ~150 GB; the cap bounds it to ~1.7 GB per shard."""
+    by default), while a redelivered message may still name it. An ended job costs Redis ~1.6 KB, so at 1,000
+    jobs/s a day's retention alone would need ~140 GB; the cap bounds it to ~1.6 GB per shard."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
