@@ -10,6 +10,7 @@ import msgspec
 
 from shared.errors import MigschedError
 from shared.state.model import (
+    HISTORY_MAX,
     HistoryEntry,
     JobRecord,
     StoredGpu,
@@ -98,10 +99,6 @@ def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
         preempted=int(g.get("preempted", 0)),
         slots=decode_slots(g.get("slots")),
     )
-
-
-HISTORY_MAX = 64
-"""Entries a job's history keeps (lua/prelude.lua ``hist_entry``)."""
 
 
 def history_raw(job_hash: dict[Any, Any] | None, legacy: list[Any] | None = None) -> list[Any]:

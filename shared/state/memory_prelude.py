@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.state.model import TERMINAL_STATES, HistoryEntry, JobRecord, StoredGpu, prio_score, shard_of
+from shared.state.model import HISTORY_MAX, TERMINAL_STATES, HistoryEntry, JobRecord, StoredGpu, prio_score, shard_of
 
 _ACTIVE = ("placing", "running", "migrating")
 
@@ -67,7 +67,7 @@ class MemoryPrelude:
 
     def _hist(self, sh: _Shard, job: str, prev: str, to: str, reason: str, now: float) -> None:
         sh.hist.setdefault(job, []).append(HistoryEntry(at=now, to=to, reason=reason, prev=prev))
-        del sh.hist[job][:-64]
+        del sh.hist[job][:-HISTORY_MAX]
 
     def _requeue(self, sh: _Shard, job: str, prev: str, reason: str, now: float) -> None:
         j = sh.jobs[job]

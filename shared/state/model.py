@@ -47,6 +47,10 @@ EXIT_TO_STATE: dict[str, str] = {
 }
 
 
+HISTORY_MAX = 64
+"""Entries a job's history keeps (lua/prelude.lua ``hist_entry``, and the in-memory twin)."""
+
+
 class StoredInstance(msgspec.Struct, kw_only=True, omit_defaults=True):
     id: str
     profile: str
