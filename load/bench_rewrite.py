@@ -2,7 +2,7 @@
 
 A rewrite forks a child that writes the whole dataset; on the two-core load machine that child takes a core
 from the stack for seconds (load/REPORT.md). This fills a private ``redis-server`` (the stack's tuning,
-``shared.localservers.REDIS_TUNING``) with ``--jobs`` ended jobs as the live stack leaves them, rewrites its
+``shared.localservers.start_redis``) with ``--jobs`` ended jobs as the live stack leaves them, rewrites its
 AOF once and prints the memory, the keys and the rewrite child's CPU, for each layout named:
 
 - ``fields``: the job's history as fields ``h<n>`` of its hash (what ``lua/prelude.lua`` writes);
@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import redis
 
-from shared.localservers import REDIS_TUNING, free_port
+from shared.localservers import start_redis
 
 LAYOUTS = ("fields", "list", "nojobs")
 _SPEC = json.dumps({
@@ -78,20 +74,9 @@ def child_cpu(r: redis.Redis) -> float:
 
 def measure(layout: str, jobs: int) -> dict[str, float]:
     """Fill a fresh private Redis, rewrite its AOF once; memory, keys and the rewrite's child CPU and time."""
-    work = Path(tempfile.mkdtemp(prefix="migsched-rewrite-"))
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(work), "--save", "",
-         "--appendonly", "yes", "--auto-aof-rewrite-percentage", "0", *REDIS_TUNING],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = start_redis(appendonly=True)  # the stack's tuning; its 1-GB rewrite threshold keeps Redis from its own
     try:
-        r = redis.Redis(port=port)
-        for _ in range(200):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+        r = redis.Redis.from_url(server.url)
         fill(r, layout, jobs)
         mem = float(r.info("memory")["used_memory"])
         cpu0, t0 = child_cpu(r), time.perf_counter()
@@ -104,9 +89,7 @@ def measure(layout: str, jobs: int) -> dict[str, float]:
         return {"keys": float(r.dbsize()), "mib": mem / 2**20, "bytes_per_job": mem / jobs,
                 "rewrite_s": time.perf_counter() - t0, "child_cpu_s": child_cpu(r) - cpu0}
     finally:
-        proc.terminate()
-        proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

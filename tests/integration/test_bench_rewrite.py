@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from load.bench_rewrite import measure
+from load.bench_rewrite import _HIST, job_fields, measure
+from shared.state.codec import history_raw
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,8 +27,5 @@ def test_each_layout_leaves_its_own_keys_and_a_rewrite_is_measured() -> None:
 
 
 def test_the_history_fields_read_back_in_order() -> None:
-    from load.bench_rewrite import _HIST, job_fields
-    from shared.state.codec import history_raw
-
     h = {**job_fields(1), "hn": 3, **{f"h{k + 1}": v for k, v in enumerate(_HIST)}}
     assert [json.loads(x)["to"] for x in history_raw(h)] == ["placing", "running", "finished"]
