@@ -48,7 +48,7 @@ local function find(insts, id)
   return nil, nil
 end
 -- A job's history lives in the job's hash: field 'h<n>' is its n-th entry ('hn' counts them), the last 64 kept
--- (shared.state.codec.HISTORY_MAX). A list key per job ('hist', older versions, still read and deleted) doubled
+-- (shared.state.model.HISTORY_MAX). A list key per job ('hist', older versions, still read and deleted) doubled
 -- the keys an ended job leaves in Redis: as fields it takes 5-11 % less memory, and an AOF rewrite 27-34 % less of
 -- the child's CPU (load/bench_rewrite.py).
 -- Returns the fields to write (set_state writes them with the state): the count is read and written back in
