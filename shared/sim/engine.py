@@ -229,10 +229,15 @@ class Simulator:
         self.state[i] = QUEUED
         self.out.live += 1
         bisect.insort(self.queue, (-job.priority, job.arrival, i))
-        patience = job.patience if job.patience is not None else self.cfg.patience_s
-        if math.isfinite(patience):
-            self.q.push(self.now + patience, ev.TIMEOUT, i)
         self._schedule()
+        # The timeout goes in only for a job the pass left queued: most are placed on arrival, and their timeout
+        # was a heap push and pop per job for nothing. Exact: only a queued job can time out (a job placed and
+        # later queued again is a preempted one, which never times out), and at equal times timeouts keep their
+        # order (their seq still follows arrival order; the kind orders them against every other event).
+        if self.state[i] == QUEUED:
+            patience = job.patience if job.patience is not None else self.cfg.patience_s
+            if math.isfinite(patience):
+                self.q.push(self.now + patience, ev.TIMEOUT, i)
 
     def _on_timeout(self, e: ev.Event) -> bool:
         if self.state[e.job] != QUEUED:
