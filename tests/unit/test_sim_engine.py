@@ -100,6 +100,21 @@ def test_a_job_waiting_longer_than_its_patience_is_rejected_and_counted() -> Non
     assert r.kpis.rejected == 1 and r.kpis.rejection_rate == 0.5
 
 
+def test_only_a_job_its_arrival_leaves_queued_gets_a_timeout_event() -> None:
+    s = sim([job("a", 0, 100, "7g", patience=30.0), job("b", 5, 10, "7g", patience=30.0)])
+    timeouts: list[list[tuple[int, float]]] = []
+
+    def after_arrival(sim_: Simulator, e: ev.Event) -> None:
+        if e.kind == ev.ARRIVAL:
+            timeouts.append([(x.job, x.time) for x in sim_.q.heap if x.kind == ev.TIMEOUT])
+
+    s.hook = after_arrival
+    s.run()
+    # a is placed by its own arrival's pass: no timeout of its own; b waits behind it and times out at 5 + 30
+    assert timeouts == [[], [(1, 35.0)]]
+    assert s.out.finish[1] == 35.0 and not s.out.completed[1] and s.out.completed[0]
+
+
 def test_a_queued_job_backfills_when_an_exit_frees_room() -> None:
     s = sim([job("a", 0, 100, "4g"), job("b", 0, 100, "3g"), job("c", 1, 30, "3g")])
     s.run()
