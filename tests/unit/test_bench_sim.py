@@ -1,0 +1,28 @@
+"""``load/bench_sim.py``: the simulator-speed benchmark's plain run (``--no-breakdown``) and its timed run
+simulate the same thing; only the timed one reports where the time went."""
+
+from __future__ import annotations
+
+import pytest
+
+from load.bench_sim import bench
+
+pytestmark = pytest.mark.unit
+
+_TOTALS = ("events", "completed", "rejected", "utilization")
+_BREAKDOWN = ("policy_s", "policy_calls", "planner_s", "snapshot_s", "snapshot_calls", "sim_own_events_per_s")
+
+
+def test_a_run_without_the_breakdown_simulates_the_same_events_and_kpis_and_reports_no_breakdown() -> None:
+    timed = bench("migsched", jobs=400, gpus=8, load=0.85, seed=3, profile=False)
+    plain = bench("migsched", jobs=400, gpus=8, load=0.85, seed=3, profile=False, breakdown=False)
+    assert {k: plain[k] for k in _TOTALS} == {k: timed[k] for k in _TOTALS}
+    assert plain["events"] > 400  # arrivals alone are 400: exits (and moves) were simulated too
+    assert all(k in timed for k in _BREAKDOWN)
+    assert not any(k in plain for k in _BREAKDOWN)
+
+
+def test_the_timed_run_counts_every_planner_and_policy_call_it_wrapped() -> None:
+    timed = bench("migsched", jobs=400, gpus=8, load=0.85, seed=3, profile=False)
+    assert timed["policy_calls"] >= timed["completed"]  # every completed job was placed by a policy call
+    assert timed["snapshot_calls"] > 0
