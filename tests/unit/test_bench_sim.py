@@ -22,7 +22,7 @@ def test_a_run_without_the_breakdown_simulates_the_same_events_and_kpis_and_repo
     assert not any(k in plain for k in _BREAKDOWN)
 
 
-def test_the_timed_run_counts_every_planner_and_policy_call_it_wrapped() -> None:
+def test_the_timed_run_counts_a_policy_call_for_every_completed_job_and_its_snapshots() -> None:
     timed = bench("migsched", jobs=400, gpus=8, load=0.85, seed=3, profile=False)
     assert timed["policy_calls"] >= timed["completed"]  # every completed job was placed by a policy call
     assert timed["snapshot_calls"] > 0
