@@ -10,8 +10,10 @@ requests exactly as ``balancer.place`` would) and the migration planner, so the 
 event is visible too. With migration the planner is handed the simulator's pull-source index
 (``shared/policy/pull_index.py``); its time excludes the snapshot flush and index sync before each plan, and
 the exact screens that answer most exits and ticks without a plan (``shared/policy/migration_gate.py``), which
-count as the simulator's own; ``snapshot_s`` is the time spent taking builder snapshots (their flush). The
-events and KPIs are the same with and without either index (docs/results-sim.md, "Simulator speed").
+count as the simulator's own; ``snapshot_s`` is the time spent taking builder snapshots (their flush),
+``screens_s`` the time in those screens and the indexes they keep up to date, ``moves_s`` the time spent
+starting moves and completing them (the backfill pass a completed move triggers included). The events and KPIs
+are the same with and without either index (docs/results-sim.md, "Simulator speed").
 ``--no-breakdown`` runs the plain simulator, no timer around any call, and prints the totals only: the
 figure to hold against the budget (the timers cost 1-4 % of a run).
 """
@@ -24,7 +26,11 @@ import json
 import pstats
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,7 +39,7 @@ import numpy as np
 
 from shared.mig.geometry import default_geometry
 from shared.policy.baselines import get_policy
-from shared.sim import experiment
+from shared.sim import experiment, moves
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig
 from shared.sim.engine import Simulator
@@ -54,6 +60,50 @@ class Timed:
         finally:
             self.total += time.perf_counter() - t
             self.calls += 1
+
+
+class Group:
+    """One clock for several callables: the wall time spent inside any of them, a call made from inside
+    another member counted once (a move's backfill pass starts the next move of its chain)."""
+
+    def __init__(self) -> None:
+        self.total, self.calls, self._depth = 0.0, 0, 0
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **k: Any) -> Any:
+            if self._depth:
+                return fn(*a, **k)
+            self._depth += 1
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.total += time.perf_counter() - t
+                self.calls += 1
+                self._depth -= 1
+
+        return timed
+
+
+@contextmanager
+def _migration_clocks(sim: Simulator) -> Iterator[tuple[Group, Group]]:
+    """Time the migration path's two parts that are neither the planner nor a snapshot flush: the exact
+    screens with the indexes they keep (pull index, defragmentation screen, the planner's light snapshot), and
+    the moves' execution (starting each, and its done-event with the backfill pass it triggers). Module-level
+    functions are patched for the run only."""
+    screens, moving = Group(), Group()
+    c = sim.cluster
+    for name in ("current_pulls", "defrag_screen", "planner_snapshot"):
+        setattr(c, name, screens.wrap(getattr(c, name)))
+    with ExitStack() as stack:
+        stack.enter_context(patch.object(moves, "no_moves_after_exit", screens.wrap(moves.no_moves_after_exit)))
+        if c.screen is not None:
+            c.screen.no_moves = screens.wrap(c.screen.no_moves)  # type: ignore[method-assign]
+        if c.pulls is not None:
+            c.pulls.follow = screens.wrap(c.pulls.follow)  # type: ignore[method-assign]
+        stack.enter_context(patch.object(moves, "try_move", moving.wrap(moves.try_move)))
+        stack.enter_context(patch.object(moves, "on_move_done", moving.wrap(moves.on_move_done)))
+        yield screens, moving
 
 
 def bench(
@@ -90,7 +140,8 @@ def bench(
     # apart so that the cost of keeping the planner's inputs is visible
     snap_timed = Timed(sim.cluster.snapshot)
     sim.cluster.snapshot = snap_timed  # type: ignore[method-assign]
-    k, cpu_s = _run(sim, profile)
+    with _migration_clocks(sim) as (screens, moving):
+        k, cpu_s = _run(sim, profile)
     if index_timed is not None:
         timed.total += index_timed.total
         timed.calls += index_timed.calls
@@ -105,6 +156,11 @@ def bench(
             "planner_s": round(plan_s, 2),
             "snapshot_s": round(snap_timed.total, 2),
             "snapshot_calls": snap_timed.calls,
+            "screens_s": round(screens.total, 2),
+            "screens_calls": screens.calls,
+            "moves_s": round(moving.total, 2),
+            "moves_calls": moving.calls,
+            "moves_started": sim.moves_started,
             "sim_own_events_per_s": round(k.events / own),
         }
     )

@@ -6,11 +6,15 @@ from __future__ import annotations
 import pytest
 
 from load.bench_sim import bench
+from shared.sim import moves
 
 pytestmark = pytest.mark.unit
 
 _TOTALS = ("events", "completed", "rejected", "utilization")
-_BREAKDOWN = ("policy_s", "policy_calls", "planner_s", "snapshot_s", "snapshot_calls", "sim_own_events_per_s")
+_BREAKDOWN = (
+    "policy_s", "policy_calls", "planner_s", "snapshot_s", "snapshot_calls", "screens_s", "screens_calls", "moves_s",
+    "moves_calls", "moves_started", "sim_own_events_per_s",
+)
 
 
 def test_a_run_without_the_breakdown_simulates_the_same_events_and_kpis_and_reports_no_breakdown() -> None:
@@ -26,3 +30,18 @@ def test_the_timed_run_counts_a_policy_call_for_every_completed_job_and_its_snap
     timed = bench("migsched", jobs=400, gpus=8, load=0.85, seed=3, profile=False)
     assert timed["policy_calls"] >= timed["completed"]  # every completed job was placed by a policy call
     assert timed["snapshot_calls"] > 0
+
+
+def test_the_timed_run_clocks_the_screens_and_moves_of_a_migrating_policy_and_none_without_migration() -> None:
+    mig = bench("migsched", jobs=400, gpus=8, load=0.85, seed=3, profile=False)
+    nomig = bench("migsched-nomig", jobs=400, gpus=8, load=0.85, seed=3, profile=False)
+    assert mig["moves_started"] > 0
+    assert mig["screens_calls"] > 0
+    assert mig["moves_calls"] >= mig["moves_started"]  # every started move ends in a done-event call
+    assert (nomig["screens_calls"], nomig["moves_calls"], nomig["moves_started"]) == (0, 0, 0)
+
+
+def test_the_timed_run_leaves_the_move_functions_as_it_found_them() -> None:
+    before = (moves.try_move, moves.on_move_done, moves.no_moves_after_exit)
+    bench("migsched", jobs=200, gpus=4, load=0.85, seed=1, profile=False)
+    assert (moves.try_move, moves.on_move_done, moves.no_moves_after_exit) == before
