@@ -47,24 +47,9 @@ from shared.sim.metrics import Kpis
 from shared.sim.workloads.synthetic import synthetic
 
 
-class Timed:
-    """Wraps a callable and adds up the wall time spent in it."""
-
-    def __init__(self, fn):  # type: ignore[no-untyped-def]
-        self.fn, self.total, self.calls = fn, 0.0, 0
-
-    def __call__(self, *a, **k):  # type: ignore[no-untyped-def]
-        t = time.perf_counter()
-        try:
-            return self.fn(*a, **k)
-        finally:
-            self.total += time.perf_counter() - t
-            self.calls += 1
-
-
 class Group:
-    """One clock for several callables: the wall time spent inside any of them, a call made from inside
-    another member counted once (a move's backfill pass starts the next move of its chain)."""
+    """One clock for one or several callables: the wall time spent inside any of them and the calls, a call
+    made from inside another member counted once (a move's backfill pass starts the next move of its chain)."""
 
     def __init__(self) -> None:
         self.total, self.calls, self._depth = 0.0, 0, 0
@@ -122,40 +107,36 @@ def bench(
         sim = Simulator(wl, cluster, spec, pol, cfg, geometry=geo)
         k, cpu_s = _run(sim, profile)
         return _totals(policy, jobs, gpus, load, gen_s, k, cpu_s)
-    timed = Timed(pol)
+    policy_clock, planner_clock, snap_clock = Group(), Group(), Group()
+    timed = policy_clock.wrap(pol)
     if hasattr(pol, "balancer_params"):
         timed.balancer_params = pol.balancer_params  # type: ignore[attr-defined]
     sim = Simulator(wl, cluster, spec, timed, cfg, geometry=geo)
-    index_timed = None
     if sim.placer is not None:  # MIG decisions go to the incremental index: time it as the policy too
-        index_timed = Timed(sim.placer.place)
-        sim.placer.place = index_timed  # type: ignore[method-assign]
-    planner = None
+        sim.placer.place = policy_clock.wrap(sim.placer.place)  # type: ignore[method-assign]
     if sim.mig is not None:
         import types
 
-        planner = (Timed(sim.mig.plan_after_exit), Timed(sim.mig.plan_defrag))
-        sim.mig = types.SimpleNamespace(plan_after_exit=planner[0], plan_defrag=planner[1])  # type: ignore[assignment]
+        sim.mig = types.SimpleNamespace(  # type: ignore[assignment]
+            plan_after_exit=planner_clock.wrap(sim.mig.plan_after_exit),
+            plan_defrag=planner_clock.wrap(sim.mig.plan_defrag),
+        )
     # snapshots (the builder flush they trigger) and pull-index syncs count as the simulator's own time; shown
     # apart so that the cost of keeping the planner's inputs is visible
-    snap_timed = Timed(sim.cluster.snapshot)
-    sim.cluster.snapshot = snap_timed  # type: ignore[method-assign]
+    sim.cluster.snapshot = snap_clock.wrap(sim.cluster.snapshot)  # type: ignore[method-assign]
     with _migration_clocks(sim) as (screens, moving):
         k, cpu_s = _run(sim, profile)
-    if index_timed is not None:
-        timed.total += index_timed.total
-        timed.calls += index_timed.calls
-    plan_s = sum(p.total for p in planner) if planner else 0.0
-    own = max(k.wall_s - timed.total - plan_s, 1e-9)
+    plan_s = planner_clock.total
+    own = max(k.wall_s - policy_clock.total - plan_s, 1e-9)
     out = _totals(policy, jobs, gpus, load, gen_s, k, cpu_s)
     out.update(
         {
-            "policy_s": round(timed.total, 2),
-            "policy_calls": timed.calls,
-            "policy_us_per_call": round(timed.total / max(timed.calls, 1) * 1e6, 1),
+            "policy_s": round(policy_clock.total, 2),
+            "policy_calls": policy_clock.calls,
+            "policy_us_per_call": round(policy_clock.total / max(policy_clock.calls, 1) * 1e6, 1),
             "planner_s": round(plan_s, 2),
-            "snapshot_s": round(snap_timed.total, 2),
-            "snapshot_calls": snap_timed.calls,
+            "snapshot_s": round(snap_clock.total, 2),
+            "snapshot_calls": snap_clock.calls,
             "screens_s": round(screens.total, 2),
             "screens_calls": screens.calls,
             "moves_s": round(moving.total, 2),
