@@ -1,7 +1,7 @@
 """Simulator speed: scheduling events per second of wall time (DESIGN §5 budget: >= 50,000 on one core).
 
-    .venv/bin/python load/bench_sim.py --jobs 100000 --gpus 1000 --policy migsched-nomig
-    .venv/bin/python load/bench_sim.py --jobs 20000 --gpus 1000 --policy migsched --profile
+    .venv/bin/python load/bench_sim.py --jobs 100000 --gpus 1000 --policy paper-nomig
+    .venv/bin/python load/bench_sim.py --jobs 20000 --gpus 1000 --policy paper --profile
 
 Prints one JSON object per policy: events, wall_s, events_per_s, cpu_s and events_per_cpu_s (process CPU time
 of the run: the fairer figure on a shared machine), and the share of wall time spent inside the
@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 
 from shared.mig.geometry import default_geometry
-from shared.policy.baselines import get_policy
+from shared.policy.registry import get_policy
 from shared.sim import experiment, moves
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig
@@ -196,7 +196,7 @@ def main() -> None:
         "simulator (the timers cost 1-4 %% of a run)",
     )
     a = ap.parse_args()
-    for p in a.policy or ["migsched-nomig"]:
+    for p in a.policy or ["migsched"]:
         print(json.dumps(bench(p, a.jobs, a.gpus, a.load, a.seed, a.profile, a.breakdown)), flush=True)
 
 

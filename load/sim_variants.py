@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from shared.mig.geometry import default_geometry
-from shared.policy.baselines import get_policy
+from shared.policy.registry import get_policy
 from shared.sim import experiment
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig

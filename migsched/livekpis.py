@@ -248,5 +248,6 @@ def simulate(
         checkpoint_s=0.0,
         interference=InterferenceParams(beta=0.0),
     )
-    k = msgspec.to_builtins(run_one(workload, cluster, "migsched", cfg).kpis)
+    # the live balancer places with the default policy but holds no GPUs for waiting jobs (no reservations)
+    k = msgspec.to_builtins(run_one(workload, cluster, "migsched", cfg, params={"reserve": False}).kpis)
     return {key: k[key] for key in KPI_KEYS}

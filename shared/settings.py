@@ -106,6 +106,9 @@ class Settings:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BalancerSettings(Settings):
     metrics_port: int = 9101
+    policy: str = "migsched"
+    """Placement policy, by name (``migsched simulate --help`` lists them): ``migsched`` packs and aligns
+    expected ends; ``paper`` is the seeds' Lazy/Busy balancer, the rule tenancy's quota path always uses."""
     threshold: float = 0.4
     """Lazy/Busy load threshold ``t``."""
     dynamic: bool = True
@@ -162,6 +165,9 @@ class PartitionerSettings(Settings):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MigrationPlannerSettings(Settings):
     metrics_port: int = 9103
+    policy: str = "migsched"
+    """The placement policy the stack runs (``MIGSCHED_POLICY``, as the balancer's); the planner orders moves
+    only for one that migrates (``paper``, ``paper-pack``)."""
     threshold: float = 0.4
     """Lazy/Busy load threshold ``t`` (the same variable as the balancer's)."""
     cooldown_s: float = 120.0

@@ -9,6 +9,7 @@ Examples::
     migsched simulate -w csv:jobs.csv \\
         --csv-map arrival=submit_ts,duration=runtime,gpu_fraction=gpu,tenant=user \\
         --cluster H100-80GB:16 --policy migsched --policy first-fit --out out/csv
+    migsched simulate --matrix --out out/matrix      # every policy over every trace, size and seed
 """
 
 from __future__ import annotations
@@ -152,14 +153,38 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
     help="layout of static baselines: mix (sized to the workload) | all-balanced | all-<shape>",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--sweep-threshold", default=None, help="run migsched at each t, e.g. 0.2,0.3,0.4,0.5,0.6")
+@click.option(
+    "--hint-factor",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="each job's duration hint is its run time times this (> 1: users overestimate); 0 = no hints",
+)
+@click.option(
+    "--reserve-after",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="a large job (whole GPUs) waiting this long gets a reservation (policies that reserve)",
+)
+@click.option("--max-reservations", type=int, default=2, show_default=True, help="reservations held at once")
+@click.option("--sweep-threshold", default=None, help="run paper at each t, e.g. 0.2,0.3,0.4,0.5,0.6")
 @click.option(
     "--sweep-policy",
-    default="migsched",
+    default="paper",
     show_default=True,
-    help="policy the threshold sweep runs (migsched, migsched-nomig or lb-static)",
+    help="policy the threshold sweep runs (paper, paper-nomig, paper-pack or lb-static)",
 )
-@click.option("--ablation", is_flag=True, help="run lb-static -> migsched-nomig -> migsched")
+@click.option("--ablation", is_flag=True, help="run lb-static -> paper-nomig -> paper (the seeds' scheme)")
+@click.option(
+    "--matrix",
+    is_flag=True,
+    help="the benchmark matrix: every -p policy (default: the baselines, paper, migsched and fluid) over the "
+    "openb traces at three sizes, the synthetic mix at three loads and five seeds, and openb with DLRM; "
+    "writes matrix.md, matrix.json and matrix.png (docs/simulator.md)",
+)
+@click.option("--quick", is_flag=True, help="with --matrix: one size per trace and one seed")
+@click.option("--workers", type=int, default=1, show_default=True, help="with --matrix: processes to run cells in")
 @click.option("--check-invariants", is_flag=True, help="check the state at every event (slow)")
 @click.option(
     "--tenancy",
@@ -167,7 +192,7 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
     type=click.Path(dir_okay=False, exists=True),
     default=None,
     help="tenancy file (quotas, cohorts, priority classes; docs/tenancy.md): quota -> place -> preempt, "
-    "fair-share queue, per-tenant report (policies migsched / migsched-nomig)",
+    "fair-share queue, per-tenant report (policies paper / paper-nomig: the balancer's placement)",
 )
 @click.option(
     "--teams",
@@ -189,14 +214,18 @@ def command(**o: Any) -> None:
 
 
 def _run(o: dict[str, Any]) -> None:
+    if o["matrix"]:
+        _run_matrix(o)
+        return
     import numpy as np
 
     from shared.mig.geometry import default_geometry
-    from shared.policy.baselines import policy_names
+    from shared.policy.registry import policy_names
     from shared.sim import experiment, report
     from shared.sim.cluster import load_nodes_file, parse_cluster
     from shared.sim.config import InterferenceParams, SimConfig
     from shared.sim.errors import WorkloadError
+    from shared.sim.fluid import NAME as FLUID
     from shared.sim.workloads.csv import load_csv
     from shared.sim.workloads.dlrm import load_dlrm
     from shared.sim.workloads.openb import load_openb
@@ -259,20 +288,23 @@ def _run(o: dict[str, Any]) -> None:
         static_layout=str(o["static_layout"]),
         interference=InterferenceParams(beta=float(o["beta"])),
         check_invariants=bool(o["check_invariants"]),
+        hint_factor=float(o["hint_factor"]),
+        reserve_after_s=float(o["reserve_after"]),
+        max_reservations=int(o["max_reservations"]),
     )
     names = list(o["policies"])
     if not names and not o["sweep_threshold"] and not o["ablation"]:
         names = ["all"]
     if "all" in names:
-        names = [n for n in policy_names() if n != "all"]
-    known = policy_names()
+        names = [*policy_names(), FLUID]
+    known = [*policy_names(), FLUID]
     bad = [n for n in names if n not in known]
     if bad:
         raise click.BadParameter(
             f"unknown policy {', '.join(bad)}; known: {', '.join(known)}", param_hint="--policy"
         )
     if o["tenancy_file"]:
-        _run_tenancy(o, workload, cluster, cfg, geo, [n for n in names if n != "all"] or ["migsched"])
+        _run_tenancy(o, workload, cluster, cfg, geo, [n for n in names if n != "all"] or ["paper"])
         return
     out = Path(str(o["out_dir"]))
     cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
@@ -324,6 +356,36 @@ def _run(o: dict[str, Any]) -> None:
     for s in sections:
         click.echo(report.kpi_table([r.kpis for r in s.runs]))
     click.echo(f"wrote {len(written)} files to {out}/ (report.md, kpis.json, series.json, PNGs)")
+
+
+def _run_matrix(o: dict[str, Any]) -> None:
+    from shared.sim import matrix
+    from shared.sim.config import InterferenceParams, SimConfig
+
+    cfg = SimConfig(
+        threshold=float(o["threshold"]), reconfig_latency_s=float(o["reconfig_latency"]),
+        migration_downtime_s=float(o["migration_downtime"]), checkpoint_s=float(o["checkpoint"]),
+        cooldown_s=float(o["cooldown"]), defrag_interval_s=float(o["defrag_interval"]),
+        max_moves=int(o["max_moves"]), patience_s=float(o["patience"]),
+        interference=InterferenceParams(beta=float(o["beta"])), hint_factor=float(o["hint_factor"]),
+        reserve_after_s=float(o["reserve_after"]), max_reservations=int(o["max_reservations"]),
+    )
+    labels = list(o["policies"]) or list(matrix.DEFAULT_POLICIES)
+    cells = matrix.cells(quick=bool(o["quick"]))
+    done = [0]
+
+    def progress(cell: matrix.Cell) -> None:
+        done[0] += 1
+        if o["progress"]:
+            click.echo(f"[{done[0]}/{len(cells)}] {cell.group}", err=True)
+
+    runs = matrix.run_matrix(cells, labels, cfg, workers=max(1, int(o["workers"])), progress=progress)
+    out = Path(str(o["out_dir"]))
+    cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    candidate = matrix.parse_label(labels[0])[0] if "migsched" not in labels else "migsched"
+    written = matrix.write(out, runs, candidate=candidate, command=cmd)
+    click.echo((out / "matrix.md").read_text())
+    click.echo(f"wrote {', '.join(p.name for p in written)} to {out}/")
 
 
 def _run_tenancy(

@@ -30,6 +30,7 @@ from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
 from shared.policy.charges import slot_usages
 from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
+from shared.policy.registry import PlacementPolicy
 from shared.settings import BalancerSettings
 from shared.state import Eviction, Reservation, SlotReservation, shard_of
 from shared.state.model import PLAIN_PROFILES
@@ -67,6 +68,8 @@ class Decisions(Service):
 
     settings: BalancerSettings
     params: BalancerParams
+    policy: PlacementPolicy | None
+    """The registry's policy; None for the ``paper`` family, which the mirror answers with ``params``."""
     mirrors: list[Mirror]
     lock: asyncio.Lock
     ledger: TenantLedger
@@ -155,8 +158,10 @@ class Decisions(Service):
                         priority=sub.priority,
                         latency_sensitive=sub.latency_sensitive,
                         migratable=sub.migratable,
+                        duration_hint_s=sub.duration_hint_s,
+                        now=now,
                     )
-                    dec = mirror.decide(req, self.params)  # = place(mirror.view(), ...); applied below
+                    dec = mirror.decide(req, self.params, self.policy)  # applied below
                     self._m_decide.observe(time.perf_counter() - t0)
                 if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
                     dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)
@@ -168,7 +173,8 @@ class Decisions(Service):
                     slot_res: list[SlotReservation] = []
                     for s in dec.slots:
                         inst = reservation_instance(
-                            s, sub.job_id, c.priority, sub.tenant, sub.latency_sensitive, sub.migratable
+                            s, sub.job_id, c.priority, sub.tenant, sub.latency_sensitive, sub.migratable,
+                            now + sub.duration_hint_s if sub.duration_hint_s else 0.0,
                         )
                         if klass is not None:
                             inst.pre = klass.preemptible

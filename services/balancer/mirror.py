@@ -19,6 +19,7 @@ from shared.policy.balancer import BalancerParams, place
 from shared.policy.live_placement import LivePlacer
 from shared.policy.partition import new_instance_id
 from shared.policy.placement import Decision, JobRequest, Slot
+from shared.policy.registry import PlacementPolicy
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
 from shared.state import StoredGpu, StoredInstance
 from shared.state.model import PLAIN_PROFILES
@@ -51,8 +52,11 @@ class Mirror:
             self._view = self.builder.snapshot(copy=False)
         return self._view
 
-    def decide(self, job: JobRequest, params: BalancerParams) -> Decision:
-        """``balancer.place(self.view(), job, params)``, through the placer where it can answer."""
+    def decide(self, job: JobRequest, params: BalancerParams, policy: PlacementPolicy | None = None) -> Decision:
+        """``policy(self.view(), job)``; without one, ``balancer.place(self.view(), job, params)``, through the
+        placer where it can answer."""
+        if policy is not None:
+            return policy(self.view(), job)
         placer = self._placer
         if placer is None or placer.params != params:
             placer = self._placer = LivePlacer(self.geometry, self.view().gpus, params)
@@ -155,9 +159,10 @@ class Mirror:
 
 
 def reservation_instance(
-    slot: Slot, job_id: str, prio: int, tenant: str, ls: bool, mig: bool
+    slot: Slot, job_id: str, prio: int, tenant: str, ls: bool, mig: bool, ends: float = 0.0
 ) -> StoredInstance:
-    """The instance a slot reserves: a reused one keeps its id; a new one gets the partitioner's id for it."""
+    """The instance a slot reserves: a reused one keeps its id; a new one gets the partitioner's id for it.
+    ``ends``: when the job is expected to end (0 = no hint)."""
     iid = (
         slot.instance_id
         if slot.action == "reuse" and slot.instance_id
@@ -173,4 +178,5 @@ def reservation_instance(
         tenant=tenant,
         ls=ls,
         mig=mig and slot.profile not in PLAIN_PROFILES,  # a whole GPU or a share never moves
+        ends=ends,
     )

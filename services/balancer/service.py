@@ -19,6 +19,8 @@ import asyncio
 import time
 from typing import Any
 
+import msgspec
+
 from services.balancer.backfill import Backfill
 from services.balancer.decide import Candidate, mig_gang_refused, placed_on
 from services.balancer.mirror import Mirror
@@ -28,11 +30,26 @@ from shared.bus import Consumer, Delivery
 from shared.events import JobSubmit
 from shared.policy.balancer import BalancerParams
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
+from shared.policy.registry import PlacementPolicy, describe, get_policy
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings
 from shared.state import StoredGpu, shard_of
 
 __all__ = ["Balancer", "Candidate", "mig_gang_refused", "placed_on"]
+
+
+def placement_policy(st: BalancerSettings) -> tuple[BalancerParams, PlacementPolicy | None]:
+    """The balancer's parameters (its rule with tenancy, and ``paper``'s own) and the named policy from the
+    registry, or None for the ``paper`` family, which the mirror answers incrementally with those parameters."""
+    params = BalancerParams(threshold=st.threshold, dynamic=st.dynamic, top_k=max(1, st.top_k))
+    spec = describe(st.policy)
+    if spec.takes_threshold and spec.repartitions:
+        _, fn = get_policy(st.policy, threshold=st.threshold, top_k=max(1, st.top_k))
+        bp = getattr(fn, "balancer_params", None)
+        if isinstance(bp, BalancerParams):
+            return msgspec.structs.replace(bp, dynamic=st.dynamic), None
+    kw: dict[str, Any] = {"top_k": max(1, st.top_k)} if st.policy == "migsched" else {}
+    return params, get_policy(st.policy, **kw)[1]
 
 
 class Balancer(Backfill):
@@ -42,7 +59,7 @@ class Balancer(Backfill):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         st = self.settings
-        self.params = BalancerParams(threshold=st.threshold, dynamic=st.dynamic, top_k=max(1, st.top_k))
+        self.params, self.policy = placement_policy(st)
         self.mirrors = [Mirror(self.geometry) for _ in range(st.shards)]
         size_drop_rows(SERVICE_DROP_ROWS)  # the mirror's rows: bounded, or RSS grows with every new GPU state
         self.lock = asyncio.Lock()

@@ -235,7 +235,9 @@ class Stack:
         self.settings = _load(Settings, base)
         self._b = _load(BalancerSettings, base)
         self._p = _load(PartitionerSettings, base)
-        self._m = _load(MigrationPlannerSettings, {"defrag_interval_s": 0.0, "cooldown_s": 0.0, **base})
+        # the planner migrates (the seeds' planner) unless the test names a policy: its tests drive moves
+        self._m = _load(MigrationPlannerSettings,
+                        {"defrag_interval_s": 0.0, "cooldown_s": 0.0, "policy": "paper", **base})
         self.with_planner = planner
         self.services: list[Any] = []
         self.balancer: Any = None

@@ -21,6 +21,7 @@ from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag, size_memos
 from shared.policy.migration_payoff import pays_off, time_left
 from shared.policy.partition import new_instance_id
+from shared.policy.registry import describe
 from shared.policy.snapshot import ClusterSnapshot
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import MigrationPlannerSettings
@@ -57,6 +58,7 @@ class MigrationPlanner(Service):
             intra=st.intra,
             inter=st.inter,
         )
+        self.migrates = describe(st.policy).migrates
         size_memos(PLANNER_MEMO)
         size_drop_rows(SERVICE_DROP_ROWS)
         self.ordered = 0
@@ -66,7 +68,7 @@ class MigrationPlanner(Service):
         self._plan_after = 0.0
 
     def consumers(self) -> list[Consumer]:
-        if not self.settings.on_exit:
+        if not self.settings.on_exit or not self.migrates:
             return []
         s = self.subjects
         # exits are hints (where to look; the plan reads the state), kept only in memory until the next plan:
@@ -84,10 +86,13 @@ class MigrationPlanner(Service):
         await self.retire_consumer(self.subjects.stream_jobs, "planner-exit")
 
     def periodic(self) -> list[tuple[str, float, Any]]:
+        trim = ("heap-trim", HEAP_TRIM_S, self._trim)
+        if not self.migrates:  # the policy does not migrate: nothing to plan
+            return [trim]
         return [
             ("defrag", self.settings.defrag_interval_s, self.defrag),
             ("after-exits", self.settings.plan_interval_s, self.plan_exits),
-            ("heap-trim", HEAP_TRIM_S, self._trim),
+            trim,
         ]
 
     async def _trim(self) -> None:

@@ -1,7 +1,7 @@
 """What the baseline placement policies share: slot construction, legality checks, explained decisions.
 
-Kept apart from ``baselines`` (the registry) so that each family of baselines (``fgd_policy``,
-``static_policy``) can use them without importing the registry that imports it.
+Shared by the policy plug-ins (``shared.policy.plugins``): the greedy baselines, FGD, the static layouts and
+``migsched``.
 """
 
 from __future__ import annotations

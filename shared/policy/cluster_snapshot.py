@@ -5,6 +5,7 @@ some columns replaced; columns a hand-built snapshot lacks are derived on first 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -24,13 +25,45 @@ from shared.policy.snapshot_columns import (
 Column = npt.NDArray[np.generic]
 
 
+def gpu_end(gpu: GpuView) -> float:
+    """When the GPU's last running job is expected to end; -inf when none runs."""
+    end = -math.inf
+    for inst in gpu.instances:
+        if inst.job_id is not None and inst.expected_end > end:
+            end = inst.expected_end
+    return end
+
+
 class ClusterSnapshot:
     """An immutable cluster view: the GPUs in a fixed order plus one read-only column per quantity."""
 
-    __slots__ = ("_busy_starts", "_cu_idx", "_idle_starts", "_load_idx", "_load_q", "_movable_drops",
-                 "_movable_starts", "_ok", "_pair", "busy", "compute", "geometry",
-                 "gpus", "groups", "healthy", "idle",
-                 "idle_profiles", "mig", "model_idx", "model_list", "models", "position", "used")
+    __slots__ = (
+        "_busy_starts",
+        "_cu_idx",
+        "_ends",
+        "_idle_starts",
+        "_load_idx",
+        "_load_q",
+        "_movable_drops",
+        "_movable_starts",
+        "_node_idx",
+        "_ok",
+        "_pair",
+        "busy",
+        "compute",
+        "geometry",
+        "gpus",
+        "groups",
+        "healthy",
+        "idle",
+        "idle_profiles",
+        "mig",
+        "model_idx",
+        "model_list",
+        "models",
+        "position",
+        "used",
+    )
 
     def __init__(
         self,
@@ -57,6 +90,8 @@ class ClusterSnapshot:
         load_q: Column | None = None,
         cu_idx: Column | None = None,
         movable_drops: Column | None = None,
+        ends: Column | None = None,
+        node_idx: Column | None = None,
         models: dict[str, GpuModel] | None = None,
         read_only: bool = False,
     ) -> None:
@@ -89,9 +124,10 @@ class ClusterSnapshot:
         self._busy_starts = busy_starts
         self._movable_starts = movable_starts
         self._load_q, self._cu_idx, self._movable_drops = load_q, cu_idx, movable_drops
+        self._ends, self._node_idx = ends, node_idx
         if not read_only:
             for col in (busy, idle, used, compute, mig, healthy, idle_profiles, model_idx, pair, load_idx, ok,
-                        busy_starts, movable_starts, load_q, cu_idx, movable_drops):
+                        busy_starts, movable_starts, load_q, cu_idx, movable_drops, ends, node_idx):
                 if col is not None:
                     col.setflags(write=False)
 
@@ -193,13 +229,33 @@ class ClusterSnapshot:
             self._ok = col
         return self._ok  # type: ignore[return-value]
 
+    @property
+    def ends(self) -> npt.NDArray[np.float64]:
+        """Per GPU: when its last busy instance's job is expected to end (``InstanceView.ends_at``); -inf when
+        none runs."""
+        if self._ends is None:
+            col = np.array([gpu_end(g) for g in self.gpus], dtype=np.float64)
+            col.setflags(write=False)
+            self._ends = col
+        return self._ends  # type: ignore[return-value]
+
+    @property
+    def node_idx(self) -> npt.NDArray[np.intp]:
+        """Per GPU: its node's number, in order of the nodes' first appearance."""
+        if self._node_idx is None:
+            seen: dict[str, int] = {}
+            col = np.array([seen.setdefault(g.node, len(seen)) for g in self.gpus], dtype=np.intp)
+            col.setflags(write=False)
+            self._node_idx = col
+        return self._node_idx  # type: ignore[return-value]
+
     def with_columns(self, **columns: Column) -> ClusterSnapshot:
         """The same snapshot with some columns replaced (e.g. ``healthy``), sharing everything else."""
         current: dict[str, Any] = {
             "busy": self.busy, "idle": self.idle, "used": self.used, "compute": self.compute, "mig": self.mig,
             "healthy": self.healthy, "idle_profiles": self.idle_profiles, "model_idx": self.model_idx,
             "idle_starts": self._idle_starts, "busy_starts": self._busy_starts,
-            "movable_starts": self._movable_starts,
+            "movable_starts": self._movable_starts, "ends": self._ends, "node_idx": self._node_idx,
         }
         unknown = set(columns) - set(current)
         if unknown:

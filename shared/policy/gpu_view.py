@@ -27,6 +27,8 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     started_at: float = 0.0
     preemptible: bool = True
     """False when the job's priority class forbids preempting it (shared.policy.preemption never picks it)."""
+    ends_at: float | None = None
+    """When its job is expected to end (start + duration hint); None = unknown or idle."""
 
     @property
     def busy(self) -> bool:
@@ -35,6 +37,11 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def mask(self) -> int:
         return span(self.size, self.start)
+
+    @property
+    def expected_end(self) -> float:
+        """``ends_at``, inf when unknown."""
+        return math.inf if self.ends_at is None else self.ends_at
 
 
 class GpuView(msgspec.Struct, frozen=True, kw_only=True, weakref=True):

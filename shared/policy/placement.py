@@ -21,6 +21,10 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     priority: int = 0
     latency_sensitive: bool = False
     migratable: bool = True
+    duration_hint_s: float | None = None
+    """How long the job expects to run; None = it gave no hint (time-aware policies then only pack)."""
+    now: float | None = None
+    """The decision's clock, handed in by the caller (policies read no clock); None = unknown."""
 
 
 class Slot(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,6 +5,7 @@ and the services, so that taking a snapshot is a cheap copy (or, in the simulato
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
@@ -18,7 +19,7 @@ from shared.policy.gpu_view import GpuView
 from shared.policy.snapshot_columns import movable_drop_row_of
 
 _SCALARS = ("busy", "idle", "used", "compute", "mig", "healthy", "model_idx", "idle_profiles", "pair", "load_idx",
-            "load_q", "cu_idx", "ok")
+            "load_q", "cu_idx", "ok", "ends", "node_idx")
 """The one-value columns, in the order ``SnapshotBuilder._place`` returns their values."""
 _N_SCALARS = len(_SCALARS)
 _ROWS = ("idle_starts", "busy_starts", "movable_starts", "movable_drops")
@@ -43,6 +44,7 @@ class SnapshotBuilder:
         self._groups: dict[str, npt.NDArray[np.intp]] | None = None
         self._frozen_pos: Mapping[str, int] | None = None
         self._model_ids: dict[str, int] = {}
+        self._node_ids: dict[str, int] = {}
         self._model_list: list[GpuModel] = []
         self._width = max((len(m.profiles) for m in geometry.models), default=1)
         self._by_name: dict[str, tuple[GpuModel, Mapping[str, int]]] = {}
@@ -56,7 +58,8 @@ class SnapshotBuilder:
     def _grow(self, cap: int) -> None:
         specs = {"busy": np.uint8, "idle": np.uint8, "used": np.uint8, "compute": np.uint8,
                  "mig": np.bool_, "healthy": np.bool_, "idle_profiles": np.uint32, "model_idx": np.uint8,
-                 "pair": np.intp, "load_idx": np.intp, "ok": np.bool_, "load_q": np.int64, "cu_idx": np.intp}
+                 "pair": np.intp, "load_idx": np.intp, "ok": np.bool_, "load_q": np.int64, "cu_idx": np.intp,
+                 "ends": np.float64, "node_idx": np.intp}
         new: dict[str, np.ndarray] = {k: np.zeros(cap, dtype=t) for k, t in specs.items()}
         new["idle_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
         new["busy_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
@@ -84,8 +87,8 @@ class SnapshotBuilder:
         # one statement per column (not a loop over the names): the services put one GPU at a time
         (c["busy"][pos], c["idle"][pos], c["used"][pos], c["compute"][pos], c["mig"][pos], c["healthy"][pos],
          c["model_idx"][pos], c["idle_profiles"][pos], c["pair"][pos], c["load_idx"][pos], c["load_q"][pos],
-         c["cu_idx"][pos], c["ok"][pos], c["idle_starts"][pos], c["busy_starts"][pos], c["movable_starts"][pos],
-         c["movable_drops"][pos]) = row
+         c["cu_idx"][pos], c["ok"][pos], c["ends"][pos], c["node_idx"][pos], c["idle_starts"][pos],
+         c["busy_starts"][pos], c["movable_starts"][pos], c["movable_drops"][pos]) = row
 
     def put_many(self, gpus: Iterable[GpuView]) -> None:
         """``put`` each GPU, in order; the columns are written once per column, not once per GPU and column
@@ -134,10 +137,16 @@ class SnapshotBuilder:
         # the starts columns in one pass over the instances (as snapshot_columns.fill_starts and
         # fill_movable_starts), built as Python lists and written once per row: per-element updates of a
         # numpy row cost more than the whole pass
+        nid = self._node_ids.get(gpu.node)
+        if nid is None:
+            nid = self._node_ids[gpu.node] = len(self._node_ids)
         width = self._width
         irow, brow, mrow = [0] * width, [0] * width, [0] * width
         bits = 0
+        end = -math.inf
         for inst in gpu.instances:
+            if inst.job_id is not None and inst.expected_end > end:
+                end = inst.expected_end
             k = index.get(inst.profile)
             if k is None:
                 continue
@@ -170,6 +179,8 @@ class SnapshotBuilder:
             round(gpu.used_compute * 1000.0 / max(compute, 1)),
             (compute << 4) | gpu.used_compute,
             ok,
+            end,
+            nid,
             irow, brow, mrow, drops,
         )
 

@@ -47,7 +47,7 @@ def schedule(sim: Simulator) -> None:
                 continue
             slots: tuple[Slot, ...] = got
         else:
-            decision = sim.policy(sim.cluster.snapshot(), job.request())
+            decision = sim.policy(sim.cluster.snapshot(), job.request(sim.hint(i), sim.now))
             if isinstance(decision, CannotPlace):
                 failed[memo] = version
                 continue

@@ -40,6 +40,14 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_moves: int = 4
     patience_s: float = 3600.0
     """Default queue patience: a job waiting longer is rejected."""
+    hint_factor: float = 1.0
+    """Each job's duration hint is its run time times this (users who overestimate give > 1); 0 = jobs give
+    no hints. Reservations let only jobs whose hint ends before a hold's start use held GPUs."""
+    reserve_after_s: float = 0.0
+    """A large job (whole GPUs) that has waited this long without fitting gets a reservation (policies that
+    reserve)."""
+    max_reservations: int = 2
+    """Reservations held at once."""
     backfill_depth: int = 256
     """How many queued jobs one scheduling pass looks at (bounded so a long queue stays cheap)."""
     retention: RetentionParams = msgspec.field(default_factory=RetentionParams)

@@ -23,9 +23,10 @@ from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.balancer import BalancerParams
 from shared.policy.placement import Decision, JobRequest, Slot
 from shared.policy.placement_index import PlacementIndex
+from shared.policy.reservation import Reservation, ReservationParams
 from shared.policy.retention import RecentDemand
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
-from shared.sim import backfill, invariants, moves, release
+from shared.sim import backfill, invariants, moves, release, reserving
 from shared.sim import events as ev
 from shared.sim.cluster import ClusterSpec, SimCluster
 from shared.sim.config import SimConfig
@@ -40,7 +41,7 @@ ARRIVED = ev.Event(0.0, ev.ARRIVAL, 0, -1, 0)
 
 
 class Spec(Protocol):
-    """What the engine reads of a policy spec (``shared.policy.baselines.PolicySpec`` has these)."""
+    """What the engine reads of a policy spec (``shared.policy.registry.PolicySpec`` has these)."""
 
     @property
     def name(self) -> str: ...
@@ -107,6 +108,14 @@ class Simulator:
         self.moves_skipped = 0
         self.last_move_at = -math.inf
         self._defrag_memo: tuple[int, float] | None = None
+        self.reserves = bool(getattr(spec, "reserves", False))
+        self.reservation_params = ReservationParams(after_s=self.cfg.reserve_after_s,
+                                                    max_held=self.cfg.max_reservations)
+        self.reservations: list[Reservation] = []
+        """Held for large waiting jobs, as the last queue pass planned them (``shared.sim.reserving``)."""
+        self.reserved_idle_s = 0.0
+        self.held_free = 0.0
+        self.held_since = self.now
         self.mig = None
         if spec.migrates:
             from shared.policy import migration
@@ -130,6 +139,11 @@ class Simulator:
             # the balancer's exact choice for MIG requests, kept incrementally (shared.policy.placement_index)
             self.placer = self.cluster.attach_index(params)
 
+    def hint(self, i: int) -> float | None:
+        """Job ``i``'s duration hint: its run time times ``hint_factor``; None when jobs give no hints."""
+        factor = self.cfg.hint_factor
+        return self.jobs[i].duration * factor if factor > 0 else None
+
     @property
     def version(self) -> int:
         return len(self.freed)
@@ -146,7 +160,7 @@ class Simulator:
             models = {g.model: self.geometry.model(g.model) for g in gpus}
             self.layouts = mix_layouts(gpus, models, self.workload)
         else:
-            from shared.policy.baselines import static_layout
+            from shared.policy.static_layouts import static_layout
 
             for gpu in gpus:
                 self.layouts[gpu.id] = static_layout(self.geometry.model(gpu.model), self.spec.initial_layout)
@@ -288,8 +302,12 @@ class Simulator:
         return [k[2] for k in self.queue]
 
     def _schedule(self) -> None:
-        """One bounded pass over the queue in priority-then-age order (shared/sim/backfill.py)."""
-        backfill.schedule(self)
+        """One bounded pass over the queue in priority-then-age order (shared/sim/backfill.py), holding GPUs
+        for large jobs when the policy reserves (shared/sim/reserving.py)."""
+        if self.reserves:
+            reserving.schedule(self)
+        else:
+            backfill.schedule(self)
 
     def _may_fit_since(self, job: SimJob, version: int) -> bool:
         return backfill.may_fit_since(self, job, version)
@@ -308,6 +326,7 @@ class Simulator:
             priority=j.priority,
             tenant=j.tenant,
             started_at=self.now,
+            ends_at=self.now + j.duration * self.cfg.hint_factor if self.cfg.hint_factor > 0 else None,
         )
 
     def _ops_ready(self, gpu_id: str, ops: int) -> float:

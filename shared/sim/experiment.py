@@ -1,6 +1,6 @@
 """Runs of several policies over one workload and cluster: the comparison, the threshold sweep, the ablation.
 
-Policies come from ``shared.policy.baselines`` by name, with the run's parameters bound (threshold for the
+Policies come from ``shared.policy.registry`` by name, with the run's parameters bound (threshold for the
 balancer family, the layout for the static ones, the workload's demand mix for FGD).
 """
 
@@ -11,19 +11,21 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from shared.mig.geometry import Geometry, default_geometry
-from shared.policy.baselines import get_policy, policy_names
-from shared.policy.fragcost import demand_weights
+from shared.policy.plugins.fgd import typical_pods
+from shared.policy.registry import accepts, describe, get_policy, policy_names
 from shared.sim.cluster import ClusterSpec
 from shared.sim.config import SimConfig
 from shared.sim.engine import Simulator
+from shared.sim.fluid import NAME as FLUID
+from shared.sim.fluid import run_fluid
 from shared.sim.jobs import Workload
 from shared.sim.metrics import RunResult
 
-ABLATION = ("lb-static", "migsched-nomig", "migsched")
-"""Load balancing only, + dynamic partitioning, + migration."""
+ABLATION = ("lb-static", "paper-nomig", "paper")
+"""The seeds' scheme taken apart: load balancing only, + dynamic partitioning, + migration."""
 
-THRESHOLD_POLICIES = {"migsched", "migsched-nomig", "migsched-pack", "lb-static"}
-LAYOUT_POLICIES = {"static", "lb-static"}
+THRESHOLD_POLICIES = {n for n in policy_names() if describe(n).takes_threshold}
+LAYOUT_POLICIES = {n for n in policy_names() if not describe(n).repartitions}
 
 Progress = Callable[[str, int, int], None]
 """(run label, jobs ended, jobs) -- called every few thousand events."""
@@ -33,12 +35,14 @@ def policy_params(name: str, workload: Workload, cfg: SimConfig) -> dict[str, ob
     params: dict[str, object] = {}
     if name in THRESHOLD_POLICIES:
         params["threshold"] = cfg.threshold
+    if "top_k" in accepts(name):
         # the simulator reads only the choice, never the runners-up a decision lists to explain itself
         params["top_k"] = 0
     if name in LAYOUT_POLICIES:
         params["layout"] = cfg.static_layout if cfg.static_layout != "mix" else "all-balanced"
     if name == "fgd":
-        params["weights"] = demand_weights(workload.shapes())
+        # the target workload with hindsight, as the paper takes it
+        params["pods"] = typical_pods((j.shape, j.gpus) for j in workload.jobs)
     return params
 
 
@@ -52,9 +56,14 @@ def run_one(
     progress: Progress | None = None,
     label: str | None = None,
     check: bool = False,
+    params: dict[str, object] | None = None,
 ) -> RunResult:
-    """One policy run. A static policy gets ``cfg.static_layout`` (``mix`` is applied by the engine)."""
-    spec, policy = get_policy(name, **policy_params(name, workload, cfg))
+    """One policy run. A static policy gets ``cfg.static_layout`` (``mix`` is applied by the engine);
+    ``params`` override the run's defaults for the policy. ``fluid`` is the pooled-cluster bound
+    (``shared.sim.fluid``), not a placement policy."""
+    if name == FLUID:
+        return run_fluid(workload, cluster, cfg, geometry)
+    spec, policy = get_policy(name, **{**policy_params(name, workload, cfg), **(params or {})})
     if name in LAYOUT_POLICIES:
         spec = msgspec.structs.replace(spec, initial_layout=cfg.static_layout)
     tag = label or name
@@ -81,7 +90,7 @@ def sweep(
     cluster: ClusterSpec,
     thresholds: Sequence[float],
     cfg: SimConfig,
-    name: str = "migsched",
+    name: str = "paper",
     **kw: object,
 ) -> list[RunResult]:
     out = []

@@ -36,8 +36,10 @@ class SimJob(msgspec.Struct, frozen=True, kw_only=True):
     patience: float | None = None
     """Seconds the job waits in the queue before it is rejected; None = the run's default."""
 
-    def request(self) -> JobRequest:
+    def request(self, hint_s: float | None = None, now: float | None = None) -> JobRequest:
         return JobRequest(
+            duration_hint_s=hint_s,
+            now=now,
             job_id=self.id,
             demand=self.demand,
             tenant=self.tenant,

@@ -43,6 +43,37 @@ class TenantKpis(msgspec.Struct, frozen=True, kw_only=True):
     peak_slices: float = 0.0
 
 
+class ClassKpis(msgspec.Struct, frozen=True, kw_only=True):
+    """One demand class of a run (``demand_class``): how many asked, how many were turned away, how long the
+    placed ones waited."""
+
+    jobs: int
+    rejected: int
+    rejection_rate: float
+    wait_mean_s: float
+    wait_p95_s: float
+    rejected_gpu_h: float
+    """GPU-hours (of 7 compute slices) the rejected jobs of the class asked for."""
+
+
+def demand_class(job: SimJob) -> str:
+    """The class a job is judged in: its MIG shape (``1g`` ... ``7g``), ``<n>gpu`` for ``n`` whole GPUs, or
+    ``shared``."""
+    kind = job.demand.kind
+    if kind == "gpus":
+        return f"{job.demand.gpus}gpu"
+    if kind == "shared":
+        return "shared"
+    return job.shape
+
+
+def gpu_equivalents(job: SimJob) -> float:
+    """What a job asks of the cluster in whole GPUs of 7 compute slices (a ``3g`` is 3/7, four GPUs are 4)."""
+    if job.demand.kind == "gpus":
+        return float(job.demand.gpus)
+    return (int(job.shape[0]) if job.shape[:1].isdigit() else 7) / 7.0
+
+
 class Kpis(msgspec.Struct, frozen=True, kw_only=True):
     """One policy run. Fields only grow; ``wall_s`` is the only field that differs between identical runs."""
 
@@ -85,6 +116,14 @@ class Kpis(msgspec.Struct, frozen=True, kw_only=True):
     """Run time lost by preempted jobs (progress since their last checkpoint)."""
     holds: dict[str, int] = {}
     """Queue passes that held a job, per reason (quota | capacity | reserved capacity)."""
+    rejected_gpu_h: float = 0.0
+    """GPU-hours (of 7 compute slices, at full speed) that the rejected jobs asked for: rejected work, which
+    weighs an 8-GPU job as eight GPUs where ``rejected`` counts it as one job."""
+    classes: dict[str, ClassKpis] = {}
+    """Per demand class (``demand_class``): jobs, rejections, waits and rejected GPU-hours."""
+    reserved_idle_gpu_h: float = 0.0
+    """GPU-hours that reservations held idle (slices kept free for a waiting job; policies with
+    reservations)."""
 
 
 class Series(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,6 +178,37 @@ class Outcome:
 
     def reject(self, i: int, t: float) -> None:
         self._end(i, t)
+
+
+def _class_order(name: str) -> tuple[int, int, str]:
+    """MIG shapes first by size, then whole-GPU classes by GPU count, then the rest."""
+    digits = "".join(c for c in name if c.isdigit())
+    size = int(digits) if digits else 0
+    if name.endswith("gpu"):
+        return (1, size, name)
+    return (0 if name[:1].isdigit() else 2, size, name)
+
+
+def class_kpis(
+    jobs: tuple[SimJob, ...], done: np.ndarray, wait: np.ndarray, work_s: np.ndarray
+) -> dict[str, ClassKpis]:
+    """Per demand class: ``done`` says which jobs completed, ``wait`` their start minus arrival, ``work_s``
+    what each asked for in GPU-seconds."""
+    by: dict[str, list[int]] = {}
+    for i, j in enumerate(jobs):
+        by.setdefault(demand_class(j), []).append(i)
+    out: dict[str, ClassKpis] = {}
+    for name in sorted(by, key=_class_order):
+        idx = np.array(by[name], dtype=np.intp)
+        ok = done[idx]
+        w = wait[idx][ok]
+        rej = int((~ok).sum())
+        out[name] = ClassKpis(
+            jobs=int(idx.size), rejected=rej, rejection_rate=_r(rej / idx.size),
+            wait_mean_s=_r(w.mean() if w.size else 0.0), wait_p95_s=_r(_pct(w, 95)),
+            rejected_gpu_h=_r(float(work_s[idx][~ok].sum()) / 3600.0),
+        )
+    return out
 
 
 def _pct(a: np.ndarray, q: float) -> float:
@@ -249,6 +319,8 @@ class Recorder:
         makespan = max(0.0, end - self.t0)
         self.advance(end)
         dur = np.array([j.duration for j in jobs], dtype=np.float64)
+        gpu_eq = np.array([gpu_equivalents(j) for j in jobs], dtype=np.float64)
+        wait_all = start - arrival
         stretch = (finish[done] - start[done]) / np.maximum(dur[done], 1e-9)
         rejected = int(n - done.sum())
         migrated = sum(1 for m in out.migrations if m > 0)
@@ -285,6 +357,9 @@ class Recorder:
             events=sim.events,
             wall_s=round(wall_s, 3),
             tenants=self._tenants(start, finish, done, arrival),
+            rejected_gpu_h=_r(float((gpu_eq * dur)[~done].sum()) / 3600.0 if n else 0.0),
+            classes=class_kpis(jobs, done, wait_all, gpu_eq * dur),
+            reserved_idle_gpu_h=_r(getattr(sim, "reserved_idle_s", 0.0) / 3600.0),
         )
         series = Series(t=self.t, utilization=self.util, frag_rate=self.frag, queued=self.queued)
         return RunResult(kpis=k, series=series, jct=[_r(x) for x in jct])

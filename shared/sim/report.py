@@ -66,10 +66,10 @@ def _rel(new: float, old: float) -> float:
 
 
 def paper_rows(kpis: Sequence[Kpis]) -> list[tuple[str, str, str, str]]:
-    """(claim, article, ours, how measured); empty when the runs lack migsched or a baseline."""
-    ours = _pick(kpis, "migsched")
+    """(claim, article, ours, how measured); empty when the runs lack paper or a baseline."""
+    ours = _pick(kpis, "paper")
     base = _pick(kpis, "static", "lb-static", "first-fit")
-    nomig = _pick(kpis, "migsched-nomig")
+    nomig = _pick(kpis, "paper-nomig")
     rows: list[tuple[str, str, str, str]] = []
     if ours is None:
         return rows
@@ -79,7 +79,7 @@ def paper_rows(kpis: Sequence[Kpis]) -> list[tuple[str, str, str, str]]:
                 "mean JCT",
                 "-35 %",
                 f"{_rel(ours.jct_mean_s, base.jct_mean_s):+.1%}",
-                f"migsched vs {base.policy}",
+                f"paper vs {base.policy}",
             )
         )
         rows.append(
@@ -87,7 +87,7 @@ def paper_rows(kpis: Sequence[Kpis]) -> list[tuple[str, str, str, str]]:
                 "utilisation",
                 "58 % -> 82 %",
                 f"{base.utilization:.1%} -> {ours.utilization:.1%}",
-                f"{base.policy} -> migsched",
+                f"{base.policy} -> paper",
             )
         )
         rows.append(
@@ -95,7 +95,7 @@ def paper_rows(kpis: Sequence[Kpis]) -> list[tuple[str, str, str, str]]:
                 "peak rejection",
                 "15 % -> 3 %",
                 f"{base.rejection_rate_peak:.1%} -> {ours.rejection_rate_peak:.1%}",
-                f"{base.policy} -> migsched, busiest 10 % of arrival windows",
+                f"{base.policy} -> paper, busiest 10 % of arrival windows",
             )
         )
         rows.append(
@@ -103,7 +103,7 @@ def paper_rows(kpis: Sequence[Kpis]) -> list[tuple[str, str, str, str]]:
                 "jobs per day",
                 "+42 %",
                 f"{_rel(ours.jobs_per_day, base.jobs_per_day):+.1%}",
-                f"migsched vs {base.policy}",
+                f"paper vs {base.policy}",
             )
         )
     if nomig is not None:
@@ -113,7 +113,7 @@ def paper_rows(kpis: Sequence[Kpis]) -> list[tuple[str, str, str, str]]:
                 "-40 %",
                 f"{_rel(ours.frag_rate_peak, nomig.frag_rate_peak):+.1%} (p95 "
                 f"{_rel(ours.frag_rate_p95, nomig.frag_rate_p95):+.1%})",
-                "migsched vs migsched-nomig",
+                "paper vs paper-nomig",
             )
         )
     rows.append(
@@ -121,7 +121,7 @@ def paper_rows(kpis: Sequence[Kpis]) -> list[tuple[str, str, str, str]]:
             "fragmentation with periodic defrag",
             "< 15 %",
             f"mean {ours.frag_rate_mean:.1%}, p95 {ours.frag_rate_p95:.1%}",
-            "migsched, every 5 min",
+            "paper, every 5 min",
         )
     )
     return rows

@@ -293,14 +293,14 @@ def run_tenancy(
     geometry: Geometry | None = None,
     label: str | None = None,
 ) -> RunResult:
-    """One run of a balancer-family policy (``migsched`` or ``migsched-nomig``: migration on or off) with
+    """One run of a balancer-family policy (``paper`` or ``paper-nomig``: migration on or off) with
     tenancy; placement is ``balancer.place`` behind quota and the reserve, as in the service."""
-    from shared.policy.baselines import get_policy
+    from shared.policy.registry import get_policy
     from shared.sim.experiment import policy_params
 
-    if name not in ("migsched", "migsched-nomig"):
+    if name not in ("paper", "paper-nomig"):
         raise ValueError(
-            f"tenancy runs use the balancer's placement: policy migsched or migsched-nomig, not {name}"
+            f"tenancy runs use the balancer's placement: policy paper or paper-nomig, not {name}"
         )
     spec, policy = get_policy(name, **policy_params(name, workload, cfg))
     sim = TenantSimulator(

@@ -121,6 +121,7 @@ class MigrationTransitions(MemoryPrelude):
             if dst is not None:
                 dst.state, dst.mig, dst.moved = "busy", bool(src and src.mig), now
                 dst.started, dst.created = (src.started if src else now) or now, False
+                dst.ends = (src.ends if src else 0.0) or dst.ends
             if src is not None and src.job == job:
                 _idle(src)
             detail = f"{j.gpu}|{j.inst}"

@@ -21,7 +21,7 @@ from shared.state.model import (
 
 def idle(i: StoredInstance) -> None:
     """As ``idle`` in prelude.lua: the instance is kept for reuse, with no trace of its last job."""
-    i.state, i.job, i.prio, i.ls, i.mig, i.tenant, i.started, i.created, i.pre = (
+    i.state, i.job, i.prio, i.ls, i.mig, i.tenant, i.started, i.created, i.pre, i.ends = (
         "idle",
         None,
         0,
@@ -31,6 +31,7 @@ def idle(i: StoredInstance) -> None:
         0.0,
         False,
         True,
+        0.0,
     )
 
 

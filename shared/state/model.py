@@ -70,6 +70,9 @@ class StoredInstance(msgspec.Struct, kw_only=True, omit_defaults=True):
     """
     pre: bool = True
     """Its job may be preempted (its priority class is preemptible); only a running (busy) job ever is."""
+    ends: float = 0.0
+    """When its job is expected to end (decision time + duration hint); 0 = no hint. Time-aware placement
+    (``shared.policy.plugins.migsched``) reads it."""
 
     @property
     def mask(self) -> int:
@@ -106,6 +109,7 @@ class StoredInstance(msgspec.Struct, kw_only=True, omit_defaults=True):
             last_moved_at=self.moved if self.moved > 0 else -math.inf,
             started_at=self.started,
             preemptible=self.pre and self.state == "busy",
+            ends_at=self.ends if self.ends > 0 else None,
         )
 
 

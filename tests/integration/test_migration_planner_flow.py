@@ -243,7 +243,7 @@ async def test_after_exit_passes_that_find_nothing_to_move_back_off_and_one_that
         await ex.start()
         planner = await MigrationPlanner.create(load(
             MigrationPlannerSettings, namespace=prefix, nats_url=nats_url, redis_url=redis_url,
-            stream_storage="memory", metrics_port=0, cooldown_s=0.0, defrag_interval_s=0.0))
+            stream_storage="memory", metrics_port=0, cooldown_s=0.0, defrag_interval_s=0.0, policy="paper"))
         try:
             async def registered() -> bool:
                 return len(await ns.state.gpu_ids()) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 from collections import Counter
 
 from hypothesis import strategies as st
@@ -41,8 +42,15 @@ def random_instances(
             job_id=f"{gpu_id}/j{n}" if busy else None,
             migratable=rng.random() < 0.8, latency_sensitive=rng.random() < 0.2,
             last_moved_at=rng.choice([float("-inf"), now - 30.0, now - 500.0]),
+            ends_at=_ends(gpu_id, n, now) if busy else None,
         ))
     return out
+
+
+def _ends(gpu_id: str, n: int, now: float) -> float | None:
+    """An expected end for a busy instance, drawn apart from ``rng`` so that other strategies' draws stay."""
+    pick = zlib.crc32(f"{gpu_id}/{n}".encode()) % 6
+    return (now - 10.0, now + 60.0, now + 600.0, now + 3600.0, now + 86400.0, None)[pick]
 
 
 def random_cluster(rng: random.Random, n_gpus: int, models: tuple[str, ...] = MODELS,

@@ -56,8 +56,15 @@ def test_the_node_registry_lingers_longer_on_node_reports_and_heartbeats_than_on
 
 
 def test_the_migration_planner_lingers_longer_on_its_exit_hints() -> None:
-    st = _settings(MigrationPlannerSettings)
+    st = dataclasses.replace(_settings(MigrationPlannerSettings), policy="paper")
     assert set(_lingers(MigrationPlanner(st, _Bus(st), MemoryState())).values()) == {SLOW}  # type: ignore[arg-type]
+
+
+def test_under_a_policy_that_does_not_migrate_the_planner_hears_no_exits_and_plans_nothing() -> None:
+    st = _settings(MigrationPlannerSettings)  # the default policy, migsched, does not migrate
+    planner = MigrationPlanner(st, _Bus(st), MemoryState())  # type: ignore[arg-type]
+    assert planner.consumers() == []
+    assert [name for name, _, _ in planner.periodic()] == ["heap-trim"]
 
 
 def test_the_balancer_keeps_the_short_linger_on_every_consumer() -> None:

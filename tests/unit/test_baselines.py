@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 from mig_strategies import GEO, clusters
 
 from shared.mig.occupancy import span
-from shared.policy.baselines import LayoutError, UnknownPolicyError, get_policy, policy_names, static_layout
 from shared.policy.placement import CannotPlace, JobRequest, Placement
+from shared.policy.registry import UnknownPolicyError, get_policy, policy_names
 from shared.policy.request import Demand, mig, resolve_profile, sized
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.static_layouts import LayoutError, static_layout
 
 pytestmark = pytest.mark.unit
 
@@ -76,11 +77,11 @@ def test_every_baseline_returns_a_legal_placement_or_reasons(
 Spec = tuple[str, Sequence[tuple[str, int, str | None]]]
 
 
-def _cluster(*gpus: Spec) -> ClusterSnapshot:
+def _cluster(*gpus: Spec, per_node: int = 2) -> ClusterSnapshot:
     views = []
     for i, (model, insts) in enumerate(gpus):
         m = GEO.model(model)
-        views.append(GpuView.build(id=f"g{i}", node=f"n{i // 2}", index=i % 2, model=model, instances=[
+        views.append(GpuView.build(id=f"g{i}", node=f"n{i // per_node}", index=i % per_node, model=model, instances=[
             InstanceView(id=f"g{i}/{p}@{s}", profile=p, start=s, size=m.profile(p).memory_slices,
                          compute=m.profile(p).compute_slices, job_id=j) for p, s, j in insts]))
     return ClusterSnapshot.of(GEO, views)
@@ -133,11 +134,32 @@ def test_dynamic_baselines_prefer_a_start_that_destroys_nothing() -> None:
     assert not _place("first-fit", snap, mig("2g")).slot.destroy
 
 
-def test_fgd_fills_a_hole_that_the_mix_cannot_use_otherwise() -> None:
-    # g0 has one free slice (7) that only a 1g can use... but 1g cannot start at 7; g1 has slot 6 free only
-    snap = _cluster(("A100-40GB", [("4g.20gb", 0, "a"), ("2g.10gb", 4, "b")]), ("A100-40GB", []))
-    d = _place("fgd", snap, mig("1g"), weights={"1g": 1.0, "3g": 1.0})
-    assert d.slot.gpu_id == "g0" and d.slot.start == 6
+def test_fgd_fills_the_hole_of_a_node_that_cannot_host_the_popular_whole_gpu_pod() -> None:
+    # n0: g0 holds a 4g (its 3 free compute slices are fragment to a 7g pod); n1: g1 is empty. A 3g on g0
+    # lowers n0's fragmentation by 1.5; on g1 it would raise n1's by 2 (g1 could no longer host a 7g)
+    snap = _cluster(("A100-40GB", [("4g.20gb", 0, "a")]), ("A100-40GB", []), per_node=1)
+    d = _place("fgd", snap, mig("3g"), pods={"3g": 0.5, "7g": 0.5})
+    assert d.slot.gpu_id == "g0" and d.slot.start == 4
+
+
+def test_fgd_counts_all_free_capacity_of_a_node_that_cannot_host_a_multi_gpu_pod() -> None:
+    from shared.policy.plugins.fgd import _nodes, _parse
+
+    snap = _cluster(("A100-40GB", [("1g.5gb", 0, "a")]), ("A100-40GB", []), per_node=2)
+    pods = _parse({"7gx2": 1.0})
+    # one empty GPU of two: the node cannot host a 2-GPU pod, so its 6 + 7 free compute slices are fragment
+    assert _nodes(snap, pods)["n0"].frag(pods) == 13.0
+    pods = _parse({"1g": 1.0})
+    assert _nodes(snap, pods)["n0"].frag(pods) == 0.0  # every GPU can host a 1g
+
+
+def test_fgd_places_a_gang_on_the_node_whose_fragmentation_it_raises_least() -> None:
+    # n0: three empty GPUs; n1: two. Against 2-GPU pods, two GPUs taken on n0 leave one that cannot host one,
+    # its 7 free slices fragment (+7); taken on n1 they leave nothing free (+0)
+    snap = _cluster(("A100-40GB", []), ("A100-40GB", []), ("A100-40GB", []),
+                    ("A100-40GB", []), ("A100-40GB", []), per_node=3)
+    d = get_policy("fgd", pods={"7gx2": 1.0})[1](snap, JobRequest(job_id="j", demand=Demand(kind="gpus", gpus=2)))
+    assert isinstance(d, Placement) and {s.gpu_id for s in d.slots} == {"g3", "g4"}
 
 
 def test_static_takes_the_smallest_idle_instance_that_covers_the_job_and_never_repartitions() -> None:
@@ -172,12 +194,13 @@ def test_lb_static_balances_over_the_static_layout() -> None:
 
 
 def test_the_registry_describes_each_policy() -> None:
-    assert set(policy_names()) == {"migsched", "migsched-nomig", "migsched-pack", "first-fit", "best-fit",
+    assert set(policy_names()) == {"migsched", "paper", "paper-nomig", "paper-pack", "first-fit", "best-fit",
                                    "spread", "driver-default", "fgd", "static", "lb-static"}
-    assert get_policy("migsched")[0].migrates and not get_policy("migsched-nomig")[0].migrates
+    assert get_policy("paper")[0].migrates and not get_policy("paper-nomig")[0].migrates
+    assert get_policy("migsched")[0].reserves and not get_policy("first-fit")[0].reserves
     assert get_policy("static")[0].initial_layout == "all-balanced"
     assert get_policy("first-fit")[0].initial_layout is None
-    assert get_policy("migsched", threshold=0.5)[1] is not None
+    assert get_policy("paper", threshold=0.5)[1] is not None
 
 
 def test_an_unknown_policy_or_parameter_is_a_clear_error() -> None:

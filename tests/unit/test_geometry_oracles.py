@@ -9,8 +9,8 @@ import pytest
 from shared.mig.geometry import default_geometry
 from shared.mig.occupancy import enumerate_layouts, fit_mix, layout_mask, maximal_layouts
 from shared.mig.tables import tables_for
-from shared.policy.baselines import static_layout
 from shared.policy.fragcost import frag_cost
+from shared.policy.static_layouts import static_layout
 
 pytestmark = pytest.mark.unit
 

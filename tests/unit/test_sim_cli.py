@@ -66,11 +66,11 @@ def test_simulate_writes_the_report_the_kpi_json_and_the_plots(tmp_path: Path) -
     assert [k["policy"] for k in kpis] == [
         "migsched",
         "first-fit",
-        "migsched",
-        "migsched",
+        "paper",
+        "paper",
         "lb-static",
-        "migsched-nomig",
-        "migsched",
+        "paper-nomig",
+        "paper",
     ]
     assert [k["threshold"] for k in kpis[2:4]] == [0.3, 0.5]
     for k in kpis:

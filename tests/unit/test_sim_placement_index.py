@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.baselines import get_policy
+from shared.policy.registry import get_policy
 from shared.sim import experiment
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig
@@ -33,7 +33,7 @@ def _run(policy: str, seed: int, *, index: bool) -> RunResult:
     return sim.run()
 
 
-@pytest.mark.parametrize("policy", ["migsched-nomig", "migsched", "migsched-pack"])
+@pytest.mark.parametrize("policy", ["paper-nomig", "paper", "paper-pack"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_run_with_the_placement_index_has_the_same_kpis_and_series_as_one_asking_the_policy(
     policy: str, seed: int

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.baselines import get_policy
+from shared.policy.registry import get_policy
 from shared.sim import experiment
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig
@@ -33,7 +33,7 @@ def _run(policy: str, seed: int, *, index: bool) -> RunResult:
     return sim.run()
 
 
-@pytest.mark.parametrize("policy", ["migsched", "migsched-pack"])
+@pytest.mark.parametrize("policy", ["paper", "paper-pack"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_run_with_the_pull_index_has_the_same_kpis_and_series_as_one_without(policy: str, seed: int) -> None:
     fast, slow = _run(policy, seed, index=True), _run(policy, seed, index=False)
@@ -47,5 +47,5 @@ def test_a_policy_without_migration_keeps_no_pull_index() -> None:
     cluster = parse_cluster(["A100-40GB:4"], GEO, 4)
     wl = synthetic(np.random.default_rng(0), jobs=20, load=1.0, cluster_slices=4 * 7)
     cfg = SimConfig(seed=0)
-    spec, pol = get_policy("migsched-nomig", **experiment.policy_params("migsched-nomig", wl, cfg))
+    spec, pol = get_policy("paper-nomig", **experiment.policy_params("paper-nomig", wl, cfg))
     assert Simulator(wl, cluster, spec, pol, cfg, geometry=GEO).cluster.pull_index() is None

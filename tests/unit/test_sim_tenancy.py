@@ -54,7 +54,7 @@ def job(jid: str, at: float, dur: float, profile: str, tenant: str) -> SimJob:
 def test_a_high_priority_job_preempts_low_priority_ones_which_rerun_and_lose_their_work() -> None:
     jobs = [job(f"s{n}", float(n), 1000.0, "1g.5gb", "serve") for n in range(7)]
     jobs.append(job("t1", 100.0, 50.0, "7g.40gb", "train"))
-    r = run_tenancy(Workload(name="w", jobs=tuple(jobs)), CLUSTER, "migsched-nomig", CFG, TENANCY)
+    r = run_tenancy(Workload(name="w", jobs=tuple(jobs)), CLUSTER, "paper-nomig", CFG, TENANCY)
     k = r.kpis
     assert k.completed == 8
     assert k.preemptions == 7
@@ -68,7 +68,7 @@ def test_without_preemption_the_high_priority_job_waits() -> None:
     jobs = [job(f"s{n}", float(n), 1000.0, "1g.5gb", "serve") for n in range(7)]
     jobs.append(job("t1", 100.0, 50.0, "7g.40gb", "train"))
     r = run_tenancy(
-        Workload(name="w", jobs=tuple(jobs)), CLUSTER, "migsched-nomig", CFG, TENANCY, preempt=False
+        Workload(name="w", jobs=tuple(jobs)), CLUSTER, "paper-nomig", CFG, TENANCY, preempt=False
     )
     assert r.kpis.preemptions == 0
     assert r.kpis.tenants["train"].wait_max_s > 800
@@ -76,7 +76,7 @@ def test_without_preemption_the_high_priority_job_waits() -> None:
 
 def test_a_tenant_over_its_quota_waits_for_quota_and_the_time_is_reported() -> None:
     jobs = [job("q1", 0.0, 100.0, "1g.5gb", "small"), job("q2", 1.0, 100.0, "1g.5gb", "small")]
-    r = run_tenancy(Workload(name="w", jobs=tuple(jobs)), CLUSTER, "migsched-nomig", CFG, TENANCY)
+    r = run_tenancy(Workload(name="w", jobs=tuple(jobs)), CLUSTER, "paper-nomig", CFG, TENANCY)
     t = r.kpis.tenants["small"]
     assert t.completed == 2
     assert t.quota_held_s == 99.0  # q2 waits until q1 ends at 100

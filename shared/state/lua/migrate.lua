@@ -88,7 +88,7 @@ local tn, dst = find(dinsts, f[5])
 if op == 'commit' then
   if dst then
     dst.state = 'busy'; dst.mig = (src and src.mig ~= false) and true or false; dst.moved = now
-    dst.started = (src and src.started) or now; dst.created = nil
+    dst.started = (src and src.started) or now; dst.created = nil; dst.ends = (src and src.ends) or dst.ends
   end
   if src and src.job == job then idle(src) end
   -- a cross-node move also moves the job's node (where stop and migrate_stop commands must go)

@@ -84,7 +84,7 @@ local function requeue(job, from, reason, now)
 end
 local function idle(i)
   i.state = 'idle'; i.job = nil; i.prio = nil; i.ls = nil; i.mig = nil; i.tenant = nil; i.started = nil
-  i.created = nil; i.pre = nil
+  i.created = nil; i.pre = nil; i.ends = nil
 end
 -- A job runs on instance i although the state does not hold it there (a registration found it, node.lua; a place
 -- command the state had given up on started it, mark_running.lua): its slices stay taken, never reused or moved,

@@ -1,9 +1,12 @@
 """Static partitions: a fixed layout per GPU (``static_layout``), never repartitioned. ``static`` gives a job
 the smallest idle instance that covers it; ``lb-static`` is the conditional load balancer restricted to the
-layout (load balancing only). Baselines of ``baselines``.
+layout (load balancing only). Both take ``layout`` (``all-balanced``, ``all-<shape>`` or ``all-<profile>``),
+and ``lb-static`` the balancer's keys.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -22,8 +25,10 @@ from shared.policy.baseline_slots import (
     usable,
 )
 from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement
+from shared.policy.registry import PolicySpec, register
 from shared.policy.request import full_profile, resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.static_layouts import LayoutError
 
 
 def _covering(model: GpuModel, prof: Profile) -> list[Profile]:
@@ -106,3 +111,27 @@ def lb_static_policy(name: str, params: BalancerParams) -> PlacementPolicy:
         return msgspec.structs.replace(decision, policy=name)
 
     return policy
+
+
+_BALANCER_KEYS = ("threshold", "lazy_first", "top_k", "rank")
+
+
+def _layout(spec: PolicySpec, params: dict[str, Any]) -> PolicySpec:
+    layout = str(params.get("layout", "all-balanced"))
+    if not layout.startswith("all-"):
+        raise LayoutError(f"unknown layout {layout!r}: use all-balanced, all-<shape> or all-<profile>")
+    return msgspec.structs.replace(spec, initial_layout=layout)
+
+
+@register(PolicySpec(name="static", description="fixed layout per GPU, never repartitioned; smallest idle "
+                     "instance that covers the job", repartitions=False), accepts=("layout",))
+def _build_static(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, PlacementPolicy]:
+    return _layout(spec, params), static_policy(spec.name)
+
+
+@register(PolicySpec(name="lb-static", description="conditional load balancer over a static layout (load "
+                     "balancing only)", repartitions=False, takes_threshold=True),
+          accepts=("layout", *_BALANCER_KEYS))
+def _build_lb_static(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, PlacementPolicy]:
+    bal = {k: params[k] for k in _BALANCER_KEYS if k in params}
+    return _layout(spec, params), lb_static_policy(spec.name, BalancerParams(dynamic=False, allow_larger=True, **bal))

@@ -1,0 +1,211 @@
+"""The keys of the ``migsched`` placement rule (``shared.policy.plugins.migsched``): one int64 per GPU, lower is
+better, so a decision over thousands of GPUs is a few gathers and one argmin.
+
+A key packs, most significant first (``FIELDS``): the tier (empty GPU opened, or the GPU's load while empty GPUs
+are plenty), the load again with ``spread``, the FragCost increase in steps of ``1 / fit_steps``, the job's
+extension of the GPU's and of the node's expected busy time (``bucket``), reuse before create, FragCost after,
+idle slices destroyed, the node's empty GPUs, the fullest GPU, the highest start. Within one GPU only the
+*static* fields differ between its candidate starts (increase, action, cost, destroyed, start), and they depend
+only on the GPU's busy and idle masks (create) or its busy mask and the starts of its idle instances of the
+profile (reuse): so the best candidate of every GPU is one look-up in a table per (model, profile) over those
+65,536 pairs, and only the per-GPU fields are computed per decision.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from shared.mig.geometry import GpuModel, Profile
+from shared.mig.occupancy import span
+from shared.mig.tables import PAIRS, popcount_table, tables_for
+from shared.policy.placement import JobRequest
+from shared.policy.snapshot import ClusterSnapshot
+
+UNFIT = np.iinfo(np.int64).max
+FIELDS = (("first", 4), ("load", 4), ("fit", 7), ("t1", 7), ("t2", 7), ("action", 1), ("cost", 10),
+          ("destroyed", 4), ("node_empty", 7), ("fullest", 4), ("start", 4))
+"""The packed key, most significant first, with each field's width in bits (59 in all)."""
+_STATIC = (("fit", 7), ("action", 1), ("cost", 10), ("destroyed", 4), ("start", 4))
+"""A table entry: the static fields of a GPU's best candidate (26 bits)."""
+
+
+class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
+    keep_empty: float = 1.0
+    """Share of usable GPUs kept empty: while more are empty, jobs go to the least loaded GPU (key 1); 1.0 =
+    always pack. Spreading while empty GPUs are plenty cuts interference, and in the benchmark matrix the job
+    rejection rate, but rejects more GPU-hours (docs/results.md)."""
+    spread: bool = False
+    """Once at the reserve, the least loaded of the busy GPUs that fit (less interference) before the fit."""
+    fit_steps: float = 20.0
+    """FragCost increase is compared in steps of 1 / fit_steps."""
+    in_time: bool = True
+    """Align expected ends; False = space alone."""
+    node_first: bool = False
+    """Compare the node's extension before the GPU's."""
+    top_k: int = 3
+    """Runners-up a decision lists (0 in the simulator, which reads only the choice)."""
+
+
+def bucket(extension_s: float) -> int:
+    """An extension on a log-2 scale of minutes: 0 for none, 1 up to a minute, 2 up to three, ...; 64 = never
+    known to end."""
+    if extension_s <= 0:
+        return 0
+    if math.isinf(extension_s):
+        return 64
+    return 1 + int(math.log2(1.0 + extension_s / 60.0))
+
+
+def buckets(extension_s: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """``bucket`` of every element."""
+    x = np.where(np.isfinite(extension_s), np.maximum(extension_s, 0.0), 0.0)
+    out = (1 + np.floor(np.log2(1.0 + x / 60.0))).astype(np.int64)
+    out[extension_s <= 0] = 0
+    out[np.isinf(extension_s) & (extension_s > 0)] = 64
+    return out
+
+
+def extension(ends: float, until: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """How far a job ending at ``ends`` runs past ``until`` (inf when the job's end is unknown and the GPU's
+    is known; 0 when neither is)."""
+    if math.isinf(ends):
+        return np.where(np.isinf(until), 0.0, math.inf)
+    return ends - until
+
+
+def _pack(fields: Sequence[Any], layout: Sequence[tuple[str, int]]) -> Any:
+    key: Any = 0
+    for value, (_, width) in zip(fields, layout, strict=True):
+        key = (key << width) + np.minimum(value, (1 << width) - 1)
+    return key
+
+
+def unpack(key: int) -> dict[str, int]:
+    """The fields of a packed key, by name."""
+    out: dict[str, int] = {}
+    shift = sum(w for _, w in FIELDS)
+    for name, width in FIELDS:
+        shift -= width
+        out[name] = (key >> shift) & ((1 << width) - 1)
+    return out
+
+
+class Context:
+    """What every candidate of one decision shares: the clock, the job's expected end, and per GPU its
+    expected free time, its node's, and its node's empty GPUs."""
+
+    def __init__(self, snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> None:
+        self.now = job.now if job.now is not None else 0.0
+        timed = params.in_time and job.duration_hint_s is not None and job.now is not None
+        self.ends = self.now + job.duration_hint_s if timed and job.duration_hint_s is not None else math.inf
+        node = snap.node_idx
+        nodes = int(node.max()) + 1 if len(node) else 0
+        self.gpu_end = np.maximum(snap.ends, self.now)
+        node_end = np.full(nodes, self.now)
+        np.maximum.at(node_end, node, self.gpu_end)
+        self.node_end = node_end[node]
+        self.empty = snap.ok & (np.asarray(snap.busy) == 0)
+        self.node_empty = np.bincount(node, weights=self.empty, minlength=nodes).astype(np.int64)[node]
+        self.comfortable = int(self.empty.sum()) > params.keep_empty * int(snap.ok.sum())
+
+
+def _static(fitq: Any, action: int, after: Any, destroyed: Any, start: int) -> Any:
+    return _pack((fitq, action, np.round(after * 1000).astype(np.int64), destroyed, 15 - start), _STATIC)
+
+
+@functools.cache
+def create_table(model: GpuModel, profile: str, fit_steps: float) -> npt.NDArray[np.int64]:
+    """Per ``busy << 8 | idle``: the static fields of the best new instance of ``profile`` (UNFIT: none)."""
+    prof = model.profile(profile)
+    pairs = np.arange(PAIRS, dtype=np.intp)
+    busy, idle = pairs >> 8, pairs & 0xFF
+    frag = tables_for(model).fragcost
+    before = frag[busy]
+    best = np.full(PAIRS, UNFIT, dtype=np.int64)
+    for s in prof.placements:
+        pm = span(prof.memory_slices, s)
+        after = frag[busy | pm]
+        fitq = np.round((after - before) * fit_steps).astype(np.int64) + 64
+        key = _static(fitq, 1, after, popcount_table()[idle & pm].astype(np.int64), s)
+        best = np.where((busy & pm) == 0, np.minimum(best, key), best)
+    best.setflags(write=False)
+    return best
+
+
+@functools.cache
+def reuse_table(model: GpuModel, profile: str, fit_steps: float) -> npt.NDArray[np.int64]:
+    """Per ``busy << 8 | starts``, ``starts`` a bit per start where an idle instance of ``profile`` begins: the
+    static fields of the best reuse (UNFIT: none)."""
+    prof = model.profile(profile)
+    pairs = np.arange(PAIRS, dtype=np.intp)
+    busy, starts = pairs >> 8, pairs & 0xFF
+    frag = tables_for(model).fragcost
+    before = frag[busy]
+    best = np.full(PAIRS, UNFIT, dtype=np.int64)
+    for s in prof.placements:
+        after = frag[busy | span(prof.memory_slices, s)]
+        fitq = np.round((after - before) * fit_steps).astype(np.int64) + 64
+        best = np.where(((starts >> s) & 1) == 1, np.minimum(best, _static(fitq, 0, after, 0, s)), best)
+    best.setflags(write=False)
+    return best
+
+
+def static_of(gpu_busy: int, gpu_idle: int, model: GpuModel, prof: Profile, fit_steps: float, start: int,
+              action: int) -> int:
+    """The static fields of one candidate (for a GPU whose best one is at its max count)."""
+    frag = tables_for(model).fragcost
+    pm = span(prof.memory_slices, start)
+    after = float(frag[gpu_busy | pm])
+    fitq = round((after - float(frag[gpu_busy])) * fit_steps) + 64
+    destroyed = (gpu_idle & pm).bit_count() if action == 1 else 0
+    return int(_static(fitq, action, np.float64(after), destroyed, start))
+
+
+class Group(msgspec.Struct):
+    """One GPU model's candidates: the usable positions, the profile asked for and one key per GPU."""
+
+    model: GpuModel
+    prof: Profile
+    pos: npt.NDArray[np.intp]
+    keys: npt.NDArray[np.int64]
+
+
+def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, model: GpuModel, prof: Profile,
+          ) -> Group:
+    """The key of every usable GPU of model ``k`` for ``prof``."""
+    pos = np.flatnonzero((np.asarray(snap.model_idx) == k) & snap.ok)
+    busy = np.asarray(snap.busy)[pos].astype(np.intp)
+    idle = np.asarray(snap.idle)[pos].astype(np.intp)
+    used = np.asarray(snap.used)[pos].astype(np.int64)
+    reuse_bits = np.asarray(snap.idle_starts)[pos, tables_for(model).index[prof.name]].astype(np.intp)
+    static = np.minimum(create_table(model, prof.name, params.fit_steps)[(busy << 8) | idle],
+                        reuse_table(model, prof.name, params.fit_steps)[(busy << 8) | reuse_bits])
+    return Group(model=model, prof=prof, pos=pos, keys=assemble(ctx, params, pos, busy, used, static))
+
+
+def assemble(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], busy: npt.NDArray[np.intp],
+             used: npt.NDArray[np.int64], static: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Full keys from each GPU's static fields and its per-decision ones (UNFIT stays UNFIT)."""
+    g_ext = buckets(extension(ctx.ends, ctx.gpu_end[pos]))
+    n_ext = buckets(extension(ctx.ends, ctx.node_end[pos]))
+    t1, t2 = (n_ext, g_ext) if params.node_first else (g_ext, n_ext)
+    if ctx.comfortable:
+        first, load = used, np.zeros_like(used)
+    else:
+        first, load = (busy == 0).astype(np.int64), used if params.spread else np.zeros_like(used)
+    fit = static >> 19
+    mid = (static >> 4) & ((1 << 15) - 1)  # action, cost, destroyed
+    start = static & 15
+    key = _pack((first, load, fit, t1, t2), FIELDS[:5])
+    key = (key << 15) + mid
+    key = (key << 7) + np.minimum(ctx.node_empty[pos], 127)
+    key = (key << 4) + (15 - used)
+    key = (key << 4) + start
+    return np.where(static == UNFIT, UNFIT, key).astype(np.int64)

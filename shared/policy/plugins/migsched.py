@@ -1,0 +1,261 @@
+"""``migsched``, the default policy: pack in space, align in time, hold GPUs for large waiting jobs.
+
+Measured on the openb traces, nearly every rejection is a job that needs whole GPUs (``7g``, or several GPUs on
+one node) and waits out its patience because every GPU holds some small job, or every node some long one.
+Small profiles are never what is rejected. So the rule keeps whole GPUs free, and makes busy ones free up
+together. For a MIG request, over every healthy MIG GPU and every legal start (lower is better):
+
+1. While more than ``keep_empty`` of the usable GPUs are empty, the least loaded GPU (less interference,
+   empty ones included). Otherwise: **do not open an empty GPU** for a job that fits beside others (a
+   full-size profile always needs one); with ``spread``, then the least loaded of the busy GPUs.
+2. The FragCost increase of the GPU, in steps of ``1 / fit_steps`` (how well the instance fits the hole).
+3. **Extend no busy period**: the job's expected end (``now + duration_hint_s``) against the GPU's and the
+   node's expected free time (the latest ``ends_at`` of their busy instances), each on a log scale of
+   minutes (``bucket``). A short job goes where the running jobs outlast it, a long one where long ones
+   already are, so GPUs and nodes whose jobs all end soon stay that way and drain for reservations and
+   gangs. Without a hint or a clock every extension is equal.
+4. Reuse an idle instance of the exact profile before creating one (no reconfiguration).
+5. FragCost after the placement, then fewest idle slices destroyed.
+6. The node with the fewest empty GPUs, the fullest GPU, the highest start, the first GPU in snapshot order.
+
+All keys pack into one int64 per (GPU, start) so that a decision is a few vector operations and one argmin
+over the snapshot's columns (``ClusterSnapshot.ends`` and ``node_idx`` included); ``tests/reference_migsched.py``
+is the same rule as a plain loop. ``gpus: n`` takes the node with ``n`` empty GPUs whose busy period it
+extends least, then the node with the fewest empty GPUs (best fit). A time-sliced share goes the balancer's
+way. The queue side (reservations) is ``shared.policy.reservation``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from shared.mig.geometry import Profile
+from shared.mig.occupancy import span
+from shared.mig.tables import tables_for
+from shared.policy.alignment import (
+    UNFIT,
+    AlignParams,
+    Context,
+    Group,
+    assemble,
+    bucket,
+    buckets,
+    extension,
+    group,
+    static_of,
+    unpack,
+)
+from shared.policy.baseline_slots import PlacementPolicy, count_ok, create_slot, reuse_slot
+from shared.policy.placement import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement_explain import whole_placement
+from shared.policy.registry import PolicySpec, register
+from shared.policy.request import full_profile, resolve_profile
+from shared.policy.sharing import place_plain_gpus, place_share
+from shared.policy.snapshot import ClusterSnapshot, GpuView
+
+NAME = "migsched"
+__all__ = ["NAME", "AlignParams", "bucket", "buckets", "place_aligned", "whole_slots"]
+
+
+def place_aligned(
+    snap: ClusterSnapshot, job: JobRequest, policy: str = NAME, params: AlignParams | None = None
+) -> Decision:
+    """One decision for one job (see the module docstring)."""
+    params = params or AlignParams()
+    if job.demand.kind == "shared":
+        return _named(place_share(snap, job), policy)
+    if len(snap) == 0:
+        return CannotPlace(job_id=job.job_id, policy=policy, reasons=("no GPU in the cluster",))
+    ctx = Context(snap, job, params)
+    if job.demand.kind == "gpus":
+        plain = place_plain_gpus(snap, job)
+        if isinstance(plain, Placement):
+            return _named(plain, policy)
+        return _gang(snap, job, ctx, policy)
+    return _mig(snap, job, ctx, params, policy)
+
+
+def _named(d: Decision, policy: str) -> Decision:
+    return msgspec.structs.replace(d, policy=policy)
+
+
+def _mig(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignParams, policy: str) -> Decision:
+    groups: list[Group] = []
+    missing: Counter[str] = Counter()
+    for k, model in enumerate(snap.model_list):
+        prof = resolve_profile(job.demand, model)
+        if prof is None:
+            missing[f"{model.name} has no profile for {job.demand.label()}"] += int(
+                (np.asarray(snap.model_idx) == k).sum())
+            continue
+        groups.append(group(snap, ctx, params, k, model, prof))
+    at_max = 0
+    while True:
+        best: tuple[int, int, Group, int] | None = None
+        for g in groups:
+            if not g.keys.size:
+                continue
+            row = int(np.argmin(g.keys))
+            key = int(g.keys[row])
+            if key != UNFIT and (best is None or (key, int(g.pos[row])) < best[:2]):
+                best = (key, int(g.pos[row]), g, row)
+        if best is None:
+            return _cannot(snap, job, groups, missing, at_max, policy)
+        key, p, g, row = best
+        f = unpack(key)
+        start, gpu = 15 - f["start"], snap.gpus[p]
+        if f["action"] == 1 and not count_ok(gpu, g.prof, span(g.prof.memory_slices, start)):
+            at_max += 1  # at its max count once the idle instances in the way go (+me profiles): its next best
+            g.keys[row] = _next_best(snap, ctx, params, g, row, gpu)
+            continue
+        break
+    slot = (create_slot(gpu, g.model, g.prof, start) if f["action"] == 1
+            else reuse_slot(gpu, g.model, _idle_id(gpu, g.prof, start)))
+    return _explain(snap, job, policy, slot, key, groups, params.top_k)
+
+
+def _next_best(snap: ClusterSnapshot, ctx: Context, params: AlignParams, g: Group, row: int, gpu: GpuView) -> int:
+    """The GPU's best key over the candidates still legal once max counts are checked (UNFIT: none)."""
+    prof = g.prof
+    options = [static_of(gpu.busy_mask, gpu.idle_mask, g.model, prof, params.fit_steps, i.start, 0)
+               for i in gpu.instances if i.job_id is None and i.profile == prof.name]
+    for s in prof.placements:
+        pm = span(prof.memory_slices, s)
+        if not gpu.busy_mask & pm and count_ok(gpu, prof, pm):
+            options.append(static_of(gpu.busy_mask, gpu.idle_mask, g.model, prof, params.fit_steps, s, 1))
+    if not options:
+        return int(UNFIT)
+    one = g.pos[row:row + 1]
+    return int(assemble(ctx, params, one, np.array([gpu.busy_mask], dtype=np.intp),
+                        np.array([gpu.used_compute], dtype=np.int64), np.array([min(options)], dtype=np.int64))[0])
+
+
+def _idle_id(gpu: GpuView, prof: Profile, start: int) -> str:
+    return next(i.id for i in gpu.instances if i.job_id is None and i.profile == prof.name and i.start == start)
+
+
+def _describe(b: int) -> str:
+    if b == 0:
+        return "nothing"
+    if b >= 64:
+        return "an unknown time"
+    return f"{60 * (2 ** (b - 1) - 1):.0f}-{60 * (2 ** b - 1):.0f} s"
+
+
+def _explain(snap: ClusterSnapshot, job: JobRequest, policy: str, slot: Slot, key: int, groups: Sequence[Group],
+             top_k: int) -> Placement:
+    f = unpack(key)
+    gpu = snap.gpu(slot.gpu_id)
+    tables = tables_for(snap.geometry.model(gpu.model))
+    after = gpu.busy_mask | span(slot.size, slot.start)
+    where = "opens an empty GPU" if not gpu.busy_mask else f"beside running jobs ({gpu.used_compute} slices busy)"
+    reasons = [
+        f"{policy}: {where}; FragCost {tables.cost(gpu.busy_mask):.3f} -> {tables.cost(after):.3f}",
+        f"extends the GPU's busy time by {_describe(f['t1'])} and the node's by {_describe(f['t2'])}",
+        f"reuses idle instance {slot.instance_id}" if slot.action == "reuse" else "creates an instance",
+        f"score {key}",
+    ]
+    if slot.destroy:
+        reasons.append(f"destroys {len(slot.destroy)} idle instance(s) in the way")
+    return Placement(
+        job_id=job.job_id, policy=policy, slots=(slot,), tier="any", frag_before=tables.cost(gpu.busy_mask),
+        frag_after=tables.cost(after), reasons=tuple(reasons), candidates=_runners_up(snap, groups, slot, top_k),
+    )
+
+
+def _runners_up(snap: ClusterSnapshot, groups: Sequence[Group], chosen: Slot, top_k: int) -> tuple[Candidate, ...]:
+    if top_k <= 0:
+        return ()
+    ranked: list[tuple[int, int, Group]] = []
+    for g in groups:
+        n = min(top_k + 1, g.keys.size)
+        if not n:
+            continue
+        for row in np.argpartition(g.keys, n - 1)[:n].tolist():
+            if int(g.keys[row]) != UNFIT:
+                ranked.append((int(g.keys[row]), int(g.pos[row]), g))
+    ranked.sort(key=lambda c: c[:2])
+    out: list[Candidate] = []
+    for key, p, g in ranked:
+        gpu = snap.gpus[p]
+        if gpu.id == chosen.gpu_id:
+            continue
+        f = unpack(key)
+        start = 15 - f["start"]
+        tables = tables_for(g.model)
+        pm = span(g.prof.memory_slices, start)
+        out.append(Candidate(
+            gpu_id=gpu.id, profile=g.prof.name, start=start, action="reuse" if f["action"] == 0 else "create",
+            tier="any", frag_before=tables.cost(gpu.busy_mask), frag_after=tables.cost(gpu.busy_mask | pm),
+            load=gpu.used_compute / max(1, g.model.compute_slices), idle_slices_destroyed=f["destroyed"],
+        ))
+        if len(out) >= top_k:
+            break
+    return tuple(out)
+
+
+def _cannot(snap: ClusterSnapshot, job: JobRequest, groups: Sequence[Group], missing: Counter[str], at_max: int,
+            policy: str) -> CannotPlace:
+    counts = Counter(missing)
+    counts["not in MIG mode or unhealthy"] = int((~snap.ok).sum())
+    for g in groups:
+        counts[f"no free {g.prof.name} placement"] += int((g.keys == UNFIT).sum())
+    if at_max:
+        counts[f"{job.demand.label()} at its max count"] = at_max
+    counts = Counter({k: v for k, v in counts.items() if v})
+    reasons = tuple(f"{n} GPU(s): {why}" for why, n in counts.most_common()) or ("no GPU in the cluster",)
+    return CannotPlace(job_id=job.job_id, policy=policy, reasons=reasons, counts=dict(counts))
+
+
+def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, policy: str) -> Decision:
+    n = job.demand.gpus
+    empty = np.flatnonzero(snap.ok & (np.asarray(snap.busy) == 0))
+    by_node: dict[int, list[int]] = {}
+    node = snap.node_idx
+    for p in empty.tolist():
+        by_node.setdefault(int(node[p]), []).append(p)
+    fitting = [(bucket(float(extension(ctx.ends, ctx.node_end[ps[:1]])[0])), len(ps), ps[0], nid)
+               for nid, ps in by_node.items() if len(ps) >= n]
+    if not fitting:
+        most = max((len(v) for v in by_node.values()), default=0)
+        return CannotPlace(job_id=job.job_id, policy=policy,
+                           reasons=(f"no node has {n} empty GPU(s); the most on one node is {most}",))
+    *_, nid = min(fitting)
+    slots = whole_slots(snap, [snap.gpus[p] for p in by_node[nid]], n)
+    return whole_placement(job, slots, policy)
+
+
+def whole_slots(snap: ClusterSnapshot, gpus: Sequence[GpuView], n: int) -> tuple[Slot, ...]:
+    """Full-size instances on ``n`` of ``gpus``: those holding an idle full-size instance first, then those
+    with the least to destroy."""
+
+    def order(g: GpuView) -> tuple[int, int, int]:
+        full = full_profile(snap.geometry.model(g.model))
+        return (0 if any(i.profile == full.name for i in g.instances) else 1, g.idle_mask.bit_count(), g.index)
+
+    slots: list[Slot] = []
+    for g in sorted(gpus, key=order)[:n]:
+        model = snap.geometry.model(g.model)
+        full = full_profile(model)
+        idle_full = next((i for i in g.instances if i.profile == full.name), None)
+        slots.append(reuse_slot(g, model, idle_full.id) if idle_full is not None
+                     else create_slot(g, model, full, full.placements[0]))
+    return tuple(slots)
+
+
+@register(PolicySpec(name=NAME, description="the default: pack in space, align in time (keep empty GPUs, least "
+                     "extension of the GPU's and node's busy time, then FragCost), with reservations for large "
+                     "waiting jobs", reserves=True),
+          accepts=("keep_empty", "spread", "fit_steps", "in_time", "node_first", "top_k"))
+def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, PlacementPolicy]:
+    ap = AlignParams(**params)
+
+    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        return place_aligned(snap, job, spec.name, ap)
+
+    return spec, policy

@@ -1,0 +1,122 @@
+"""The one registry of placement policies, by name: the simulator, the services and the CLI all read it.
+
+A policy is one module in ``shared.policy.plugins`` that calls ``register`` at import: its name, a sentence on
+what it does, the parameters it takes, and a ``build`` that binds them into a ``PolicySpec`` (what the engine
+needs to know about the policy) and a pure ``(ClusterSnapshot, JobRequest) -> Decision``. Every module of that
+package is imported on first use, so adding a file adds a policy.
+
+Every policy also takes ``reserve`` (hold GPUs for large waiting jobs, ``shared.policy.reservation``); its
+default is the policy's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from shared.policy.baseline_slots import PlacementPolicy, UnknownPolicyError
+
+__all__ = ["DEFAULT_POLICY", "PlacementPolicy", "PolicySpec", "UnknownPolicyError", "get_policy", "policy_names",
+           "register"]
+
+DEFAULT_POLICY = "migsched"
+
+
+class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    description: str
+    repartitions: bool = True
+    """False = static: the policy never creates or destroys instances."""
+    initial_layout: str | None = None
+    """A ``static_layout`` name applied to every GPU before the run, e.g. ``all-balanced``."""
+    migrates: bool = False
+    migrate_intra: bool = True
+    """Which move kinds the migration planner may plan (``MigrationParams.intra``/``inter``)."""
+    migrate_inter: bool = True
+    pull_into_empty: bool = True
+    consolidate: bool = False
+    reserves: bool = False
+    """Hold GPUs for large waiting jobs (``shared.policy.reservation``)."""
+    takes_threshold: bool = False
+    """Reads the Lazy/Busy load threshold (the run's ``threshold`` is handed to it)."""
+
+
+Build = Callable[[PolicySpec, dict[str, Any]], tuple[PolicySpec, PlacementPolicy]]
+
+
+class _Entry(msgspec.Struct, frozen=True):
+    spec: PolicySpec
+    accepts: tuple[str, ...]
+    build: Build
+    order: int
+
+
+_ENTRIES: dict[str, _Entry] = {}
+_LOADED = False
+_ORDER = ("migsched", "paper", "paper-nomig", "paper-pack", "first-fit", "best-fit", "spread", "driver-default",
+          "fgd", "static", "lb-static")
+"""Listing order of the built-in policies (a plug-in not named here is listed after them, by name)."""
+
+
+def register(spec: PolicySpec, accepts: tuple[str, ...] = ()) -> Callable[[Build], Build]:
+    """Register ``build`` under ``spec.name``; it receives the spec and the caller's parameters (only those
+    named in ``accepts``)."""
+
+    def deco(build: Build) -> Build:
+        if spec.name in _ENTRIES and _ENTRIES[spec.name].build is not build:
+            raise ValueError(f"policy {spec.name!r} is registered twice")
+        order = _ORDER.index(spec.name) if spec.name in _ORDER else len(_ORDER)
+        _ENTRIES[spec.name] = _Entry(spec=spec, accepts=accepts, build=build, order=order)
+        return build
+
+    return deco
+
+
+def _load() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    from shared.policy import plugins
+
+    for mod in pkgutil.iter_modules(plugins.__path__):
+        importlib.import_module(f"{plugins.__name__}.{mod.name}")
+    _LOADED = True
+
+
+def policy_names() -> list[str]:
+    _load()
+    return [e.spec.name for e in sorted(_ENTRIES.values(), key=lambda e: (e.order, e.spec.name))]
+
+
+def describe(name: str) -> PolicySpec:
+    _load()
+    if name not in _ENTRIES:
+        raise UnknownPolicyError(f"unknown policy {name!r}; known policies: {', '.join(policy_names())}")
+    return _ENTRIES[name].spec
+
+
+def accepts(name: str) -> tuple[str, ...]:
+    """The parameters the named policy takes (besides ``reserve``)."""
+    describe(name)
+    return _ENTRIES[name].accepts
+
+
+def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
+    """The named policy with its parameters bound; an unknown name or parameter raises UnknownPolicyError."""
+    entry = _ENTRIES.get(name) if _LOADED else None
+    if entry is None:
+        describe(name)
+        entry = _ENTRIES[name]
+    reserve = params.pop("reserve", None)
+    extra = sorted(set(params) - set(entry.accepts))
+    if extra:
+        takes = ", ".join((*entry.accepts, "reserve"))
+        raise UnknownPolicyError(f"policy {name!r} takes no parameter(s) {', '.join(extra)}; it takes: {takes}")
+    spec, policy = entry.build(entry.spec, params)
+    if reserve is not None:
+        spec = msgspec.structs.replace(spec, reserves=bool(reserve))
+    return spec, policy

@@ -1,0 +1,115 @@
+"""Reservations for the head of the queue, EASY-backfill style: GPUs held for a waiting large job.
+
+A *large* job needs whole GPUs: a full-size MIG instance or ``gpus: n``. Once it has waited ``after_s`` without
+fitting, it gets the GPUs that free soonest: on the node where its ``n``-th GPU frees first, by the expected
+ends of the jobs running there (start + duration hint; the snapshot's ``ends`` column). Other jobs may use a
+held GPU only when their own hint says they end before the reservation's expected start; a job without a hint
+may not. At most ``max_held`` reservations exist at once, and a job gets none when its GPUs would not free
+before its patience runs out (holding them would idle them for nothing).
+
+The rule is pure: the caller hands in the snapshot (and with it the expected ends) and the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from shared.policy.request import Demand, full_profile, resolve_profile
+from shared.policy.snapshot import ClusterSnapshot
+
+
+class ReservationParams(msgspec.Struct, frozen=True, kw_only=True):
+    after_s: float = 0.0
+    """A large job gets a reservation once it has waited this long without fitting."""
+    max_held: int = 2
+    """Reservations held at once (the oldest large jobs, in queue order). A queue pass plans for at most
+    twice as many large jobs, so that a queue of them costs a bounded number of plans."""
+
+
+class Reservation(msgspec.Struct, frozen=True, kw_only=True):
+    """GPUs held for one job from now until ``start``, when they are expected to be free."""
+
+    job_id: str
+    gpus: tuple[str, ...]
+    node: str
+    start: float
+    reason: str
+
+    def explain(self) -> str:
+        return f"{self.job_id}: {len(self.gpus)} GPU(s) on {self.node} held until ~{self.start:.0f} ({self.reason})"
+
+
+def whole_gpus(snap: ClusterSnapshot, demand: Demand) -> int:
+    """How many whole GPUs the demand needs: ``n`` for ``gpus: n``, 1 for a full-size MIG profile, else 0."""
+    if demand.kind == "gpus":
+        return demand.gpus
+    if demand.kind != "mig":
+        return 0
+    for model in snap.model_list:
+        prof = resolve_profile(demand, model)
+        if prof is not None and prof.memory_slices == full_profile(model).memory_slices:
+            return 1
+    return 0
+
+
+def may_use(hint_s: float | None, now: float, held_until: float) -> bool:
+    """Whether a job that would start now may take a GPU held until ``held_until``: only if its hint says it
+    ends by then."""
+    return hint_s is not None and now + hint_s <= held_until
+
+
+def plan(
+    snap: ClusterSnapshot,
+    job_id: str,
+    need: int,
+    now: float,
+    deadline: float,
+    taken: Collection[str] = (),
+    free_at: npt.NDArray[np.float64] | None = None,
+) -> Reservation | None:
+    """The ``need`` usable GPUs on one node that are expected to be free soonest, leaving out ``taken`` (held
+    by earlier reservations). ``free_at`` (per snapshot position) defaults to the snapshot's expected ends
+    (``ClusterSnapshot.ends``; now for a GPU with no busy instance, never for one running a job without a
+    hint). None when no node has ``need`` such GPUs or they would not be free by ``deadline``. Ties go to the
+    node whose hold idles fewer GPU-seconds, then to the node of the GPU first in snapshot order."""
+    if need <= 0 or not len(snap):
+        return None
+    ok = np.array(snap.ok, dtype=bool)
+    for g in taken:
+        p = snap.position.get(g)
+        if p is not None:
+            ok[p] = False
+    pos = np.flatnonzero(ok)
+    if pos.size < need:
+        return None
+    free = np.maximum(snap.ends if free_at is None else free_at, now)[pos]
+    nodes = np.asarray(snap.node_idx)[pos]
+    order = np.lexsort((pos, free, nodes))  # by node, then free time, then position
+    t, n, p_sorted = free[order], nodes[order], pos[order]
+    first = np.flatnonzero(np.r_[True, n[1:] != n[:-1]])
+    counts = np.diff(np.r_[first, n.size])
+    big = counts >= need
+    if not big.any():
+        return None
+    heads = first[big]
+    last = heads + need - 1
+    start = t[last]
+    finite = np.isfinite(start)
+    if not finite.any():
+        return None
+    heads, last, start = heads[finite], last[finite], start[finite]
+    csum = np.cumsum(np.where(np.isfinite(t), t, 0.0))
+    before = np.where(heads > 0, csum[heads - 1], 0.0)
+    idle = need * start - (csum[last] - before)  # GPU-seconds the chosen GPUs wait, each from its own free time
+    k = int(np.lexsort((p_sorted[heads], idle, start))[0])
+    if start[k] > deadline:
+        return None
+    chosen = p_sorted[heads[k]: last[k] + 1].tolist()
+    gpus = tuple(snap.gpus[q].id for q in chosen)
+    at = float(start[k])
+    reason = "free now" if at <= now else f"expected free in {at - now:.0f} s"
+    return Reservation(job_id=job_id, gpus=gpus, node=snap.gpus[chosen[0]].node, start=at, reason=reason)

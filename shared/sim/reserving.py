@@ -1,0 +1,103 @@
+"""The queue pass with reservations (``shared.policy.reservation``): the plain pass of ``backfill`` plus GPUs
+held for the oldest large jobs that do not fit.
+
+Reservations are planned again at every pass, in queue order, from the expected ends of the running jobs (the
+snapshot's ``ends``: the start of each plus its duration hint), as a backfilling batch scheduler re-plans
+each cycle: a job that
+overran its hint pushes its GPU's expected free time to now, and a reservation whose job was placed or timed
+out is simply not planned again. While a reservation holds GPUs, a later job in the pass sees them as
+unusable unless its hint says it ends before the reservation's start. The GPU-seconds held GPUs spend with
+free slices are added up in ``sim.reserved_idle_s`` (reported as ``reserved_idle_gpu_h``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shared.policy.placement import CannotPlace, Slot
+from shared.policy.reservation import Reservation, may_use, plan, whole_gpus
+from shared.sim.backfill import may_fit_since
+
+if TYPE_CHECKING:
+    from shared.sim.engine import Simulator
+
+
+def schedule(sim: Simulator) -> None:
+    """One bounded pass over the queue in priority-then-age order, holding GPUs for large jobs."""
+    _account(sim)
+    held: list[Reservation] = []
+    if not sim.queue:
+        sim.reservations = held
+        return
+    placed: list[tuple[int, float, int]] = []
+    version = sim.version
+    failed, memos, jobs, placer = sim.failed, sim._memo_keys, sim.jobs, sim.placer
+    params = sim.reservation_params
+    now = sim.now
+    taken: set[str] = set()
+    attempts = 0
+    for key in sim.queue[: sim.cfg.backfill_depth]:
+        i = key[2]
+        job = jobs[i]
+        h = sim.hint(i)
+        blocked = [r for r in held if not may_use(h, now, r.start)]
+        memo = memos[i]
+        seen = failed.get(memo)
+        skip = seen is not None and (seen == version or not _may_fit(sim, i, seen))
+        slots: tuple[Slot, ...] | None = None
+        if not skip:
+            if not blocked and placer is not None and placer.handles(job.demand):
+                slots = placer.place(job.demand)
+            else:
+                snap = sim.cluster.snapshot()
+                if blocked:
+                    hold = {g for r in blocked for g in r.gpus}
+                    healthy = np.array([g.healthy and g.id not in hold for g in snap.gpus], dtype=bool)
+                    snap = snap.with_columns(healthy=healthy)
+                decision = sim.policy(snap, job.request(h, now))
+                slots = None if isinstance(decision, CannotPlace) else decision.slots
+            if slots is None and not blocked:
+                failed[memo] = version
+        if slots is not None:
+            placed.append(key)
+            sim._start(i, slots)
+            continue
+        if len(held) >= params.max_held or attempts >= 2 * params.max_held or now - job.arrival < params.after_s:
+            continue
+        need = whole_gpus(sim.cluster.snapshot(), job.demand)
+        if not need:
+            continue
+        attempts += 1
+        patience = job.patience if job.patience is not None else sim.cfg.patience_s
+        r = plan(sim.cluster.snapshot(), job.id, need, now, job.arrival + patience, taken)
+        if r is not None:
+            held.append(r)
+            taken.update(r.gpus)
+    for key in placed:
+        del sim.queue[bisect.bisect_left(sim.queue, key)]
+    sim.reservations = held
+    sim.held_free = _held_free(sim, held)
+
+
+def _may_fit(sim: Simulator, i: int, seen: int) -> bool:
+    return may_fit_since(sim, sim.jobs[i], seen)
+
+
+def _held_free(sim: Simulator, held: list[Reservation]) -> float:
+    """Whole GPUs' worth of free memory slices on held GPUs."""
+    total = 0.0
+    views, models = sim.cluster.views, sim.cluster.models
+    for r in held:
+        for g in r.gpus:
+            m = models[g].memory_slices
+            total += (m - views[g].busy_mask.bit_count()) / m
+    return total
+
+
+def _account(sim: Simulator) -> None:
+    """Add the idle held GPU-seconds since the last pass."""
+    sim.reserved_idle_s += sim.held_free * (sim.now - sim.held_since)
+    sim.held_since = sim.now

@@ -1,0 +1,95 @@
+"""The ``fluid`` bound, the per-class KPIs and rejected GPU-hours, and the matrix's verdicts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from shared.mig.geometry import default_geometry
+from shared.policy.request import Demand, mig
+from shared.sim import experiment, matrix
+from shared.sim.cluster import parse_cluster
+from shared.sim.config import InterferenceParams, SimConfig
+from shared.sim.fluid import run_fluid
+from shared.sim.jobs import SimJob, Workload
+from shared.sim.metrics import demand_class, gpu_equivalents
+from shared.sim.workloads.synthetic import synthetic
+
+pytestmark = pytest.mark.unit
+
+GEO = default_geometry()
+CFG = SimConfig(interference=InterferenceParams(beta=0.0), patience_s=100.0)
+
+
+def _wl(*jobs: SimJob) -> Workload:
+    return Workload(name="t", jobs=tuple(sorted(jobs, key=lambda j: (j.arrival, j.id))))
+
+
+def test_the_pool_runs_a_job_that_no_gpu_has_the_right_hole_for() -> None:
+    # two GPUs, each holding a long 4g: 6 compute slices free, in two 3-slice holes where no 4g can start
+    wl = _wl(SimJob(id="a", arrival=0.0, duration=1000.0, demand=mig("4g"), shape="4g"),
+             SimJob(id="b", arrival=0.0, duration=1000.0, demand=mig("4g"), shape="4g"),
+             SimJob(id="c", arrival=1.0, duration=10.0, demand=mig("4g"), shape="4g"))
+    cluster = parse_cluster(["A100-40GB:2"], GEO)
+    real = experiment.run_one(wl, cluster, "first-fit", CFG).kpis
+    pooled = run_fluid(wl, cluster, CFG).kpis
+    assert (real.completed, real.classes["4g"].rejected) == (2, 1)
+    assert pooled.completed == 3
+    # a whole GPU needs 7 compute slices, more than the pool has left while the 4g jobs run
+    big = _wl(*wl.jobs[:2], SimJob(id="e", arrival=2.0, duration=10.0, demand=Demand(kind="gpus", gpus=1),
+                                   shape="7g"))
+    k = run_fluid(big, cluster, CFG).kpis
+    assert k.completed == 2 and k.classes["1gpu"].rejected == 1
+
+
+def test_the_bound_keeps_every_job_accounted_and_is_deterministic() -> None:
+    wl = synthetic(np.random.default_rng(2), jobs=300, load=1.4, cluster_slices=4 * 7)
+    cluster = parse_cluster(["A100-40GB:4"], GEO)
+    a, b = run_fluid(wl, cluster, CFG).kpis, run_fluid(wl, cluster, CFG).kpis
+    assert a.completed + a.rejected == a.jobs == 300 and a.rejected > 0
+    assert (a.completed, a.rejected, a.wait_mean_s) == (b.completed, b.rejected, b.wait_mean_s)
+    assert 0 < a.utilization <= 1
+
+
+def test_classes_add_up_to_the_run_and_rejected_work_is_what_the_rejected_jobs_asked() -> None:
+    wl = synthetic(np.random.default_rng(4), jobs=300, load=1.5, cluster_slices=4 * 7)
+    r = experiment.run_one(wl, parse_cluster(["A100-40GB:4"], GEO), "first-fit", CFG)
+    k = r.kpis
+    assert sum(c.jobs for c in k.classes.values()) == k.jobs
+    assert sum(c.rejected for c in k.classes.values()) == k.rejected > 0
+    assert math.isclose(sum(c.rejected_gpu_h for c in k.classes.values()), k.rejected_gpu_h, rel_tol=1e-6)
+    assert list(k.classes)[:2] == sorted(list(k.classes)[:2], key=lambda n: int(n[0]))  # 1g before 2g ...
+
+
+def test_a_job_is_judged_in_its_shape_or_its_gpu_count() -> None:
+    assert demand_class(SimJob(id="a", arrival=0, duration=1, demand=mig("3g"), shape="3g")) == "3g"
+    gang = SimJob(id="b", arrival=0, duration=1, demand=Demand(kind="gpus", gpus=8), shape="7g")
+    assert demand_class(gang) == "8gpu" and gpu_equivalents(gang) == 8.0
+    assert gpu_equivalents(SimJob(id="c", arrival=0, duration=1, demand=mig("2g"), shape="2g")) == 2 / 7
+
+
+def _row(group: str, label: str, rej: float, wait: float = 10.0, worst: float = 0.5, gh: float = 10.0,
+         mig_share: float = 0.0, reconf: float = 100.0) -> matrix.Row:
+    return matrix.Row(group=group, label=label, seeds=1, rejection=rej, rejection_sd=0.0, rejected_gpu_h=gh,
+                      worst_class="7g", worst_class_rate=worst, wait_mean_s=wait, wait_p95_s=wait, jct_mean_s=1.0,
+                      utilization=0.5, migrated_share=mig_share, reconfigurations=reconf, classes={"7g": worst})
+
+
+def test_a_cell_is_judged_against_its_best_baseline_and_the_fluid_bound() -> None:
+    table = [_row("c", "first-fit", 0.10), _row("c", "best-fit", 0.08, wait=20.0), _row("c", "fluid", 0.04),
+             _row("c", "migsched", 0.06, wait=21.0, worst=0.2, gh=9.0, reconf=105.0)]
+    (v,) = matrix.verdicts(table)
+    assert v.best_baseline == "best-fit" and v.within and v.wait_ok and v.fewer_15 and v.no_starving
+    assert v.gap_closed == pytest.approx(0.5) and v.gpu_h_ok and v.reconfig_ok
+    table[-1] = _row("c", "migsched", 0.0815, wait=23.0, worst=0.3, gh=11.0, reconf=120.0)
+    (v,) = matrix.verdicts(table)
+    assert not v.within and not v.wait_ok and not v.fewer_15 and not v.no_starving and not v.gpu_h_ok
+    assert not v.reconfig_ok
+
+
+def test_a_matrix_label_carries_its_parameters() -> None:
+    assert matrix.parse_label("migsched[reserve=off,keep_empty=0.2]") == (
+        "migsched", {"reserve": False, "keep_empty": 0.2})
+    assert matrix.parse_label("fgd") == ("fgd", {})

@@ -1,0 +1,204 @@
+"""Reservations: the pure rule (which GPUs, until when, who may use them) and the simulator's queue pass that
+holds GPUs for a waiting large job so that smaller jobs cannot starve it."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+import pytest
+
+from shared.mig.geometry import default_geometry
+from shared.policy.placement import CannotPlace
+from shared.policy.registry import get_policy
+from shared.policy.request import Demand, mig
+from shared.policy.reservation import may_use, plan, whole_gpus
+from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.sim import reserving
+from shared.sim.cluster import parse_cluster
+from shared.sim.config import InterferenceParams, SimConfig
+from shared.sim.engine import Simulator
+from shared.sim.jobs import SimJob, Workload
+from shared.sim.workloads.synthetic import synthetic
+
+pytestmark = pytest.mark.unit
+
+GEO = default_geometry()
+
+
+def _snap(nodes: int, per_node: int) -> ClusterSnapshot:
+    return ClusterSnapshot.of(GEO, [GpuView.build(id=f"g{n}{i}", node=f"n{n}", index=i, model="A100-40GB")
+                                    for n in range(nodes) for i in range(per_node)])
+
+
+def _free(snap: ClusterSnapshot, at: dict[str, float]) -> np.ndarray:
+    return np.array([at.get(g.id, 0.0) for g in snap.gpus])
+
+
+def test_a_reservation_takes_the_node_whose_needed_gpus_free_soonest() -> None:
+    snap = _snap(2, 2)
+    free_at = _free(snap, {"g00": 100.0, "g01": 900.0, "g10": 300.0, "g11": 400.0})
+    r = plan(snap, "big", 2, now=0.0, deadline=1000.0, free_at=free_at)
+    assert r is not None and r.node == "n1" and set(r.gpus) == {"g10", "g11"} and r.start == 400.0
+    one = plan(snap, "one", 1, now=0.0, deadline=1000.0, free_at=free_at)
+    assert one is not None and one.gpus == ("g00",) and one.start == 100.0
+
+
+def test_the_expected_free_times_come_from_the_running_jobs_ends() -> None:
+    from shared.policy.snapshot import InstanceView
+
+    gpus = [GpuView.build(id=f"g{i}", node="n0", index=i, model="A100-40GB", instances=[InstanceView(
+        id=f"i{i}", profile="1g.5gb", start=0, size=1, compute=1, job_id=f"j{i}", ends_at=e)])
+        for i, e in enumerate((500.0, 200.0))]
+    gpus.append(GpuView.build(id="g2", node="n0", index=2, model="A100-40GB"))
+    r = plan(ClusterSnapshot.of(GEO, gpus), "big", 2, now=100.0, deadline=1000.0)
+    assert r is not None and r.gpus == ("g2", "g1") and r.start == 200.0
+
+
+def test_no_reservation_when_the_gpus_would_not_free_before_the_job_gives_up() -> None:
+    snap = _snap(1, 2)
+    assert plan(snap, "big", 2, now=0.0, deadline=3600.0, free_at=_free(snap, {"g00": 50.0, "g01": 5000.0})) is None
+    never = _free(snap, {"g00": 50.0, "g01": math.inf})
+    assert plan(snap, "big", 2, now=0.0, deadline=math.inf, free_at=never) is None
+    assert plan(snap, "big", 3, now=0.0, deadline=3600.0) is None  # no node has 3 GPUs
+
+
+def test_gpus_held_by_an_earlier_reservation_are_left_out() -> None:
+    snap = _snap(2, 1)
+    r = plan(snap, "b", 1, now=0.0, deadline=100.0, taken={"g00"}, free_at=_free(snap, {"g00": 10.0, "g10": 20.0}))
+    assert r is not None and r.gpus == ("g10",)
+
+
+def test_only_a_job_whose_hint_ends_before_the_hold_may_use_held_gpus() -> None:
+    assert may_use(100.0, now=0.0, held_until=100.0)
+    assert not may_use(101.0, now=0.0, held_until=100.0)
+    assert not may_use(None, now=0.0, held_until=1e9)  # no hint, no way in
+
+
+def test_large_means_whole_gpus() -> None:
+    snap = _snap(1, 1)
+    assert whole_gpus(snap, Demand(kind="gpus", gpus=4)) == 4
+    assert whole_gpus(snap, mig("7g")) == 1
+    assert whole_gpus(snap, mig("4g")) == 0
+    assert whole_gpus(snap, Demand(kind="shared")) == 0
+
+
+def _job(jid: str, at: float, dur: float, demand: Demand, shape: str, patience: float | None = None) -> SimJob:
+    return SimJob(id=jid, arrival=at, duration=dur, demand=demand, shape=shape, patience=patience)
+
+
+def _starving() -> Workload:
+    """Two nodes of two GPUs; a 1g every 100 s for 1,000 s each keeps every GPU busy under ``spread``; a
+    2-GPU job arrives at t=350, when every GPU holds one, and waits at most 3,000 s."""
+    jobs = [_job(f"s{k:03d}", 100.0 * k, 1000.0, mig("1g"), "1g") for k in range(80)]
+    jobs.append(_job("gang", 350.0, 500.0, Demand(kind="gpus", gpus=2), "7g", patience=3000.0))
+    return Workload(name="starving", jobs=tuple(sorted(jobs, key=lambda j: (j.arrival, j.id))))
+
+
+def _run(policy: str, reserve: bool, wl: Workload) -> Simulator:
+    spec, pol = get_policy(policy, reserve=reserve)
+    cfg = SimConfig(check_invariants=True, interference=InterferenceParams(beta=0.0))
+    s = Simulator(wl, parse_cluster(["A100-40GB:4"], GEO, 2), spec, pol, cfg)
+    s.run()
+    return s
+
+
+def test_a_gang_that_small_jobs_starve_starts_once_its_gpus_are_held() -> None:
+    wl = _starving()
+    gang = next(i for i, j in enumerate(wl.jobs) if j.id == "gang")
+    without = _run("spread", False, wl)
+    assert not without.out.completed[gang]  # small jobs keep taking the room a whole node would need
+    held = _run("spread", True, wl)
+    assert held.out.completed[gang]
+    assert held.out.start[gang] - wl.jobs[gang].arrival <= 3000.0
+    assert held.rec.result(0.0).kpis.reserved_idle_gpu_h > 0  # the node drained: held slices stood idle
+
+
+def test_no_job_that_would_delay_a_reservation_ever_starts_on_its_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[reserving.Reservation] = []
+    original_plan, original_schedule = reserving.plan, reserving.schedule
+
+    def recording_plan(*a: object, **kw: object) -> reserving.Reservation | None:
+        r = original_plan(*a, **kw)  # type: ignore[arg-type]
+        if r is not None:
+            made.append(r)
+        return r
+
+    def pass_(sim: Simulator) -> None:
+        made.clear()
+        original_schedule(sim)
+
+    monkeypatch.setattr(reserving, "plan", recording_plan)
+    monkeypatch.setattr(reserving, "schedule", pass_)
+    checked = [0]
+
+    class Checked(Simulator):
+        def _start(self, i: int, slots: tuple[object, ...]) -> None:  # type: ignore[override]
+            hint = self.hint(i)
+            for r in made:
+                if r.job_id == self.jobs[i].id:
+                    continue
+                for slot in slots:
+                    if slot.gpu_id in r.gpus:  # type: ignore[attr-defined]
+                        checked[0] += 1
+                        assert hint is not None and self.now + hint <= r.start, (self.jobs[i].id, r)
+            super()._start(i, slots)  # type: ignore[arg-type]
+
+    runs = [(_backfill(), "A100-40GB:2", 2)]
+    runs += [(synthetic(np.random.default_rng(seed), jobs=300, load=1.3, cluster_slices=8 * 7), "A100-40GB:8", 4)
+             for seed in range(2)]
+    for wl, gpus, per_node in runs:
+        for name in ("migsched", "first-fit"):
+            spec, pol = get_policy(name, reserve=True)
+            cfg = SimConfig(interference=InterferenceParams(beta=0.0), patience_s=1800.0, check_invariants=True)
+            s = Checked(wl, parse_cluster([gpus], GEO, per_node), spec, pol, cfg)
+            k = s.run().kpis
+            assert k.completed + k.rejected == k.jobs
+    assert checked[0] > 0  # the short job of _backfill did use a held GPU, and was checked
+
+
+def _backfill() -> Workload:
+    """One node of two GPUs, both busy (ends 1,000 and 500); a 2-GPU gang waits; a 7g ending before the gang
+    can start, and one that would end long after, wait behind it."""
+    return Workload(name="backfill", jobs=(
+        _job("a", 0.0, 1000.0, mig("7g"), "7g"), _job("b", 0.0, 500.0, mig("7g"), "7g"),
+        _job("gang", 10.0, 500.0, Demand(kind="gpus", gpus=2), "7g"),
+        _job("short", 20.0, 300.0, mig("7g"), "7g"), _job("long", 30.0, 5000.0, mig("7g"), "7g"),
+    ))
+
+
+def test_a_short_job_backfills_onto_held_gpus_and_a_long_one_waits_behind_the_gang() -> None:
+    wl = _backfill()
+    starts = {}
+    for reserve in (True, False):
+        spec, pol = get_policy("first-fit", reserve=reserve)
+        cfg = SimConfig(interference=InterferenceParams(beta=0.0), check_invariants=True, reconfig_latency_s=0.0)
+        s = Simulator(wl, parse_cluster(["A100-40GB:2"], GEO, 2), spec, pol, cfg)
+        s.run()
+        starts[reserve] = {j.id: s.out.start[s.index[j.id]] for j in wl.jobs}
+    held, greedy = starts[True], starts[False]
+    assert held["short"] == 500.0 and held["gang"] == 1000.0 and held["long"] == 1500.0
+    # without the hold the long job takes the GPU the short one leaves, and the gang times out
+    assert greedy["long"] == 800.0 and math.isnan(greedy["gang"])
+
+
+def test_without_hints_nothing_backfills_onto_held_gpus() -> None:
+    wl = _starving()
+    spec, pol = get_policy("spread", reserve=True)
+    cfg = SimConfig(interference=InterferenceParams(beta=0.0), hint_factor=0.0)
+    s = Simulator(wl, parse_cluster(["A100-40GB:4"], GEO, 2), spec, pol, cfg)
+    s.run()
+    # with no hint no GPU's free time is known, so no reservation is ever planned: the gang starves as before
+    gang = next(i for i, j in enumerate(wl.jobs) if j.id == "gang")
+    assert not s.out.completed[gang]
+
+
+def test_a_masked_snapshot_hides_held_gpus_from_a_policy() -> None:
+    snap = _snap(1, 2)
+    healthy = np.array([g.id != "g00" for g in snap.gpus], dtype=bool)
+    masked = snap.with_columns(healthy=healthy)
+    d = get_policy("first-fit")[1](masked, msgspec.convert({"job_id": "j", "demand": {"profile": "7g"}},
+                                                          type=__import__("shared.policy.placement",
+                                                                          fromlist=["JobRequest"]).JobRequest))
+    assert not isinstance(d, CannotPlace) and d.slot.gpu_id == "g01"
