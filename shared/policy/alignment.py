@@ -121,11 +121,13 @@ def _static(fitq: Any, action: int, after: Any, destroyed: Any, start: int) -> A
 
 
 @functools.cache
-def create_table(model: GpuModel, profile: str, fit_steps: float) -> npt.NDArray[np.int64]:
-    """Per ``busy << 8 | idle``: the static fields of the best new instance of ``profile`` (UNFIT: none)."""
+def table(model: GpuModel, profile: str, fit_steps: float, reuse: bool) -> npt.NDArray[np.int64]:
+    """The static fields of a GPU's best candidate for ``profile`` (UNFIT: none). Create: per ``busy << 8 |
+    idle``, the best new instance. Reuse: per ``busy << 8 | starts``, ``starts`` a bit per start where an idle
+    instance of the profile begins, the best of those."""
     prof = model.profile(profile)
     pairs = np.arange(PAIRS, dtype=np.intp)
-    busy, idle = pairs >> 8, pairs & 0xFF
+    busy, low = pairs >> 8, pairs & 0xFF
     frag = tables_for(model).fragcost
     before = frag[busy]
     best = np.full(PAIRS, UNFIT, dtype=np.int64)
@@ -133,26 +135,11 @@ def create_table(model: GpuModel, profile: str, fit_steps: float) -> npt.NDArray
         pm = span(prof.memory_slices, s)
         after = frag[busy | pm]
         fitq = np.round((after - before) * fit_steps).astype(np.int64) + 64
-        key = _static(fitq, 1, after, popcount_table()[idle & pm].astype(np.int64), s)
-        best = np.where((busy & pm) == 0, np.minimum(best, key), best)
-    best.setflags(write=False)
-    return best
-
-
-@functools.cache
-def reuse_table(model: GpuModel, profile: str, fit_steps: float) -> npt.NDArray[np.int64]:
-    """Per ``busy << 8 | starts``, ``starts`` a bit per start where an idle instance of ``profile`` begins: the
-    static fields of the best reuse (UNFIT: none)."""
-    prof = model.profile(profile)
-    pairs = np.arange(PAIRS, dtype=np.intp)
-    busy, starts = pairs >> 8, pairs & 0xFF
-    frag = tables_for(model).fragcost
-    before = frag[busy]
-    best = np.full(PAIRS, UNFIT, dtype=np.int64)
-    for s in prof.placements:
-        after = frag[busy | span(prof.memory_slices, s)]
-        fitq = np.round((after - before) * fit_steps).astype(np.int64) + 64
-        best = np.where(((starts >> s) & 1) == 1, np.minimum(best, _static(fitq, 0, after, 0, s)), best)
+        if reuse:
+            ok, key = ((low >> s) & 1) == 1, _static(fitq, 0, after, 0, s)
+        else:
+            ok, key = (busy & pm) == 0, _static(fitq, 1, after, popcount_table()[low & pm].astype(np.int64), s)
+        best = np.where(ok, np.minimum(best, key), best)
     best.setflags(write=False)
     return best
 
@@ -185,8 +172,8 @@ def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, mode
     idle = np.asarray(snap.idle)[pos].astype(np.intp)
     used = np.asarray(snap.used)[pos].astype(np.int64)
     reuse_bits = np.asarray(snap.idle_starts)[pos, tables_for(model).index[prof.name]].astype(np.intp)
-    static = np.minimum(create_table(model, prof.name, params.fit_steps)[(busy << 8) | idle],
-                        reuse_table(model, prof.name, params.fit_steps)[(busy << 8) | reuse_bits])
+    static = np.minimum(table(model, prof.name, params.fit_steps, False)[(busy << 8) | idle],
+                        table(model, prof.name, params.fit_steps, True)[(busy << 8) | reuse_bits])
     return Group(model=model, prof=prof, pos=pos, keys=assemble(ctx, params, pos, busy, used, static))
 
 

@@ -7,7 +7,7 @@ Shared by the policy plug-ins (``shared.policy.plugins``): the greedy baselines,
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -20,6 +20,7 @@ from shared.mig.occupancy import span
 from shared.mig.tables import PAIRS, tables_for
 from shared.policy.balancer import BalancerParams, place
 from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 PlacementPolicy = Callable[[ClusterSnapshot, JobRequest], Decision]
@@ -38,6 +39,22 @@ def column(column: Any) -> npt.NDArray[Any]:
 
 def usable(snap: ClusterSnapshot, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
     return np.asarray(snap.mig[pos], dtype=bool) & np.asarray(snap.healthy[pos], dtype=bool)
+
+
+def model_groups(
+    snap: ClusterSnapshot, job: JobRequest, counts: dict[str, int]
+) -> Iterator[tuple[GpuModel, Profile, npt.NDArray[np.intp], npt.NDArray[np.bool_]]]:
+    """Per GPU model of the snapshot with a profile for the job: (model, profile, positions, usable there),
+    counting in ``counts`` the GPUs ruled out by model or by mode and health."""
+    for model_name, pos in snap.groups.items():
+        model = snap.models[model_name]
+        prof = resolve_profile(job.demand, model)
+        if prof is None:
+            counts[f"{model_name} has no profile for {job.demand.label()}"] = pos.size
+            continue
+        ok = usable(snap, pos)
+        counts["not in MIG mode or unhealthy"] = counts.get("not in MIG mode or unhealthy", 0) + int((~ok).sum())
+        yield model, prof, pos, ok
 
 
 def count_ok(gpu: GpuView, prof: Profile, pm: int) -> bool:

@@ -29,14 +29,13 @@ from shared.policy.baseline_slots import (
     create_slot,
     explained,
     idle_instance,
+    model_groups,
     not_mig,
     reuse_slot,
     start_table,
-    usable,
 )
 from shared.policy.placement import Decision, JobRequest
 from shared.policy.registry import PolicySpec, register
-from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot
 
 Ranker = Callable[[ClusterSnapshot, npt.NDArray[np.intp], GpuModel], npt.NDArray[np.int64]]
@@ -71,15 +70,7 @@ def greedy(name: str, rank: Ranker, highest: bool) -> PlacementPolicy:
             if at_max:
                 counts[f"{job.demand.label()} at its max count"] = at_max
             best: tuple[int, int, GpuModel, Profile] | None = None
-            for model_name, pos in snap.groups.items():
-                model = snap.models[model_name]
-                prof = resolve_profile(job.demand, model)
-                if prof is None:
-                    counts[f"{model_name} has no profile for {job.demand.label()}"] = pos.size
-                    continue
-                ok = usable(snap, pos)
-                counts["not in MIG mode or unhealthy"] = counts.get("not in MIG mode or unhealthy", 0) + int(
-                    (~ok).sum())
+            for model, prof, pos, ok in model_groups(snap, job, counts):
                 bit = np.uint32(1 << tables_for(model).index[prof.name])
                 pair = (column(snap.busy)[pos].astype(np.intp) << 8) | column(snap.idle)[pos]
                 starts = start_table(model, prof.name, highest)[pair]

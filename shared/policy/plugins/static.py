@@ -20,13 +20,13 @@ from shared.policy.baseline_slots import (
     column,
     explained,
     idle_instance,
+    model_groups,
     not_mig,
     reuse_slot,
-    usable,
 )
 from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement
 from shared.policy.registry import PolicySpec, register
-from shared.policy.request import full_profile, resolve_profile
+from shared.policy.request import full_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 from shared.policy.static_layouts import LayoutError
 
@@ -71,15 +71,7 @@ def static_policy(name: str) -> PlacementPolicy:
             return not_mig(snap, job, name)
         counts: dict[str, int] = {}
         best: tuple[tuple[int, int, int], GpuModel, Profile] | None = None
-        for model_name, pos in snap.groups.items():
-            model = snap.models[model_name]
-            prof = resolve_profile(job.demand, model)
-            if prof is None:
-                counts[f"{model_name} has no profile for {job.demand.label()}"] = pos.size
-                continue
-            ok = usable(snap, pos)
-            counts["not in MIG mode or unhealthy"] = counts.get("not in MIG mode or unhealthy", 0) + int(
-                (~ok).sum())
+        for model, prof, pos, ok in model_groups(snap, job, counts):
             index = tables_for(model).index
             idle_bits = column(snap.idle_profiles)[pos]
             for cover in _covering(model, prof):
