@@ -49,6 +49,15 @@ class GpuRow(msgspec.Struct, frozen=True, kw_only=True):
     """The memory slices drawn as one text row (``shared.mig.occupancy.draw``)."""
 
 
+class HoldRow(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    gpus: tuple[str, ...]
+    node: str
+    start: float
+    reason: str
+    planned_at: float
+
+
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     at: float
     namespace: str
@@ -61,6 +70,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     """state -> number of jobs"""
     reasons: dict[str, str] = {}
     """pending job id -> why it waits (quota | capacity | reserved capacity | preempted by ...: detail)"""
+    holds: tuple[HoldRow, ...] = ()
+    """GPUs the balancer holds for large waiting jobs, as its last backfill pass planned them."""
 
     @property
     def busy_slices(self) -> int:
@@ -109,6 +120,14 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
     reasons = {r.job_id: r.reason for r in recs if r.state == "pending"}
     nodes = {n: h.get("state", "?") for n, h in (await state.nodes()).items()}
     counts = Counter(jobs.values())
+    holds: list[HoldRow] = []
+    for s in range(state.shards):
+        at, hs = await state.holds(s)
+        holds += [HoldRow(job_id=h.job_id, gpus=h.gpus, node=h.node, start=h.start, reason=h.reason, planned_at=at)
+                  for h in hs]
+        for h in hs:  # a held job waits for its GPUs to drain: say so beside its last reason
+            if h.job_id in reasons:
+                reasons[h.job_id] = f"reserved: {h.explain()}; " + reasons[h.job_id]
     return ClusterView(
         at=time.time(),
         namespace=state.namespace,
@@ -117,6 +136,7 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
         jobs=jobs,
         counts={s: counts.get(s, 0) for s in JOB_STATES},
         reasons=reasons,
+        holds=tuple(holds),
     )
 
 
@@ -189,6 +209,13 @@ def render(
         t.add_column("why it waits")
         for j, s in sorted(active, key=lambda x: (JOB_STATES.index(x[1]), x[0]))[:show_jobs]:
             t.add_row(j, Text(s, style=_STYLE.get(s, "")), view.reasons.get(j, "")[:80])
+        parts.append(t)
+    if view.holds:
+        t = Table(title=f"reservations ({len(view.holds)})", title_justify="left")
+        for col in ("job", "held GPUs", "expected start", "why"):
+            t.add_column(col)
+        for h in view.holds:
+            t.add_row(h.job_id, ", ".join(h.gpus), f"in {max(0.0, h.start - view.at):.0f} s", h.reason)
         parts.append(t)
     return Group(*parts)  # type: ignore[arg-type]
 

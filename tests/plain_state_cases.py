@@ -261,7 +261,39 @@ async def a_job_on_a_plain_gpu_never_migrates(store: Any) -> None:
     await clean(store)
 
 
+async def a_jobs_expected_end_is_kept_on_its_instance_until_it_ends(store: Any) -> None:
+    await setup(store)
+    p = A100.profile("3g.20gb")
+    (ver,) = await vers(store, "n1/3")
+    inst = StoredInstance(id="n1/3:3g.20gb@4:m1", profile=p.name, start=4, size=p.memory_slices,
+                          compute=p.compute_slices, ends=NOW + 600.0)
+    res = await store.reserve(Reservation(job_id="m1", gpu_id="n1/3", expected_ver=ver, instance=inst,
+                                          action="create", max_count=p.max_count, spec=b"{}", submitted_at=NOW), NOW)
+    assert res.ok, res
+    (g,) = await store.get_gpus(["n1/3"])
+    assert [(i.job, i.ends) for i in g.instances] == [("m1", NOW + 600.0)]
+    assert g.view().instances[0].ends_at == NOW + 600.0
+    assert await store.mark_running("m1", inst.id, NOW + 1) == "ok"
+    await store.release("m1", "completed", "done", NOW + 2, inst.id)
+    (g,) = await store.get_gpus(["n1/3"])
+    assert all(i.ends == 0.0 and i.job is None for i in g.instances)  # an idle instance expects nothing
+    await clean(store)
+
+
+async def the_balancers_holds_read_back_as_the_last_pass_put_them(store: Any) -> None:
+    from shared.policy.reservation import Reservation as Hold
+
+    assert await store.holds(0) == (0.0, [])
+    hold = Hold(job_id="big", gpus=("n1/0", "n1/1"), node="n1", start=NOW + 60.0, reason="expected free in 60 s")
+    await store.put_holds(0, [hold], NOW)
+    assert await store.holds(0) == (NOW, [hold])
+    await store.put_holds(0, [], NOW + 5)
+    assert await store.holds(0) == (NOW + 5, [])
+
+
 CASES = [
+    a_jobs_expected_end_is_kept_on_its_instance_until_it_ends,
+    the_balancers_holds_read_back_as_the_last_pass_put_them,
     gang_reserves_every_gpu_and_the_job_remembers_them,
     a_stale_version_on_one_gpu_aborts_the_whole_gang,
     a_busy_gpu_in_the_gang_aborts_it_all,

@@ -54,6 +54,9 @@ class Backfill(Decisions):
             ids = await self.state.pending_ids(shard, st.backfill_batch)
             depth += len(ids)
             if not ids:
+                if self.reserves and self.holds[shard].current:  # nothing waits: nothing is held
+                    self.holds[shard].begin()
+                    await self.state.put_holds(shard, self.holds[shard].end(), now)
                 continue
             unknown = [j for j in ids if j not in self._waiting]
             records = {j.job_id: j for j in await self.state.jobs(unknown) if j is not None} if unknown else {}
@@ -94,7 +97,13 @@ class Backfill(Decisions):
             async with self.lock:
                 if self.ledger.active:  # priority, then fair share between tenants, then age
                     cands = fair_order(self.ledger, self.mirrors[shard].snapshot(), cands)
-                out = await self.decide_and_commit(cands)
+                self.holds[shard].begin()  # the holds are planned anew in this pass's order
+                try:
+                    out = await self.decide_and_commit(cands)
+                finally:
+                    holds = self.holds[shard].end()
             await self.send(out)
+            if self.reserves:
+                await self.state.put_holds(shard, holds, now)
         m.child(m.QUEUE_DEPTH, self.name).set(depth)
         return self.placed - placed_before

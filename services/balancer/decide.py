@@ -17,6 +17,7 @@ import msgspec
 from opentelemetry import context as otel_context
 from prometheus_client import Counter, Histogram
 
+from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror, reservation_instance
 from services.balancer.preempting import admit_job, placed_view, record_preemptions, wire_priority
 from services.balancer.tenancy import TenantLedger
@@ -70,6 +71,9 @@ class Decisions(Service):
     params: BalancerParams
     policy: PlacementPolicy | None
     """The registry's policy; None for the ``paper`` family, which the mirror answers with ``params``."""
+    reserves: bool
+    """The policy holds GPUs for large waiting jobs (not with tenancy, whose quota path has its own reserve)."""
+    holds: list[Holds]
     mirrors: list[Mirror]
     lock: asyncio.Lock
     ledger: TenantLedger
@@ -99,14 +103,16 @@ class Decisions(Service):
             decided: list[tuple[Candidate, Any, int, Any]] = []
             # within a round the mirror only loses room, so a demand that cannot be placed stays so: decide it
             # once
-            no_room: dict[tuple[int, Any], CannotPlace] = {}
+            no_room: dict[tuple[int, Any, frozenset[str]], CannotPlace] = {}
             # likewise a tenancy hold (the book only grows within a round): per shard, demand, tenant, class
             held: dict[tuple[Any, ...], Any] = {}
             for c in todo:
                 sub = c.submit
                 shard = shard_of(sub.job_id, st.shards)
                 mirror = self.mirrors[shard]
-                known = no_room.get((shard, sub.demand))
+                blocked = (frozenset(self.holds[shard].blocked(sub.job_id, sub.duration_hint_s, now))
+                           if self.reserves and not self.ledger.active else frozenset())
+                known = no_room.get((shard, sub.demand, blocked))
                 if known is not None:
                     decided.append(
                         (
@@ -161,11 +167,12 @@ class Decisions(Service):
                         duration_hint_s=sub.duration_hint_s,
                         now=now,
                     )
-                    dec = mirror.decide(req, self.params, self.policy)  # applied below
+                    dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
                     self._m_decide.observe(time.perf_counter() - t0)
                 if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
                     dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)
                 if isinstance(dec, Placement):
+                    self.holds[shard].placed(sub.job_id)
                     slot = dec.slot
                     # the partitioner plans from this view: preempted jobs' instances show idle in it
                     gpu_before = placed_view(mirror.get(slot.gpu_id), victims)
@@ -226,7 +233,12 @@ class Decisions(Service):
                             self.ledger.uncharge(v.job_id)
                     decided.append((c, dec, batch.reserve(r, now), (gpu_before, ver, victims, booked)))
                 else:
-                    no_room[(shard, sub.demand)] = dec
+                    no_room[(shard, sub.demand, blocked)] = dec
+                    if c.from_queue and self.reserves and not self.ledger.active:
+                        gpus_held = self.holds[shard].consider(mirror.view(), sub, now)
+                        if gpus_held is not None:
+                            why = f"reserved: {gpus_held.explain()}"
+                            dec = msgspec.structs.replace(dec, reasons=(why, *dec.reasons))
                     reason = "; ".join(dec.reasons)[:1000]
                     idx = (
                         -1

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import numpy as np
+
 from shared.mig.geometry import Geometry
 from shared.policy.balancer import BalancerParams, place
 from shared.policy.live_placement import LivePlacer
@@ -52,9 +54,17 @@ class Mirror:
             self._view = self.builder.snapshot(copy=False)
         return self._view
 
-    def decide(self, job: JobRequest, params: BalancerParams, policy: PlacementPolicy | None = None) -> Decision:
+    def decide(
+        self, job: JobRequest, params: BalancerParams, policy: PlacementPolicy | None = None,
+        blocked: Collection[str] = (),
+    ) -> Decision:
         """``policy(self.view(), job)``; without one, ``balancer.place(self.view(), job, params)``, through the
-        placer where it can answer."""
+        placer where it can answer. GPUs in ``blocked`` (held for another job) look unusable to the policy."""
+        if blocked:
+            view = self.view()
+            healthy = np.array([g.healthy and g.id not in blocked for g in view.gpus], dtype=bool)
+            masked = view.with_columns(healthy=healthy)
+            return policy(masked, job) if policy is not None else place(masked, job, params)
         if policy is not None:
             return policy(self.view(), job)
         placer = self._placer
@@ -149,6 +159,7 @@ class Mirror:
                 tenant=inst.tenant,
                 latency_sensitive=inst.ls,
                 preemptible=inst.pre,
+                ends_at=inst.ends if inst.ends > 0 else None,
             )
         )
         self.builder.put(gpu.with_instances(keep))

@@ -23,6 +23,7 @@ import msgspec
 
 from services.balancer.backfill import Backfill
 from services.balancer.decide import Candidate, mig_gang_refused, placed_on
+from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
 from services.balancer.tenancy import TenantLedger
 from services.common import metrics as m
@@ -31,6 +32,7 @@ from shared.events import JobSubmit
 from shared.policy.balancer import BalancerParams
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.registry import PlacementPolicy, describe, get_policy
+from shared.policy.reservation import ReservationParams
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings
 from shared.state import StoredGpu, shard_of
@@ -60,6 +62,9 @@ class Balancer(Backfill):
         super().__init__(*a, **kw)
         st = self.settings
         self.params, self.policy = placement_policy(st)
+        self.reserves = describe(st.policy).reserves
+        hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations)
+        self.holds = [Holds(hold) for _ in range(st.shards)]
         self.mirrors = [Mirror(self.geometry) for _ in range(st.shards)]
         size_drop_rows(SERVICE_DROP_ROWS)  # the mirror's rows: bounded, or RSS grows with every new GPU state
         self.lock = asyncio.Lock()

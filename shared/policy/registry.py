@@ -5,8 +5,9 @@ what it does, the parameters it takes, and a ``build`` that binds them into a ``
 needs to know about the policy) and a pure ``(ClusterSnapshot, JobRequest) -> Decision``. Every module of that
 package is imported on first use, so adding a file adds a policy.
 
-Every policy also takes ``reserve`` (hold GPUs for large waiting jobs, ``shared.policy.reservation``); its
-default is the policy's own.
+Every policy also takes ``reserve`` (hold GPUs for large waiting jobs, ``shared.policy.reservation``) and
+``unblock`` (move jobs to free a whole GPU for a waiting one, ``shared.policy.unblock``; it works through the
+reservations); their defaults are the policy's own.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
     consolidate: bool = False
     reserves: bool = False
     """Hold GPUs for large waiting jobs (``shared.policy.reservation``)."""
+    unblocks: bool = False
+    """Move the few jobs on one GPU elsewhere when that frees it for a waiting whole-GPU job
+    (``shared.policy.unblock``; with reservations)."""
     takes_threshold: bool = False
     """Reads the Lazy/Busy load threshold (the run's ``threshold`` is handed to it)."""
 
@@ -112,11 +116,14 @@ def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
         describe(name)
         entry = _ENTRIES[name]
     reserve = params.pop("reserve", None)
+    unblock = params.pop("unblock", None)
     extra = sorted(set(params) - set(entry.accepts))
     if extra:
-        takes = ", ".join((*entry.accepts, "reserve"))
+        takes = ", ".join((*entry.accepts, "reserve", "unblock"))
         raise UnknownPolicyError(f"policy {name!r} takes no parameter(s) {', '.join(extra)}; it takes: {takes}")
     spec, policy = entry.build(entry.spec, params)
     if reserve is not None:
         spec = msgspec.structs.replace(spec, reserves=bool(reserve))
+    if unblock is not None:
+        spec = msgspec.structs.replace(spec, unblocks=bool(unblock))
     return spec, policy

@@ -48,6 +48,9 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     reserve)."""
     max_reservations: int = 2
     """Reservations held at once."""
+    unblock_min_left_s: float = 300.0
+    """Policies that unblock: a job ending within this is waited for rather than moved, and a reservation
+    expected to start within it is preferred to moves."""
     backfill_depth: int = 256
     """How many queued jobs one scheduling pass looks at (bounded so a long queue stays cheap)."""
     retention: RetentionParams = msgspec.field(default_factory=RetentionParams)

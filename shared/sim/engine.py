@@ -26,6 +26,7 @@ from shared.policy.placement_index import PlacementIndex
 from shared.policy.reservation import Reservation, ReservationParams
 from shared.policy.retention import RecentDemand
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
+from shared.policy.unblock import UnblockParams
 from shared.sim import backfill, invariants, moves, release, reserving
 from shared.sim import events as ev
 from shared.sim.cluster import ClusterSpec, SimCluster
@@ -111,6 +112,10 @@ class Simulator:
         self.reserves = bool(getattr(spec, "reserves", False))
         self.reservation_params = ReservationParams(after_s=self.cfg.reserve_after_s,
                                                     max_held=self.cfg.max_reservations)
+        self.unblocks = bool(getattr(spec, "unblocks", False))
+        self.unblock_params = UnblockParams(max_moves=2, min_left_s=self.cfg.unblock_min_left_s)
+        self.pinned: dict[int, Reservation] = {}
+        """Job -> the GPU being emptied for it by unblocking moves (``shared.policy.unblock``)."""
         self.reservations: list[Reservation] = []
         """Held for large waiting jobs, as the last queue pass planned them (``shared.sim.reserving``)."""
         self.reserved_idle_s = 0.0

@@ -129,7 +129,10 @@ def try_move(sim: Simulator, m: Any) -> int:
         destroy=m.destroy,
     )
     sim.out.token += 1
-    tmpl = msgspec.structs.replace(sim._template(i), last_moved_at=sim.now)
+    src = sim.cluster.instance(m.src_instance)
+    # the job keeps its expected end wherever it runs
+    tmpl = msgspec.structs.replace(sim._template(i), last_moved_at=sim.now,
+                                   ends_at=src.ends_at if src is not None else None)
     got = sim.cluster.try_apply(slot, tmpl, f"{m.job_id}~m{sim.out.token}")
     if got is None:
         sim.moves_skipped += 1

@@ -19,7 +19,11 @@ import numpy as np
 
 from shared.policy.placement import CannotPlace, Slot
 from shared.policy.reservation import Reservation, may_use, plan, whole_gpus
+from shared.policy.unblock import plan_unblock
 from shared.sim.backfill import may_fit_since
+from shared.sim.errors import InvariantError
+from shared.sim.jobs import QUEUED
+from shared.sim.moves import try_move
 
 if TYPE_CHECKING:
     from shared.sim.engine import Simulator
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
 def schedule(sim: Simulator) -> None:
     """One bounded pass over the queue in priority-then-age order, holding GPUs for large jobs."""
     _account(sim)
+    for i in [i for i in sim.pinned if sim.state[i] != QUEUED]:
+        del sim.pinned[i]  # its job timed out (or was placed elsewhere)
     held: list[Reservation] = []
     if not sim.queue:
         sim.reservations = held
@@ -63,7 +69,13 @@ def schedule(sim: Simulator) -> None:
                 failed[memo] = version
         if slots is not None:
             placed.append(key)
+            sim.pinned.pop(i, None)
             sim._start(i, slots)
+            continue
+        pin = sim.pinned.get(i)
+        if pin is not None:  # its GPU is being emptied for it: held until the moves are done
+            held.append(pin)
+            taken.update(pin.gpus)
             continue
         if len(held) >= params.max_held or attempts >= 2 * params.max_held or now - job.arrival < params.after_s:
             continue
@@ -73,6 +85,10 @@ def schedule(sim: Simulator) -> None:
         attempts += 1
         patience = job.patience if job.patience is not None else sim.cfg.patience_s
         r = plan(sim.cluster.snapshot(), job.id, need, now, job.arrival + patience, taken)
+        if sim.unblocks and (r is None or r.start - now > sim.unblock_params.min_left_s):
+            pin = _unblock(sim, i, taken)
+            if pin is not None:
+                r = pin
         if r is not None:
             held.append(r)
             taken.update(r.gpus)
@@ -80,6 +96,25 @@ def schedule(sim: Simulator) -> None:
         del sim.queue[bisect.bisect_left(sim.queue, key)]
     sim.reservations = held
     sim.held_free = _held_free(sim, held)
+
+
+def _unblock(sim: Simulator, i: int, taken: set[str]) -> Reservation | None:
+    """Start the moves that empty one GPU for job ``i`` (``shared.policy.unblock``), all or none, and hold that
+    GPU for it; None when no GPU can be emptied."""
+    snap = sim.cluster.snapshot()
+    if taken:
+        snap = snap.with_columns(healthy=np.array([g.healthy and g.id not in taken for g in snap.gpus], dtype=bool))
+    moves = plan_unblock(snap, sim.jobs[i].request(sim.hint(i), sim.now), sim.now, sim.unblock_params)
+    if not moves:
+        return None
+    for m in moves:  # independent moves (other jobs, other slices): all at once
+        if try_move(sim, m) < 0:
+            raise InvariantError(f"unblock move {m.job_id} -> {m.dst_gpu}@{m.dst_start} did not apply")
+    src = moves[0].src_gpu
+    pin = Reservation(job_id=sim.jobs[i].id, gpus=(src,), node=sim.cluster.gpu(src).node, start=sim.now,
+                      reason=f"being emptied by {len(moves)} move(s)")
+    sim.pinned[i] = pin
+    return pin
 
 
 def _may_fit(sim: Simulator, i: int, seen: int) -> bool:

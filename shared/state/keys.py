@@ -26,6 +26,8 @@ key                        type    content
 ``{ns:s}:placing``         zset    jobs in placing, score = when they entered it (lost-placement sweep)
 ``{ns:s}:nodes``           set     node names
 ``{ns:s}:node:<node>``     hash    state (up|lost), last_seen, registered_at, lost_at, gpus (JSON ids)
+``{ns:s}:holds``           string  JSON {at, holds}: the GPUs the balancer's last backfill pass held for large
+                                   waiting jobs (``shared.policy.reservation``), for ``migsched status``
 =========================  ======  ===========================================================================
 
 ``ns`` is ``MIGSCHED_NAMESPACE`` or ``migsched`` when that is empty.
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 
 class Keys:
-    __slots__ = ("cmds", "done", "gpus", "jobs", "nodes", "occ", "pending", "placing", "shard", "tag")
+    __slots__ = ("cmds", "done", "gpus", "holds", "jobs", "nodes", "occ", "pending", "placing", "shard", "tag")
 
     def __init__(self, namespace: str, shard: int) -> None:
         self.shard = shard
@@ -49,6 +51,7 @@ class Keys:
         self.jobs = f"{t}:jobs"
         self.placing = f"{t}:placing"
         self.done = f"{t}:done"
+        self.holds = f"{t}:holds"
 
     def gpu(self, gpu_id: str) -> str:
         return f"{self.tag}:gpu:{gpu_id}"

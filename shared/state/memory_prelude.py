@@ -25,6 +25,8 @@ class _Shard:
         self.late: dict[str, set[int]] = {}
         """Per job, the attempts whose late run ``mark_running`` handled (the job hash's ``late`` in Redis)."""
         self.occ = bytearray()
+        self.holds: bytes | None = None
+        """The balancer's reservations, encoded as in Redis (``model.encode_holds``)."""
 
 
 class MemoryPrelude:

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from shared.state.memory_prelude import MemoryPrelude
-from shared.state.model import HistoryEntry, JobRecord, StoredGpu
+from shared.state.model import HistoryEntry, Hold, JobRecord, StoredGpu, decode_holds, encode_holds
 from shared.state.reads import DerivedReads
 
 
@@ -23,6 +23,12 @@ class MemoryReads(DerivedReads, MemoryPrelude):
 
     async def get_gpus(self, gpu_ids: Sequence[str]) -> list[StoredGpu | None]:
         return [copy.deepcopy(self._gpu(g)[1]) for g in gpu_ids]
+
+    async def put_holds(self, shard: int, holds: Sequence[Hold], now: float) -> None:
+        self._s[shard].holds = encode_holds(holds, now)
+
+    async def holds(self, shard: int = 0) -> tuple[float, list[Hold]]:
+        return decode_holds(self._s[shard].holds)
 
     async def occupancy(self, shard: int = 0) -> bytes:
         return bytes(self._s[shard].occ)

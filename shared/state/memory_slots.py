@@ -160,6 +160,7 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
                 new.pre,
                 False,
             )
+            reused.ends = new.ends
         else:
             for did in s.destroy:
                 gone = next((x for x in insts if x.id == did), None)

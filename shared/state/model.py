@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
 
+from shared.policy.reservation import Reservation as Hold
 from shared.policy.snapshot import GpuView, InstanceView
 
 JobState = Literal[
@@ -45,6 +47,22 @@ EXIT_TO_STATE: dict[str, str] = {
     "preempted": "pending",
     "lost": "pending",
 }
+
+
+class _Holds(msgspec.Struct, frozen=True):
+    at: float
+    holds: tuple[Hold, ...]
+
+
+def encode_holds(holds: Sequence[Hold], now: float) -> bytes:
+    return msgspec.json.encode(_Holds(at=now, holds=tuple(holds)))
+
+
+def decode_holds(raw: object) -> tuple[float, list[Hold]]:
+    if not isinstance(raw, bytes | str) or not raw:
+        return 0.0, []
+    h = msgspec.json.decode(raw, type=_Holds)
+    return h.at, list(h.holds)
 
 
 HISTORY_MAX = 64

@@ -38,12 +38,15 @@ from shared.state.fastpack import connection_class
 from shared.state.keys import Keys
 from shared.state.model import (
     HistoryEntry,
+    Hold,
     JobRecord,
     ReleaseResult,
     Reservation,
     ReserveResult,
     StoredGpu,
     StoredInstance,
+    decode_holds,
+    encode_holds,
     shard_of,
 )
 from shared.state.reads import DerivedReads
@@ -205,6 +208,14 @@ class RedisState(DerivedReads):
         for g in gpu_ids:
             pipe.hgetall(self.node_keys(g.rsplit("/", 1)[0]).gpu(g))
         return [decode_gpu(g, h) for g, h in zip(gpu_ids, await pipe.execute(), strict=True)]
+
+    async def put_holds(self, shard: int, holds: Sequence[Hold], now: float) -> None:
+        """The reservations the balancer's last backfill pass planned for the shard (read by ``holds``)."""
+        await self.redis.set(self.keys(shard).holds, encode_holds(holds, now))
+
+    async def holds(self, shard: int = 0) -> tuple[float, list[Hold]]:
+        """(when they were planned, the reservations) as last put; (0, []) when none ever was."""
+        return decode_holds(await self.redis.get(self.keys(shard).holds))
 
     async def occupancy(self, shard: int = 0) -> bytes:
         """The shard's compact occupancy array: byte i = busy mask of the GPU at position i."""

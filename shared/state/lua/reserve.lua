@@ -76,7 +76,7 @@ for _, s in ipairs(slots) do
     if not i then return {'gone', ver, new.id} end
     if i.state ~= 'idle' then return {'busy', ver, new.id} end
     i.state = 'reserved'; i.job = job; i.prio = new.prio; i.ls = new.ls; i.mig = new.mig; i.tenant = new.tenant
-    i.pre = new.pre; i.created = nil
+    i.pre = new.pre; i.created = nil; i.ends = new.ends
   else
     for _, id in ipairs(s.destroy or {}) do
       local n, i = find(g.insts, id)

@@ -1,0 +1,87 @@
+"""The balancer holds GPUs for a waiting whole-GPU job (real NATS + Redis): a backfill pass plans the hold, a
+job whose hint outlasts it is kept off the held GPU, one that ends first may use it, and the holds are in
+Redis for ``migsched status``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from migsched import clusterview
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from shared.events import Demand, JobSubmit, now
+from shared.mig.geometry import default_geometry
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+GEO = default_geometry()
+
+
+def submit(job: str, profile: str, hint: float) -> JobSubmit:
+    return JobSubmit(id=f"s-{job}", job_id=job, demand=Demand(kind="mig", profile=profile),
+                     duration_hint_s=hint, submitted_at=now())
+
+
+async def until(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await pred():
+            return True
+        await asyncio.sleep(0.05)
+    return bool(await pred())
+
+
+async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, direct_commands=True)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=2)
+        await ex.start()
+        try:
+            async def ready() -> bool:
+                return len(stack.balancer.mirrors[0]) == 2
+
+            assert await until(ready)
+
+            async def gpu_of(job: str) -> str | None:
+                j = await ns.state.job(job)
+                return j.gpu if j is not None and j.state == "running" else None
+
+            # a 4g can only start at slice 0: these two take one GPU each; the second ends far sooner
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "4g.20gb", 10000.0))
+            assert await until(lambda: gpu_of("a"))
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "4g.20gb", 60.0))
+            assert await until(lambda: gpu_of("b"))
+            soon = await gpu_of("b")
+            late = await gpu_of("a")
+            assert soon != late
+
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0))
+
+            async def pending() -> bool:
+                j = await ns.state.job("big")
+                return j is not None and j.state == "pending"
+
+            assert await until(pending)
+            await stack.balancer.backfill()  # the pass that plans the holds
+            at, holds = await ns.state.holds(0)
+            assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))] and at > 0
+
+            # a 3g that would run long fits beside either 4g: the held GPU is kept for the waiting job
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("long", "3g.20gb", 50000.0))
+            assert await until(lambda: gpu_of("long"))
+            assert await gpu_of("long") == late
+            # one that ends before the hold's start may use the held GPU (the other is full now)
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("short", "3g.20gb", 5.0))
+            assert await until(lambda: gpu_of("short"))
+            assert await gpu_of("short") == soon
+
+            view = await clusterview.read(ns.state, GEO)
+            assert [h.job_id for h in view.holds] == ["big"]
+            assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held until")
+        finally:
+            await ex.stop()
+            await stack.stop()

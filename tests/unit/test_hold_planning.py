@@ -1,0 +1,58 @@
+"""The balancer's holds of one shard: planned anew by each backfill pass, in its order; seen by every decision
+until the next pass; dropped when their job is placed."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.balancer.holds import Holds
+from shared.events import Demand, JobSubmit
+from shared.mig.geometry import default_geometry
+from shared.policy.reservation import ReservationParams
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+
+pytestmark = pytest.mark.unit
+GEO = default_geometry()
+
+
+def _snap() -> ClusterSnapshot:
+    def busy(gid: str, ends: float) -> GpuView:
+        return GpuView.build(id=gid, node="n1", index=int(gid[-1]), model="A100-40GB", instances=[InstanceView(
+            id=f"{gid}/i", profile="4g.20gb", start=0, size=4, compute=4, job_id=f"{gid}/j", ends_at=ends)])
+    return ClusterSnapshot.of(GEO, [busy("n1/0", 5000.0), busy("n1/1", 200.0)])
+
+
+def _sub(job: str, profile: str, at: float = 0.0, patience: float | None = None) -> JobSubmit:
+    return JobSubmit(id=f"s-{job}", job_id=job, demand=Demand(kind="mig", profile=profile), submitted_at=at,
+                     patience_s=patience)
+
+
+def test_a_pass_holds_the_gpu_that_frees_first_and_later_decisions_see_it() -> None:
+    h = Holds(ReservationParams())
+    h.begin()
+    r = h.consider(_snap(), _sub("big", "7g.40gb"), now=100.0)
+    assert r is not None and r.gpus == ("n1/1",) and r.start == 200.0
+    assert h.blocked("other", 500.0, now=100.0) == {"n1/1"}  # would end at 600, after the hold starts
+    assert h.blocked("other", 50.0, now=100.0) == set()  # ends at 150: may use it
+    assert h.blocked("big", None, now=100.0) == set()  # its own hold
+    assert h.end() == [r]
+    assert h.blocked("other", None, now=120.0) == {"n1/1"}  # fresh submits see the last pass's holds
+
+
+def test_only_large_jobs_get_holds_and_never_outside_a_pass_or_past_patience() -> None:
+    h = Holds(ReservationParams())
+    assert h.consider(_snap(), _sub("big", "7g.40gb"), now=100.0) is None  # no pass running
+    h.begin()
+    assert h.consider(_snap(), _sub("small", "3g.20gb"), now=100.0) is None
+    assert h.consider(_snap(), _sub("late", "7g.40gb", at=0.0, patience=150.0), now=100.0) is None
+    assert h.end() == []
+
+
+def test_a_placed_job_gives_its_hold_back_and_the_next_pass_starts_afresh() -> None:
+    h = Holds(ReservationParams(max_held=1))
+    h.begin()
+    assert h.consider(_snap(), _sub("a", "7g.40gb"), now=0.0) is not None
+    assert h.consider(_snap(), _sub("b", "7g.40gb"), now=0.0) is None  # one hold at most
+    h.end()
+    h.placed("a")
+    assert h.current == [] and h.blocked("x", None, 0.0) == set()
