@@ -75,3 +75,18 @@ def test_the_rendered_view_lists_gpus_and_jobs_by_state() -> None:
     console.print(render(view))
     text = console.export_text()
     assert "n1/0 A100-40GB" in text and "job-a" in text and "running 1" in text
+
+
+def test_status_lists_the_reservations_with_their_gpus_and_expected_start() -> None:
+    from migsched.clusterview import HoldRow
+
+    hold = HoldRow(job_id="big", gpus=("n1/0",), node="n1", start=1060.0, reason="expected free in 60 s",
+                   planned_at=1000.0)
+    view = ClusterView(at=1000.0, namespace="t", nodes={"n1": "up"}, gpus=(gpu_row(gpu(), GEO),),
+                       jobs={"big": "pending"}, counts={"pending": 1}, reasons={"big": "reserved: ..."},
+                       holds=(hold,))
+    console = Console(record=True, width=120)
+    console.print(render(view))
+    text = console.export_text()
+    assert "reservations (1)" in text and "n1/0" in text and "in 60 s" in text and "expected free in 60 s" in text
+    assert json.loads(as_json(view))["holds"][0]["job_id"] == "big"

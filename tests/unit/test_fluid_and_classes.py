@@ -93,3 +93,18 @@ def test_a_matrix_label_carries_its_parameters() -> None:
     assert matrix.parse_label("migsched[reserve=off,keep_empty=0.2]") == (
         "migsched", {"reserve": False, "keep_empty": 0.2})
     assert matrix.parse_label("fgd") == ("fgd", {})
+
+
+def test_a_matrix_run_writes_its_table_verdict_and_plot(tmp_path: object) -> None:
+    from pathlib import Path
+
+    cells = [matrix.Cell(workload="synthetic", gpus=8, load=1.3, seed=s) for s in (0, 1)]
+    labels = ["first-fit", "best-fit", "migsched", "migsched[reserve=off]", "fluid"]
+    runs = matrix.run_matrix(cells, labels, SimConfig(patience_s=1800.0), synthetic_jobs=150)
+    assert len(runs) == len(cells) * len(labels)
+    written = matrix.write(Path(str(tmp_path)), runs, command="migsched simulate --matrix")
+    md = (Path(str(tmp_path)) / "matrix.md").read_text()
+    assert "synthetic@8 load 1.3" in md and "migsched[reserve=off]" in md and "## Targets of `migsched`" in md
+    (row,) = [r for r in matrix.rows(runs) if r.label == "migsched"]
+    assert row.seeds == 2 and 0.0 <= row.rejection <= 1.0
+    assert {p.name for p in written} >= {"matrix.md", "matrix.json"}
