@@ -13,6 +13,7 @@ profile (reuse): so the best candidate of every GPU is one look-up in a table pe
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Sequence
@@ -53,6 +54,11 @@ class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
     """Runners-up a decision lists (0 in the simulator, which reads only the choice)."""
 
 
+_STEPS = tuple(60.0 * (2.0**k - 1.0) for k in range(1, 63))
+"""Bucket b + 1 starts where an extension reaches _STEPS[b - 1]: one minute, three, seven, ..."""
+_STEPS_A = np.array(_STEPS)
+
+
 def bucket(extension_s: float) -> int:
     """An extension on a log-2 scale of minutes: 0 for none, 1 up to a minute, 2 up to three, ...; 64 = never
     known to end."""
@@ -60,13 +66,12 @@ def bucket(extension_s: float) -> int:
         return 0
     if math.isinf(extension_s):
         return 64
-    return 1 + int(math.log2(1.0 + extension_s / 60.0))
+    return 1 + bisect.bisect_right(_STEPS, extension_s)
 
 
 def buckets(extension_s: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
     """``bucket`` of every element."""
-    x = np.where(np.isfinite(extension_s), np.maximum(extension_s, 0.0), 0.0)
-    out = (1 + np.floor(np.log2(1.0 + x / 60.0))).astype(np.int64)
+    out = 1 + np.searchsorted(_STEPS_A, extension_s, side="right")
     out[extension_s <= 0] = 0
     out[np.isinf(extension_s) & (extension_s > 0)] = 64
     return out
@@ -87,14 +92,13 @@ def _pack(fields: Sequence[Any], layout: Sequence[tuple[str, int]]) -> Any:
     return key
 
 
+_SHIFT = {name: sum(w for _, w in FIELDS[k + 1:]) for k, (name, _) in enumerate(FIELDS)}
+"""Each field's offset from the key's lowest bit."""
+
+
 def unpack(key: int) -> dict[str, int]:
     """The fields of a packed key, by name."""
-    out: dict[str, int] = {}
-    shift = sum(w for _, w in FIELDS)
-    for name, width in FIELDS:
-        shift -= width
-        out[name] = (key >> shift) & ((1 << width) - 1)
-    return out
+    return {name: (key >> _SHIFT[name]) & ((1 << width) - 1) for name, width in FIELDS}
 
 
 class Context:
@@ -167,13 +171,14 @@ class Group(msgspec.Struct):
 def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, model: GpuModel, prof: Profile,
           ) -> Group:
     """The key of every usable GPU of model ``k`` for ``prof``."""
-    pos = np.flatnonzero((np.asarray(snap.model_idx) == k) & snap.ok)
-    busy = np.asarray(snap.busy)[pos].astype(np.intp)
-    idle = np.asarray(snap.idle)[pos].astype(np.intp)
+    ok = snap.ok
+    pos = np.flatnonzero(ok if len(snap.model_list) == 1 else (np.asarray(snap.model_idx) == k) & ok)
+    pair = np.asarray(snap.pair)[pos] & 0xFFFF  # busy << 8 | idle
+    busy = pair >> 8
     used = np.asarray(snap.used)[pos].astype(np.int64)
-    reuse_bits = np.asarray(snap.idle_starts)[pos, tables_for(model).index[prof.name]].astype(np.intp)
-    static = np.minimum(table(model, prof.name, params.fit_steps, False)[(busy << 8) | idle],
-                        table(model, prof.name, params.fit_steps, True)[(busy << 8) | reuse_bits])
+    reuse_bits = np.asarray(snap.idle_starts)[pos, tables_for(model).index[prof.name]]
+    static = np.minimum(table(model, prof.name, params.fit_steps, False)[pair],
+                        table(model, prof.name, params.fit_steps, True)[(pair & 0xFF00) | reuse_bits])
     return Group(model=model, prof=prof, pos=pos, keys=assemble(ctx, params, pos, busy, used, static))
 
 
@@ -183,16 +188,18 @@ def assemble(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], busy:
     g_ext = buckets(extension(ctx.ends, ctx.gpu_end[pos]))
     n_ext = buckets(extension(ctx.ends, ctx.node_end[pos]))
     t1, t2 = (n_ext, g_ext) if params.node_first else (g_ext, n_ext)
+    first: npt.NDArray[np.int64] | int
+    load: npt.NDArray[np.int64] | int
     if ctx.comfortable:
-        first, load = used, np.zeros_like(used)
+        first, load = used, 0
     else:
-        first, load = (busy == 0).astype(np.int64), used if params.spread else np.zeros_like(used)
+        first, load = (busy == 0).astype(np.int64), used if params.spread else 0
     fit = static >> 19
     mid = (static >> 4) & ((1 << 15) - 1)  # action, cost, destroyed
     start = static & 15
-    key = _pack((first, load, fit, t1, t2), FIELDS[:5])
-    key = (key << 15) + mid
-    key = (key << 7) + np.minimum(ctx.node_empty[pos], 127)
-    key = (key << 4) + (15 - used)
-    key = (key << 4) + start
-    return np.where(static == UNFIT, UNFIT, key).astype(np.int64)
+    # the fields at their offsets (``_SHIFT``); each is within its width by construction but the node's count
+    key = ((first << _SHIFT["first"]) | (load << _SHIFT["load"]) | (fit << _SHIFT["fit"])
+           | (t1 << _SHIFT["t1"]) | (t2 << _SHIFT["t2"]) | (mid << _SHIFT["destroyed"])
+           | (np.minimum(ctx.node_empty[pos], 127) << _SHIFT["node_empty"]) | ((15 - used) << _SHIFT["fullest"])
+           | start)
+    return np.where(static == UNFIT, UNFIT, key)
