@@ -30,6 +30,7 @@ def _gpu(rng: random.Random, k: int) -> GpuView:
                 id=f"g{k}:{p.name}@{start}", profile=p.name, start=start, size=p.memory_slices,
                 compute=p.compute_slices, job_id=f"j{k}.{start}" if busy else None,
                 migratable=rng.random() < 0.8, latency_sensitive=rng.random() < 0.2,
+                ends_at=rng.choice([None, 100.0, 5000.0]) if busy else None,
             ))
     return GpuView.build(id=f"n{k // 8}/{k % 8}", node=f"n{k // 8}", index=k % 8, model=model.name,
                          instances=insts, mig=rng.random() < 0.95, healthy=rng.random() < 0.95)
@@ -50,6 +51,26 @@ def test_put_many_equals_put_one_at_a_time(seed: int) -> None:
         assert a.gpus == b.gpus and dict(a.position) == dict(b.position)
         for name in ("busy", "idle", "used", "compute", "mig", "healthy", "idle_profiles", "model_idx", "pair",
                      "load_idx", "ok", "load_q", "cu_idx", "idle_starts", "busy_starts", "movable_starts",
-                     "movable_drops"):
+                     "movable_drops", "ends", "node_idx"):
             x, y = np.asarray(getattr(a, name)), np.asarray(getattr(b, name))
             assert x.dtype == y.dtype and np.array_equal(x, y), name
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_kept_expected_ends_and_nodes_equal_those_derived_from_the_gpus(seed: int) -> None:
+    from shared.policy.cluster_snapshot import ClusterSnapshot
+
+    rng = random.Random(seed)
+    b = SnapshotBuilder(GEO)
+    for _ in range(6):  # GPUs added, changed, emptied: the columns follow every put
+        for g in [_gpu(rng, rng.randrange(70)) for _ in range(rng.randrange(1, 40))]:
+            b.put(g if rng.random() < 0.8 else g.with_instances(()))
+        kept = b.snapshot()
+        derived = ClusterSnapshot(GEO, kept.gpus, busy=kept.busy, idle=kept.idle, used=kept.used,
+                                  compute=kept.compute, mig=kept.mig, healthy=kept.healthy,
+                                  idle_profiles=kept.idle_profiles, groups=kept.groups, position=kept.position)
+        assert np.array_equal(kept.ends, derived.ends)
+        nodes = [g.node for g in kept.gpus]
+        # the same partition of GPUs into nodes (numbered by first appearance in each)
+        assert all((kept.node_idx[i] == kept.node_idx[j]) == (nodes[i] == nodes[j])
+                   for i in range(len(nodes)) for j in range(len(nodes)))
