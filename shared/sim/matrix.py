@@ -21,7 +21,7 @@ from shared.mig.geometry import default_geometry
 from shared.sim.cluster_spec import parse_cluster
 from shared.sim.config import SimConfig
 from shared.sim.jobs import Workload
-from shared.sim.metrics import Kpis
+from shared.sim.metrics import Kpis, class_order
 
 BASELINES = ("first-fit", "best-fit", "fgd", "spread")
 """What users of a simple scheduler have: greedy backfill, no reservations, no migration."""
@@ -284,7 +284,7 @@ def markdown(table: Sequence[Row], verdict: Sequence[Verdict], command: str = ""
             f"{r.wait_p95_s:.0f} | {r.jct_mean_s:.0f} | {100 * r.utilization:.1f} | {100 * r.migrated_share:.2f} | "
             f"{r.reconfigurations:.0f} |")
     lines += ["", "## Rejection by demand class (%)", ""]
-    names = sorted({n for r in table for n in r.classes}, key=_class_key)
+    names = sorted({n for r in table for n in r.classes}, key=class_order)
     lines += ["| cell | policy | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
     for r in table:
         vals = " | ".join(f"{100 * r.classes[n]:.1f}" if n in r.classes else "" for n in names)
@@ -311,11 +311,6 @@ def markdown(table: Sequence[Row], verdict: Sequence[Verdict], command: str = ""
 
 def _yn(ok: bool) -> str:
     return "yes" if ok else "**no**"
-
-
-def _class_key(name: str) -> tuple[int, int]:
-    digits = "".join(c for c in name if c.isdigit())
-    return (1 if name.endswith("gpu") else 0, int(digits) if digits else 99)
 
 
 def write(out: Path, runs: Sequence[Run], candidate: str = "migsched", command: str = "") -> list[Path]:

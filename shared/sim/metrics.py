@@ -180,7 +180,7 @@ class Outcome:
         self._end(i, t)
 
 
-def _class_order(name: str) -> tuple[int, int, str]:
+def class_order(name: str) -> tuple[int, int, str]:
     """MIG shapes first by size, then whole-GPU classes by GPU count, then the rest."""
     digits = "".join(c for c in name if c.isdigit())
     size = int(digits) if digits else 0
@@ -198,7 +198,7 @@ def class_kpis(
     for i, j in enumerate(jobs):
         by.setdefault(demand_class(j), []).append(i)
     out: dict[str, ClassKpis] = {}
-    for name in sorted(by, key=_class_order):
+    for name in sorted(by, key=class_order):
         idx = np.array(by[name], dtype=np.intp)
         ok = done[idx]
         w = wait[idx][ok]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared.sim.metrics import Kpis, RunResult
+from shared.sim.metrics import Kpis, RunResult, class_order
 from shared.sim.plots import all_plots
 
 COLUMNS = (
@@ -22,6 +22,7 @@ COLUMNS = (
     ("jct_p95_s", "p95", "{:.0f}"),
     ("jct_p99_s", "p99", "{:.0f}"),
     ("wait_mean_s", "wait", "{:.0f}"),
+    ("rejected_gpu_h", "rej GPU-h", "{:.0f}"),
     ("utilization", "util", "{:.1%}"),
     ("frag_rate_mean", "frag mean", "{:.1%}"),
     ("frag_rate_peak", "frag peak", "{:.1%}"),
@@ -50,6 +51,19 @@ def kpi_table(kpis: Sequence[Kpis]) -> str:
     head = "| " + " | ".join(c[1] for c in COLUMNS) + " |"
     sep = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(COLUMNS))) + "|"
     rows = ["| " + " | ".join(fmt.format(getattr(k, f)) for f, _, fmt in COLUMNS) + " |" for k in kpis]
+    return "\n".join([head, sep, *rows])
+
+
+def class_table(kpis: Sequence[Kpis]) -> str:
+    """Rejected jobs per demand class and run (``rejected / jobs``): what the overall rate hides."""
+    names = sorted({c for k in kpis for c in k.classes}, key=class_order)
+    if not names:
+        return ""
+    head = "| policy | " + " | ".join(names) + " |"
+    sep = "|---|" + "---:|" * len(names)
+    rows = ["| " + k.policy + " | " + " | ".join(
+        f"{k.classes[n].rejected} / {k.classes[n].jobs}" if n in k.classes else "" for n in names) + " |"
+        for k in kpis]
     return "\n".join([head, sep, *rows])
 
 
@@ -157,6 +171,9 @@ def write(out: Path, sections: Sequence[Section], *, header: Sequence[str] = ())
         if s.command:
             md += ["```", s.command, "```", ""]
         md += [kpi_table([r.kpis for r in s.runs]), ""]
+        classes = class_table([r.kpis for r in s.runs])
+        if classes:
+            md += ["Rejected jobs per demand class:", "", classes, ""]
         if s.kind == "compare":
             table = paper_table([r.kpis for r in s.runs])
             if table:
