@@ -54,27 +54,21 @@ class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
     """Runners-up a decision lists (0 in the simulator, which reads only the choice)."""
 
 
-_STEPS = tuple(60.0 * (2.0**k - 1.0) for k in range(1, 63))
-"""Bucket b + 1 starts where an extension reaches _STEPS[b - 1]: one minute, three, seven, ..."""
-_STEPS_A = np.array(_STEPS)
+_EDGES = (math.nextafter(0.0, 1.0), *(60.0 * (2.0**k - 1.0) for k in range(1, 63)), math.inf)
+"""An extension is in bucket b when it reaches _EDGES[b - 1] and not _EDGES[b]: more than nothing, one minute,
+three, seven, ...; infinity (a job that never ends, as far as anyone knows) is bucket 64."""
+_EDGES_A = np.array(_EDGES)
 
 
 def bucket(extension_s: float) -> int:
     """An extension on a log-2 scale of minutes: 0 for none, 1 up to a minute, 2 up to three, ...; 64 = never
     known to end."""
-    if extension_s <= 0:
-        return 0
-    if math.isinf(extension_s):
-        return 64
-    return 1 + bisect.bisect_right(_STEPS, extension_s)
+    return bisect.bisect_right(_EDGES, extension_s)
 
 
-def buckets(extension_s: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+def buckets(extension_s: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:
     """``bucket`` of every element."""
-    out = 1 + np.searchsorted(_STEPS_A, extension_s, side="right")
-    out[extension_s <= 0] = 0
-    out[np.isinf(extension_s) & (extension_s > 0)] = 64
-    return out
+    return np.searchsorted(_EDGES_A, extension_s, side="right")
 
 
 def extension(ends: float, until: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
