@@ -20,6 +20,7 @@ from rich.text import Text
 from shared.mig.geometry import Geometry
 from shared.mig.occupancy import draw
 from shared.policy.fragcost import frag_cost
+from shared.policy.reservation import Reservation
 from shared.state import JOB_STATES, RedisState, StoredGpu
 
 
@@ -49,15 +50,6 @@ class GpuRow(msgspec.Struct, frozen=True, kw_only=True):
     """The memory slices drawn as one text row (``shared.mig.occupancy.draw``)."""
 
 
-class HoldRow(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: str
-    gpus: tuple[str, ...]
-    node: str
-    start: float
-    reason: str
-    planned_at: float
-
-
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     at: float
     namespace: str
@@ -70,7 +62,7 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     """state -> number of jobs"""
     reasons: dict[str, str] = {}
     """pending job id -> why it waits (quota | capacity | reserved capacity | preempted by ...: detail)"""
-    holds: tuple[HoldRow, ...] = ()
+    holds: tuple[Reservation, ...] = ()
     """GPUs the balancer holds for large waiting jobs, as its last backfill pass planned them."""
 
     @property
@@ -120,11 +112,10 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
     reasons = {r.job_id: r.reason for r in recs if r.state == "pending"}
     nodes = {n: h.get("state", "?") for n, h in (await state.nodes()).items()}
     counts = Counter(jobs.values())
-    holds: list[HoldRow] = []
+    holds: list[Reservation] = []
     for s in range(state.shards):
-        at, hs = await state.holds(s)
-        holds += [HoldRow(job_id=h.job_id, gpus=h.gpus, node=h.node, start=h.start, reason=h.reason, planned_at=at)
-                  for h in hs]
+        _, hs = await state.holds(s)
+        holds += hs
         for h in hs:  # a held job waits for its GPUs to drain: say so beside its last reason
             if h.job_id in reasons:
                 reasons[h.job_id] = f"reserved: {h.explain()}; " + reasons[h.job_id]

@@ -4,14 +4,13 @@ Redis for ``migsched status``."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from migsched import clusterview
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.events import Demand, JobSubmit, now
 from shared.mig.geometry import default_geometry
+from tests.integration.test_balancer_flow import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 GEO = default_geometry()
@@ -20,16 +19,6 @@ GEO = default_geometry()
 def submit(job: str, profile: str, hint: float) -> JobSubmit:
     return JobSubmit(id=f"s-{job}", job_id=job, demand=Demand(kind="mig", profile=profile),
                      duration_hint_s=hint, submitted_at=now())
-
-
-async def until(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.05)
-    return bool(await pred())
 
 
 async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(

@@ -78,10 +78,9 @@ def test_the_rendered_view_lists_gpus_and_jobs_by_state() -> None:
 
 
 def test_status_lists_the_reservations_with_their_gpus_and_expected_start() -> None:
-    from migsched.clusterview import HoldRow
+    from shared.policy.reservation import Reservation
 
-    hold = HoldRow(job_id="big", gpus=("n1/0",), node="n1", start=1060.0, reason="expected free in 60 s",
-                   planned_at=1000.0)
+    hold = Reservation(job_id="big", gpus=("n1/0",), node="n1", start=1060.0, reason="expected free in 60 s")
     view = ClusterView(at=1000.0, namespace="t", nodes={"n1": "up"}, gpus=(gpu_row(gpu(), GEO),),
                        jobs={"big": "pending"}, counts={"pending": 1}, reasons={"big": "reserved: ..."},
                        holds=(hold,))
