@@ -223,7 +223,6 @@ def _run(o: dict[str, Any]) -> None:
     from shared.policy.registry import policy_names
     from shared.sim import experiment, report
     from shared.sim.cluster import load_nodes_file, parse_cluster
-    from shared.sim.config import InterferenceParams, SimConfig
     from shared.sim.errors import WorkloadError
     from shared.sim.fluid import NAME as FLUID
     from shared.sim.workloads.csv import load_csv
@@ -275,23 +274,7 @@ def _run(o: dict[str, Any]) -> None:
 
         workload = msgspec.structs.replace(workload, jobs=workload.jobs[: int(o["limit"])])
     patience = float(o["patience"])
-    cfg = SimConfig(
-        seed=seed,
-        threshold=float(o["threshold"]),
-        reconfig_latency_s=float(o["reconfig_latency"]),
-        migration_downtime_s=float(o["migration_downtime"]),
-        checkpoint_s=float(o["checkpoint"]),
-        cooldown_s=float(o["cooldown"]),
-        defrag_interval_s=float(o["defrag_interval"]),
-        max_moves=int(o["max_moves"]),
-        patience_s=patience,
-        static_layout=str(o["static_layout"]),
-        interference=InterferenceParams(beta=float(o["beta"])),
-        check_invariants=bool(o["check_invariants"]),
-        hint_factor=float(o["hint_factor"]),
-        reserve_after_s=float(o["reserve_after"]),
-        max_reservations=int(o["max_reservations"]),
-    )
+    cfg = _config(o, seed, patience)
     names = list(o["policies"])
     if not names and not o["sweep_threshold"] and not o["ablation"]:
         names = ["all"]
@@ -358,18 +341,33 @@ def _run(o: dict[str, Any]) -> None:
     click.echo(f"wrote {len(written)} files to {out}/ (report.md, kpis.json, series.json, PNGs)")
 
 
-def _run_matrix(o: dict[str, Any]) -> None:
-    from shared.sim import matrix
+def _config(o: dict[str, Any], seed: int, patience: float) -> Any:
+    """The run's ``SimConfig`` from the command's options."""
     from shared.sim.config import InterferenceParams, SimConfig
 
-    cfg = SimConfig(
-        threshold=float(o["threshold"]), reconfig_latency_s=float(o["reconfig_latency"]),
-        migration_downtime_s=float(o["migration_downtime"]), checkpoint_s=float(o["checkpoint"]),
-        cooldown_s=float(o["cooldown"]), defrag_interval_s=float(o["defrag_interval"]),
-        max_moves=int(o["max_moves"]), patience_s=float(o["patience"]),
-        interference=InterferenceParams(beta=float(o["beta"])), hint_factor=float(o["hint_factor"]),
-        reserve_after_s=float(o["reserve_after"]), max_reservations=int(o["max_reservations"]),
+    return SimConfig(
+        seed=seed,
+        threshold=float(o["threshold"]),
+        reconfig_latency_s=float(o["reconfig_latency"]),
+        migration_downtime_s=float(o["migration_downtime"]),
+        checkpoint_s=float(o["checkpoint"]),
+        cooldown_s=float(o["cooldown"]),
+        defrag_interval_s=float(o["defrag_interval"]),
+        max_moves=int(o["max_moves"]),
+        patience_s=patience,
+        static_layout=str(o["static_layout"]),
+        interference=InterferenceParams(beta=float(o["beta"])),
+        check_invariants=bool(o["check_invariants"]),
+        hint_factor=float(o["hint_factor"]),
+        reserve_after_s=float(o["reserve_after"]),
+        max_reservations=int(o["max_reservations"]),
     )
+
+
+def _run_matrix(o: dict[str, Any]) -> None:
+    from shared.sim import matrix
+
+    cfg = _config(o, int(o["seed"]), float(o["patience"]))
     labels = list(o["policies"]) or list(matrix.DEFAULT_POLICIES)
     cells = matrix.cells(quick=bool(o["quick"]))
     done = [0]

@@ -19,6 +19,7 @@ import numpy as np
 
 from shared.policy.placement import CannotPlace, Slot
 from shared.policy.reservation import Reservation, may_use, plan, whole_gpus
+from shared.policy.snapshot import ClusterSnapshot
 from shared.policy.unblock import plan_unblock
 from shared.sim.backfill import may_fit_since
 from shared.sim.errors import InvariantError
@@ -60,9 +61,7 @@ def schedule(sim: Simulator) -> None:
             else:
                 snap = sim.cluster.snapshot()
                 if blocked:
-                    hold = {g for r in blocked for g in r.gpus}
-                    healthy = np.array([g.healthy and g.id not in hold for g in snap.gpus], dtype=bool)
-                    snap = snap.with_columns(healthy=healthy)
+                    snap = _masked(snap, frozenset(g for r in blocked for g in r.gpus))
                 decision = sim.policy(snap, job.request(h, now))
                 slots = None if isinstance(decision, CannotPlace) else decision.slots
             if slots is None and not blocked:
@@ -98,12 +97,20 @@ def schedule(sim: Simulator) -> None:
     sim.held_free = _held_free(sim, held)
 
 
+def _masked(snap: ClusterSnapshot, hold: frozenset[str]) -> ClusterSnapshot:
+    """The snapshot with the held GPUs unusable (no copy of any other column)."""
+    healthy = np.array(snap.healthy, dtype=bool)
+    for g in hold:
+        healthy[snap.position[g]] = False
+    return snap.with_columns(healthy=healthy)
+
+
 def _unblock(sim: Simulator, i: int, taken: set[str]) -> Reservation | None:
     """Start the moves that empty one GPU for job ``i`` (``shared.policy.unblock``), all or none, and hold that
     GPU for it; None when no GPU can be emptied."""
     snap = sim.cluster.snapshot()
     if taken:
-        snap = snap.with_columns(healthy=np.array([g.healthy and g.id not in taken for g in snap.gpus], dtype=bool))
+        snap = _masked(snap, frozenset(taken))
     moves = plan_unblock(snap, sim.jobs[i].request(sim.hint(i), sim.now), sim.now, sim.unblock_params)
     if not moves:
         return None
