@@ -21,6 +21,7 @@ VERBS: dict[str, str] = {
     "gpu-check": "gpu_check",
     "service": "service",
     "quota": "quota",
+    "traces": "traces",
 }
 
 

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from migsched.cli import main
 from shared.client import MigschedClient
 from shared.events import encode
+from tests.traces import needs_trace
 
 pytestmark = pytest.mark.unit
 
@@ -86,6 +87,7 @@ def test_replay_dry_run_summarises_a_synthetic_workload_without_publishing() -> 
     assert summary["wall_s"] == pytest.approx(summary["span_s"] / 1000)
 
 
+@needs_trace("openb", "openb_pod_list_default.csv")
 def test_replay_dry_run_of_openb_leaves_out_gangs_and_says_so() -> None:
     code, out = run_stdout("replay", "default", "--limit", "300", "--dry-run")
     assert code == 0

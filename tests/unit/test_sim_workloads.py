@@ -16,14 +16,14 @@ from shared.sim.workloads.csv import load_csv, parse_mapping
 from shared.sim.workloads.dlrm import load_dlrm
 from shared.sim.workloads.openb import load_openb
 from shared.sim.workloads.synthetic import synthetic
+from tests.traces import needs_trace
 
 pytestmark = pytest.mark.unit
 
 GEO = default_geometry()
 A100 = GEO.model("A100-40GB")
 OPENB_HEAD = (
-    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
-    "creation_time,deletion_time,scheduled_time\n"
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
 )
 
 
@@ -81,11 +81,9 @@ def test_an_unknown_openb_variant_names_where_it_looked() -> None:
         load_openb("nosuchvariant", A100)
 
 
-def test_the_real_openb_default_trace_loads_when_present() -> None:
-    try:
-        wl = load_openb("default", A100)
-    except WorkloadError:
-        pytest.skip("traces not available")
+@needs_trace("openb", "openb_pod_list_default.csv")
+def test_the_real_openb_default_trace_loads() -> None:
+    wl = load_openb("default", A100)
     assert len(wl.jobs) > 6000 and wl.dropped["cpu_only"] == 1088
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from shared.policy.request import Demand
 from shared.sim.errors import WorkloadError
 from shared.sim.jobs import SimJob, Workload, sort_jobs
-from shared.sim.workloads import traces_dir
+from shared.sim.workloads import catalog
 
 COLUMNS = (
     "instance_sn",
@@ -34,7 +34,7 @@ PRIORITY = 3
 
 
 def default_path() -> Path:
-    return traces_dir() / "alibaba-gpu-v2025-dlrm" / "disaggregated_DLRM_trace.csv"
+    return catalog.traces_dir() / catalog.trace("dlrm").folder / catalog.trace("dlrm").pattern
 
 
 def load_dlrm(
@@ -58,7 +58,7 @@ def load_dlrm(
                 raise WorkloadError(f"{p.name} lacks column(s) {', '.join(missing)}")
             rows = [r for r in reader if r["role"] == "HN"]
     except OSError as exc:
-        raise WorkloadError(f"cannot read DLRM trace {p}: {exc.strerror} (set MIGSCHED_TRACES_DIR)") from None
+        raise WorkloadError(f"cannot read DLRM trace {p}: {exc.strerror}; {catalog.missing_hint('dlrm')}") from None
     end = max(float(r["deletion_time"] or r["creation_time"] or 0) for r in rows)
     if horizon is not None:
         end = min(end, horizon)

@@ -22,7 +22,7 @@ from shared.mig.geometry import GpuModel
 from shared.policy.request import Demand, profile_for_fraction
 from shared.sim.errors import WorkloadError
 from shared.sim.jobs import SimJob, Workload, sort_jobs
-from shared.sim.workloads import traces_dir
+from shared.sim.workloads import catalog
 
 COLUMNS = ("name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time")
 PRIORITY = {"LS": 2, "Guaranteed": 2, "Burstable": 1, "BE": 0}
@@ -35,11 +35,10 @@ def resolve(trace: str) -> Path:
         return p
     name = trace if trace.startswith("openb_pod_list_") else f"openb_pod_list_{trace}"
     name = name if name.endswith(".csv") else name + ".csv"
-    found = traces_dir() / "alibaba-gpu-v2023-openb" / name
+    found = catalog.traces_dir() / catalog.trace("openb").folder / name
     if not found.exists():
-        raise WorkloadError(
-            f"openb trace {trace!r} not found (looked for {p} and {found}; set MIGSCHED_TRACES_DIR)"
-        )
+        hint = catalog.missing_hint("openb")
+        raise WorkloadError(f"openb trace {trace!r} not found (looked for {p} and {found}); {hint}")
     return found
 
 
