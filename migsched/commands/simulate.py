@@ -65,7 +65,7 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
     "--workload",
     default="openb:default",
     show_default=True,
-    help="openb[:VARIANT|PATH] | dlrm | csv:PATH | synthetic",
+    help="openb[:VARIANT|PATH] | dlrm | csv:PATH | synthetic[:default|gangs] (gangs: 16- to 128-GPU jobs too)",
 )
 @click.option(
     "--csv-map",
@@ -252,12 +252,18 @@ def _run(o: dict[str, Any]) -> None:
             raise WorkloadError("-w csv:PATH needs the file and --csv-map key=column,...")
         workload = load_csv(arg, str(o["csv_map"]), model)
     elif kind == "synthetic":
+        from shared.sim.workloads.synthetic import MIXES
+
+        if (arg or "default") not in MIXES:
+            raise WorkloadError(f"unknown synthetic mix {arg!r}: one of {', '.join(MIXES)}")
         slices = sum(n.gpus * geo.model(n.model).compute_slices for n in cluster.nodes)
         workload = synthetic(
             np.random.default_rng(seed),
             jobs=int(o["n_jobs"]),
             load=float(o["load"]),
             cluster_slices=slices,
+            classes=MIXES[arg or "default"],
+            mix=arg or "default",
         )
     elif kind == "dlrm":
         gpus = float(o["dlrm_gpus"]) or cluster.gpu_count / 2
@@ -281,7 +287,7 @@ def _run(o: dict[str, Any]) -> None:
     if "all" in names:
         names = [*policy_names(), FLUID]
     known = [*policy_names(), FLUID]
-    bad = [n for n in names if n not in known]
+    bad = [n for n in names if experiment.parse_label(n)[0] not in known]
     if bad:
         raise click.BadParameter(
             f"unknown policy {', '.join(bad)}; known: {', '.join(known)}", param_hint="--policy"
@@ -380,7 +386,9 @@ def _run_matrix(o: dict[str, Any]) -> None:
     runs = matrix.run_matrix(cells, labels, cfg, workers=max(1, int(o["workers"])), progress=progress)
     out = Path(str(o["out_dir"]))
     cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
-    candidate = matrix.parse_label(labels[0])[0] if "migsched" not in labels else "migsched"
+    from shared.sim.experiment import parse_label
+
+    candidate = parse_label(labels[0])[0] if "migsched" not in labels else "migsched"
     written = matrix.write(out, runs, candidate=candidate, command=cmd)
     click.echo((out / "matrix.md").read_text())
     click.echo(f"wrote {', '.join(p.name for p in written)} to {out}/")

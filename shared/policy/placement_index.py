@@ -97,6 +97,11 @@ class PlacementIndex:
         # healthy (place_whole's candidates); only while no GPU is out of MIG mode (else plain GPUs come first)
         self._not_mig: set[int] = set()
         self._empty: dict[str, set[int]] = {}
+        per_node: dict[str, int] = {}
+        for g in gpus:
+            per_node[g.node] = per_node.get(g.node, 0) + 1
+        self._largest = max(per_node.values(), default=0)
+        """GPUs on the largest node: a bigger gang spans nodes, which the index does not answer."""
         for p, g in enumerate(self.gpus):
             self._empty.setdefault(g.node, set())
             self._track(p, g)
@@ -199,9 +204,9 @@ class PlacementIndex:
 
     def handles(self, demand: Demand) -> bool:
         """Whether ``place`` answers this demand: MIG requests always; whole-GPU gangs while every GPU is in
-        MIG mode (the balancer tries plain GPUs first); time-sliced shares never."""
+        MIG mode (the balancer tries plain GPUs first) and they fit on one node; time-sliced shares never."""
         kind = demand.kind
-        return kind == "mig" or (kind == "gpus" and not self._not_mig)
+        return kind == "mig" or (kind == "gpus" and not self._not_mig and demand.gpus <= self._largest)
 
     def _request(self, demand: Demand) -> _RequestKeys:
         req = self._resolved.get(demand)

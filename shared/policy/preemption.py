@@ -12,9 +12,10 @@ Who may be a victim (an instance's job, all of its instances for a gang):
 
 What is freed: a MIG request needs one legal placement (profile per GPU model, start, max count) on one MIG
 GPU; a share needs one replica of a time-sliced plain GPU; ``gpus: n`` needs n GPUs of one kind (plain, or MIG
-taken whole) on one node. Only GPUs where the eligible busy instances cover what blocks a placement are
-examined: per GPU, the busy instances that may not be preempted form a ``blocked`` mask, and a start is a
-candidate only when its slices miss that mask — one mask test per legal start.
+taken whole) on one node, or, for a gang bigger than every node, the n cheapest to free on any nodes. Only GPUs
+where the eligible busy instances cover what blocks a placement are examined: per GPU, the busy instances that
+may not be preempted form a ``blocked`` mask, and a start is a candidate only when its slices miss that mask —
+one mask test per legal start.
 
 Cost, lowest first: fewest victim jobs; least lost work (seconds since each victim started or last
 checkpointed, summed, with ``now`` and checkpoints handed in); lowest highest-victim priority, then lowest
@@ -33,6 +34,7 @@ import numpy.typing as npt
 
 from shared.mig.occupancy import span
 from shared.mig.tables import COST_SCALE, popcount_table, tables_for
+from shared.policy.gang import spans_nodes
 from shared.policy.placement import JobRequest, Placement, Slot
 from shared.policy.priority import PriorityClass
 from shared.policy.quota import QuotaBook
@@ -252,10 +254,14 @@ def _whole_slot(snap: ClusterSnapshot, g: GpuView) -> Slot:
                 destroy=tuple(i.id for i in g.instances))
 
 
+_Cand = tuple[tuple[int, float, int], GpuView, dict[str, InstanceView]]
+"""A GPU a gang could take once its victims go: (victims, lost work, index), the GPU, its victims by job."""
+
+
 def _gang_options(snap: ClusterSnapshot, job: JobRequest, elig: Eligibility, counts: Counter[str]
                   ) -> tuple[Key, tuple[Slot, ...], dict[str, InstanceView]] | None:
     n = job.demand.gpus
-    groups: dict[tuple[str, bool], list[tuple[tuple[int, float, int], GpuView, dict[str, InstanceView]]]] = {}
+    groups: dict[tuple[str, bool], list[_Cand]] = {}
     order: dict[str, int] = {}
     for p, g in enumerate(snap.gpus):
         if not snap.healthy[p]:
@@ -274,6 +280,8 @@ def _gang_options(snap: ClusterSnapshot, job: JobRequest, elig: Eligibility, cou
         c = victim_cost(victims, elig)
         groups.setdefault((g.node, g.mig), []).append(((c[0], c[1], g.index), g, victims))
     best: tuple[Key, tuple[Slot, ...], dict[str, InstanceView]] | None = None
+    if spans_nodes(snap, job.demand):
+        return _across(snap, groups, order, n, elig, counts)
     for (node, mig), cands in groups.items():
         if len(cands) < n:
             continue
@@ -287,6 +295,28 @@ def _gang_options(snap: ClusterSnapshot, job: JobRequest, elig: Eligibility, cou
             best = (key, tuple(_whole_slot(snap, g) for _, g, _ in chosen), victims)
     if best is None:
         counts[f"no node has {n} GPU(s) of one kind freeable"] = 1
+    return best
+
+
+def _across(snap: ClusterSnapshot, groups: Mapping[tuple[str, bool], list[_Cand]], order: Mapping[str, int], n: int,
+            elig: Eligibility, counts: Counter[str]) -> tuple[Key, tuple[Slot, ...], dict[str, InstanceView]] | None:
+    """A gang bigger than every node: the ``n`` GPUs of one kind that are cheapest to free, on any nodes (free
+    GPUs first, then by victims and lost work, then the node listed first), members in rank order."""
+    best: tuple[Key, tuple[Slot, ...], dict[str, InstanceView]] | None = None
+    for mig in (False, True):
+        cands = [(c, g, vs) for (node, m), cs in groups.items() if m == mig for c, g, vs in cs]
+        if len(cands) < n:
+            continue
+        cands.sort(key=lambda c: (c[0][0], c[0][1], order[c[1].node], c[1].index))
+        chosen = sorted(cands[:n], key=lambda c: (order[c[1].node], c[1].index))
+        victims = {j: i for _, _, vs in chosen for j, i in vs.items()}
+        if not victims:
+            continue
+        key: Key = (*victim_cost(victims, elig), int(mig), order[chosen[0][1].node], 0)
+        if best is None or key < best[0]:
+            best = (key, tuple(_whole_slot(snap, g) for _, g, _ in chosen), victims)
+    if best is None:
+        counts[f"fewer than {n} GPU(s) of one kind freeable in the cluster"] = 1
     return best
 
 
@@ -322,7 +352,7 @@ def choose_victims(
         return NoVictims(job_id=job.job_id, counts=dict(counts),
                          reasons=("no set of preemptible jobs frees a legal placement", *reasons))
     key, slots, chosen = best
-    spots = _where(snap, set(chosen), {sl.node for sl in slots})
+    spots = _where(snap, set(chosen))
     victims = []
     for job_id, inst in sorted(chosen.items(), key=lambda kv: (kv[1].priority, kv[0])):
         gpu = snap.gpus[snap.position[spots[job_id][0][0]]]
@@ -346,13 +376,11 @@ def choose_victims(
                    reasons=reasons)
 
 
-def _where(snap: ClusterSnapshot, job_ids: set[str], nodes: set[str]) -> dict[str, list[tuple[str, str]]]:
-    """Every (gpu id, instance id) of the given jobs: a gang victim is stopped on all its GPUs. A job's GPUs
-    are all on one node (gangs never span nodes), so only the nodes of the freed slots are read."""
+def _where(snap: ClusterSnapshot, job_ids: set[str]) -> dict[str, list[tuple[str, str]]]:
+    """Every (gpu id, instance id) of the given jobs: a gang victim is stopped on all its GPUs, on every node
+    it spans."""
     out: dict[str, list[tuple[str, str]]] = {}
     for g in snap.gpus:
-        if g.node not in nodes:
-            continue
         for inst in g.instances:
             if inst.job_id in job_ids:
                 out.setdefault(inst.job_id, []).append((g.id, inst.id))

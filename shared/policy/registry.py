@@ -8,10 +8,14 @@ package is imported on first use, so adding a file adds a policy.
 Every policy also takes ``reserve`` (hold GPUs for large waiting jobs, ``shared.policy.reservation``) and
 ``unblock`` (move jobs to free a whole GPU for a waiting one, ``shared.policy.unblock``; it works through the
 reservations); their defaults are the policy's own.
+
+A gang bigger than every node is placed by ``shared.policy.gang.place_across`` whatever the policy, so that
+every policy runs multi-node jobs by the same rule; a policy decides only where one-node work goes.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -20,6 +24,9 @@ from typing import Any
 import msgspec
 
 from shared.policy.baseline_slots import PlacementPolicy, UnknownPolicyError
+from shared.policy.gang import place_across, spans_nodes
+from shared.policy.placement import Decision, JobRequest
+from shared.policy.snapshot import ClusterSnapshot
 
 __all__ = ["DEFAULT_POLICY", "PlacementPolicy", "PolicySpec", "UnknownPolicyError", "get_policy", "policy_names",
            "register"]
@@ -122,8 +129,19 @@ def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
         takes = ", ".join((*entry.accepts, "reserve", "unblock"))
         raise UnknownPolicyError(f"policy {name!r} takes no parameter(s) {', '.join(extra)}; it takes: {takes}")
     spec, policy = entry.build(entry.spec, params)
+    policy = _with_gangs(spec.name, policy)
     if reserve is not None:
         spec = msgspec.structs.replace(spec, reserves=bool(reserve))
     if unblock is not None:
         spec = msgspec.structs.replace(spec, unblocks=bool(unblock))
     return spec, policy
+
+
+def _with_gangs(name: str, policy: PlacementPolicy) -> PlacementPolicy:
+    @functools.wraps(policy)  # keeps what the engine reads off a policy (``balancer_params``)
+    def placed(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        if job.demand.kind == "gpus" and spans_nodes(snap, job.demand):
+            return place_across(snap, job, name)
+        return policy(snap, job)
+
+    return placed

@@ -14,19 +14,22 @@ from shared.mig.geometry import GpuModel, Profile
 DemandKind = Literal["mig", "gpus", "shared"]
 _PREFIX = "nvidia.com/mig-"
 _SHAPE = re.compile(r"^(\d)g(\+me|\.2x)?$")
+MAX_GANG = 4096
+"""The most GPUs one job may ask for; a gang bigger than every node spans nodes (``shared.policy.gang``)."""
 GB_PER_GIB = 1.073741824
 """``memory_gb`` is decimal GB, as in the profile names: 3g.20gb holds 19.62 GiB = 21.1 GB, so it fits 20."""
 
 
 class Demand(msgspec.Struct, frozen=True, kw_only=True):
     """One of: a MIG profile (by name, by shape such as ``3g``, or by compute slices + memory GiB);
-    ``gpus`` whole GPUs on one node; or one time-sliced share of a non-MIG GPU."""
+    ``gpus`` whole GPUs (on one node when one node has that many, else across as few nodes as possible); or
+    one time-sliced share of a non-MIG GPU."""
 
     kind: DemandKind = "mig"
     profile: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] | None = None
     compute_slices: Annotated[int, msgspec.Meta(ge=1, le=8)] | None = None
     memory_gb: Annotated[float, msgspec.Meta(gt=0, le=4096)] | None = None
-    gpus: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    gpus: Annotated[int, msgspec.Meta(ge=1, le=MAX_GANG)] = 1
 
     def check(self) -> Demand:
         """Raise RequestError when the fields contradict each other; return self otherwise."""

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from shared.policy.gang import choose_nodes, node_sizes
 from shared.policy.request import Demand, full_profile, resolve_profile
 from shared.policy.snapshot import ClusterSnapshot
 
@@ -38,9 +39,12 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     start: float
     reason: str
+    nodes: tuple[str, ...] = ()
+    """Every node of a gang that spans nodes (``node`` is the first); empty for a one-node reservation."""
 
     def explain(self) -> str:
-        return f"{self.job_id}: {len(self.gpus)} GPU(s) on {self.node} held until ~{self.start:.0f} ({self.reason})"
+        where = ", ".join(self.nodes) if self.nodes else self.node
+        return f"{self.job_id}: {len(self.gpus)} GPU(s) on {where} held until ~{self.start:.0f} ({self.reason})"
 
 
 def whole_gpus(snap: ClusterSnapshot, demand: Demand) -> int:
@@ -75,7 +79,8 @@ def plan(
     by earlier reservations). ``free_at`` (per snapshot position) defaults to the snapshot's expected ends
     (``ClusterSnapshot.ends``; now for a GPU with no busy instance, never for one running a job without a
     hint). None when no node has ``need`` such GPUs or they would not be free by ``deadline``. Ties go to the
-    node whose hold idles fewer GPU-seconds, then to the node of the GPU first in snapshot order."""
+    node whose hold idles fewer GPU-seconds, then to the node of the GPU first in snapshot order. A gang bigger
+    than every node is held across nodes (``plan_across``)."""
     if need <= 0 or not len(snap):
         return None
     ok = np.array(snap.ok, dtype=bool)
@@ -87,6 +92,8 @@ def plan(
     if pos.size < need:
         return None
     free = np.maximum(snap.ends if free_at is None else free_at, now)[pos]
+    if need > int(node_sizes(snap).max()):
+        return plan_across(snap, job_id, need, now, deadline, pos, free)
     nodes = np.asarray(snap.node_idx)[pos]
     order = np.lexsort((pos, free, nodes))  # by node, then free time, then position
     t, n, p_sorted = free[order], nodes[order], pos[order]
@@ -113,3 +120,34 @@ def plan(
     at = float(start[k])
     reason = "free now" if at <= now else f"expected free in {at - now:.0f} s"
     return Reservation(job_id=job_id, gpus=gpus, node=snap.gpus[chosen[0]].node, start=at, reason=reason)
+
+
+def plan_across(
+    snap: ClusterSnapshot,
+    job_id: str,
+    need: int,
+    now: float,
+    deadline: float,
+    pos: npt.NDArray[np.intp],
+    free: npt.NDArray[np.float64],
+) -> Reservation | None:
+    """``need`` GPUs across nodes for a gang bigger than every node, from the usable positions ``pos`` and
+    when each is expected free (``free``): the expected start is when the ``need``-th GPU of the cluster frees,
+    and of the GPUs free by then the gang's node rule (``shared.policy.gang.choose_nodes``) picks the nodes,
+    earliest-free GPUs first on each."""
+    order = np.lexsort((pos, free))
+    at = float(free[order[need - 1]])
+    if not np.isfinite(at) or at > deadline:
+        return None
+    ready = order[free[order] <= at]
+    nodes = np.asarray(snap.node_idx)[pos[ready]]
+    sizes = node_sizes(snap)
+    count = np.bincount(nodes, minlength=sizes.size)
+    chosen = choose_nodes(count.tolist(), (count == sizes).tolist(), need)
+    assert chosen is not None  # ``ready`` holds at least ``need`` GPUs
+    picked = np.concatenate([ready[nodes == j][:take] for j, take in chosen])  # indices into ``pos``
+    gpus = tuple(snap.gpus[q].id for q in pos[picked].tolist())
+    start = float(free[picked].max())
+    node_names = tuple(dict.fromkeys(snap.gpus[q].node for q in pos[picked].tolist()))
+    reason = "free now" if start <= now else f"expected free in {start - now:.0f} s"
+    return Reservation(job_id=job_id, gpus=gpus, node=node_names[0], start=start, reason=reason, nodes=node_names)

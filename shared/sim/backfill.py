@@ -96,10 +96,13 @@ def _masks(sim: Simulator, job: SimJob, model: GpuModel) -> tuple[int, ...]:
 
 
 def _gang_may_fit(sim: Simulator, job: SimJob, changed: list[str]) -> bool:
-    """``may_fit_since`` for a gang: it needs ``job.gpus`` empty GPUs on one node."""
+    """``may_fit_since`` for a gang: it needs ``job.gpus`` empty GPUs on one node, or across nodes when it is
+    bigger than every node."""
     placer = sim.placer
     cluster = sim.cluster
     views = cluster.views
+    if job.gpus > sim.largest_node:
+        return any(views[gid].busy_mask == 0 for gid in changed)
     # A node gains empty GPUs only through GPUs freed since the failure (``changed``) that are empty now: only
     # their nodes can hold the gang now, and a GPU freed but still busy need not be looked at (the rule of the
     # loop below too)

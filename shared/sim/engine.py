@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.balancer import BalancerParams
+from shared.policy.gang import never_fits
 from shared.policy.placement import Decision, JobRequest, Slot
 from shared.policy.placement_index import PlacementIndex
 from shared.policy.reservation import Reservation, ReservationParams
@@ -119,6 +120,11 @@ class Simulator:
         self.reservations: list[Reservation] = []
         """Held for large waiting jobs, as the last queue pass planned them (``shared.sim.reserving``)."""
         self.reserved_idle_s = 0.0
+        self.gpu_total = len(self.cluster.views)
+        self.largest_node = max((len(v) for v in self.cluster.node_gpus.values()), default=0)
+        """GPUs on the largest node: a bigger gang spans nodes (``shared.policy.gang``)."""
+        self.refused: dict[str, int] = {}
+        """Jobs rejected on arrival because no set of nodes could ever host them, per reason."""
         self.held_free = 0.0
         self.held_since = self.now
         self.mig = None
@@ -247,6 +253,11 @@ class Simulator:
         job = self.jobs[i]
         self.state[i] = QUEUED
         self.out.live += 1
+        why = never_fits(job.demand, self.gpu_total) if job.demand.kind == "gpus" else None
+        if why is not None:  # rejected at once, as the balancer rejects it at submit
+            self.refused[why] = self.refused.get(why, 0) + 1
+            self._reject(i)
+            return
         bisect.insort(self.queue, (-job.priority, job.arrival, i))
         self._schedule()
         # The timeout goes in only for a job the pass left queued: most are placed on arrival, and their timeout

@@ -82,7 +82,32 @@ def run_one(
 def compare(
     workload: Workload, cluster: ClusterSpec, names: Sequence[str], cfg: SimConfig, **kw: object
 ) -> list[RunResult]:
-    return [run_one(workload, cluster, n, cfg, **kw) for n in names]  # type: ignore[arg-type]
+    """One run per label: a policy name, or ``name[param=value,...]`` (``first-fit[reserve=on]``)."""
+    out = []
+    for label in names:
+        name, params = parse_label(label)
+        r = run_one(workload, cluster, name, cfg, label=label, params=params or None, **kw)  # type: ignore[arg-type]
+        out.append(msgspec.structs.replace(r, kpis=msgspec.structs.replace(r.kpis, policy=label)) if params else r)
+    return out
+
+
+def parse_label(label: str) -> tuple[str, dict[str, object]]:
+    """``migsched`` or ``migsched[reserve=off,migrate=off]`` -> (name, params)."""
+    name, _, rest = label.partition("[")
+    params: dict[str, object] = {}
+    for item in filter(None, rest.rstrip("]").split(",")):
+        k, _, v = item.partition("=")
+        params[k.strip()] = _value(v.strip())
+    return name, params
+
+
+def _value(text: str) -> object:
+    if text in ("on", "off"):
+        return text == "on"
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def sweep(

@@ -104,27 +104,8 @@ def build_workload(cell: Cell, synthetic_jobs: int = SYNTHETIC_JOBS) -> Workload
     return wl
 
 
-def parse_label(label: str) -> tuple[str, dict[str, object]]:
-    """``migsched`` or ``migsched[reserve=off,migrate=off]`` -> (name, params)."""
-    name, _, rest = label.partition("[")
-    params: dict[str, object] = {}
-    for item in filter(None, rest.rstrip("]").split(",")):
-        k, _, v = item.partition("=")
-        params[k.strip()] = _value(v.strip())
-    return name, params
-
-
-def _value(text: str) -> object:
-    if text in ("on", "off"):
-        return text == "on"
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def run_cell(cell: Cell, labels: Sequence[str], cfg: SimConfig, synthetic_jobs: int = SYNTHETIC_JOBS) -> list[Run]:
-    from shared.sim.experiment import run_one
+    from shared.sim.experiment import parse_label, run_one
 
     geo = default_geometry()
     wl = build_workload(cell, synthetic_jobs)

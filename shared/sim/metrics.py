@@ -124,6 +124,9 @@ class Kpis(msgspec.Struct, frozen=True, kw_only=True):
     reserved_idle_gpu_h: float = 0.0
     """GPU-hours that reservations held idle (slices kept free for a waiting job; policies with
     reservations)."""
+    refused: dict[str, int] = {}
+    """Jobs rejected on arrival, per reason, because no set of nodes in the cluster could ever host them (they
+    are in ``rejected`` too)."""
 
 
 class Series(msgspec.Struct, frozen=True, kw_only=True):
@@ -360,6 +363,7 @@ class Recorder:
             rejected_gpu_h=_r(float((gpu_eq * dur)[~done].sum()) / 3600.0 if n else 0.0),
             classes=class_kpis(jobs, done, wait_all, gpu_eq * dur),
             reserved_idle_gpu_h=_r(getattr(sim, "reserved_idle_s", 0.0) / 3600.0),
+            refused=dict(getattr(sim, "refused", {})),
         )
         series = Series(t=self.t, utilization=self.util, frag_rate=self.frag, queued=self.queued)
         return RunResult(kpis=k, series=series, jct=[_r(x) for x in jct])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared.sim.metrics import Kpis, RunResult, class_order
+from shared.sim.metrics import ClassKpis, Kpis, RunResult, class_order
 from shared.sim.plots import all_plots
 
 COLUMNS = (
@@ -54,17 +54,33 @@ def kpi_table(kpis: Sequence[Kpis]) -> str:
     return "\n".join([head, sep, *rows])
 
 
-def class_table(kpis: Sequence[Kpis]) -> str:
-    """Rejected jobs per demand class and run (``rejected / jobs``): what the overall rate hides."""
+def class_table(kpis: Sequence[Kpis], cell: str = "rejected") -> str:
+    """Per demand class and run: ``rejected`` (``rejected / jobs``: what the overall rate hides) or ``wait``
+    (mean / p95 seconds of the placed jobs)."""
     names = sorted({c for k in kpis for c in k.classes}, key=class_order)
     if not names:
         return ""
     head = "| policy | " + " | ".join(names) + " |"
     sep = "|---|" + "---:|" * len(names)
+
+    def show(c: ClassKpis) -> str:
+        return f"{c.rejected} / {c.jobs}" if cell == "rejected" else f"{c.wait_mean_s:.0f} / {c.wait_p95_s:.0f}"
+
     rows = ["| " + k.policy + " | " + " | ".join(
-        f"{k.classes[n].rejected} / {k.classes[n].jobs}" if n in k.classes else "" for n in names) + " |"
-        for k in kpis]
+        show(k.classes[n]) if n in k.classes else "" for n in names) + " |" for k in kpis]
     return "\n".join([head, sep, *rows])
+
+
+def held_table(kpis: Sequence[Kpis]) -> str:
+    """GPU-hours reservations held idle, as a share of the cluster's GPU-hours over the run, and the jobs
+    refused on arrival because no set of nodes could host them."""
+    rows = ["| policy | held idle GPU-h | share of cluster GPU-h | refused on arrival |", "|---|---:|---:|---|"]
+    for k in kpis:
+        total = k.gpus * k.makespan_s / 3600.0
+        share = k.reserved_idle_gpu_h / total if total > 0 else 0.0
+        refused = "; ".join(f"{n} ({why})" for why, n in k.refused.items()) or "none"
+        rows.append(f"| {k.policy} | {k.reserved_idle_gpu_h:.0f} | {100 * share:.1f}% | {refused} |")
+    return "\n".join(rows)
 
 
 def _pick(kpis: Sequence[Kpis], *names: str) -> Kpis | None:
@@ -174,6 +190,10 @@ def write(out: Path, sections: Sequence[Section], *, header: Sequence[str] = ())
         classes = class_table([r.kpis for r in s.runs])
         if classes:
             md += ["Rejected jobs per demand class:", "", classes, ""]
+            md += ["Wait per demand class (mean / p95 s):", "", class_table([r.kpis for r in s.runs], "wait"), ""]
+        held = [r.kpis for r in s.runs if r.kpis.reserved_idle_gpu_h > 0 or r.kpis.refused]
+        if held:
+            md += ["Reservations and refusals:", "", held_table(held), ""]
         if s.kind == "compare":
             table = paper_table([r.kpis for r in s.runs])
             if table:

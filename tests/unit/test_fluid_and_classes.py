@@ -89,10 +89,19 @@ def test_a_cell_is_judged_against_its_best_baseline_and_the_fluid_bound() -> Non
     assert not v.reconfig_ok
 
 
-def test_a_matrix_label_carries_its_parameters() -> None:
-    assert matrix.parse_label("migsched[reserve=off,keep_empty=0.2]") == (
+def test_a_policy_label_carries_its_parameters() -> None:
+    assert experiment.parse_label("migsched[reserve=off,keep_empty=0.2]") == (
         "migsched", {"reserve": False, "keep_empty": 0.2})
-    assert matrix.parse_label("fgd") == ("fgd", {})
+    assert experiment.parse_label("fgd") == ("fgd", {})
+
+
+def test_compare_runs_a_labelled_policy_with_its_parameters_under_its_label() -> None:
+    wl = Workload(name="w", jobs=tuple(
+        SimJob(id=f"j{i}", arrival=float(i), duration=50.0, demand=Demand(kind="gpus", gpus=2), shape="7g")
+        for i in range(4)))
+    cfg = SimConfig(interference=InterferenceParams(beta=0.0))
+    runs = experiment.compare(wl, parse_cluster(["A100-40GB:4"], GEO, 2), ["first-fit", "first-fit[reserve=on]"], cfg)
+    assert [r.kpis.policy for r in runs] == ["first-fit", "first-fit[reserve=on]"]
 
 
 def test_a_matrix_run_writes_its_table_verdict_and_plot(tmp_path: object) -> None:

@@ -139,6 +139,25 @@ def test_a_gang_frees_n_gpus_on_one_node_and_stops_a_gang_victim_on_all_its_gpus
     assert {s.gpu_id for s in v.placement.slots} == {"a", "b"}
 
 
+def test_a_gang_bigger_than_a_node_frees_the_cheapest_gpus_across_nodes_and_stops_a_spanning_victim() -> None:
+    # three nodes of two MIG GPUs: a low-priority gang spans n0 and n1, n2 holds one low and one protected job
+    full = "7g.40gb"
+    old = [_gpu(f"{n}{i}", InstanceView(id=f"w{n}{i}", profile=full, start=0, size=8, compute=7, job_id="old",
+                                        priority=0), node=n, index=i)
+           for n in ("n0", "n1") for i in range(2)]
+    low = _gpu("n20", _inst("low", "3g.20gb", 4, 0), node="n2", index=0)
+    vip = _gpu("n21", _inst("vip", "3g.20gb", 4, 90), node="n2", index=1)
+    v = choose_victims(_snap(*old, low, vip), _job(Demand(kind="gpus", gpus=4), 10), now=5.0)
+    assert isinstance(v, Victims)
+    assert [x.job_id for x in v.victims] == ["old"]  # one victim frees four GPUs on two nodes
+    assert v.victims[0].gpu_ids == ("n00", "n01", "n10", "n11")
+    assert [s.gpu_id for s in v.placement.slots] == ["n00", "n01", "n10", "n11"]
+    five = choose_victims(_snap(*old, low, vip), _job(Demand(kind="gpus", gpus=5), 10), now=5.0)
+    assert isinstance(five, Victims) and {x.job_id for x in five.victims} == {"old", "low"}
+    assert isinstance(choose_victims(_snap(*old, low, vip), _job(Demand(kind="gpus", gpus=6), 10), now=5.0),
+                      NoVictims)
+
+
 def _cohort_book(borrower_usage: float) -> QuotaBook:
     policy = QuotaPolicy([TenantQuota(name="lender", cohort="x", quota={COMPUTE: 7}),
                           TenantQuota(name="borrower", cohort="x", quota={COMPUTE: 0})],

@@ -20,7 +20,7 @@ from shared.sim.cluster import parse_cluster
 from shared.sim.config import InterferenceParams, SimConfig
 from shared.sim.engine import Simulator
 from shared.sim.jobs import SimJob, Workload
-from shared.sim.workloads.synthetic import synthetic
+from shared.sim.workloads.synthetic import GANG_CLASSES, synthetic
 
 pytestmark = pytest.mark.unit
 
@@ -148,6 +148,9 @@ def test_no_job_that_would_delay_a_reservation_ever_starts_on_its_gpus(monkeypat
     runs = [(_backfill(), "A100-40GB:2", 2)]
     runs += [(synthetic(np.random.default_rng(seed), jobs=300, load=1.3, cluster_slices=8 * 7), "A100-40GB:8", 4)
              for seed in range(2)]
+    # gangs bigger than a node, held across nodes
+    runs += [(synthetic(np.random.default_rng(7), jobs=300, load=1.3, cluster_slices=32 * 7, classes=GANG_CLASSES),
+              "A100-40GB:32", 4)]
     for wl, gpus, per_node in runs:
         for name in ("migsched", "first-fit"):
             spec, pol = get_policy(name, reserve=True)

@@ -99,6 +99,16 @@ def test_a_csv_trace_replays_through_a_column_mapping(tmp_path: Path) -> None:
     assert wl.jobs[2].demand.kind == "gpus" and wl.jobs[2].demand.gpus == 2
 
 
+def test_a_csv_trace_takes_gangs_bigger_than_a_node_and_refuses_more_than_one_job_may_ask(tmp_path: Path) -> None:
+    p = tmp_path / "jobs.csv"
+    p.write_text("t,d,n\n0,60,16\n5,60,128\n")
+    wl = load_csv(p, "arrival=t,duration=d,gpus=n", A100)
+    assert [j.demand.gpus for j in wl.jobs] == [16, 128]
+    p.write_text("t,d,n\n0,60,5000\n")
+    with pytest.raises(WorkloadError, match="5000 is more than one job may ask for"):
+        load_csv(p, "arrival=t,duration=d,gpus=n", A100)
+
+
 def test_a_csv_trace_can_give_gaps_profiles_and_millisecond_times(tmp_path: Path) -> None:
     p = tmp_path / "jobs.csv"
     p.write_text("gap,ms,prof\n1000,5000,3g.20gb\n500,2000,1g\n")

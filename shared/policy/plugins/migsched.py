@@ -51,15 +51,16 @@ from shared.policy.alignment import (
     unpack,
 )
 from shared.policy.baseline_slots import PlacementPolicy, count_ok, create_slot, reuse_slot
+from shared.policy.gang import member_slots
 from shared.policy.placement import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.placement_explain import whole_placement
 from shared.policy.registry import PolicySpec, register
-from shared.policy.request import full_profile, resolve_profile
+from shared.policy.request import resolve_profile
 from shared.policy.sharing import place_plain_gpus, place_share
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 NAME = "migsched"
-__all__ = ["NAME", "AlignParams", "bucket", "buckets", "place_aligned", "whole_slots"]
+__all__ = ["NAME", "AlignParams", "bucket", "buckets", "place_aligned"]
 
 
 def place_aligned(
@@ -226,26 +227,8 @@ def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, policy: str) -> 
         return CannotPlace(job_id=job.job_id, policy=policy,
                            reasons=(f"no node has {n} empty GPU(s); the most on one node is {most}",))
     *_, nid = min(fitting)
-    slots = whole_slots(snap, [snap.gpus[p] for p in by_node[nid]], n)
+    slots = member_slots(snap, [snap.gpus[p] for p in by_node[nid]], n)
     return whole_placement(job, slots, policy)
-
-
-def whole_slots(snap: ClusterSnapshot, gpus: Sequence[GpuView], n: int) -> tuple[Slot, ...]:
-    """Full-size instances on ``n`` of ``gpus``: those holding an idle full-size instance first, then those
-    with the least to destroy."""
-
-    def order(g: GpuView) -> tuple[int, int, int]:
-        full = full_profile(snap.geometry.model(g.model))
-        return (0 if any(i.profile == full.name for i in g.instances) else 1, g.idle_mask.bit_count(), g.index)
-
-    slots: list[Slot] = []
-    for g in sorted(gpus, key=order)[:n]:
-        model = snap.geometry.model(g.model)
-        full = full_profile(model)
-        idle_full = next((i for i in g.instances if i.profile == full.name), None)
-        slots.append(reuse_slot(g, model, idle_full.id) if idle_full is not None
-                     else create_slot(g, model, full, full.placements[0]))
-    return tuple(slots)
 
 
 @register(PolicySpec(name=NAME, description="the default: pack in space, align in time (keep empty GPUs, least "

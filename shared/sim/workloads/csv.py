@@ -22,7 +22,7 @@ from pathlib import Path
 
 from shared.errors import MigschedError
 from shared.mig.geometry import GpuModel
-from shared.policy.request import Demand, profile_for_fraction, resolve_profile
+from shared.policy.request import MAX_GANG, Demand, profile_for_fraction, resolve_profile
 from shared.sim.errors import WorkloadError
 from shared.sim.jobs import SimJob, Workload, sort_jobs
 
@@ -118,6 +118,8 @@ def _demand(m: Mapping[str, str], row: Mapping[str, str], model: GpuModel, where
         n = _num(row[m["gpus"]], "gpus", where)
         if n < 1 or n != int(n):
             raise WorkloadError(f"{where}: gpus {row[m['gpus']]!r} is not a positive integer")
+        if n > MAX_GANG:
+            raise WorkloadError(f"{where}: gpus {int(n)} is more than one job may ask for ({MAX_GANG})")
         return (Demand(kind="gpus", gpus=int(n)), "7g") if n > 1 else (Demand(kind="mig", profile="7g"), "7g")
     if "profile" in m:
         name = row[m["profile"]].strip()
@@ -131,6 +133,8 @@ def _demand(m: Mapping[str, str], row: Mapping[str, str], model: GpuModel, where
     f = _num(row[m["gpu_fraction"]], "gpu_fraction", where)
     if f <= 0:
         raise WorkloadError(f"{where}: gpu_fraction {f} must be positive")
+    if f > MAX_GANG:
+        raise WorkloadError(f"{where}: gpu_fraction {f:g} is more than one job may ask for ({MAX_GANG} GPUs)")
     if f > 1:
         return Demand(kind="gpus", gpus=math.ceil(f - 1e-9)), "7g"
     shape = profile_for_fraction(model, f).shape

@@ -58,6 +58,26 @@ CLASSES: tuple[JobClass, ...] = (
 )
 
 
+GANG_CLASSES: tuple[JobClass, ...] = tuple(
+    JobClass(
+        name="large-training",
+        share=0.15,
+        shapes={"7g": 0.3, "2gpu": 0.12, "4gpu": 0.1, "8gpu": 0.08, "16gpu": 0.16, "32gpu": 0.12, "64gpu": 0.08,
+                "128gpu": 0.04},
+        mean_s=21600.0,
+        priority=1,
+    )
+    if c.name == "large-training"
+    else c
+    for c in CLASSES
+)
+"""The multi-node-heavy mix: large training gains 16- to 128-GPU gangs (6 % of the jobs, most of the GPU-hours,
+as in public traces of training clusters); the other classes as in ``CLASSES``."""
+
+MIXES: dict[str, tuple[JobClass, ...]] = {"default": CLASSES, "gangs": GANG_CLASSES}
+"""The named mixes ``-w synthetic[:MIX]`` takes."""
+
+
 def _slices(shape: str) -> int:
     return 7 * int(shape[:-3]) if shape.endswith("gpu") else int(shape[0])
 
@@ -70,7 +90,9 @@ def synthetic(
     cluster_slices: int,
     classes: tuple[JobClass, ...] = CLASSES,
     tenants: int = 8,
+    mix: str = "default",
 ) -> Workload:
+    """``jobs`` Poisson arrivals of ``classes`` at offered ``load``; ``mix`` only names the workload."""
     if jobs < 1:
         raise WorkloadError(f"a synthetic workload needs at least one job, got {jobs}")
     if load <= 0 or cluster_slices <= 0:
@@ -119,4 +141,5 @@ def synthetic(
                 patience=c.patience_s,
             )
         )
-    return Workload(name=f"synthetic:{jobs}@{load:g}", jobs=tuple(out))
+    name = f"synthetic:{jobs}@{load:g}" if mix == "default" else f"synthetic:{mix}:{jobs}@{load:g}"
+    return Workload(name=name, jobs=tuple(out))
