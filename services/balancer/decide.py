@@ -169,8 +169,8 @@ class Decisions(Service):
                     )
                     dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
                     self._m_decide.observe(time.perf_counter() - t0)
-                if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
-                    dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)
+                if isinstance(dec, Placement) and len(dec.slots) > 1:
+                    dec = one_node_gang(dec)
                 if isinstance(dec, Placement):
                     self.holds[shard].placed(sub.job_id)
                     slot = dec.slot
@@ -368,6 +368,23 @@ class Decisions(Service):
 
 def placed_on(dec: Placement) -> list[str]:
     return [s.gpu_id for s in dec.slots]
+
+
+def one_node_gang(dec: Placement) -> Placement | CannotPlace:
+    """What the live stack runs of a gang's placement: plain GPUs on one node (``mig_gang_refused``,
+    ``multi_node_refused``); the simulator runs the rest."""
+    if len({s.node for s in dec.slots}) > 1:
+        return multi_node_refused(dec)
+    return mig_gang_refused(dec) if dec.slot.profile not in PLAIN_PROFILES else dec
+
+
+def multi_node_refused(dec: Placement) -> CannotPlace:
+    """A gang bigger than every node: the state store's reservation and the executors' launch take one node's
+    GPUs, so the live stack keeps it pending with the reason (the simulator places it across nodes)."""
+    nodes = list(dict.fromkeys(s.node for s in dec.slots))
+    some = ", ".join(nodes[:4]) + (", ..." if len(nodes) > 4 else "")
+    why = f"{len(dec.slots)} GPUs need {len(nodes)} nodes ({some}); the live stack runs a gang on one node"
+    return CannotPlace(job_id=dec.job_id, policy=dec.policy, reasons=(why,))
 
 
 def mig_gang_refused(dec: Placement) -> CannotPlace:

@@ -228,3 +228,35 @@ async def test_a_high_priority_share_preempts_a_low_priority_one(tenant_node: En
     g3 = (await e.ns.state.get_gpus(["n1/3"]))[0]
     assert sorted(i.job or "" for i in g3.instances) == sorted(["hi", next(j for j in states if j != victim)])
     await e.clean()
+
+
+@pytest.fixture
+async def two_plain_nodes(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Env]:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
+        for ex in nodes:
+            await ex.start()
+        assert await until(lambda: _mirror_has(stack, 4))
+        yield Env(ns, stack, nodes[0])
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
+
+
+async def test_a_gang_bigger_than_every_node_waits_with_its_reason_and_reserves_nothing(two_plain_nodes: Env) -> None:
+    e = two_plain_nodes
+    await e.submit(submit("big", Demand(kind="gpus", gpus=3)))
+
+    async def says_why() -> bool:
+        job = await e.ns.state.job("big")
+        return job is not None and job.state == "pending" and "the live stack runs a gang on one node" in job.reason
+
+    assert await until(says_why)  # all four GPUs are free: the placement spans both nodes, and is refused
+    await e.submit(submit("two", Demand(kind="gpus", gpus=2)))
+    assert await until(e.all_in(["two"], "running"))  # nothing of the first was reserved
+    assert await until(e.all_in(["big"], "pending"))
+    gpus = await e.ns.state.get_gpus([f"{n}/{i}" for n in ("n1", "n2") for i in range(2)])
+    assert not any(i.job == "big" for g in gpus for i in g.instances)
+    await e.clean()
