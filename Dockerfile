@@ -1,7 +1,8 @@
 # One image for every migsched service (docker-compose.yml picks the entry point per container):
 #   python -m services.balancer | services.partitioner | services.migration_planner | services.executor
-# The sim executor needs nothing else; an nvml executor additionally needs the NVIDIA container runtime
-# (--gpus all) and root for MIG reconfiguration.
+# It installs what the control plane and the sim executor run. A GPU node's executor adds NVML's binding
+# (docker build --build-arg EXTRAS=fast,nvml .) and needs the NVIDIA container runtime (--gpus all) and root for
+# MIG reconfiguration. The simulator's plots (sim) and the load tools (load) are extras of their own.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -9,7 +10,8 @@ COPY shared ./shared
 COPY services ./services
 COPY migsched ./migsched
 COPY load ./load
-RUN pip install --no-cache-dir --prefix=/install ".[fast]"
+ARG EXTRAS=fast
+RUN pip install --no-cache-dir --prefix=/install ".[${EXTRAS}]"
 
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1

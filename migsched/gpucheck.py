@@ -1,4 +1,4 @@
-"""``migsched gpu-check``: what NVML says about this node's GPUs, compared with the built-in MIG tables.
+"""What NVML says about this node's GPUs, compared with the built-in MIG tables.
 
 Read-only by default: MIG mode (current/pending), the profile table and placements read from NVML, the
 instances that exist, and every difference from the built-in table. ``--measure`` (explicit) times GI/CI
@@ -163,21 +163,8 @@ def _measure(nvml: Any, index: int, repeat: int) -> dict[str, Any]:
     return {"unit": "ms (median)", "repeat": repeat, "profiles": results}
 
 
-@click.command("gpu-check")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-@click.option("--gpu", "gpus", type=int, multiple=True, help="Only these GPU indices (repeatable).")
-@click.option(
-    "--measure",
-    is_flag=True,
-    help="Time GI/CI create+destroy per profile on free MIG GPUs (creates and destroys instances; "
-    "needs root; refuses GPUs with existing instances).",
-)
-@click.option(
-    "--repeat", type=click.IntRange(1, 50), default=3, show_default=True, help="Samples per profile."
-)
-@click.option("--fake", hidden=True, default=None, help=f"Use the NVML fake (tests); also ${FAKE_ENV}.")
-def command(as_json: bool, gpus: tuple[int, ...], measure: bool, repeat: int, fake: str | None) -> None:
-    """Show MIG mode, NVML's profile table and placements, and differences from the built-in tables."""
+def run(as_json: bool, gpus: tuple[int, ...], measure: bool, repeat: int, fake: str | None) -> None:
+    """``migsched gpu-check`` (``migsched.commands.gpu_check`` holds its options); exits with its code."""
     nvml = _load_nvml(fake)
     try:
         nvml.nvmlInit()

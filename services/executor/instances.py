@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-import pynvml
-
+from services.executor import nvml_codes
 from services.executor.backend import Backend, InstanceInfo
 from services.executor.nvml_errors import error_for_code
 from shared.events import InstanceReport
@@ -96,7 +95,7 @@ class InstanceBook:
                     continue
                 if (gpu_index, current.gi_id) in busy:
                     raise error_for_code(
-                        pynvml.NVML_ERROR_IN_USE,
+                        nvml_codes.IN_USE,
                         f"destroy {op.profile}@{op.start} on GPU "
                         f"{gpu_index} ({op.instance_id}, a workload still runs on it)",
                     )
@@ -116,7 +115,7 @@ class InstanceBook:
             elif op.kind == "create_ci":
                 if current is None:
                     raise error_for_code(
-                        pynvml.NVML_ERROR_NOT_FOUND,
+                        nvml_codes.NOT_FOUND,
                         f"create the compute instance of "
                         f"{op.instance_id} ({op.profile}@{op.start} on GPU {gpu_index})",
                     )

@@ -6,8 +6,7 @@ error vocabulary whatever runs underneath.
 
 from __future__ import annotations
 
-import pynvml
-
+from services.executor import nvml_codes
 from services.executor.backend import (
     BackendError,
     BackendUnavailableError,
@@ -19,52 +18,52 @@ from services.executor.backend import (
 
 # code -> (error class, what it means for an operator)
 _TABLE: dict[int, tuple[type[BackendError], str]] = {
-    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: (
+    nvml_codes.INSUFFICIENT_RESOURCES: (
         InsufficientResourcesError,
         "the placement overlaps an existing GPU instance or the profile is at its maximum count",
     ),
-    pynvml.NVML_ERROR_IN_USE: (
+    nvml_codes.IN_USE: (
         InUseError,
         "the instance still has processes, or was released a moment ago; retry shortly",
     ),
-    pynvml.NVML_ERROR_NOT_SUPPORTED: (
+    nvml_codes.NOT_SUPPORTED: (
         BackendError,
         "not supported on this GPU (is MIG mode enabled, and does this GPU have this profile?)",
     ),
-    pynvml.NVML_ERROR_NO_PERMISSION: (
+    nvml_codes.NO_PERMISSION: (
         PermissionDeniedError,
         "insufficient permissions: MIG reconfiguration needs root (or CAP_SYS_ADMIN on the MIG config caps)",
     ),
-    pynvml.NVML_ERROR_INVALID_ARGUMENT: (
+    nvml_codes.INVALID_ARGUMENT: (
         BackendError,
         "invalid argument: the profile id or placement is not valid for this GPU, or the handle is stale",
     ),
-    pynvml.NVML_ERROR_NOT_FOUND: (BackendError, "not found: the instance no longer exists"),
-    pynvml.NVML_ERROR_UNINITIALIZED: (BackendUnavailableError, "NVML is not initialised"),
-    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: (
+    nvml_codes.NOT_FOUND: (BackendError, "not found: the instance no longer exists"),
+    nvml_codes.UNINITIALIZED: (BackendUnavailableError, "NVML is not initialised"),
+    nvml_codes.DRIVER_NOT_LOADED: (
         BackendUnavailableError,
         "the NVIDIA driver is not loaded on this node (check `nvidia-smi`)",
     ),
-    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (
+    nvml_codes.LIBRARY_NOT_FOUND: (
         BackendUnavailableError,
         "libnvidia-ml.so was not found: install the NVIDIA driver or run on a GPU node",
     ),
-    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
+    nvml_codes.LIB_RM_VERSION_MISMATCH: (
         BackendUnavailableError,
         "the NVML library and the kernel driver versions differ: reboot or reload the driver",
     ),
-    pynvml.NVML_ERROR_GPU_IS_LOST: (
+    nvml_codes.GPU_IS_LOST: (
         BackendError,
         "the GPU has fallen off the bus: drain the node and reset it",
     ),
-    pynvml.NVML_ERROR_RESET_REQUIRED: (
+    nvml_codes.RESET_REQUIRED: (
         BackendError,
         "the GPU needs a reset (`sudo nvidia-smi -i N -r` with no processes on it) or a reboot",
     ),
-    pynvml.NVML_ERROR_TIMEOUT: (BackendError, "the driver timed out; retry"),
-    pynvml.NVML_ERROR_INSUFFICIENT_SIZE: (BackendError, "internal: a result buffer was too small"),
-    pynvml.NVML_ERROR_MEMORY: (BackendError, "the driver is out of memory"),
-    pynvml.NVML_ERROR_UNKNOWN: (BackendError, "unknown NVML error"),
+    nvml_codes.TIMEOUT: (BackendError, "the driver timed out; retry"),
+    nvml_codes.INSUFFICIENT_SIZE: (BackendError, "internal: a result buffer was too small"),
+    nvml_codes.MEMORY: (BackendError, "the driver is out of memory"),
+    nvml_codes.UNKNOWN: (BackendError, "unknown NVML error"),
 }
 
 NOT_MIG_HINT = (
@@ -82,7 +81,7 @@ def not_mig_error(index: int, current: int | None, pending: int | None) -> NotMi
         state = "is not in MIG mode"
     return NotMigModeError(
         f"GPU {index} {state}; refusing MIG operations. " + NOT_MIG_HINT.format(index=index),
-        code=pynvml.NVML_ERROR_NOT_SUPPORTED,
+        code=nvml_codes.NOT_SUPPORTED,
     )
 
 
@@ -93,12 +92,10 @@ def error_for_code(code: int, action: str) -> BackendError:
     return cls(f"{action} failed: {meaning} (NVML error {code} {name})", code=code)
 
 
-def translate(exc: pynvml.NVMLError, action: str) -> BackendError:
-    return error_for_code(int(exc.value), action)
+def translate(exc: Exception, action: str) -> BackendError:
+    """An ``pynvml.NVMLError`` (its ``value`` is the return code) as the typed error."""
+    return error_for_code(int(getattr(exc, "value", nvml_codes.UNKNOWN)), action)
 
 
 def _code_name(code: int) -> str:
-    for attr in dir(pynvml):
-        if attr.startswith("NVML_ERROR_") and getattr(pynvml, attr) == code:
-            return attr
-    return "NVML_ERROR_?"
+    return nvml_codes.NAMES.get(code, "NVML_ERROR_?")

@@ -25,10 +25,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-import pynvml
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from services.executor import nvml_codes
 from services.executor.backend import Backend, BackendError
 from services.executor.commands import CommandsMixin
 from services.executor.config import ExecutorError, ExecutorSettings, build_backend, hosted_nodes, parse_gpus
@@ -234,7 +234,7 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
             msgs = await self.apply(cmd, ctx)
         except MigschedError as exc:
             code = exc.code if isinstance(exc, BackendError) else None
-            if code == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES and cmd.kind in ("place", "migrate_start"):
+            if code == nvml_codes.INSUFFICIENT_RESOURCES and cmd.kind in ("place", "migrate_start"):
                 self._drift_seen = True
             if span is not None:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))

@@ -11,8 +11,7 @@ import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
 
-import pynvml
-
+from services.executor import nvml_codes
 from services.executor.backend import (
     BackendError,
     GpuInfo,
@@ -72,7 +71,7 @@ class SimBackend:
 
     # ---- fault knobs (tests and chaos runs) ----
 
-    def fail_next(self, op: str, code: int = pynvml.NVML_ERROR_UNKNOWN) -> None:
+    def fail_next(self, op: str, code: int = nvml_codes.UNKNOWN) -> None:
         """Make the next ``op`` ("create" or "destroy") fail with NVML ``code`` (queued, one per call)."""
         self._faults[op].append(code)
 
@@ -101,7 +100,7 @@ class SimBackend:
     def _gpu(self, gpu_index: int) -> GpuModel:
         if not 0 <= gpu_index < len(self._models):
             raise BackendError(
-                f"node {self.node} has no GPU {gpu_index}", code=pynvml.NVML_ERROR_INVALID_ARGUMENT
+                f"node {self.node} has no GPU {gpu_index}", code=nvml_codes.INVALID_ARGUMENT
             )
         return self._models[gpu_index]
 
@@ -130,20 +129,20 @@ class SimBackend:
                 profile = model.profile_by_id(profile_id)
             except UnknownModelError:
                 raise error_for_code(
-                    pynvml.NVML_ERROR_INVALID_ARGUMENT, f"create profile id {profile_id} on GPU {gpu_index}"
+                    nvml_codes.INVALID_ARGUMENT, f"create profile id {profile_id} on GPU {gpu_index}"
                 ) from None
             action = f"create {profile.name}@{start} on GPU {gpu_index}"
             if self._faults["create"]:
                 raise error_for_code(self._faults["create"].pop(0), action)
             if start not in profile.placements:
-                raise error_for_code(pynvml.NVML_ERROR_INVALID_ARGUMENT, action)
+                raise error_for_code(nvml_codes.INVALID_ARGUMENT, action)
             gis = self._gis[gpu_index]
             used = 0
             for gi in gis.values():
                 used |= span(gi.size, gi.start)
             same = sum(1 for gi in gis.values() if gi.profile_id == profile_id)
             if used & span(profile.memory_slices, start) or same >= profile.max_count:
-                raise error_for_code(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES, action)
+                raise error_for_code(nvml_codes.INSUFFICIENT_RESOURCES, action)
             gi_id = 0 if profile.memory_slices == model.memory_slices else _free_gi_id(gis)
             self._serial += 1
             info = InstanceInfo(
@@ -171,7 +170,7 @@ class SimBackend:
             job = self._jobs.job_on(gpu_index, gi_id)
             if job is not None:
                 raise InUseError(
-                    f"{action} refused: job {job} is running on it", code=pynvml.NVML_ERROR_IN_USE
+                    f"{action} refused: job {job} is running on it", code=nvml_codes.IN_USE
                 )
             await asyncio.sleep(self._latency)
             if self._faults["destroy"]:
@@ -188,13 +187,13 @@ class SimBackend:
                 if i not in self._mig_disabled:
                     raise BackendError(
                         f"GPU {i} is in MIG mode: a whole-GPU or time-sliced job cannot run on it",
-                        code=pynvml.NVML_ERROR_INVALID_ARGUMENT,
+                        code=nvml_codes.INVALID_ARGUMENT,
                     )
             return
         self._mig_gpu(instance.gpu_index)
         if instance.gi_id not in self._gis[instance.gpu_index]:
             raise error_for_code(
-                pynvml.NVML_ERROR_NOT_FOUND, f"start workload on GPU {instance.gpu_index} GI {instance.gi_id}"
+                nvml_codes.NOT_FOUND, f"start workload on GPU {instance.gpu_index} GI {instance.gi_id}"
             )
 
     def _duration(self, spec: WorkloadSpec) -> float | None:

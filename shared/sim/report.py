@@ -3,13 +3,12 @@ run."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
 
 from shared.sim.metrics import ClassKpis, Kpis, RunResult, class_order
-from shared.sim.plots import all_plots
 
 COLUMNS = (
     ("policy", "policy", "{}"),
@@ -69,6 +68,17 @@ def class_table(kpis: Sequence[Kpis], cell: str = "rejected") -> str:
     rows = ["| " + k.policy + " | " + " | ".join(
         show(k.classes[n]) if n in k.classes else "" for n in names) + " |" for k in kpis]
     return "\n".join([head, sep, *rows])
+
+
+def _plotter() -> Callable[..., list[Path]] | None:
+    """``plots.all_plots``, or None without the ``[sim]`` extra (matplotlib): the tables are the result."""
+    try:
+        from shared.sim.plots import all_plots
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] == "matplotlib":
+            return None
+        raise
+    return all_plots
 
 
 def held_table(kpis: Sequence[Kpis]) -> str:
@@ -180,8 +190,11 @@ def write(out: Path, sections: Sequence[Section], *, header: Sequence[str] = ())
     (out / "series.json").write_bytes(msgspec.json.encode(series))
     written += [out / "kpis.json", out / "series.json"]
     md = ["# Simulation report", "", *header, ""]
+    plots = _plotter()
+    if plots is None:
+        md += ["PNG plots need matplotlib: `pip install 'migsched[sim]'`.", ""]
     for s in sections:
-        pngs = all_plots(s.runs, out, prefix=s.prefix, sweep=s.kind == "sweep")
+        pngs = plots(s.runs, out, prefix=s.prefix, sweep=s.kind == "sweep") if plots is not None else []
         written += pngs
         md += [f"## {s.title}", ""]
         if s.command:

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
+from migsched import gpucheck
 from migsched.commands import gpu_check
 from services.executor.nvml_fake import FakeGpu, FakeNvml
 from shared.mig.geometry import default_geometry
@@ -22,7 +23,7 @@ def invoke(
     *args: str, fake: FakeNvml | None = None, monkeypatch: pytest.MonkeyPatch | None = None
 ) -> tuple[int, str]:
     if fake is not None and monkeypatch is not None:
-        monkeypatch.setattr(gpu_check, "_load_nvml", lambda _spec: fake)
+        monkeypatch.setattr(gpucheck, "_load_nvml", lambda _spec: fake)
     result = CliRunner().invoke(gpu_check.command, list(args))
     return result.exit_code, result.output
 
@@ -88,7 +89,7 @@ def test_measure_refuses_a_gpu_with_instances_it_did_not_create(monkeypatch: pyt
 
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="NVIDIA driver present")
 def test_on_a_machine_without_a_driver_the_real_check_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(gpu_check.FAKE_ENV, raising=False)
+    monkeypatch.delenv(gpucheck.FAKE_ENV, raising=False)
     code, out = invoke()
     assert code == 2
     assert "NVML_ERROR_LIBRARY_NOT_FOUND" in out or "NVML_ERROR_DRIVER_NOT_LOADED" in out
