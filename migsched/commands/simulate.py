@@ -344,7 +344,7 @@ def _run(o: dict[str, Any]) -> None:
     written = report.write(out, sections, header=header)
     for s in sections:
         click.echo(report.kpi_table([r.kpis for r in s.runs]))
-    click.echo(f"wrote {len(written)} files to {out}/ (report.md, kpis.json, series.json, PNGs)")
+    click.echo(f"wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
 
 
 def _config(o: dict[str, Any], seed: int, patience: float) -> Any:
@@ -435,7 +435,7 @@ def _run_tenancy(
     written = report.write(out, sections, header=header)
     click.echo(report.kpi_table([r.kpis for r in runs]))
     click.echo(table)
-    click.echo(f"wrote {len(written)} files to {out}/ (report.md, kpis.json, series.json, PNGs)")
+    click.echo(f"wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
 
 
 def _params(cfg: Any) -> str:
