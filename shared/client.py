@@ -197,6 +197,28 @@ class MigschedClient:
             bus.subjects.jobs_cancel, JobCancel(id=new_id("cancel"), job_id=job_id, reason=reason, at=now())
         )
 
+    async def consumed(self, tries: int = 4, pause_s: float = 0.25) -> bool:
+        """Whether a running service takes this namespace's submits: a consumer of ``jobs.submit`` with a pull
+        request waiting (a balancer always keeps one open; a durable left by a stopped one has none)."""
+        bus = self._bus()
+        wanted = bus.subjects.jobs_submit
+        for attempt in range(tries):
+            try:
+                infos = await bus.js.consumers_info(bus.subjects.stream_jobs)
+            except NotFoundError:
+                return False
+            for ci in infos:
+                subjects = {ci.config.filter_subject, *(ci.config.filter_subjects or ())}
+                if wanted in subjects and (ci.num_waiting or 0) > 0:
+                    return True
+            if attempt + 1 < tries:  # a pull request is renewed as it expires: look again a moment later
+                await asyncio.sleep(pause_s)
+        return False
+
+    async def record(self, job_id: str) -> Any:
+        """The job's record in the state store (``JobRecord``: state, reason, history), or None."""
+        return None if self._state is None else await self._state.job(job_id)
+
     # --- outcomes -------------------------------------------------------------------------------------------
     async def state(self, job_id: str) -> str | None:
         """The job's current state from the state store (``None``: unknown there, or no ``redis_url``)."""

@@ -1,14 +1,20 @@
-"""``migsched submit``: publish one job on ``jobs.submit`` and print its id."""
+"""``migsched submit``: publish one job on ``jobs.submit`` and print its id.
+
+Exit status: 0 submitted (with ``--wait``: and finished); 1 with ``--wait``, the job ended rejected, failed or
+cancelled (its reason is printed); 2 a usage error; 3 with ``--wait``, it had not ended in time; 4 no running
+service consumes the namespace's submits (nothing was published; ``--anyway`` queues it regardless).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import click
 import msgspec
 
 from migsched import endpoints
-from shared.client import ClientError, MigschedClient, demand_of
+from shared.client import ClientError, MigschedClient, WaitTimeout, demand_of
 
 
 @click.command("submit", context_settings={"ignore_unknown_options": False})
@@ -43,6 +49,11 @@ from shared.client import ClientError, MigschedClient, demand_of
     type=float,
     help="Wait up to this many seconds for the job to end; print its final state (needs Redis).",
 )
+@click.option(
+    "--anyway",
+    is_flag=True,
+    help="Publish even when no running service consumes this namespace's submits (it waits in the stream).",
+)
 @click.argument("argv", nargs=-1)
 def command(
     nats_url: str,
@@ -61,6 +72,7 @@ def command(
     patience_s: float | None,
     job_id: str | None,
     wait_s: float | None,
+    anyway: bool,
     argv: tuple[str, ...],
 ) -> None:
     """Submit one job: exactly one of --profile, --compute + --memory, --gpus N or --shared.
@@ -84,10 +96,19 @@ def command(
     except (ClientError, msgspec.ValidationError) as exc:
         raise click.UsageError(str(exc)) from None
 
-    async def run() -> None:
+    async def run() -> int:
         async with MigschedClient(
             nats_url, namespace=namespace, redis_url=redis_url if wait_s is not None else None
         ) as c:
+            if not anyway and not await c.consumed():
+                where = f"namespace {namespace!r}" if namespace else "the default namespace"
+                click.echo(
+                    f"error: no running service consumes submits in {where} on {nats_url}; nothing was "
+                    "published. Give the namespace `migsched up` printed (--namespace or MIGSCHED_NAMESPACE), "
+                    "or --anyway to queue the job until a balancer starts.",
+                    err=True,
+                )
+                return 4
             jid = await c.submit(
                 job_id=msg.job_id,
                 demand=msg.demand,
@@ -100,7 +121,19 @@ def command(
                 argv=argv,
             )
             click.echo(jid)
-            if wait_s is not None:
-                click.echo(await c.wait(jid, timeout=wait_s))
+            if wait_s is None:
+                return 0
+            try:
+                state = await c.wait(jid, timeout=wait_s)
+            except WaitTimeout as exc:
+                click.echo(f"error: {exc}", err=True)
+                return 3
+            if state == "finished":
+                click.echo(state)
+                return 0
+            rec = await c.record(jid)
+            reason = rec.reason if rec is not None and rec.reason else "no reason recorded"
+            click.echo(f"{state}: {reason}")
+            return 1
 
-    asyncio.run(run())
+    sys.exit(asyncio.run(run()))

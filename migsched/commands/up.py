@@ -147,15 +147,27 @@ async def _serve(stack: Stack, console: Console) -> None:
         + ", ".join(p.name for p in stack.procs)
         + f". Prometheus: {json.dumps(stack.metrics_ports)}"
     )
-    console.print(
-        "Submit with `migsched submit --profile 3g --duration 60`, watch with `migsched status`. "
-        "Ctrl-C stops."
-    )
+    console.print(next_steps(stack.config.namespace, stack.nats_url, stack.redis_url) + " Ctrl-C stops.")
     stop = _stop_event()
     while not stop.is_set():
         stack.check_alive()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
+
+
+def next_steps(namespace: str, nats_url: str, redis_url: str) -> str:
+    """How to use the stack just started: the commands with its namespace and servers, ready to paste."""
+    where = []
+    if namespace:
+        where.append(f"--namespace {namespace}")
+    if nats_url != "nats://127.0.0.1:4222":
+        where.append(f"--nats-url {nats_url}")
+    if redis_url != "redis://127.0.0.1:6379/0":
+        where.append(f"--redis-url {redis_url}")
+    flags = "".join(" " + w for w in where)
+    env = f" (or `export MIGSCHED_NAMESPACE={namespace}`)" if namespace else ""
+    return (f"Submit with `migsched submit{flags} --profile 3g --duration 60`, watch with "
+            f"`migsched status{flags}`{env}.")
 
 
 def _stop_event() -> asyncio.Event:

@@ -1,0 +1,127 @@
+"""The CLI's traps, on real NATS + Redis: a submit nobody would consume, ``--wait`` on a job that did not
+finish, a cancel of an unknown id, and the commands ``up`` prints."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from click.testing import CliRunner, Result
+
+from migsched.cli import main
+from migsched.commands.up import next_steps
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from tests.integration.test_plain_gpus_flow import until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+class Cli:
+    def __init__(self, ns: Namespace, nats_url: str, redis_url: str) -> None:
+        self.ns, self.where = ns, ["--nats-url", nats_url, "--redis-url", redis_url,
+                                   "--namespace", ns.settings.namespace]
+
+    async def __call__(self, verb: str, *args: str) -> Result:
+        # the verbs run their own event loop: in a thread, beside this test's
+        return await asyncio.to_thread(CliRunner().invoke, main, [verb, *self.where, *args])
+
+    async def state(self, job: str) -> str | None:
+        rec = await self.ns.state.job(job)
+        return None if rec is None else str(rec.state)
+
+
+@pytest.fixture
+async def bare(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Cli]:
+    """A namespace with its streams and no service."""
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        yield Cli(ns, nats_url, redis_url)
+
+
+@pytest.fixture
+async def live(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[tuple[Cli, ScriptedExecutor]]:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
+        await ex.start()
+        assert await until(lambda: _has_gpus(stack))
+        yield Cli(ns, nats_url, redis_url), ex
+        await ex.stop()
+        await stack.stop()
+
+
+async def _has_gpus(stack: Stack) -> bool:
+    return len(stack.balancer.mirrors[0]) >= 1
+
+
+async def test_a_submit_that_no_running_service_would_consume_publishes_nothing_and_exits_non_zero(bare: Cli) -> None:
+    r = await bare("submit", "--profile", "1g", "--job-id", "lost")
+    assert r.exit_code == 4
+    assert "no running service consumes submits" in r.stderr and bare.ns.settings.namespace in r.stderr
+    info = await bare.ns.bus.js.stream_info(bare.ns.bus.subjects.stream_jobs)
+    assert info.state.messages == 0  # nothing was queued for nobody
+    queued = await bare("submit", "--profile", "1g", "--job-id", "later", "--anyway")
+    assert queued.exit_code == 0 and queued.stdout.strip() == "later"
+
+
+async def test_submit_wait_exits_zero_only_for_a_finished_job_and_prints_the_reason_otherwise(
+    live: tuple[Cli, ScriptedExecutor],
+) -> None:
+    cli, ex = live
+    rejected = await cli("submit", "--gpus", "2", "--patience", "0.5", "--job-id", "too-big", "--wait", "30")
+    assert rejected.exit_code == 1, rejected.output
+    assert rejected.stdout.splitlines()[-1].startswith("rejected: ") and len(rejected.stdout.splitlines()[-1]) > 10
+
+    async def finish() -> None:
+        assert await until(lambda: _is(cli, "ok", "running"))
+        await ex.exit(["ok"])
+
+    finisher = asyncio.create_task(finish())
+    done = await cli("submit", "--profile", "1g", "--job-id", "ok", "--wait", "30")
+    await finisher
+    assert done.exit_code == 0 and done.stdout.splitlines() == ["ok", "finished"]
+
+    async def fail() -> None:
+        assert await until(lambda: _is(cli, "bad", "running"))
+        await ex.exit(["bad"], kind="failed")
+
+    failer = asyncio.create_task(fail())
+    failed = await cli("submit", "--profile", "1g", "--job-id", "bad", "--wait", "30")
+    await failer
+    assert failed.exit_code == 1 and failed.stdout.splitlines()[-1].startswith("failed: ")
+
+
+async def test_a_wait_that_runs_out_says_so_and_exits_three(live: tuple[Cli, ScriptedExecutor]) -> None:
+    cli, _ = live
+    r = await cli("submit", "--profile", "1g", "--job-id", "slow", "--wait", "0.5")
+    assert r.exit_code == 3 and "did not reach" in r.stderr
+
+
+async def test_a_cancel_of_an_unknown_job_says_so_exits_non_zero_and_leaves_the_id_usable(
+    live: tuple[Cli, ScriptedExecutor],
+) -> None:
+    cli, _ = live
+    r = await cli("cancel", "ghost")
+    assert r.exit_code == 1 and "unknown job: ghost" in r.stderr
+    sub = await cli("submit", "--profile", "1g", "--job-id", "ghost")
+    assert sub.exit_code == 0
+    assert await until(lambda: _is(cli, "ghost", "running"))  # no tombstone swallowed the submit
+    again = await cli("cancel", "ghost")
+    assert again.exit_code == 0 and "cancel requested: ghost" in again.stdout
+    assert await until(lambda: _is(cli, "ghost", "cancelled"))
+    ended = await cli("cancel", "ghost")
+    assert ended.exit_code == 0 and "already cancelled: ghost" in ended.stdout
+
+
+async def _is(cli: Cli, job: str, state: str) -> bool:
+    return await cli.state(job) == state
+
+
+def test_up_prints_its_commands_with_its_namespace_and_servers() -> None:
+    text = next_steps("demo-1a2b3c", "nats://127.0.0.1:4222", "redis://127.0.0.1:6390/0")
+    assert "migsched submit --namespace demo-1a2b3c --redis-url redis://127.0.0.1:6390/0 --profile 3g" in text
+    assert "migsched status --namespace demo-1a2b3c --redis-url redis://127.0.0.1:6390/0" in text
+    assert "export MIGSCHED_NAMESPACE=demo-1a2b3c" in text
+    plain = next_steps("", "nats://127.0.0.1:4222", "redis://127.0.0.1:6379/0")
+    assert "`migsched submit --profile 3g --duration 60`" in plain and "export" not in plain
