@@ -22,6 +22,7 @@ VERBS: dict[str, str] = {
     "service": "service",
     "quota": "quota",
     "traces": "traces",
+    "dlq": "dlq",
 }
 
 

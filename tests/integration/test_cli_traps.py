@@ -4,6 +4,7 @@ finish, a cancel of an unknown id, and the commands ``up`` prints."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -125,3 +126,35 @@ def test_up_prints_its_commands_with_its_namespace_and_servers() -> None:
     assert "export MIGSCHED_NAMESPACE=demo-1a2b3c" in text
     plain = next_steps("", "nats://127.0.0.1:4222", "redis://127.0.0.1:6379/0")
     assert "`migsched submit --profile 3g --duration 60`" in plain and "export" not in plain
+
+
+async def test_dlq_lists_a_refused_message_with_its_reason_and_replays_one_onto_its_subject(
+    live: tuple[Cli, ScriptedExecutor],
+) -> None:
+    cli, _ = live
+    bus = cli.ns.bus
+    bad = b'{"v":1,"id":"s-bad","job_id":"bad","demand":{"kind":"mig"},"submitted_at":1.0}'
+    await bus.js.publish(bus.subjects.jobs_submit, bad, headers={"Nats-Msg-Id": "s-bad"})
+
+    async def listed() -> bool:
+        r = await cli("dlq", "list", "--json")
+        return r.exit_code == 0 and "s-bad" in r.stdout
+
+    assert await until(listed)
+    (line,) = [json.loads(x) for x in (await cli("dlq", "list", "--json")).stdout.splitlines()
+               if "s-bad" in x]
+    assert line["subject"] == bus.subjects.jobs_submit and "demand" in line["reason"] and line["consumer"]
+    text = (await cli("dlq")).stdout
+    assert str(line["seq"]) in text and line["reason"] in text
+    # a message a consumer refused before it was fixed: put back on its subject, it runs
+    good = b'{"v":1,"id":"s-good","job_id":"good","demand":{"kind":"mig","profile":"1g"},"submitted_at":1.0}'
+    ack = await bus.js.publish(bus.subjects.dlq(bus.subjects.jobs_submit), good, headers={
+        "Nats-Msg-Id": "dlq:test:1", "Migsched-Original-Subject": bus.subjects.jobs_submit,
+        "Migsched-Error": "refused before the fix"})
+    r = await cli("dlq", "replay", str(ack.seq))
+    assert r.exit_code == 0 and bus.subjects.jobs_submit in r.stdout
+    assert await until(lambda: _is(cli, "good", "running"))
+    left = (await cli("dlq", "list", "--json")).stdout.splitlines()
+    assert ack.seq not in {json.loads(x)["seq"] for x in left}  # replayed: gone from the dead-letter stream
+    missing = await cli("dlq", "replay", str(ack.seq))
+    assert missing.exit_code == 1 and f"no dead letter with sequence {ack.seq}" in missing.stderr
