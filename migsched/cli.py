@@ -23,6 +23,7 @@ VERBS: dict[str, str] = {
     "quota": "quota",
     "traces": "traces",
     "dlq": "dlq",
+    "describe": "describe",
 }
 
 

@@ -211,7 +211,7 @@ class Decisions(Service):
                         spec=c.spec,
                         prio=c.priority,
                         submitted_at=sub.submitted_at,
-                        reason=dec.explain()[:500],
+                        reason=dec.explain(runners_up=3)[:1000],
                         traceparent=c.traceparent,
                         tenant=sub.tenant if self.ledger.active else "",
                         usage=usage,

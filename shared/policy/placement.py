@@ -72,10 +72,18 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
     def score(self) -> float:
         return self.frag_after
 
-    def explain(self) -> str:
+    def explain(self, runners_up: int = 0) -> str:
+        """One line: where, the fragmentation before and after, the reasons; with ``runners_up``, that many of
+        the next-best candidates."""
         s = self.slot
         head = f"{self.job_id} -> {s.gpu_id} {s.profile}@{s.start} ({s.action}, {self.tier})"
-        return f"{head} frag {self.frag_before:.3f}->{self.frag_after:.3f}; " + "; ".join(self.reasons)
+        if len(self.slots) > 1:
+            head += f" and {len(self.slots) - 1} more GPU(s)"
+        text = f"{head} frag {self.frag_before:.3f}->{self.frag_after:.3f}; " + "; ".join(self.reasons)
+        if runners_up and self.candidates:
+            text += "; runners-up: " + ", ".join(
+                f"{c.gpu_id} {c.profile}@{c.start} frag {c.frag_after:.3f}" for c in self.candidates[:runners_up])
+        return text
 
 
 class CannotPlace(msgspec.Struct, frozen=True, kw_only=True):

@@ -158,3 +158,25 @@ async def test_dlq_lists_a_refused_message_with_its_reason_and_replays_one_onto_
     assert ack.seq not in {json.loads(x)["seq"] for x in left}  # replayed: gone from the dead-letter stream
     missing = await cli("dlq", "replay", str(ack.seq))
     assert missing.exit_code == 1 and f"no dead letter with sequence {ack.seq}" in missing.stderr
+
+
+async def test_describe_shows_why_a_job_waits_and_every_transition_with_its_reason(
+    live: tuple[Cli, ScriptedExecutor],
+) -> None:
+    cli, _ = live
+    assert (await cli("submit", "--profile", "1g", "--job-id", "here", "--tenant", "team-a")).exit_code == 0
+    assert (await cli("submit", "--gpus", "3", "--job-id", "waits")).exit_code == 0
+    assert await until(lambda: _is(cli, "here", "running"))
+    assert await until(lambda: _is(cli, "waits", "pending"))
+    placed = await cli("describe", "here")
+    assert placed.exit_code == 0, placed.output
+    text = placed.stdout
+    assert "job here: running" in text and "asks 1g for tenant team-a" in text and "holds on n1: n1/0" in text
+    assert "-> placing: here -> n1/0 1g" in text and "placing -> running" in text
+    pending = (await cli("describe", "waits")).stdout
+    assert "job waits: pending" in pending and "why it waits: cannot place" in pending
+    as_json = json.loads((await cli("describe", "waits", "--json")).stdout)
+    assert as_json["record"]["state"] == "pending" and as_json["spec"]["demand"]["gpus"] == 3
+    assert [h["to"] for h in as_json["history"]][:1] == ["pending"]
+    unknown = await cli("describe", "nobody")
+    assert unknown.exit_code == 1 and "unknown job: nobody" in unknown.stderr

@@ -96,7 +96,7 @@ def test_replay_dry_run_of_openb_leaves_out_gangs_and_says_so() -> None:
     assert summary["jobs"] + sum(summary["skipped"].values()) == 300
 
 
-@pytest.mark.parametrize("verb", ["up", "submit", "cancel", "status", "replay", "schema", "dlq", "traces"])
+@pytest.mark.parametrize("verb", ["up", "submit", "cancel", "status", "replay", "schema", "dlq", "traces", "describe"])
 def test_every_live_stack_verb_has_help(verb: str) -> None:
     code, out = run(verb, "--help")
     assert code == 0 and "Usage:" in out
