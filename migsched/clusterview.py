@@ -20,8 +20,9 @@ from rich.text import Text
 from shared.mig.geometry import Geometry
 from shared.mig.occupancy import draw
 from shared.policy.fragcost import frag_cost
+from shared.policy.request import Demand
 from shared.policy.reservation import Reservation
-from shared.state import JOB_STATES, RedisState, StoredGpu
+from shared.state import JOB_STATES, JobRecord, RedisState, StoredGpu
 
 
 class InstanceRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +51,15 @@ class GpuRow(msgspec.Struct, frozen=True, kw_only=True):
     """The memory slices drawn as one text row (``shared.mig.occupancy.draw``)."""
 
 
+class JobRow(msgspec.Struct, frozen=True, kw_only=True):
+    """What the jobs table shows of one job besides its state and reason."""
+
+    tenant: str = ""
+    demand: str = ""
+    since: float = 0.0
+    """When it was submitted (its age is ``ClusterView.at`` minus this)."""
+
+
 class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     at: float
     namespace: str
@@ -64,6 +74,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     """pending job id -> why it waits (quota | capacity | reserved capacity | preempted by ...: detail)"""
     holds: tuple[Reservation, ...] = ()
     """GPUs the balancer holds for large waiting jobs, as its last backfill pass planned them."""
+    rows: dict[str, JobRow] = {}
+    """job id -> its tenant, demand and submit time"""
 
     @property
     def busy_slices(self) -> int:
@@ -109,6 +121,7 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
     ids = [j for s in range(state.shards) for j in await state.all_job_ids(s)]
     recs = [r for r in await state.jobs(ids) if r is not None]
     jobs = {r.job_id: r.state for r in recs}
+    rows = {r.job_id: job_row(r) for r in recs}
     reasons = {r.job_id: r.reason for r in recs if r.state == "pending"}
     nodes = {n: h.get("state", "?") for n, h in (await state.nodes()).items()}
     counts = Counter(jobs.values())
@@ -128,7 +141,25 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
         counts={s: counts.get(s, 0) for s in JOB_STATES},
         reasons=reasons,
         holds=tuple(holds),
+        rows=rows,
     )
+
+
+class _Spec(msgspec.Struct):
+    """The fields of a stored ``JobSubmit`` the table shows (decoded without the rest)."""
+
+    tenant: str = ""
+    submitted_at: float = 0.0
+    demand: Demand = msgspec.field(default_factory=Demand)
+
+
+def job_row(rec: JobRecord) -> JobRow:
+    try:
+        spec = msgspec.json.decode(rec.spec, type=_Spec) if rec.spec else _Spec()
+    except msgspec.DecodeError:
+        spec = _Spec()
+    return JobRow(tenant=spec.tenant, demand=spec.demand.label() if rec.spec else "",
+                  since=spec.submitted_at or rec.at)
 
 
 _STYLE = {
@@ -167,44 +198,67 @@ def compact_slices(g: GpuRow, per_slice: int = 4) -> Text:
     return out
 
 
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h" if seconds < 172800 else f"{seconds / 86400:.1f}d"
+
+
 def render(
-    view: ClusterView, *, show_jobs: int = 20, title: str = "migsched cluster", compact: bool = False
+    view: ClusterView,
+    *,
+    show_jobs: int = 20,
+    title: str = "migsched cluster",
+    compact: bool | None = None,
+    width: int = 120,
+    tenants: Sequence[str] = (),
+    states: Sequence[str] = (),
 ) -> Group:
+    """For a terminal ``width`` columns wide: below 120 the slices are drawn compactly; long names and reasons
+    wrap rather than being cut. ``tenants``/``states`` filter the jobs table (default: the active states)."""
+    compact = width < 120 if compact is None else compact
     gpus = Table(
         title=f"{title} — {len(view.gpus)} GPUs on {len(view.nodes)} nodes",
         expand=False,
         title_justify="left",
     )
-    for col, kw in (
-        ("GPU", {"no_wrap": True}),
-        ("memory slices 0..7: who holds them", {"no_wrap": True}),
-        ("load", {"justify": "right"}),
-        ("FragCost", {"justify": "right"}),
-    ):
-        gpus.add_column(col, **kw)
+    gpus.add_column("GPU", overflow="fold")
+    gpus.add_column("memory slices 0..7: who holds them", no_wrap=compact, overflow="fold")
+    gpus.add_column("load", justify="right", no_wrap=True)
+    gpus.add_column("Frag", justify="right", no_wrap=True)
     for g in view.gpus:
         name = f"{g.id} {g.model}" + ("" if g.healthy else " (unhealthy)")
         if view.nodes.get(g.node) == "lost":
             name += " (node lost)"
         slices = compact_slices(g) if compact else Text(g.slices, style="green" if g.load else "dim")
-        gpus.add_row(g.id if compact else name, slices, f"{g.load:.2f}", f"{g.frag_cost:.2f}")
+        gpus.add_row(name, slices, f"{g.load:.2f}", f"{g.frag_cost:.2f}")
     counts = "  ".join(f"[{_STYLE.get(s, '')}]{s} {n}[/]" for s, n in view.counts.items())
     parts: list[object] = [gpus, Text.from_markup(f"jobs: {counts}")]
-    active = [(j, s) for j, s in view.jobs.items() if s in ("pending", "placing", "running", "migrating")]
-    if show_jobs and active:
-        t = Table(
-            title=f"active jobs ({len(active)}; first {min(show_jobs, len(active))})", title_justify="left"
-        )
-        t.add_column("job")
-        t.add_column("state")
-        t.add_column("why it waits")
-        for j, s in sorted(active, key=lambda x: (JOB_STATES.index(x[1]), x[0]))[:show_jobs]:
-            t.add_row(j, Text(s, style=_STYLE.get(s, "")), view.reasons.get(j, "")[:80])
+    wanted = set(states) or {"pending", "placing", "running", "migrating"}
+    listed = [(j, s) for j, s in view.jobs.items()
+              if s in wanted and (not tenants or view.rows.get(j, JobRow()).tenant in tenants)]
+    if show_jobs and listed:
+        t = Table(title=f"jobs ({len(listed)}; first {min(show_jobs, len(listed))})", title_justify="left")
+        t.add_column("job", overflow="fold")
+        t.add_column("state", no_wrap=True)
+        t.add_column("tenant", overflow="fold")
+        t.add_column("demand", overflow="fold")
+        t.add_column("age", justify="right", no_wrap=True)
+        t.add_column("why it waits", overflow="fold", ratio=1)
+        order = {s: k for k, s in enumerate(JOB_STATES)}
+        for j, s in sorted(listed, key=lambda x: (order.get(x[1], 99), x[0]))[:show_jobs]:
+            row = view.rows.get(j, JobRow())
+            age = _age(max(0.0, view.at - row.since)) if row.since else ""
+            t.add_row(j, Text(s, style=_STYLE.get(s, "")), row.tenant, row.demand, age, view.reasons.get(j, ""))
         parts.append(t)
     if view.holds:
         t = Table(title=f"reservations ({len(view.holds)})", title_justify="left")
-        for col in ("job", "held GPUs", "expected start", "why"):
-            t.add_column(col)
+        t.add_column("job", overflow="fold")
+        t.add_column("held GPUs", overflow="fold")
+        t.add_column("expected start", no_wrap=True)
+        t.add_column("why", overflow="fold")
         for h in view.holds:
             t.add_row(h.job_id, ", ".join(h.gpus), f"in {max(0.0, h.start - view.at):.0f} s", h.reason)
         parts.append(t)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -89,3 +90,50 @@ def test_status_lists_the_reservations_with_their_gpus_and_expected_start() -> N
     text = console.export_text()
     assert "reservations (1)" in text and "n1/0" in text and "in 60 s" in text and "expected free in 60 s" in text
     assert json.loads(as_json(view))["holds"][0]["job_id"] == "big"
+
+
+def _busy_view() -> ClusterView:
+    from migsched.clusterview import JobRow
+
+    why = ("cannot place: 4 GPU(s): no free 7g.40gb placement; 2 GPU(s): not in MIG mode or unhealthy; "
+           "quota: team-a would use 9 nvidia.com/mig-7g.40gb; its quota is 8 and cohort research lends none")
+    gpus = tuple(gpu_row(msgspec.structs.replace(gpu(), id=f"node-with-a-long-name-{k}/0"), GEO) for k in range(3))
+    return ClusterView(
+        at=10_000.0, namespace="", nodes={"n1": "up"}, gpus=gpus,
+        jobs={"job-a": "running", "job-b": "pending", "job-c": "rejected"},
+        counts={"running": 1, "pending": 1, "rejected": 1},
+        reasons={"job-b": why},
+        rows={"job-a": JobRow(tenant="team-a", demand="3g.20gb", since=9_000.0),
+              "job-b": JobRow(tenant="team-b", demand="7g", since=9_990.0),
+              "job-c": JobRow(tenant="team-b", demand="2xGPU", since=100.0)},
+    )
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_status_fits_the_terminal_by_wrapping_and_cuts_nothing(width: int) -> None:
+    view = _busy_view()
+    console = Console(record=True, width=width)
+    console.print(render(view, width=width))
+    text = console.export_text()
+    assert all(len(line) <= width for line in text.splitlines())
+    assert "…" not in text  # nothing truncated
+    # the reason's wrapped lines, read down its column, give it whole (the row's other cells are blank there)
+    squeezed = "".join(c for c in text if not c.isspace() and c not in "│┃")
+    assert "".join(view.reasons["job-b"].split()) in squeezed
+    for col in ("tenant", "demand", "age"):
+        assert col in text
+    assert "team-a" in text and "3g.20gb" in text and "17m" in text  # job-a's age: 1,000 s
+
+
+def test_status_filters_jobs_by_tenant_and_by_state() -> None:
+    view = _busy_view()
+
+    def shown(**kw: object) -> str:
+        console = Console(record=True, width=200)
+        console.print(render(view, **kw))  # type: ignore[arg-type]
+        return console.export_text().split("jobs (")[-1]
+
+    assert "job-a" in shown() and "job-b" in shown() and "job-c" not in shown()  # the active ones by default
+    assert "job-a" not in shown(tenants=["team-b"]) and "job-b" in shown(tenants=["team-b"])
+    only = shown(states=["rejected"])
+    assert "job-c" in only and "job-a" not in only and "2xGPU" in only
