@@ -1,13 +1,16 @@
 """``migsched quota``: validate a tenancy file and show its tenants, cohorts and priority classes.
 
 ``migsched quota check FILE`` prints what the file defines, or every problem with its place in the file.
-``migsched quota show FILE [--usage USAGE.json]`` adds each tenant's usage against its quota; the usage file
-is ``{"tenant": {"compute_slices": 3, "memory_gib": 40, "nvidia.com/mig-2g.20gb": 1}, ...}``. Both take
-``--json``. Exit status: 0 valid, 1 invalid file, 2 usage error (unreadable usage file).
+``migsched quota show FILE`` adds each tenant's usage against its quota, read live from the cluster's state
+store (every job-holding instance charged to its tenant, as the balancer charges it), or from ``--usage
+USAGE.json``: ``{"tenant": {"compute_slices": 3, "memory_gib": 40, "nvidia.com/mig-2g.20gb": 1}, ...}``.
+Both take ``--json``. Exit status: 0 valid, 1 invalid file, 2 usage error (unreadable usage file, or the state
+store does not answer).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import sys
@@ -15,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import click
+from redis.exceptions import RedisError
 from rich.console import Console
 from rich.table import Table
 
+from migsched import endpoints
 from shared.policy.quota import QuotaBook, Usage, headroom
 from shared.tenancy import Tenancy, TenancyError, load_tenancy
 
@@ -101,16 +106,43 @@ def check(file: str, as_json: bool) -> None:
                f"{len(info['priority_classes'])} priority classes)")
 
 
+def live_usage(nats_url: str, redis_url: str, namespace: str) -> dict[str, Usage]:
+    """Each tenant's usage now: the cluster's job-holding instances, charged as the balancer charges them."""
+    from services.balancer.tenancy import TenantLedger
+    from shared.mig.geometry import default_geometry
+    from shared.policy.snapshot import ClusterSnapshot
+    from shared.state import RedisState
+
+    async def run() -> dict[str, Usage]:
+        state = RedisState.from_settings(endpoints.settings(nats_url, redis_url, namespace))
+        try:
+            gpus = await state.load_gpus()
+        finally:
+            await state.close()
+        ledger = TenantLedger("", reserve_full=0)
+        ledger.rebuild([ClusterSnapshot.of(default_geometry(), [g.view() for g in gpus])])
+        return ledger.usage()
+
+    return asyncio.run(run())
+
+
 @command.command()
+@endpoints.options
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--usage", "usage_file", type=click.Path(dir_okay=False), default=None,
-              help="JSON: tenant -> resource -> amount in use")
+              help="JSON: tenant -> resource -> amount in use [default: read live from the state store]")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
-def show(file: str, usage_file: str | None, as_json: bool) -> None:
-    """Each tenant's usage against its quota (used / nominal / with borrowing)."""
+def show(nats_url: str, redis_url: str, namespace: str, file: str, usage_file: str | None, as_json: bool) -> None:
+    """Each tenant's usage against its quota (used / nominal / with borrowing), live or from --usage."""
     t = _load(file)
     used: dict[str, Usage] = {}
-    if usage_file:
+    if not usage_file:
+        try:
+            used = live_usage(nats_url, redis_url, namespace)
+        except (OSError, RedisError) as exc:
+            click.echo(f"error: cannot read live usage from {redis_url}: {exc} (or give --usage FILE)", err=True)
+            sys.exit(2)
+    else:
         try:
             raw = json.loads(Path(usage_file).read_text())
             used = {str(k): Usage({str(r): float(v) for r, v in dict(u).items()})

@@ -76,6 +76,14 @@ class TenantLedger:
                         totals[tenant] = totals.get(tenant, Usage()) + usage
         self.book = QuotaBook(self.tenancy.quotas, totals)
 
+    def usage(self) -> dict[str, Usage]:
+        """Each tenant's charge, summed over the jobs it runs (what the book holds)."""
+        totals: dict[str, Usage] = {}
+        for held in self.charges.values():
+            for tenant, usage in held.values():
+                totals[tenant] = totals.get(tenant, Usage()) + usage
+        return totals
+
     def _book_slot(self, job: str, gpu_id: str, tenant: str, usage: Usage) -> bool:
         """Record one instance's charge; False when the job is charged there (or, for a job on a MIG instance,
         anywhere: a moving job's target is not a second charge) already."""

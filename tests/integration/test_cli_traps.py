@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -180,3 +181,28 @@ async def test_describe_shows_why_a_job_waits_and_every_transition_with_its_reas
     assert [h["to"] for h in as_json["history"]][:1] == ["pending"]
     unknown = await cli("describe", "nobody")
     assert unknown.exit_code == 1 and "unknown job: nobody" in unknown.stderr
+
+
+async def test_quota_show_reads_each_tenants_usage_live_from_the_cluster(
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    tenancy = tmp_path / "tenancy.toml"
+    tenancy.write_text('[tenants.team]\nquota = { "compute_slices" = 7 }\n')
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tenancy))
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
+        await ex.start()
+        try:
+            cli = Cli(ns, nats_url, redis_url)
+            assert await until(lambda: _has_gpus(stack))
+            assert (await cli("submit", "--profile", "3g", "--tenant", "team", "--job-id", "q1")).exit_code == 0
+            assert await until(lambda: _is(cli, "q1", "running"))
+            r = await asyncio.to_thread(CliRunner().invoke, main, ["quota", "show", *cli.where, str(tenancy),
+                                                                   "--json"])
+            assert r.exit_code == 0, r.output
+            rows = {(x["tenant"], x["resource"]): x for x in json.loads(r.stdout)}
+            assert rows[("team", "compute_slices")]["used"] == 3 and rows[("team", "compute_slices")]["quota"] == 7
+        finally:
+            await ex.stop()
+            await stack.stop()
