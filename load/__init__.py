@@ -1,1 +1,1 @@
-"""Load generators, the stage recorder and benchmark scenarios for a live migsched stack (issue 7)."""
+"""Load generators, the stage recorder and benchmark scenarios for a live migsched stack."""

@@ -1,7 +1,7 @@
-"""``python -m load``: drive a stack that follows DESIGN's subjects and report what it did.
+"""``python -m load``: drive a stack that follows migsched's subjects and report what it did.
 
-    python -m load scenarios                              # the issue-7 scenarios and the stack each expects
-    python -m load scenario steady-1000-2x8 --report load/REPORT.md
+    python -m load scenarios                              # the load scenarios and the stack each expects
+    python -m load scenario steady-1000-2x8 --report out/load.md
     python -m load run --rate 1000 --duration 30 --mix 1g.5gb=0.7,2g.10gb=0.3 --duration-hint 0.1
     python -m load trace arrivals.jsonl --speedup 50
     python -m load run --rate 500 --duration 5 --fake-stack --namespace try1   # the tools alone
@@ -230,7 +230,7 @@ def parser() -> argparse.ArgumentParser:
                        "placed,running (spares the harness's CPU; their spans are not measured)")
         p.add_argument("--drain", type=float, default=30.0, help="seconds to wait for stragglers")
         p.add_argument("--fake-stack", action="store_true", help="answer with the stand-in stack")
-        p.add_argument("--report", help="Markdown report to update (e.g. load/REPORT.md)")
+        p.add_argument("--report", help="Markdown report to update (e.g. out/load.md)")
         p.add_argument("--json", help="also write the run summary as JSON here")
         p.add_argument("--timelines", help="also write each finished job's stage instants (monotonic ns) as "
                        "JSON here: where in the run the slow jobs were (keeps them all in memory)")

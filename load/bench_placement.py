@@ -158,7 +158,7 @@ def write(rows: list[Row], others: list[Other], busy: float, idle: float, args: 
     if args.repeat != 200 or args.loop_repeat != 5:
         cmd += f" --repeat {args.repeat} --loop-repeat {args.loop_repeat}"
     lines = [
-        "# Core placement benchmark (issue 2)",
+        "# Core placement benchmark",
         "",
         f"Command: `.venv/bin/{cmd}` ({args.repeat} vectorised / {args.loop_repeat} loop calls per row).",
         f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
@@ -168,7 +168,7 @@ def write(rows: list[Row], others: list[Other], busy: float, idle: float, args: 
         "One `place_mig` decision (policy only, snapshot already built) over a cluster of A100-40GB /",
         "H100-80GB / H200-141GB GPUs in random legal layouts 50-70 % full, ~20 % of instances idle. The",
         "baseline is `shared/policy/balancer_loop.py`, the same algorithm as a per-GPU Python loop, measured",
-        "in the same run; `same` says both picked the same GPU, placement and action. Budget (DESIGN §5):",
+        "in the same run; `same` says both picked the same GPU, placement and action. Budget:",
         "≤ 1 ms for 10,000 GPUs.",
         "",
         "| GPUs | request | vectorised median µs | p99 µs | loop median µs | p99 µs | loop/vect. | same |",

@@ -1,4 +1,4 @@
-"""Simulator speed: scheduling events per second of wall time (DESIGN §5 budget: >= 50,000 on one core).
+"""Simulator speed: scheduling events per second of wall time (budget: >= 50,000 on one core).
 
     .venv/bin/python load/bench_sim.py --jobs 100000 --gpus 1000 --policy paper-nomig
     .venv/bin/python load/bench_sim.py --jobs 20000 --gpus 1000 --policy paper --profile
@@ -13,7 +13,7 @@ the exact screens that answer most exits and ticks without a plan (``shared/poli
 count as the simulator's own; ``snapshot_s`` is the time spent taking builder snapshots (their flush),
 ``screens_s`` the time in those screens and the indexes they keep up to date, ``moves_s`` the time spent
 starting moves and completing them (the backfill pass a completed move triggers included). The events and KPIs
-are the same with and without either index (docs/results-sim.md, "Simulator speed").
+are the same with and without either index (docs/results.md).
 ``--no-breakdown`` runs the plain simulator, no timer around any call, and prints the totals only: the
 figure to hold against the budget (the timers cost 1-4 % of a run).
 """

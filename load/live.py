@@ -1,6 +1,6 @@
 """Run one load scenario against the real stack as processes, on private servers, and profile the services.
 
-    .venv/bin/python -m load.live steady-1000-2x8 --duration 20 --report load/REPORT.md --profile .run/prof
+    .venv/bin/python -m load.live steady-1000-2x8 --duration 20 --report out/load.md --profile .run/prof
 
 Starts a private nats-server (JetStream on disk) and redis-server (AOF) on free ports, the stack
 (``migsched.stack``: balancer, partitioner, migration-planner and the scenario's simulated executors) in a
@@ -9,19 +9,16 @@ every service's RSS), stops the stack with SIGTERM (the services then write thei
 the top functions of each profile by own CPU time. It also prints each stack process's CPU seconds (from
 ``/proc``, no profiler needed) spent while the scenario ran, the figure to compare runs by on a shared machine.
 
-The private nats-server runs with ``GOMAXPROCS`` = ``--nats-procs`` (default 1): on two cores shared with a
-dozen busy processes, Go's idle processors spin looking for work, and one processor took 14-16 % less server
-CPU for the same messages (steady-1000-64x8, three pairs of runs; docs/results-live.md).
+The private nats-server runs with ``GOMAXPROCS`` = ``--nats-procs`` (default 1): on a small machine shared with
+a dozen busy processes, Go's idle processors spin looking for work, and one processor costs the server less CPU
+for the same messages.
 
 A scenario of ``n`` nodes × 8 GPUs runs as ``ceil(n * 8 / 64)`` simulated executor nodes of up to 64 GPUs each
-(a registration carries at most 64 GPUs; 64 executor processes would not fit on two cores): the same GPUs and
-slices, fewer nodes. Those nodes run in ``--executor-procs`` processes (default 1, ``MIGSCHED_NODES``): each
-node keeps its own consumer, heartbeats and GPUs, as on its own host, but eight event loops woken for a command
-or two at a time cost the two cores more than one loop woken for a handful: 7.6 executor CPU-seconds per 15,000
-jobs in eight processes, 6.0 in two, 5.4 in one (steady-1000-64x8, quiet machine; docs/results-live.md). The
-nodes of one process share one NATS connection (one socket read or write for several nodes' messages: executor
-CPU 4.93 -> 4.65 s and nats-server 5.65 -> 5.46 s per 15,000 jobs, three pairs, 30 Nov 2026). In a cluster
-the executors run on the GPU nodes, not beside the scheduler.
+(a registration carries at most 64 GPUs): the same GPUs and slices, fewer nodes. Those nodes run in
+``--executor-procs`` processes (default 1, ``MIGSCHED_NODES``): each node keeps its own consumer, heartbeats and
+GPUs, as on its own host, and the nodes of one process share one NATS connection, so that a small machine spends
+its cores on the services rather than on executor event loops. In a cluster the executors run on the GPU nodes,
+not beside the scheduler.
 """
 
 from __future__ import annotations
@@ -40,10 +37,7 @@ from pathlib import Path
 
 import redis as redis_sync
 
-from load import aof_bytes
-from load.aof_watch import AofWatch
-from load.bench_pipeline import cpu_seconds
-from load.cpu_watch import CpuWatch
+from load.cpu_watch import CpuWatch, cpu_seconds
 from load.scenarios import scenario
 from migsched.stack import Stack, StackConfig
 from services.common import stalls
@@ -56,12 +50,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 RETENTION_S = 0.0
 """Ended jobs kept in Redis, and messages in the streams, in a load run (0: the services' defaults, a day).
-At that default a 10-minute soak at 1,000 jobs/s grew Redis to 1.3 GB (0.97 GB with job hashes packed) and it
-rewrote its AOF three times, each a fork and a child writing the whole dataset beside the stack on two cores for
-2.4-7.2 s (``load/aof_watch.py``), the soak's worst bursts; an operator at such a rate would
-keep jobs for minutes, not a day. ``--retention 120`` keeps Redis at ~270 MB, but the expiry's deletions cost
-Redis ~11 % more CPU, and on two cores already ~90 % busy the same soak then fell behind (docs/results-live.md,
-fourth session of 30 Nov 2026), so the default stays the services' own."""
+A shorter retention keeps Redis small, so its AOF rewrites (a fork writing the whole dataset) are shorter, but
+the expiry's deletions cost Redis CPU of their own: the default is the services' own."""
 
 
 def service_env(retention_s: float, retention_max: int | None = None) -> dict[str, str]:
@@ -164,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds per window of the CPU-per-process table printed after the run (0: none)")
     ap.add_argument("--retention", type=float, default=RETENTION_S,
                     help="seconds ended jobs stay in Redis and messages in the streams (0: the services' defaults)")
-    ap.add_argument("--aof-bytes", action="store_true",
-                    help="after the run, what Redis's AOF spent its bytes on (load/aof_bytes.py)")
     ap.add_argument("--retention-max", type=int,
                     help="most ended jobs kept in Redis per shard (MIGSCHED_JOB_RETENTION_MAX; default: the services')")
     args = ap.parse_args(argv)
@@ -256,8 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         cpu0 = {name: cpu_seconds(pid) for name, pid in {**procs_by_name, **servers}.items()}
         # the harness imports for a second or so before it sends: the watches started after it miss nothing
         harness = subprocess.Popen(cmd, cwd=str(REPO))
-        aof = AofWatch(redis.url, servers.get("redis-server"))
-        aof.start()
         watch = CpuWatch({**procs_by_name, **servers, "harness": harness.pid}, every_s=args.cpu_window)
         if args.cpu_window > 0:
             watch.start()
@@ -269,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         finally:
             watch.stop()
-            aof.stop()
         print("CPU seconds while the scenario ran (stack processes):", flush=True)
         for name, pid in sorted(procs_by_name.items()):
             print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
@@ -277,8 +262,6 @@ def main(argv: list[str] | None = None) -> int:
         for name, pid in servers.items():
             print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
         print(redis_pauses(redis.url), flush=True)
-        print(aof.summary(), flush=True)
-        print(aof.memory_summary(), flush=True)
         print(f"nats-server JetStream store on disk: {disk_mib(work / 'nats'):.0f} MiB", flush=True)
         if watch.windows:
             print(f"CPU seconds per {args.cpu_window:g}-s window (and how busy all {watch.cores} cores were):",
@@ -292,8 +275,6 @@ def main(argv: list[str] | None = None) -> int:
         redis.stop()
         print("exit status:", status, flush=True)
         print(pauses(work / "run"), flush=True)
-        if args.aof_bytes:
-            print(aof_bytes.summary(work / "redis"), flush=True)
         # the servers' stores and the logs: ~100 MB a run, left behind by every run before
         shutil.rmtree(work, ignore_errors=True)
     if prof is not None:

@@ -1,4 +1,4 @@
-"""One load run as data (``RunSummary``, also written as JSON) and as a Markdown section of load/REPORT.md.
+"""One load run as data (``RunSummary``, also written as JSON) and as a Markdown section of a report (``--report``).
 
 A section is keyed by its heading: re-running a scenario replaces its section and leaves the others alone, so
 the report always holds the latest figure of each scenario together with the exact command that produced it.
@@ -71,7 +71,7 @@ def collect(*, title: str, command: str, started_at: str, offered_rate: float, d
 
 
 def verdict(s: RunSummary, budget: Budget) -> list[Check]:
-    """The DESIGN §5 budgets, each as a check with the figure that decided it."""
+    """The live-stack budgets, each as a check with the figure that decided it."""
     cmd = s.latency_ms.get("submit→command")
     measured = cmd is not None and cmd.count > 0
     rate = s.throughput.get("command", (0.0, 0))[0]

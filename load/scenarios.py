@@ -1,4 +1,4 @@
-"""The issue-7 load scenarios: steady rates with matching exits on 2×8 and 64×8 simulated GPUs, burst, soak.
+"""The load scenarios: steady rates with matching exits on 2×8 and 64×8 simulated GPUs, burst, soak.
 
 "Matching exits": each job's ``duration_hint_s`` is chosen so that, at the scenario's arrival rate, the
 simulated cluster settles at ``fill`` of its compute slices busy (Little's law: busy = rate × duration ×
@@ -28,7 +28,7 @@ def compute_slices(profile: str) -> int:
 
 @dataclass(frozen=True)
 class Budget:
-    """DESIGN §5 for the live stack on a 2-core machine; None = not checked in this scenario."""
+    """The budgets of the live stack on a 2-core machine; None = not checked in this scenario."""
 
     p99_submit_to_command_ms: float | None = 50.0
     min_rate_share: float | None = 0.98

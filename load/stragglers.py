@@ -1,4 +1,4 @@
-"""What the stack holds about the jobs the recorder gave up on (issue 7: "loses nothing under load").
+"""What the stack holds about the jobs the recorder gave up on (the stack must lose nothing under load).
 
 When ``python -m load`` stops waiting with jobs short of their final stage (``--stragglers FILE``, default
 ``$MIGSCHED_LOAD_STRAGGLERS``), it reads, while the stack still runs, what Redis says about each of them

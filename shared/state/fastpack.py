@@ -11,7 +11,7 @@ anything hiredis refuses (bool, None, other types) falls back to redis-py's own 
 
 They also write without a Task per command: with a socket timeout (redis-py's default is 5 s) redis-py sends
 through ``asyncio.wait_for``, which on Python 3.11 wraps every write in a new Task, ~25 µs of a pipelined round
-trip's ~140 µs (``python -m load.bench_roundtrip``); a timeout scope gives the same deadline and errors.
+trip's ~140 µs; a timeout scope gives the same deadline and errors.
 """
 
 from __future__ import annotations

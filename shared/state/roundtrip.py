@@ -4,7 +4,7 @@ store keeps checked out of the client's pool.
 The store's transitions go to Redis as one pipeline per fetched batch (``shared.state.batch``). redis-py's
 ``Pipeline`` object spends ~80 µs of client CPU per round trip on its own machinery (a pool check-out and
 check-in, a retry wrapper, a timeout per reply, response callbacks, observability hooks) against ~45 µs for the
-write, the wake-up and the reads themselves (``python -m load.bench_roundtrip``). This keeps what matters of it:
+write, the wake-up and the reads themselves. This keeps what matters of it:
 commands are packed by the connection (``shared.state.fastpack``), replies read by its parser, an error reply
 is returned in its command's place (``raise_on_error=False``), a connection error or time-out closes the
 connection (its replies would be out of step) and the batch is sent again under the client's ``Retry``, as
