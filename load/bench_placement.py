@@ -1,9 +1,9 @@
 """Benchmark: one placement decision over 1,000 and 10,000 GPUs, vectorised balancer vs the per-GPU loop.
 
-Not a test: it prints figures and writes ``docs/results-core.md``. The snapshot is built once per size (as the
-services and the simulator keep it incrementally); only the policy call is timed.
+Not a test: it prints its figures as Markdown (``--out FILE`` writes them there too). The snapshot is built
+once per size (as the services and the simulator keep it incrementally); only the policy call is timed.
 
-    .venv/bin/python load/bench_placement.py            # both sizes, writes docs/results-core.md
+    .venv/bin/python load/bench_placement.py            # both sizes
     .venv/bin/python load/bench_placement.py --sizes 1000 --repeat 50 --no-write
 """
 
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--repeat", type=int, default=200, help="timed calls per size, demand and implementation")
     ap.add_argument("--loop-repeat", type=int, default=5, help="timed calls of the slow loop")
-    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--out", help="also write the Markdown to this file")
     args = ap.parse_args()
     rows: list[Row] = []
     others: list[Other] = []
@@ -147,8 +147,7 @@ def main() -> None:
         r, o, busy, idle = measure(n, args.repeat, args.loop_repeat)
         rows += r
         others += o
-    if not args.no_write:
-        write(rows, others, busy, idle, args)
+    write(rows, others, busy, idle, args)
 
 
 def write(rows: list[Row], others: list[Other], busy: float, idle: float, args: argparse.Namespace) -> None:
@@ -198,10 +197,10 @@ def write(rows: list[Row], others: list[Other], busy: float, idle: float, args: 
     ]
     lines += [f"| {n:,} | {label} | {m:.0f} | {p:.0f} |" for n, label, m, p in migsched_rows]
     lines.append("")
-    out = ROOT / "docs" / "results-core.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("\n".join(lines))
-    print(f"wrote {out}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The local stack as processes: what ``migsched up`` and the end-to-end tests start and stop.
 
-NATS and Redis are resolved as DESIGN §6 says (``MIGSCHED_*_URL``, else a server answering on the default
+NATS and Redis are resolved in this order (``MIGSCHED_*_URL``, else a server answering on the default
 port, else a private ``nats-server``/``redis-server`` started here and stopped with the stack). Then one
 process per service, each ``python -m services.<name>`` with its ``MIGSCHED_*`` environment and its output in
 ``<run_dir>/<name>.log``. ``stop()`` sends SIGTERM (services finish their batch and close), then SIGKILL

@@ -2,7 +2,7 @@
 
 The compose stack's configs (``deploy/nats/nats-server.conf``, ``deploy/redis/users.acl``), the security docs
 and the access tests are all rendered from ``ROLES`` below, so they cannot drift apart. Subjects follow
-DESIGN §4. Everything not allowed is denied: a NATS ``allow`` list denies the rest, a Redis user starts
+docs/security.md. Everything not allowed is denied: a NATS ``allow`` list denies the rest, a Redis user starts
 from ``-@all``.
 
 Two conventions every client of a locked-down server must follow (they are what makes the rules tight):

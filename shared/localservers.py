@@ -1,6 +1,6 @@
 """Find or start the NATS (JetStream) and Redis servers a local stack or a test run needs.
 
-Resolution order (DESIGN §6): an explicit URL (``MIGSCHED_NATS_URL`` / ``MIGSCHED_REDIS_URL``); otherwise a
+Resolution order: an explicit URL (``MIGSCHED_NATS_URL`` / ``MIGSCHED_REDIS_URL``); otherwise a
 server already answering on the default local port; otherwise a private server started from the
 ``nats-server`` / ``redis-server`` binary on a free port, stopped when the owner is done.
 """

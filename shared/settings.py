@@ -31,7 +31,7 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis server (the single source of truth)."""
     namespace: str = ""
-    """Isolates one deployment (or one test): '' uses the DESIGN names (stream JOBS, subject jobs.submit,
+    """Isolates one deployment (or one test): '' uses the plain names (stream JOBS, subject jobs.submit,
     Redis keys ``{migsched:0}:...``); 'x' gives streams ``x_JOBS``, subjects ``x.jobs.submit`` and Redis keys
     ``{x:0}:...``."""
     shards: int = 1
@@ -139,7 +139,7 @@ class BalancerSettings(Settings):
     """Send each placement's executor command (``cmd.<node>``) from the balancer right after its
     compare-and-set, instead of publishing ``sched.placed`` for the partitioner to turn into the command: one
     hop, one stored message and one acknowledgement per job fewer (its time-out tracking rides in the
-    reservation). False restores the DESIGN's path through the partitioner. Upgrade the partitioner first: an
+    reservation). False sends them through the partitioner (``sched.placed``). Upgrade the partitioner first: an
     older one counts the recent demand for idle-instance retention from ``sched.placed`` only."""
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: real NATS and Redis per DESIGN §6, and unique prefixes per test."""
+"""Shared fixtures: real NATS and Redis (the URL from the environment, a server answering on the default port,
+or a private one), and unique prefixes per test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A registration that finds a job running where the state does not hold it (issue 7), written once against
+"""A registration that finds a job running where the state does not hold it, written once against
 the store interface: ``tests/unit/test_state_foreign_memory.py`` runs the scenarios on ``MemoryState``,
 ``tests/integration/test_state_foreign_lua.py`` on ``RedisState`` (``lua/node.lua``).
 

@@ -1,1 +1,1 @@
-"""The balancer service (DESIGN §2): ``python -m services.balancer`` or ``migsched service balancer``."""
+"""The balancer service: ``python -m services.balancer`` or ``migsched service balancer``."""

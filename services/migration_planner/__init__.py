@@ -1,2 +1,2 @@
-"""The migration-planner service (DESIGN §2): ``python -m services.migration_planner`` or
+"""The migration-planner service: ``python -m services.migration_planner`` or
 ``migsched service migration-planner``."""

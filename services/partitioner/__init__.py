@@ -1,2 +1,2 @@
-"""The partitioner service with the node registry (DESIGN §2): ``python -m services.partitioner`` or
+"""The partitioner service with the node registry: ``python -m services.partitioner`` or
 ``migsched service partitioner``."""

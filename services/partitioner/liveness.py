@@ -1,8 +1,8 @@
 """When the node registry may call a silent node lost.
 
 The registry judges a node by the heartbeats it *received*, so silence only counts while it could have heard
-the node. Calling a node lost because the bus was down re-queues jobs its executor keeps running (issue 7:
-a NATS restart under load ended jobs ``failed``). The rules:
+the node. Calling a node lost because the bus was down re-queues jobs its executor keeps running (a
+NATS restart under load would end jobs ``failed``). The rules:
 
 1. While the registry's own NATS connection is down, no node is declared lost.
 2. When it comes back, every node gets a fresh ``node_timeout_s``: silence counts from the later of the

@@ -107,7 +107,7 @@ class Puller:
             # a short wait for the rest of a burst: one handler call, one Redis round trip and one flush for
             # several messages instead of one each, at the price of up to ``linger_s`` more per hop. Also when
             # messages were already waiting: lingering only after an idle wait saved nothing measurable (500/s:
-            # 204.7 vs 203.0 CPU-s without a linger), lingering always 5-6 % (load/REPORT.md, eighth session)
+            # 204.7 vs 203.0 CPU-s without a linger), lingering always 5-6 %
             await asyncio.sleep(self.linger_s)
         out: list[Msg] = []
         while self._buf and len(out) < self.batch:

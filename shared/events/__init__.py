@@ -5,7 +5,7 @@ Every message carries ``v`` (schema version) and ``id`` (unique per message; it 
 fields get defaults, unknown fields are ignored on decode. Bounds (lengths, ranges, patterns) are part of the
 types, so ``migsched schema`` (``json_schemas()``) gives publishers in any language what the decoder enforces.
 
-Who publishes what (DESIGN §2, §4; ``docs/architecture.md`` has the whole flow):
+Who publishes what (``docs/architecture.md`` has the whole flow):
 
 =====================================  ===================  ===========================================
 subject                                 message              publisher -> consumers
@@ -22,7 +22,7 @@ subject                                 message              publisher -> consum
 ``dlq.<original subject>``              the original bytes   bus consumer loop (header Migsched-Error)
 =====================================  ===================  ===========================================
 
-Executors publish only on their own ``node.<node>.*`` subjects (issue 7 gives them no other rights); the node
+Executors publish only on their own ``node.<node>.*`` subjects (their access rights give them no other); the node
 registry validates a report against the state and re-publishes a job's exit on ``jobs.exit``.
 
 The schemas, one module per concern (everything is re-exported here: import from ``shared.events``):

@@ -10,7 +10,7 @@ _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 class Subjects:
-    """Subject and stream names of one namespace. ``Subjects("")`` gives the DESIGN names."""
+    """Subject and stream names of one namespace. ``Subjects("")`` gives the plain names."""
 
     def __init__(self, namespace: str = "") -> None:
         if namespace and not _TOKEN.match(namespace):
@@ -44,7 +44,7 @@ class Subjects:
         return f"{self.root}dlq.{rel}"
 
     def streams(self) -> dict[str, list[str]]:
-        """Stream name -> its subjects: one stream per concern (DESIGN §4)."""
+        """Stream name -> its subjects: one stream per concern."""
         r = self.root
         return {
             self.stream_jobs: [f"{r}jobs.>"],

@@ -54,7 +54,7 @@ class BalancerParams(msgspec.Struct, frozen=True, kw_only=True):
     """Key 3 across GPUs: ``absolute`` = FragCost after the placement (the seeds' rule, which spreads small
     jobs onto empty GPUs: empty + 1g scores 0.315, a GPU holding a 1g scores 0.437 after a second one);
     ``delta`` = its increase, after - before, which packs them and keeps whole GPUs free (see
-    docs/results-sim.md). Within one GPU both orders pick the same start."""
+    docs/simulator.md). Within one GPU both orders pick the same start."""
 
 
 def pack_key(

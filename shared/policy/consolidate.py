@@ -5,7 +5,7 @@ most requests are whole GPUs (openb: 58-79 % of jobs), and an empty GPU is the o
 start,
 so the opposite move pays: when a job leaves a Lazy GPU that keeps a few small jobs, move all of them onto
 other non-empty GPUs (the least FragCost increase there, as the ``delta`` balancer ranks), so the GPU becomes
-empty. All or nothing: if one job has no room elsewhere, nothing moves. See docs/results-sim.md.
+empty. All or nothing: if one job has no room elsewhere, nothing moves.
 """
 
 from __future__ import annotations

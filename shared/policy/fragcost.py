@@ -1,6 +1,6 @@
 """FragCost of one GPU and the cluster's fragmentation rate, both as table look-ups.
 
-``FragCost`` (DESIGN §1) ranks placements on one GPU; it reads only busy instances because idle ones are
+``FragCost`` (docs/architecture.md) ranks placements on one GPU; it reads only busy instances because idle ones are
 reclaimable. The **fragmentation rate** is the cluster KPI: the share of free memory slices that the demand
 mix cannot use. Per GPU, the expected unusable free slices under the mix are precomputed for all 256 masks,
 stacked for the snapshot's models, so the rate over a snapshot is one gather and one sum. The FGD baseline's

@@ -44,7 +44,7 @@ def size_memos(size: int) -> None:
     simulator, whose views live on and whose large clusters show many states; the migration-planner service
     rebuilds its snapshot from Redis every plan and takes a smaller one, so its memos are full within its first
     minute instead of filling for ten (their entries, scattered among each plan's freed objects, kept its RSS
-    climbing: issue 7)."""
+    climbing)."""
     migration_state._DST.resize(size)
     migration_pull._HOSTABLE.resize(size)
 

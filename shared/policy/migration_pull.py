@@ -267,7 +267,7 @@ _STATIC_JOBS: dict[int, tuple[_ViewRef, GpuModel, list[tuple[int, int, InstanceV
 the simulator's views outlive plans, so their entries are hit plan after plan, whereas a service builds every
 snapshot anew from Redis, and entries holding its dead views (the cache used to keep them referenced, up to
 4,096 of them) kept their snapshots' freed objects' pymalloc arenas from being released: the migration
-planner's RSS grew by about 15 % over its first minutes (issue 7)."""
+planner's RSS grew by about 15 % over its first minutes under load."""
 
 
 @functools.lru_cache(maxsize=4096)

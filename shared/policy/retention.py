@@ -1,4 +1,4 @@
-"""Keep an idle MIG instance for reuse, or destroy it? (DESIGN §2, partitioner: "keep if the profile is in
+"""Keep an idle MIG instance for reuse, or destroy it? (the partitioner's rule: "keep if the profile is in
 recent
 demand".)
 

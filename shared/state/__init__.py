@@ -1,4 +1,4 @@
-"""Cluster state: Redis is the single source of truth (DESIGN §4).
+"""Cluster state: Redis is the single source of truth.
 
 - ``RedisState`` (``redis_store``): the real store; every transition one Lua script (``lua/``) with a
   compare-and-set on the GPU's version; ``batch()`` pipelines many transitions in one round trip.

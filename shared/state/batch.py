@@ -1,4 +1,4 @@
-"""``Batch``: transitions queued for one pipelined round trip (DESIGN §5: one Lua call per event awaited
+"""``Batch``: transitions queued for one pipelined round trip (one Lua call per event awaited
 singly caps a hop near 2.5-3k events/s; one pipeline per fetched batch reaches ~9.5k/s)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 compare-and-set on the GPU's version where a decision was made on a possibly stale view.
 
     state = RedisState.from_settings(settings)
-    b = state.batch()                      # many transitions, one round trip (DESIGN §5)
+    b = state.batch()                      # many transitions, one round trip
     i = b.reserve(reservation, now)
     j = b.enqueue(job_id, spec, prio, submitted_at, "no room", now)
     res = await b.run(); res[i].ok

@@ -1,5 +1,5 @@
 """Tenancy through the live stack (balancer + partitioner on real NATS and Redis, a scripted executor):
-preemption by priority, quota holds, cohort borrowing and reclaim (issue 6)."""
+preemption by priority, quota holds, cohort borrowing and reclaim."""
 
 from __future__ import annotations
 

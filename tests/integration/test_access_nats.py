@@ -31,7 +31,7 @@ from shared.localservers import LocalServer, start_nats
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "nats-server.conf"
-STREAMS = Subjects("").streams()  # the stack's own stream layout (DESIGN names)
+STREAMS = Subjects("").streams()  # the stack's own stream layout (the plain names)
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +248,7 @@ async def test_the_load_tools_need_no_more_than_the_publisher_and_audit_rights(l
     balancer, partitioner, executor = await login("balancer"), await login("partitioner"), await login(
         "executor-node-a")
     rec = Recorder("acc", final="exit")
-    await rec.attach(audit.nc)  # core subscriptions on every stage's DESIGN subject, as the audit user
+    await rec.attach(audit.nc)  # core subscriptions on every stage's subject, as the audit user
     gen = Generator(pub.nc, Subjects(""), JobFactory("acc"), steady(1000, 0.05), on_submit=rec.submitted)
     stats = await gen.run()
     assert await gen.wait_acks(10) == 0 and stats.acked == 50

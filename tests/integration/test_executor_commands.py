@@ -361,7 +361,7 @@ async def test_moving_a_job_that_already_ended_still_destroys_the_idle_instances
 ) -> None:
     # The state store drops the idle instances a move destroys when it reserves the target (``migrate.lua``) and
     # never brings them back: a GPU that kept them held slices the state believed free, and every placement
-    # there failed (overlap) until its job ran out of attempts (issue 7, load.stragglers).
+    # there failed (overlap) until its job ran out of attempts (load.stragglers).
     await rig.send(place("c13", "j13", 0, "1g.5gb", 6, duration=0.05))  # leaves an idle 1g.5gb@6
     await rig.send(place("c14", "j14", 0, "2g.10gb", 0, duration=0.05))
     for job in ("j13", "j14"):

@@ -1,4 +1,4 @@
-"""A command's time-out does not count a bus outage (issue 7): while NATS is down, or back for less than
+"""A command's time-out does not count a bus outage: while NATS is down, or back for less than
 ``cmd_timeout_s``, a command without a result may still be queued in the stream, and failing its placement
 would let the executor run the job twice. Real NATS (a private server the test stops) and Redis; the sweep is
 called by the test, every wait is a condition, and the clocks that matter are moved explicitly."""

@@ -1,5 +1,5 @@
 """A node that registers while running a job the state does not hold there (an executor restarted and
-re-attached to its workloads, issue 7): the instance is never adopted idle; the registry stops the job, and
+re-attached to its workloads): the instance is never adopted idle; the registry stops the job, and
 the instance is reusable once the node confirms. Real NATS and Redis, the in-process stack."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The node registry does not call a node lost for silence that was its own (issue 7): a NATS restart
+"""The node registry does not call a node lost for silence that was its own: a NATS restart
 stops every heartbeat, and the nodes must come out of it up, their jobs still running. Real NATS (a private
 server, so that the test can stop it) and Redis; every wait is a condition, nothing depends on how long the
 outage lasts."""

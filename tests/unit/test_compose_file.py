@@ -1,5 +1,5 @@
 """docker-compose.yml is a valid Compose file (checked against the vendored Compose Specification schema,
-since no Docker engine runs here), runs the stack issue 4 asks for, and every container starts a real entry
+since no Docker engine runs here), runs the whole stack, and every container starts a real entry
 point of this project with settings the service actually reads."""
 
 from __future__ import annotations
