@@ -8,7 +8,7 @@
 
 Connections: ``--nats`` (default ``$MIGSCHED_NATS_URL`` or nats://127.0.0.1:4222) and ``--namespace`` (default
 ``$MIGSCHED_NAMESPACE``). On a locked-down server the generator logs in as ``--publisher-user`` and the
-recorder as ``--audit-user``, with passwords from ``MIGSCHED_NATS_PASSWORD_<USER>`` (docs/security.md).
+recorder as ``--audit-user``, with passwords from ``MIGSCHED_NATS_PASSWORD_<USER>`` (docs/operations.md, Security).
 
 Stragglers: ``--stragglers FILE`` (default ``$MIGSCHED_LOAD_STRAGGLERS``, so ``python -m load.live``, whose
 ``python -m load scenario`` inherits the environment, takes it too) writes, when the recorder stops waiting

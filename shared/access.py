@@ -2,8 +2,8 @@
 
 The compose stack's configs (``deploy/nats/nats-server.conf``, ``deploy/redis/users.acl``), the security docs
 and the access tests are all rendered from ``ROLES`` below, so they cannot drift apart. Subjects follow
-docs/security.md. Everything not allowed is denied: a NATS ``allow`` list denies the rest, a Redis user starts
-from ``-@all``.
+docs/operations.md, Security. Everything not allowed is denied: a NATS ``allow`` list denies the rest, a Redis
+user starts from ``-@all``.
 
 Two conventions every client of a locked-down server must follow (they are what makes the rules tight):
 
@@ -215,7 +215,7 @@ NATS_HEAD = """\
 #   python -m shared.access render nats --template --nodes {nodes} --out deploy/nats/nats-server.conf
 # Passwords (MIGSCHED_NATS_PASSWORD_<USER>) and the JetStream directory (MIGSCHED_NATS_STORE_DIR) are read
 # from the environment; nats-server refuses to start when one is missing. Clients must connect with
-# inbox_prefix "_INBOX.<user>" (see docs/security.md).
+# inbox_prefix "_INBOX.<user>" (see docs/operations.md, Security).
 
 listen: "0.0.0.0:4222"
 server_name: "migsched-nats"
@@ -230,7 +230,7 @@ jetstream {{
   max_memory_store: 256MB
 }}
 
-# TLS: uncomment, mount the certificates, and use tls:// URLs (docs/security.md; nats-server.tls.conf).
+# TLS: uncomment, mount the certificates, and use tls:// URLs (docs/operations.md, Security; nats-server.tls.conf).
 # tls {{
 #   cert_file: "/etc/nats/tls/server.crt"
 #   key_file:  "/etc/nats/tls/server.key"
@@ -286,7 +286,7 @@ def connect_options(user: str, password: str) -> dict[str, str]:
 
 
 def markdown_table() -> str:
-    """The role table as docs/security.md shows it (a test keeps the two equal)."""
+    """The role table as docs/operations.md (Security) shows it (a test keeps the two equal)."""
     def show(items: Iterable[str]) -> str:
         return ", ".join(f"`{i.replace('{node}', '<node>')}`" for i in items) or "nothing"
 

@@ -128,10 +128,10 @@ class BalancerSettings(Settings):
     mirror_refresh_s: float = 10.0
     """Full reload of the local cluster mirror from Redis (conflicts also reload the GPUs concerned)."""
     tenancy_file: str = ""
-    """The tenancy file (TOML: quotas, cohorts, priority classes; docs/tenancy.md), hot-reloaded. Empty: no
+    """The tenancy file (TOML: quotas, cohorts, priority classes; docs/operations.md, Tenancy), hot-reloaded. Empty: no
     quotas, no preemption, placement as before."""
     reserve_full: int = 0
-    """GPUs kept able to host a full-size job (docs/tenancy.md §6; the seeds advise 1). Applies only with a
+    """GPUs kept able to host a full-size job (docs/operations.md, Tenancy §6; the seeds advise 1). Applies only with a
     tenancy file; 0 turns the reserve off."""
     tenancy_poll_s: float = 2.0
     """How often the tenancy file's mtime/size is checked for a hot reload."""

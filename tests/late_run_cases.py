@@ -1,4 +1,4 @@
-"""A place command the state gave up on, applied late by its executor (docs/faults.md item 10), written once
+"""A place command the state gave up on, applied late by its executor (docs/operations.md, Faults item 10), written once
 against the store interface: ``tests/unit/test_state_late_run_memory.py`` runs the scenarios on
 ``MemoryState``, ``tests/integration/test_state_late_run_lua.py`` on ``RedisState`` (``lua/mark_running.lua``,
 ``lua/fail_placement.lua``).

@@ -191,7 +191,7 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
     "tenancy_file",
     type=click.Path(dir_okay=False, exists=True),
     default=None,
-    help="tenancy file (quotas, cohorts, priority classes; docs/tenancy.md): quota -> place -> preempt, "
+    help="tenancy file (quotas, cohorts, priority classes; docs/operations.md, Tenancy): quota -> place -> preempt, "
     "fair-share queue, per-tenant report (policies paper / paper-nomig: the balancer's placement)",
 )
 @click.option(

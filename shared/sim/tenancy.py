@@ -1,5 +1,5 @@
 """Tenants in the simulator: quotas, priority classes, fair-share queue order and preemption, with the same
-pure policies as the balancer service (``admission.decide``, ``queue_order.order``; docs/tenancy.md §7).
+pure policies as the balancer service (``admission.decide``, ``queue_order.order``; docs/operations.md, Tenancy §7).
 
 ``TenantSimulator`` is the engine with three things replaced: the queue pass (``order`` by priority, then
 dominant-resource fair share between tenants, then age; ``decide`` per job: quota -> place behind the reserve

@@ -22,7 +22,7 @@ def test_the_checked_in_redis_acl_template_is_the_rendered_role_table() -> None:
 
 
 def test_the_security_doc_shows_the_current_role_table() -> None:
-    assert access.markdown_table() in (ROOT / "docs/security.md").read_text()
+    assert access.markdown_table() in (ROOT / "docs/operations.md").read_text()
 
 
 def test_an_executor_is_granted_nothing_that_names_another_node_or_a_wildcard_command() -> None:

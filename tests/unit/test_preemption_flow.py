@@ -2,7 +2,7 @@
 
 Preemption on a full cluster and re-queue of the victims; a tenant over quota waits and starts when its usage
 drops; borrowing across a cohort and reclaim by the lender. The live stack and the simulator wire the same
-``admission.decide`` calls (docs/tenancy.md).
+``admission.decide`` calls (docs/operations.md, Tenancy).
 """
 
 from __future__ import annotations
