@@ -28,13 +28,13 @@ if str(ROOT) not in sys.path:
 from shared.mig.geometry import GpuModel, default_geometry  # noqa: E402
 from shared.mig.occupancy import span  # noqa: E402
 from shared.policy.balancer import BalancerParams, place_mig  # noqa: E402
-from shared.policy.balancer_loop import place_mig_loop  # noqa: E402
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate  # noqa: E402
 from shared.policy.migration import MigrationParams, plan_after_exit, plan_defrag  # noqa: E402
 from shared.policy.placement import JobRequest  # noqa: E402
 from shared.policy.plugins.migsched import place_aligned  # noqa: E402
 from shared.policy.request import Demand, mig, sized  # noqa: E402
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView  # noqa: E402
+from tests.reference_balancer import place_mig_loop  # noqa: E402
 
 MODELS = ("A100-40GB", "H100-80GB", "H200-141GB")
 DEMANDS: dict[str, Demand] = {"1g": mig("1g"), "3g": mig("3g"), "2c/20GB": sized(2, 20)}
@@ -166,7 +166,7 @@ def write(rows: list[Row], others: list[Other], busy: float, idle: float, args: 
         "",
         "One `place_mig` decision (policy only, snapshot already built) over a cluster of A100-40GB /",
         "H100-80GB / H200-141GB GPUs in random legal layouts 50-70 % full, ~20 % of instances idle. The",
-        "baseline is `shared/policy/balancer_loop.py`, the same algorithm as a per-GPU Python loop, measured",
+        "baseline is `tests/reference_balancer.py`, the same algorithm as a per-GPU Python loop, measured",
         "in the same run; `same` says both picked the same GPU, placement and action. Budget:",
         "≤ 1 ms for 10,000 GPUs.",
         "",

@@ -13,9 +13,9 @@ All six keys are packed into one int64 per GPU so that the choice is one argmin.
 precomputed per GPU model and request (``balancer_keys.py``) as a table indexed by ``busy << 8 | idle`` (create)
 or ``busy << 8 | starts of idle instances of the profile`` (reuse); the tables of a snapshot's models are
 stacked so that one decision is a few gathers over the snapshot's columns, whatever the model mix
-(``load/bench_placement.py``; ``balancer_loop.py`` is the same algorithm as a plain loop). The ``Placement`` of
-a chosen candidate is built in ``placement_explain.py``; ``live_placement.py`` gives the same decisions
-incrementally, for the balancer service's mirror.
+(``load/bench_placement.py``; ``tests/reference_balancer.py`` is the same algorithm as a plain loop). The
+``Placement`` of a chosen candidate is built in ``placement_explain.py``; ``live_placement.py`` gives the same
+decisions incrementally, for the balancer service's mirror.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _decision(
     snap: ClusterSnapshot, job: JobRequest, params: BalancerParams, policy: str, chosen: Cand,
     ranked: Sequence[Cand], reuse_insts: Mapping[int, InstanceView],
 ) -> Placement:
-    """``explain_choice`` over a snapshot (``balancer_loop``'s entry)."""
+    """``explain_choice`` over a snapshot (the reference loop's entry, ``tests/reference_balancer.py``)."""
     return explain_choice(snap.gpus, snap.models, job, params.threshold, params.lazy_first,
                           params.rank == "delta", params.top_k, policy, chosen, ranked, reuse_insts)
 

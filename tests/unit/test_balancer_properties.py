@@ -9,11 +9,11 @@ from mig_strategies import GEO, clusters, layout_is_legal
 
 from shared.mig.occupancy import span
 from shared.policy.balancer import BalancerParams, place, place_mig
-from shared.policy.balancer_loop import place_mig_loop
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement import CannotPlace, JobRequest, Placement
 from shared.policy.request import Demand, mig, sized
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from tests.reference_balancer import place_mig_loop
 
 pytestmark = pytest.mark.unit
 
