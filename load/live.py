@@ -42,8 +42,6 @@ from load.scenarios import scenario
 from migsched.stack import Stack, StackConfig
 from services.common import stalls
 from shared.localservers import free_port, start_nats, start_redis
-from shared.settings import BalancerSettings
-from shared.settings import load as load_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -219,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.report:
             cmd += ["--report", args.report]
         skip = [st for st in (args.skip or "").split(",") if st]
-        if load_settings(BalancerSettings).direct_commands and "placed" not in skip:
+        if "placed" not in skip:
             skip.append("placed")  # the balancer sends the command itself: no sched.placed to watch
         if skip:
             cmd += ["--skip", ",".join(skip)]

@@ -91,12 +91,13 @@ ROLES: tuple[Role, ...] = (
          subscribe=("cmd.{node}",),
          consume=(Consume("CMD", durable="executor-{node}", filter="cmd.{node}"),)),
     Role("balancer", "decides placements (consumes jobs.*, sched.capacity) and sends their place commands",
-         publish=("sched.placed", "cmd.*", "dlq.>"),
+         publish=("cmd.*", "dlq.>"),
          consume=(Consume("JOBS"), Consume("SCHED")), redis=SERVICE_REDIS),
-    Role("partitioner", "executor commands (sched.placed, moves, cancels, destroys); node registry (reports, "
-         "heartbeats, exits)",
+    Role("partitioner", "executor commands after moves, cancels and exits; node registry (reports, heartbeats, "
+         "exits)",
          publish=("cmd.*", "jobs.exit", "sched.capacity", "dlq.>"),
-         consume=(Consume("SCHED"), Consume("JOBS", retired=("partitioner-exit",)), Consume("NODE")),
+         consume=(Consume("SCHED", retired=("partitioner-placed",)), Consume("JOBS", retired=("partitioner-exit",)),
+                  Consume("NODE")),
          redis=SERVICE_REDIS),
     Role("migration-planner", "plans defragmenting moves on job exit",
          publish=("sched.migrate", "dlq.>"),

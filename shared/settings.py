@@ -37,6 +37,8 @@ class Settings:
     shards: int = 1
     """Scheduling cells in Redis; a node lives in shard crc32(node) % shards, a job in crc32(job_id) % shards.
     """
+    max_attempts: int = 3
+    """Placements of one job that may fail (on executors, or unplannable) before the job is failed for good."""
     stream_storage: str = "file"
     """JetStream storage: 'file' (survives a NATS restart) or 'memory'."""
     stream_replicas: int = 1
@@ -135,12 +137,6 @@ class BalancerSettings(Settings):
     tenancy file; 0 turns the reserve off."""
     tenancy_poll_s: float = 2.0
     """How often the tenancy file's mtime/size is checked for a hot reload."""
-    direct_commands: bool = True
-    """Send each placement's executor command (``cmd.<node>``) from the balancer right after its
-    compare-and-set, instead of publishing ``sched.placed`` for the partitioner to turn into the command: one
-    hop, one stored message and one acknowledgement per job fewer (its time-out tracking rides in the
-    reservation). False sends them through the partitioner (``sched.placed``). Upgrade the partitioner first: an
-    older one counts the recent demand for idle-instance retention from ``sched.placed`` only."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,8 +146,6 @@ class PartitionerSettings(Settings):
     """A node whose heartbeats stop this long is marked lost and its jobs re-queued."""
     cmd_timeout_s: float = 120.0
     """A command without a result this long is treated as failed."""
-    max_attempts: int = 3
-    """Placements of one job that may fail on executors before the job is failed for good."""
     retention_window_s: float = 300.0
     """Recent-demand window of the keep-or-destroy policy for idle instances."""
     retention_min_share: float = 0.05

@@ -2,8 +2,8 @@
 mirror (``Mirror.decide``, which is ``shared.policy.balancer.place``'s decision; with tenancy: quota -> place
 behind the reserve -> preempt), commits every reservation of the batch as one Redis pipeline of compare-and-set
 Lua calls, re-decides the losers and returns the messages to publish with ``send``: each placement's executor
-command (``cmd.<node>``; ``sched.placed`` for the partitioner with ``MIGSCHED_DIRECT_COMMANDS`` off). No room:
-the job waits in the shard's priority queue with the policy's reasons. ``Candidate`` is one job to decide.
+command (``cmd.<node>``). No room: the job waits in the shard's priority queue with the policy's reasons.
+``Candidate`` is one job to decide.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from services.balancer.mirror import Mirror, reservation_instance
 from services.balancer.preempting import admit_job, placed_view, record_preemptions, wire_priority
 from services.balancer.tenancy import TenantLedger
 from services.common import metrics as m
-from services.common.place_command import place_command
+from services.common.place_command import place_cmd_id, place_command
 from services.common.service import Service
 from shared import telemetry
 from shared.bus import Delivery, Outgoing
@@ -30,8 +30,10 @@ from shared.events import Command, JobInfo, JobSubmit, Placed, wire_gpu
 from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
 from shared.policy.charges import slot_usages
+from shared.policy.gang import node_sizes, spans_nodes
 from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
 from shared.policy.registry import PlacementPolicy
+from shared.policy.snapshot import ClusterSnapshot
 from shared.settings import BalancerSettings
 from shared.state import Eviction, Reservation, SlotReservation, shard_of
 from shared.state.model import PLAIN_PROFILES
@@ -94,6 +96,7 @@ class Decisions(Service):
         return the messages to publish (``send``). Call under ``self.lock``."""
         st = self.settings
         out: list[Outgoing] = []
+        unplannable: list[Placed] = []
         todo = cands
         for _round in range(st.max_rounds):
             if not todo:
@@ -171,6 +174,10 @@ class Decisions(Service):
                     self._m_decide.observe(time.perf_counter() - t0)
                 if isinstance(dec, Placement) and len(dec.slots) > 1:
                     dec = one_node_gang(dec)
+                elif isinstance(dec, CannotPlace) and sub.demand.kind == "gpus":
+                    snap = mirror.snapshot()
+                    if spans_nodes(snap, sub.demand):
+                        dec = bigger_than_every_node(dec, sub.demand.gpus, snap)
                 if isinstance(dec, Placement):
                     self.holds[shard].placed(sub.job_id)
                     slot = dec.slot
@@ -207,7 +214,7 @@ class Decisions(Service):
                         destroy=first.destroy,
                         max_count=first.max_count,
                         extra=tuple(slot_res[1:]),
-                        track=st.direct_commands,
+                        track=True,
                         spec=c.spec,
                         prio=c.priority,
                         submitted_at=sub.submitted_at,
@@ -281,7 +288,11 @@ class Decisions(Service):
                     placed = self._placed(c, dec, gpu_before, ver, now)
                     if victims:
                         placed = msgspec.structs.replace(placed, preempted=tuple(v.job_id for v in victims))
-                    out.append(self._command_or_placed(placed, c, now))
+                    cmd = self._command(placed, c, now)
+                    if cmd is not None:
+                        out.append(cmd)
+                    else:
+                        unplannable.append(placed)
                     if c.delivery is not None:
                         sp = c.delivery.span
                         sp.set_attribute("migsched.decision", dec.explain()[:1000])
@@ -314,22 +325,32 @@ class Decisions(Service):
                 )
             await b.run()
             self.request_backfill_now(queue_grew=True)
+        await self._fail_unplannable(unplannable)
         return out
 
-    def _command_or_placed(self, placed: Placed, c: Candidate, now: float) -> Outgoing:
-        """The executor's ``place`` command, sent from here (``direct_commands``), or ``sched.placed`` for the
-        partitioner: with direct commands off, and for a placement that cannot be planned (which the
-        compare-and-set rules out; the partitioner then fails it, one code path for that)."""
-        if self.settings.direct_commands:
-            cmd = place_command(placed, self.geometry, now)
-            if isinstance(cmd, Command):
-                m.count_reconfigurations(cmd.ops)
-                if c.delivery is not None:
-                    c.delivery.span.set_attribute("migsched.ops", len(cmd.ops))
-                return Outgoing(self.subjects.cmd(cmd.node), cmd, c.ctx)
-            self.log.warning("placement of %s cannot be planned (%s): left to the partitioner", placed.job_id,
-                             cmd.reason)
-        return Outgoing(self.subjects.sched_placed, placed, c.ctx)
+    def _command(self, placed: Placed, c: Candidate, now: float) -> Outgoing | None:
+        """The executor's ``place`` command for a committed placement; None for one that cannot be planned
+        (the compare-and-set on the same view rules that out), which ``_fail_unplannable`` then fails."""
+        cmd = place_command(placed, self.geometry, now)
+        if not isinstance(cmd, Command):
+            self.log.error("placement of %s cannot be planned: %s", placed.job_id, cmd.reason)
+            return None
+        m.count_reconfigurations(cmd.ops)
+        if c.delivery is not None:
+            c.delivery.span.set_attribute("migsched.ops", len(cmd.ops))
+        return Outgoing(self.subjects.cmd(cmd.node), cmd, c.ctx)
+
+    async def _fail_unplannable(self, placed: list[Placed]) -> None:
+        """Give back the placements no command could be planned for, by their command ids (the reservation
+        tracked them): each job is queued again, or fails after ``MIGSCHED_MAX_ATTEMPTS``."""
+        if not placed:
+            return
+        now = time.time()
+        for p in placed:
+            cid = place_cmd_id(p.job_id, p.attempt)
+            await self.state.fail_placement(p.job_id, "partition plan conflict", now, self.settings.max_attempts,
+                                            cid, p.attempt)
+        self.request_backfill_now(queue_grew=True)
 
     async def send(self, out: list[Outgoing]) -> None:
         """Publish a batch's messages. The place commands among them are tracked in ``:cmds`` already: each
@@ -376,6 +397,13 @@ def one_node_gang(dec: Placement) -> Placement | CannotPlace:
     if len({s.node for s in dec.slots}) > 1:
         return multi_node_refused(dec)
     return mig_gang_refused(dec) if dec.slot.profile not in PLAIN_PROFILES else dec
+
+
+def bigger_than_every_node(dec: CannotPlace, n: int, snap: ClusterSnapshot) -> CannotPlace:
+    """Why a gang bigger than every node waits in the live stack, which runs a gang on one node."""
+    largest = int(node_sizes(snap).max()) if len(snap) else 0
+    why = f"needs {n} GPUs on one node; the largest node has {largest} (the live stack runs a gang on one node)"
+    return msgspec.structs.replace(dec, reasons=(why, *dec.reasons))
 
 
 def multi_node_refused(dec: Placement) -> CannotPlace:

@@ -1,9 +1,8 @@
 """The balancer: decode submits, decide on the local mirror (``shared.policy.balancer.place``), commit every
 reservation of the batch as one Redis pipeline of compare-and-set Lua calls, re-decide the losers, send each
-placement's executor command (``cmd.<node>``, tracked in ``:cmds``; ``sched.placed`` for the partitioner with
-``MIGSCHED_DIRECT_COMMANDS`` off), ack. No room: the job waits in the shard's priority queue with the
-policy's reasons, and is tried again (backfill) when room appears: a job exit, a capacity change, or the
-periodic pass.
+placement's executor command (``cmd.<node>``, tracked in ``:cmds``), ack. No room: the job waits in the
+shard's priority queue with the policy's reasons, and is tried again (backfill) when room appears: a job exit,
+a capacity change, or the periodic pass.
 
 Consumers: ``jobs.submit`` (balancer-submit), ``jobs.cancel`` (balancer-cancel), ``jobs.exit`` (balancer-exit),
 ``sched.capacity`` (balancer-capacity). All decisions and commits run under one lock, so the mirror is only

@@ -1,10 +1,8 @@
-"""A committed placement (``Placed``) -> the executor's ``place`` command, and what tracks it until the node reports.
+"""A committed placement (``Placed``) -> the executor's ``place`` command, and its id.
 
-Pure: the same function serves the balancer, which sends the command itself right after its compare-and-set
-(``MIGSCHED_DIRECT_COMMANDS``, the default: one hop and one message per job fewer), and the partitioner, which
-sends it for ``sched.placed`` messages (a balancer with direct commands off, an older version, or the rare
-placement the balancer could not plan). The GPU view in ``Placed`` is the one the compare-and-set proved
-current, so neither reads Redis to plan.
+Pure: the balancer sends the command right after its compare-and-set; the GPU view in ``Placed`` is the one the
+compare-and-set proved current, so planning reads nothing. The partitioner reads a command's id back
+(``place_cmd_id``) to tell which attempt a report answers.
 """
 
 from __future__ import annotations
@@ -67,9 +65,3 @@ def place_command(p: Placed, geometry: Geometry, now: float) -> Command | PlanCo
     if not isinstance(plan, PartitionPlan):
         return plan
     return _place(p, cmd_id, now, gpu_index=p.gpu.index, ops=plan.ops, instance_id=plan.instance_id)
-
-
-def tracking(cmd: Command) -> dict[str, Any]:
-    """The ``:cmds`` entry of a place command: the partitioner's sweep fails the placement when no result
-    comes within ``MIGSCHED_CMD_TIMEOUT_S``."""
-    return {"node": cmd.node, "kind": "place", "job": cmd.job_id, "gpu": cmd.gpu_id, "at": cmd.at}

@@ -191,7 +191,7 @@ class ReportsMixin:
             iid = r.instance.instance_id if r.instance and r.instance.instance_id else ""
             if r.instance is not None and r.instance.profile and r.instance.profile not in PLAIN_PROFILES:
                 # the recent demand the keep-or-destroy policy weighs: counted where the partitioner sees every
-                # placement whoever sent its command (the balancer, with direct commands), one entry per instant
+                # placement (the balancer sends the commands), one entry per instant
                 self.demand.observe(r.instance.profile, demand_instant(now, self.retention.window_s))
             attempt = place_attempt(r.cmd_id, r.job_id)
             found = self._reported(r) if attempt is not None else None

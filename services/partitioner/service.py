@@ -1,11 +1,9 @@
-"""The partitioner: the node registry, and the executor commands the balancer does not send (``cmd.<node>``).
+"""The partitioner: the node registry, and the executor commands that follow a move, an exit or a cancel.
 
-- ``sched.placed`` (a balancer with ``MIGSCHED_DIRECT_COMMANDS`` off or of an older version, or a placement it
-  could not plan) -> ``services.common.place_command`` on the GPU as the decision saw it (proved current by the
-  CAS) -> a ``place`` command (destroy idle instances in the way, create GI+CI at the exact placement, start the
-  workload); the command is tracked in Redis (``{ns:s}:cmds``) until the executor reports. With
-  ``MIGSCHED_DIRECT_COMMANDS`` the balancer sends that command itself, with the same function, and its
-  reservation tracks it.
+The balancer sends each placement's ``place`` command itself (``services.common.place_command``), and its
+reservation tracks the command in Redis (``{ns:s}:cmds``) until the executor reports; this service times it out
+(``registry``) and turns the reports into transitions (``reports``).
+
 - ``sched.migrate`` -> ``migrate_start`` on the target node (make before break); its confirmation sends
   ``migrate_stop`` for the source, whose confirmation commits the move (``reports``).
 - a job's exit report (``reports``: release, then ``jobs.exit`` for the balancer and the planner) -> keep the
@@ -22,22 +20,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from services.common import metrics as m
-from services.common.place_command import place_cmd_id, place_command, tracking
 from services.common.service import Service
 from services.partitioner.registry import RegistryMixin
 from services.partitioner.reports import ReportsMixin
 from shared.bus import Consumer, Delivery, Outgoing
-from shared.events import Command, MigrateOrder, Placed
+from shared.events import Command, MigrateOrder
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement import Slot
 from shared.policy.retention import RecentDemand, RetentionParams, keep_idle
 from shared.settings import PartitionerSettings
-from shared.state import StoredGpu, shard_of
+from shared.state import StoredGpu
 
 EXPIRE_EVERY_S = 2.0
 """Sweeps come often and small: at 1,000 jobs/s a sweep every 30 s deleted 30,000 jobs in one burst of Redis
@@ -62,7 +58,6 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         s, b = self.subjects, self.bus
         slow = self.settings.off_path_linger_s  # what nodes report: off the submit -> command path
         return [
-            b.consumer(s.stream_sched, "partitioner-placed", s.sched_placed, self.on_placed, concurrency=2),
             b.consumer(s.stream_sched, "partitioner-migrate", s.sched_migrate, self.on_migrate),
             b.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, self.on_cancel),
             b.consumer(s.stream_node, "registry-report", s.node_reports, self.on_report, linger_s=slow),
@@ -96,36 +91,6 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
             self.log.info("expired %d ended job(s) (retention %.0f s, at most %d kept per shard)", total,
                           st.job_retention_s, st.job_retention_max)
         return total
-
-    # --- sched.placed ---------------------------------------------------------------------------------------
-    async def on_placed(self, ds: list[Delivery]) -> None:
-        t0 = time.perf_counter()
-        now = time.time()
-        out: list[Outgoing] = []
-        track = self.state.batch()
-        failed: list[tuple[Placed, str]] = []
-        for d in ds:
-            p: Placed = d.data
-            cmd = place_command(p, self.geometry, now)
-            if not isinstance(cmd, Command):  # cannot happen after a CAS on this view; never act on it
-                failed.append((p, f"partition plan conflict: {cmd.reason}"))
-                d.span.set_attribute("migsched.plan_conflict", cmd.reason)
-                continue
-            track.track_command(shard_of(cmd.node, self.settings.shards), cmd.cmd_id, tracking(cmd))
-            out.append(Outgoing(self.subjects.cmd(cmd.node), cmd, d.ctx))
-            m.count_reconfigurations(cmd.ops)
-            d.span.set_attribute("migsched.ops", len(cmd.ops))
-            if cmd.plain:
-                d.span.set_attribute("migsched.plain_slots", len(cmd.plain))
-        # tracking is for time-outs only: it need not precede the command, so both go in one round trip
-        await asyncio.gather(track.run(), self.bus.publish_batch(out))
-        m.child(m.COMMANDS, "place", "sent").inc(len(out))
-        for p, why in failed:
-            # named by its command: a reservation that tracked it (the balancer's) forgets it, and a replayed
-            # placement of an older attempt fails nothing
-            await self.placement_failed(p.job_id, why, place_cmd_id(p.job_id, p.attempt))
-        m.child(m.BATCH_SECONDS, self.name, "placed").observe(time.perf_counter() - t0)
-        m.child(m.BATCH_SIZE, self.name, "placed").observe(len(ds))
 
     # --- sched.migrate --------------------------------------------------------------------------------------
     async def on_migrate(self, ds: list[Delivery]) -> None:
@@ -231,6 +196,8 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
         # Retention runs where the exit report is released (``reports``), not from jobs.exit: a consumer left
         # by an older version would only pile up messages nobody acks.
         await self.retire_consumer(self.subjects.stream_jobs, "partitioner-exit")
+        # the balancer sends every place command: an older version's sched.placed consumer has nothing to do
+        await self.retire_consumer(self.subjects.stream_sched, "partitioner-placed")
 
     # --- after a job exit: keep or destroy the idle instance ------------------------------------------------
     async def retain_or_destroy(self, freed: list[tuple[StoredGpu, str, Any]]) -> None:

@@ -78,8 +78,8 @@ async def one_rate(stack: Stack, log: Path, rate: float, seconds: float, duratio
             k = r.state if r is not None else "missing"
             states[k] = states.get(k, 0) + 1
         # where the time goes: submit -> placing (the balancer's decision and commit), placing -> command (the
-        # send: the balancer's publish and the CMD stream; the partitioner's hop too with
-        # MIGSCHED_DIRECT_COMMANDS=false), command -> running (executor, its report and the registry's transition)
+        # send: the balancer's publish and the CMD stream), command -> running (executor, its report and the
+        # registry's transition)
         stages: dict[str, list[float]] = {"balancer": [], "send": [], "executor+report": []}
         for job in ids[:: max(1, len(ids) // 500)]:
             hist = await state.history(job)

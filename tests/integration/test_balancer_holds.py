@@ -25,7 +25,7 @@ async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url, direct_commands=True)
+        stack = Stack(prefix, nats_url, redis_url)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=2)
         await ex.start()

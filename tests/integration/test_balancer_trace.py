@@ -22,7 +22,7 @@ async def test_the_submit_the_decision_and_the_command_share_one_trace(
     exporter = InMemorySpanExporter()
     telemetry.setup("migsched-test", exporter=exporter, synchronous=True)
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url, direct_commands=True)
+        stack = Stack(prefix, nats_url, redis_url)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
         await ex.start()

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from services.balancer.decide import Candidate
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.events import Demand, JobSubmit, now
 from shared.mig.geometry import default_geometry
@@ -200,7 +201,7 @@ async def test_a_silent_node_is_marked_lost_and_its_jobs_requeued(
 @pytest.mark.parametrize(
     ("track", "why", "next_command"),
     [
-        # a balancer that committed and crashed before publishing sched.placed (MIGSCHED_DIRECT_COMMANDS off)
+        # a reservation whose command was never tracked (an older balancer, committed before it crashed)
         (False, "no command was sent", "place:orphan:1"),
         # the default path: the reservation tracked the place command the balancer was about to send
         (True, "no result for place:orphan:0", "place:orphan:1"),
@@ -233,7 +234,7 @@ async def test_a_reservation_whose_command_never_went_out_is_requeued_and_placed
         await stack.stop()
 
 
-async def test_a_placement_whose_plan_conflicts_is_failed_and_its_tracked_command_forgotten(
+async def test_a_placement_whose_plan_conflicts_is_never_sent_but_failed_and_its_tracked_command_forgotten(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
     import time
@@ -252,7 +253,7 @@ async def test_a_placement_whose_plan_conflicts_is_failed_and_its_tracked_comman
                         max_count=7, spec=encode(spec), submitted_at=spec.submitted_at, track=True)
         assert (await ns.state.reserve(r, time.time())).ok
         # a view in which another job's instance holds the slot: the plan conflicts (a CAS rules this out; the
-        # partitioner must still never act on it)
+        # balancer must still never act on it)
         busy = InstanceView(id="n1/0:1g.5gb@6:other", profile="1g.5gb", start=6, size=1, compute=1, job_id="other")
         view = wire_gpu(GpuView.build(id="n1/0", node="n1", index=0, model="A100-40GB", instances=(busy,)))
         slot = Slot(gpu_id="n1/0", node="n1", model="A100-40GB", profile="1g.5gb", start=6, size=1, compute=1,
@@ -261,7 +262,8 @@ async def test_a_placement_whose_plan_conflicts_is_failed_and_its_tracked_comman
                         job=JobInfo(submitted_at=spec.submitted_at),
                         placement=Placement(job_id="clash", policy="test", slots=(slot,), tier="lazy",
                                             frag_before=0.0, frag_after=0.0))
-        await ns.bus.publish(ns.bus.subjects.sched_placed, placed)
+        assert stack.balancer._command(placed, _candidate(spec), time.time()) is None  # nothing is sent for it
+        await stack.balancer._fail_unplannable([placed])
         ok = await until(is_(ns, "clash", "running"))  # re-queued, then placed again by the balancer
         assert ok, (await ns.state.job("clash"), await ns.state.history("clash"), await ns.state.commands(0))
         hist = await ns.state.history("clash")
@@ -271,3 +273,7 @@ async def test_a_placement_whose_plan_conflicts_is_failed_and_its_tracked_comman
         assert await audit(ns.state, GEO) == []
         await ex.stop()
         await stack.stop()
+
+
+def _candidate(spec: JobSubmit) -> Candidate:
+    return Candidate(submit=spec, spec=b"{}", ctx=None)

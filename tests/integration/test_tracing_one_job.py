@@ -99,7 +99,7 @@ async def test_one_job_is_one_trace_across_every_service(
     trace_id = roots[0].context.trace_id
     # durable consumers by service (a replica may suffix its name, e.g. balancer-exit-<id>)
     want = (
-        "balancer-submit",  # which sends the place command itself (MIGSCHED_DIRECT_COMMANDS)
+        "balancer-submit",  # which sends the place command itself
         f"executor-{NODE}",
         "registry-report",
         "balancer-exit",

@@ -1,11 +1,10 @@
-"""``place_command``: one committed placement -> the executor's place command, the same whichever service sends
-it (the balancer with ``MIGSCHED_DIRECT_COMMANDS``, the partitioner for ``sched.placed``)."""
+"""``place_command``: one committed placement -> the executor's place command the balancer sends."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.common.place_command import place_cmd_id, place_command, tracking
+from services.common.place_command import place_cmd_id, place_command
 from shared.events import Command, JobInfo, Placed, Workload
 from shared.mig.geometry import default_geometry
 from shared.policy.gpu_view import GpuView, InstanceView
@@ -83,9 +82,3 @@ def test_a_whole_gpu_gang_becomes_one_plain_command_binding_every_gpu() -> None:
         (0, "gpu", "n1/0:gpu@0:j1"), (3, "gpu", "n1/3:gpu@0:j1")]
     assert cmd.instance_id == "n1/0:gpu@0:j1" and cmd.gpu_index == 0
 
-
-def test_a_place_command_is_tracked_by_node_job_gpu_and_send_time() -> None:
-    gpu = GpuView.build(id="n1/0", node="n1", index=0, model="A100-40GB")
-    cmd = place_command(_placed(gpu, _slot("1g.5gb", 6, 1, 1)), GEO, 42.0)
-    assert isinstance(cmd, Command)
-    assert tracking(cmd) == {"node": "n1", "kind": "place", "job": "j1", "gpu": "n1/0", "at": 42.0}
