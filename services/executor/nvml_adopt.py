@@ -23,7 +23,7 @@ from services.executor.workload import JobTable
 from shared.mig.geometry import GpuModel
 
 if TYPE_CHECKING:
-    from services.executor.nvml_backend import _Gpu
+    from services.executor.nvml_discovery import NodeGpu
 
 log = logging.getLogger("services.executor.nvml_backend")  # the backend's logger, as before the split
 T = TypeVar("T")
@@ -33,7 +33,7 @@ class NvmlAdoption:
     """The reconciliation half of ``NvmlBackend``, which sets these attributes and provides these methods."""
 
     _store: StateStore
-    _gpus: list[_Gpu]
+    _gpus: list[NodeGpu]
     _nvml: Any
     _jobs: JobTable
     _owned: set[OwnedInstance]
@@ -45,14 +45,14 @@ class NvmlAdoption:
 
         async def _nv(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
 
-        def _info(self, gpu: _Gpu, model: GpuModel, raw: nvml_ops.RawInstance) -> InstanceInfo: ...
+        def _info(self, gpu: NodeGpu, model: GpuModel, raw: nvml_ops.RawInstance) -> InstanceInfo: ...
 
         def _save(self) -> None: ...
 
     async def _reconcile(self) -> None:
         state = self._store.load()
         recorded = set(state.instances)
-        listed: list[tuple[_Gpu, GpuModel, nvml_ops.RawInstance]] = []
+        listed: list[tuple[NodeGpu, GpuModel, nvml_ops.RawInstance]] = []
         for gpu in self._gpus:
             if gpu.model is None:
                 continue

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +32,7 @@ from services.executor.backend import (
     Reconciliation,
 )
 from services.executor.nvml_adopt import NvmlAdoption
-from services.executor.nvml_discovery import NvmlGpu, build_model, compare, match_builtin, read_gpu
+from services.executor.nvml_discovery import NodeGpu, build_model, compare, match_builtin, read_gpu
 from services.executor.nvml_errors import error_for_code, not_mig_error, translate
 from services.executor.nvml_state import JobRecord, OwnedInstance, StateFile, StateStore
 from services.executor.nvml_workloads import NvmlWorkloads
@@ -45,17 +44,6 @@ from shared.mig.geometry import Geometry, GpuModel, default_geometry
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_STATE_DIR = "/var/lib/migsched/executor"
-
-
-@dataclass
-class _Gpu:
-    index: int
-    handle: Any
-    raw: NvmlGpu
-    builtin: GpuModel | None
-    model: GpuModel | None
-    """The node-local table read from NVML (None when the GPU is not in MIG mode)."""
-    differences: list[str]
 
 
 class NvmlBackend(NvmlAdoption, NvmlWorkloads):
@@ -89,7 +77,7 @@ class NvmlBackend(NvmlAdoption, NvmlWorkloads):
         self._poll_s = adopt_poll_s
         self._keep_logs = keep_logs
         self._geometry = geometry
-        self._gpus: list[_Gpu] = []
+        self._gpus: list[NodeGpu] = []
         self._locks: list[asyncio.Lock] = []
         self._owned: set[OwnedInstance] = set()
         self._jobs = JobTable(on_change=self._save)
@@ -144,22 +132,22 @@ class NvmlBackend(NvmlAdoption, NvmlWorkloads):
                         "GPU %d (%s): NVML differs from the built-in table: %s", index, raw.name, line
                     )
             handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
-            self._gpus.append(_Gpu(index, handle, raw, builtin, model, diffs))
+            self._gpus.append(NodeGpu(index, handle, raw, builtin, model, diffs))
 
-    def _gpu(self, index: int) -> _Gpu:
+    def _gpu(self, index: int) -> NodeGpu:
         if not 0 <= index < len(self._gpus):
             raise error_for_code(
                 pynvml.NVML_ERROR_INVALID_ARGUMENT, f"use GPU {index} (node has {len(self._gpus)})"
             )
         return self._gpus[index]
 
-    def _mig_gpu(self, index: int) -> tuple[_Gpu, GpuModel]:
+    def _mig_gpu(self, index: int) -> tuple[NodeGpu, GpuModel]:
         gpu = self._gpu(index)
         if gpu.model is None:
             raise not_mig_error(index, gpu.raw.mig_current, gpu.raw.mig_pending)
         return gpu, gpu.model
 
-    def _info(self, gpu: _Gpu, model: GpuModel, raw: nvml_ops.RawInstance) -> InstanceInfo:
+    def _info(self, gpu: NodeGpu, model: GpuModel, raw: nvml_ops.RawInstance) -> InstanceInfo:
         try:
             profile = model.profile_by_id(raw.profile_id).name
         except UnknownModelError:

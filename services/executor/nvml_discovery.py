@@ -10,6 +10,7 @@ differences from the built-in tables are reported, never silently merged.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -231,3 +232,17 @@ def _fmt(value: object) -> str:
     if isinstance(value, tuple):
         return "{" + ",".join(str(v) for v in value) + "}"
     return str(value)
+
+
+@dataclass
+class NodeGpu:
+    """One GPU of this node as the NVML backend holds it: its index, NVML handle, what NVML reports of it, the
+    built-in model it matches and the table it is driven by."""
+
+    index: int
+    handle: Any
+    raw: NvmlGpu
+    builtin: GpuModel | None
+    model: GpuModel | None
+    """The node-local table read from NVML (None when the GPU is not in MIG mode)."""
+    differences: list[str]

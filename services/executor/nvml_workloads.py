@@ -19,7 +19,7 @@ from services.executor.process import ProcessRun, launch, log_path
 from services.executor.workload import JobTable
 
 if TYPE_CHECKING:
-    from services.executor.nvml_backend import _Gpu
+    from services.executor.nvml_discovery import NodeGpu
 
 log = logging.getLogger("services.executor.nvml_backend")  # the backend's logger, as before the split
 
@@ -39,7 +39,7 @@ class NvmlWorkloads:
 
         async def _ensure(self) -> None: ...
 
-        def _gpu(self, index: int) -> _Gpu: ...
+        def _gpu(self, index: int) -> NodeGpu: ...
 
         async def discover(self) -> Sequence[GpuInfo]: ...
 

@@ -22,7 +22,7 @@ from shared.policy.balancer_keys import _UNFIT, _create_part
 from shared.policy.migration_search import VirtualGpu, shape_target
 
 if TYPE_CHECKING:
-    from shared.policy.migration import _Plan
+    from shared.policy.migration_plan import _Plan
 
 
 def consolidate(plan: _Plan, g: VirtualGpu, why: str) -> bool:

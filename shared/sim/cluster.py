@@ -28,7 +28,6 @@ from shared.policy.placement import Slot
 from shared.policy.placement_index import PlacementIndex
 from shared.policy.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
-from shared.sim import cluster_check
 from shared.sim.cluster_spec import ClusterSpec, NodeSpec, gpu_views, load_nodes_file, parse_cluster
 from shared.sim.errors import InvariantError
 
@@ -374,10 +373,3 @@ class SimCluster:
         self.changes += 1
         if self.index is not None:
             self.index.retime(pos, new)
-
-    # checking ----------------------------------------------------------------------------------------------
-    def check(self, now: float | None = None) -> None:
-        """Raise InvariantError if any slice is double-booked or a placement is illegal, or a kept index
-        (the pull index brought up to date at ``now``, the defragmentation screen, the placement index's
-        views) differs from one rebuilt from scratch (``shared/sim/cluster_check.py``)."""
-        cluster_check.check(self, now)

@@ -1,4 +1,4 @@
-"""``SimCluster.check``: the cluster state is legal, and every index the cluster keeps incrementally describes
+"""The simulated cluster is legal, and every index it keeps incrementally describes
 it as one rebuilt from scratch would (run after every event under ``--check-invariants``)."""
 
 from __future__ import annotations

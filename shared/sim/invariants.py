@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.sim import cluster_check
 from shared.sim.errors import InvariantError
 from shared.sim.jobs import FUTURE, RUNNING, STARTING
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 def check(sim: Simulator) -> None:
     """Invariants at an event boundary: legal, non-overlapping instances; every live job holds exactly its
     instances; ended jobs hold none."""
-    sim.cluster.check(sim.now)
+    cluster_check.check(sim.cluster, sim.now)
     holders: dict[str, str] = {}
     for gid in sim.cluster.where.values():
         for inst in sim.cluster.gpu(gid).instances:

@@ -4,7 +4,7 @@ singly caps a hop near 2.5-3k events/s; one pipeline per fetched batch reaches ~
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 from redis.exceptions import NoScriptError
@@ -19,15 +19,25 @@ from shared.state.model import (
     StoredGpu,
     StoredInstance,
 )
+from shared.state.roundtrip import RoundTrips
 
-if TYPE_CHECKING:
-    from shared.state.redis_store import RedisState
+
+class ScriptHost(Protocol):
+    """What a batch needs of the store that runs it (``RedisState``): key names, loaded scripts, round trips."""
+
+    roundtrips: RoundTrips
+
+    def keys(self, shard: int) -> Keys: ...
+    def job_keys(self, job_id: str) -> Keys: ...
+    def node_keys(self, node: str) -> Keys: ...
+    def sha(self, name: str) -> str: ...
+    async def load_scripts(self) -> None: ...
 
 
 class Batch:
     """Transitions queued for one pipelined round trip; ``run()`` returns one result per call."""
 
-    def __init__(self, store: RedisState) -> None:
+    def __init__(self, store: ScriptHost) -> None:
         self.store = store
         self._calls: list[tuple[str, Sequence[str], Sequence[Any], Any]] = []
 
