@@ -3,7 +3,7 @@ real NATS and Redis of a private namespace).
 
 A few hundred malformed and adversarial messages are published on the external subjects (submits, cancels,
 node reports and heartbeats) and on the internal ones a compromised peer could write to (``jobs.exit``,
-``sched.placed``, ``cmd.<node>``), interleaved with real jobs. Each malformed one must land once on
+``cmd.<node>``), interleaved with real jobs. Each malformed one must land once on
 ``dlq.<subject>`` with a non-empty ``Migsched-Error`` naming what is wrong; valid-but-nonsensical reports (an
 exit of a job never placed, a result for a command never sent) must be absorbed; the services must stay alive
 and keep placing; and the state must be clean (``audit()``), with every real job accounted for.
@@ -60,7 +60,6 @@ BASES: dict[str, dict[str, Any]] = {
     },
     "node.n1.report": {"v": 1, "id": "r-x", "kind": "job_exit", "node": "n1", "at": 1.7e9, "job_id": "fz-x"},
     "node.n1.heartbeat": {"v": 1, "id": "h-x", "node": "n1", "seq": 1, "at": 1.7e9, "running": []},
-    "sched.placed": {"v": 1, "id": "p-x", "job_id": "fz-x", "gpu_version": 1, "decided_at": 1.7e9},
     "cmd.n1": {"v": 1, "id": "k-x", "cmd_id": "k-x", "kind": "place", "node": "n1", "at": 1.7e9},
 }
 HOSTILE: list[Any] = [
