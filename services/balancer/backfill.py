@@ -11,7 +11,8 @@ import time
 
 import msgspec
 
-from services.balancer.decide import Candidate, Decisions
+from services.balancer.candidate import Candidate
+from services.balancer.decide import Decisions
 from services.balancer.preempting import fair_order
 from services.common import metrics as m
 from shared import telemetry

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from opentelemetry import context as otel_context
 from prometheus_client import Counter, Histogram
 
+from services.balancer.candidate import Candidate
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror, reservation_instance
 from services.balancer.preempting import admit_job, placed_view, record_preemptions, wire_priority
@@ -24,8 +23,7 @@ from services.balancer.tenancy import TenantLedger
 from services.common import metrics as m
 from services.common.place_command import place_cmd_id, place_command
 from services.common.service import Service
-from shared import telemetry
-from shared.bus import Delivery, Outgoing
+from shared.bus import Outgoing
 from shared.events import Command, JobInfo, JobSubmit, Placed, wire_gpu
 from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
@@ -37,33 +35,6 @@ from shared.policy.snapshot import ClusterSnapshot
 from shared.settings import BalancerSettings
 from shared.state import Eviction, Reservation, SlotReservation, shard_of
 from shared.state.model import PLAIN_PROFILES
-
-
-@dataclass
-class Candidate:
-    """One job to decide now: fresh from ``jobs.submit`` or taken from the pending queue."""
-
-    submit: JobSubmit
-    spec: bytes
-    ctx: otel_context.Context | None
-    delivery: Delivery | None = None
-    from_queue: bool = False
-    attempt: int = 0
-    prio: int | None = None
-    """The priority resolved from the tenancy's classes (None: the submit's own ``priority``)."""
-
-    @property
-    def priority(self) -> int:
-        return self.submit.priority if self.prio is None else self.prio
-
-    @property
-    def traceparent(self) -> str:
-        """The W3C traceparent of ``ctx``, stored with a queued job: its later placement continues it."""
-        if self.ctx is None:
-            return ""
-        carrier: dict[str, str] = {}
-        telemetry.inject(carrier, self.ctx)
-        return carrier.get("traceparent", "")
 
 
 class Decisions(Service):

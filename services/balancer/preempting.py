@@ -25,7 +25,7 @@ from shared.policy.queue_order import PendingJob
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
 if TYPE_CHECKING:
-    from services.balancer.service import Candidate
+    from services.balancer.candidate import Candidate
     from services.balancer.tenancy import TenantLedger
 
 _tracer = telemetry.tracer("migsched.balancer")

@@ -21,7 +21,8 @@ from typing import Any
 import msgspec
 
 from services.balancer.backfill import Backfill
-from services.balancer.decide import Candidate, mig_gang_refused, placed_on
+from services.balancer.candidate import Candidate
+from services.balancer.decide import mig_gang_refused, placed_on
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
 from services.balancer.tenancy import TenantLedger

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.balancer.decide import Candidate
+from services.balancer.candidate import Candidate
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.events import Demand, JobSubmit, now
 from shared.mig.geometry import default_geometry
