@@ -14,7 +14,6 @@ Examples::
 
 from __future__ import annotations
 
-import random
 import shlex
 import sys
 from collections.abc import Callable
@@ -217,68 +216,29 @@ def _run(o: dict[str, Any]) -> None:
     if o["matrix"]:
         _run_matrix(o)
         return
-    import numpy as np
 
     from shared.mig.geometry import default_geometry
     from shared.policy.registry import policy_names
     from shared.sim import experiment, report
     from shared.sim.cluster import load_nodes_file, parse_cluster
-    from shared.sim.errors import WorkloadError
     from shared.sim.fluid import NAME as FLUID
-    from shared.sim.workloads.csv import load_csv
-    from shared.sim.workloads.dlrm import load_dlrm
-    from shared.sim.workloads.openb import load_openb
-    from shared.sim.workloads.synthetic import synthetic
+    from shared.sim.workloads.spec import WorkloadSpec, build
 
     geo = default_geometry()
     if o["nodes_file"]:
         cluster = load_nodes_file(str(o["nodes_file"]), geo, o["nodes_model"])
     else:
         cluster = parse_cluster(list(o["clusters"]) or ["A100-40GB:48"], geo, int(o["gpus_per_node"]))
-    model = geo.model(cluster.nodes[0].model)
     seed = int(o["seed"])
-    wl = str(o["workload"])
-    kind, _, arg = wl.partition(":")
-    if kind == "openb":
-        workload = load_openb(
-            arg or "default",
-            model,
-            window=str(o["window"]),
-            time_scale=float(o["time_scale"]),
-            limit=o["limit"],
-        )
-    elif kind == "csv":
-        if not arg or not o["csv_map"]:
-            raise WorkloadError("-w csv:PATH needs the file and --csv-map key=column,...")
-        workload = load_csv(arg, str(o["csv_map"]), model)
-    elif kind == "synthetic":
-        from shared.sim.workloads.synthetic import MIXES
-
-        if (arg or "default") not in MIXES:
-            raise WorkloadError(f"unknown synthetic mix {arg!r}: one of {', '.join(MIXES)}")
-        slices = sum(n.gpus * geo.model(n.model).compute_slices for n in cluster.nodes)
-        workload = synthetic(
-            np.random.default_rng(seed),
-            jobs=int(o["n_jobs"]),
-            load=float(o["load"]),
-            cluster_slices=slices,
-            classes=MIXES[arg or "default"],
-            mix=arg or "default",
-        )
-    elif kind == "dlrm":
-        gpus = float(o["dlrm_gpus"]) or cluster.gpu_count / 2
-        workload = load_dlrm(random.Random(seed), gpus=gpus, path=arg or None)
-    else:
-        raise WorkloadError(f"unknown workload {wl!r}: use openb[:VARIANT|PATH], dlrm, csv:PATH or synthetic")
-    if kind != "dlrm" and float(o["dlrm_gpus"]) > 0:
-        t0 = workload.jobs[0].arrival
-        span = workload.jobs[-1].arrival - t0
-        bg = load_dlrm(random.Random(seed), gpus=float(o["dlrm_gpus"]), offset=t0, horizon=span)
-        workload = workload.merged(bg)
-    if o["limit"] and kind != "openb":
-        import msgspec
-
-        workload = msgspec.structs.replace(workload, jobs=workload.jobs[: int(o["limit"])])
+    workload = build(
+        WorkloadSpec(
+            name=str(o["workload"]), seed=seed, jobs=int(o["n_jobs"]), load=float(o["load"]),
+            window=str(o["window"]), time_scale=float(o["time_scale"]), limit=o["limit"],
+            csv_map=str(o["csv_map"] or ""), dlrm_gpus=float(o["dlrm_gpus"]),
+        ),
+        cluster,
+        geo,
+    )
     patience = float(o["patience"])
     cfg = _config(o, seed, patience)
     names = list(o["policies"])

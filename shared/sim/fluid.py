@@ -21,11 +21,12 @@ import numpy as np
 
 from shared.mig.geometry import Geometry, Profile, default_geometry
 from shared.policy.request import full_profile, resolve_profile
+from shared.sim.classes import class_kpis, gpu_equivalents
 from shared.sim.cluster_spec import ClusterSpec
 from shared.sim.config import SimConfig
 from shared.sim.errors import WorkloadError
 from shared.sim.jobs import SimJob, Workload
-from shared.sim.metrics import Kpis, RunResult, Series, class_kpis, gpu_equivalents
+from shared.sim.metrics import Kpis, RunResult, Series
 
 NAME = "fluid"
 

@@ -9,7 +9,6 @@ cells are judged on the mean over their seeds. ``fluid`` bounds what slice geome
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -18,10 +17,11 @@ import msgspec
 import numpy as np
 
 from shared.mig.geometry import default_geometry
+from shared.sim.classes import class_order
 from shared.sim.cluster_spec import parse_cluster
 from shared.sim.config import SimConfig
 from shared.sim.jobs import Workload
-from shared.sim.metrics import Kpis, class_order
+from shared.sim.metrics import Kpis
 
 BASELINES = ("first-fit", "best-fit", "fgd", "spread")
 """What users of a simple scheduler have: greedy backfill, no reservations, no migration."""
@@ -85,23 +85,13 @@ def cells(quick: bool = False) -> list[Cell]:
 
 
 def build_workload(cell: Cell, synthetic_jobs: int = SYNTHETIC_JOBS) -> Workload:
-    from shared.sim.workloads.dlrm import load_dlrm
-    from shared.sim.workloads.openb import load_openb
-    from shared.sim.workloads.synthetic import synthetic
+    from shared.sim.workloads.spec import WorkloadSpec, build
 
     geo = default_geometry()
-    model = geo.model(MODEL)
-    if cell.workload == "synthetic":
-        wl = synthetic(np.random.default_rng(cell.seed), jobs=synthetic_jobs, load=cell.load,
-                       cluster_slices=cell.gpus * model.compute_slices)
-    else:
-        wl = load_openb(cell.workload.partition(":")[2] or "default", model)
-    if cell.dlrm_gpus:
-        t0 = wl.jobs[0].arrival
-        span = wl.jobs[-1].arrival - t0
-        bg = load_dlrm(random.Random(cell.seed), gpus=cell.dlrm_gpus, offset=t0, horizon=span)
-        wl = wl.merged(bg)
-    return wl
+    cluster = parse_cluster([f"{MODEL}:{cell.gpus}"], geo)
+    name = "synthetic" if cell.workload == "synthetic" else f"openb:{cell.workload.partition(':')[2] or 'default'}"
+    spec = WorkloadSpec(name=name, seed=cell.seed, jobs=synthetic_jobs, load=cell.load, dlrm_gpus=cell.dlrm_gpus)
+    return build(spec, cluster, geo)
 
 
 def run_cell(cell: Cell, labels: Sequence[str], cfg: SimConfig, synthetic_jobs: int = SYNTHETIC_JOBS) -> list[Run]:

@@ -12,10 +12,12 @@ import numpy as np
 
 from shared.policy.fragcost import demand_weights, frag_rate_columns
 from shared.policy.snapshot import GpuView
+from shared.sim.classes import ClassKpis, class_kpis, gpu_equivalents
+from shared.sim.jobs import SimJob
+from shared.sim.stats import pct, rounded
 
 if TYPE_CHECKING:
     from shared.sim.engine import Simulator
-    from shared.sim.jobs import SimJob
 
 KPI_VERSION = 1
 
@@ -41,37 +43,6 @@ class TenantKpis(msgspec.Struct, frozen=True, kw_only=True):
     borrowed_slice_h: float = 0.0
     """Compute slices above its nominal quota (borrowed in its cohort) x hours."""
     peak_slices: float = 0.0
-
-
-class ClassKpis(msgspec.Struct, frozen=True, kw_only=True):
-    """One demand class of a run (``demand_class``): how many asked, how many were turned away, how long the
-    placed ones waited."""
-
-    jobs: int
-    rejected: int
-    rejection_rate: float
-    wait_mean_s: float
-    wait_p95_s: float
-    rejected_gpu_h: float
-    """GPU-hours (of 7 compute slices) the rejected jobs of the class asked for."""
-
-
-def demand_class(job: SimJob) -> str:
-    """The class a job is judged in: its MIG shape (``1g`` ... ``7g``), ``<n>gpu`` for ``n`` whole GPUs, or
-    ``shared``."""
-    kind = job.demand.kind
-    if kind == "gpus":
-        return f"{job.demand.gpus}gpu"
-    if kind == "shared":
-        return "shared"
-    return job.shape
-
-
-def gpu_equivalents(job: SimJob) -> float:
-    """What a job asks of the cluster in whole GPUs of 7 compute slices (a ``3g`` is 3/7, four GPUs are 4)."""
-    if job.demand.kind == "gpus":
-        return float(job.demand.gpus)
-    return (int(job.shape[0]) if job.shape[:1].isdigit() else 7) / 7.0
 
 
 class Kpis(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,46 +154,6 @@ class Outcome:
         self._end(i, t)
 
 
-def class_order(name: str) -> tuple[int, int, str]:
-    """MIG shapes first by size, then whole-GPU classes by GPU count, then the rest."""
-    digits = "".join(c for c in name if c.isdigit())
-    size = int(digits) if digits else 0
-    if name.endswith("gpu"):
-        return (1, size, name)
-    return (0 if name[:1].isdigit() else 2, size, name)
-
-
-def class_kpis(
-    jobs: tuple[SimJob, ...], done: np.ndarray, wait: np.ndarray, work_s: np.ndarray
-) -> dict[str, ClassKpis]:
-    """Per demand class: ``done`` says which jobs completed, ``wait`` their start minus arrival, ``work_s``
-    what each asked for in GPU-seconds."""
-    by: dict[str, list[int]] = {}
-    for i, j in enumerate(jobs):
-        by.setdefault(demand_class(j), []).append(i)
-    out: dict[str, ClassKpis] = {}
-    for name in sorted(by, key=class_order):
-        idx = np.array(by[name], dtype=np.intp)
-        ok = done[idx]
-        w = wait[idx][ok]
-        rej = int((~ok).sum())
-        out[name] = ClassKpis(
-            jobs=int(idx.size), rejected=rej, rejection_rate=_r(rej / idx.size),
-            wait_mean_s=_r(w.mean() if w.size else 0.0), wait_p95_s=_r(_pct(w, 95)),
-            rejected_gpu_h=_r(float(work_s[idx][~ok].sum()) / 3600.0),
-        )
-    return out
-
-
-def _pct(a: np.ndarray, q: float) -> float:
-    return float(np.percentile(a, q)) if a.size else 0.0
-
-
-def _r(x: float) -> float:
-    """Rounded so the JSON stays readable and identical across platforms' last-bit differences."""
-    return round(float(x), 6)
-
-
 class Recorder:
     """Integrates utilisation between events and samples the time series on a fixed virtual-time grid."""
 
@@ -263,9 +194,9 @@ class Recorder:
                 if self.sim.spec.repartitions else self._static_frag()
             )
             self._frag_cache = (cl.changes, rate)
-        self.t.append(_r(t - self.t0))
-        self.util.append(_r(cl.used / cl.capacity))
-        self.frag.append(_r(self._frag_cache[1]))
+        self.t.append(rounded(t - self.t0))
+        self.util.append(rounded(cl.used / cl.capacity))
+        self.frag.append(rounded(self._frag_cache[1]))
         self.queued.append(len(self.sim.queue))
 
     def _static_frag(self) -> float:
@@ -338,35 +269,35 @@ class Recorder:
             jobs=n,
             completed=int(done.sum()),
             rejected=rejected,
-            rejection_rate=_r(rejected / n if n else 0.0),
-            rejection_rate_peak=_r(self._peak_rejection(arrival, done)),
-            jct_mean_s=_r(jct.mean() if jct.size else 0.0),
-            jct_p50_s=_r(_pct(jct, 50)),
-            jct_p95_s=_r(_pct(jct, 95)),
-            jct_p99_s=_r(_pct(jct, 99)),
-            wait_mean_s=_r(wait.mean() if wait.size else 0.0),
-            wait_p95_s=_r(_pct(wait, 95)),
-            makespan_s=_r(makespan),
-            utilization=_r(self.area / (sim.cluster.capacity * makespan) if makespan > 0 else 0.0),
-            frag_rate_mean=_r(float(np.mean(self.frag)) if self.frag else 0.0),
-            frag_rate_peak=_r(max(self.frag, default=0.0)),
-            frag_rate_p95=_r(_pct(np.array(self.frag), 95)),
+            rejection_rate=rounded(rejected / n if n else 0.0),
+            rejection_rate_peak=rounded(self._peak_rejection(arrival, done)),
+            jct_mean_s=rounded(jct.mean() if jct.size else 0.0),
+            jct_p50_s=rounded(pct(jct, 50)),
+            jct_p95_s=rounded(pct(jct, 95)),
+            jct_p99_s=rounded(pct(jct, 99)),
+            wait_mean_s=rounded(wait.mean() if wait.size else 0.0),
+            wait_p95_s=rounded(pct(wait, 95)),
+            makespan_s=rounded(makespan),
+            utilization=rounded(self.area / (sim.cluster.capacity * makespan) if makespan > 0 else 0.0),
+            frag_rate_mean=rounded(float(np.mean(self.frag)) if self.frag else 0.0),
+            frag_rate_peak=rounded(max(self.frag, default=0.0)),
+            frag_rate_p95=rounded(pct(np.array(self.frag), 95)),
             reconfigurations=sim.cluster.reconfigurations,
             migrations=sum(out.migrations),
-            migrated_share=_r(migrated / n if n else 0.0),
+            migrated_share=rounded(migrated / n if n else 0.0),
             moves_skipped=sim.moves_skipped,
-            jobs_per_day=_r(done.sum() / (makespan / 86400.0) if makespan > 0 else 0.0),
-            stretch_mean=_r(stretch.mean() if stretch.size else 1.0),
+            jobs_per_day=rounded(done.sum() / (makespan / 86400.0) if makespan > 0 else 0.0),
+            stretch_mean=rounded(stretch.mean() if stretch.size else 1.0),
             events=sim.events,
             wall_s=round(wall_s, 3),
             tenants=self._tenants(start, finish, done, arrival),
-            rejected_gpu_h=_r(float((gpu_eq * dur)[~done].sum()) / 3600.0 if n else 0.0),
+            rejected_gpu_h=rounded(float((gpu_eq * dur)[~done].sum()) / 3600.0 if n else 0.0),
             classes=class_kpis(jobs, done, wait_all, gpu_eq * dur),
-            reserved_idle_gpu_h=_r(getattr(sim, "reserved_idle_s", 0.0) / 3600.0),
+            reserved_idle_gpu_h=rounded(getattr(sim, "reserved_idle_s", 0.0) / 3600.0),
             refused=dict(getattr(sim, "refused", {})),
         )
         series = Series(t=self.t, utilization=self.util, frag_rate=self.frag, queued=self.queued)
-        return RunResult(kpis=k, series=series, jct=[_r(x) for x in jct])
+        return RunResult(kpis=k, series=series, jct=[rounded(x) for x in jct])
 
     def _peak_rejection(self, arrival: np.ndarray, done: np.ndarray) -> float:
         """Rejection rate among jobs arriving in the busiest 10 % of 100 equal arrival windows, busiest by the
@@ -413,8 +344,8 @@ class Recorder:
                 jobs=int(a[0]),
                 completed=int(a[1]),
                 rejected=int(a[2]),
-                wait_mean_s=_r(a[3] / a[1] if a[1] else 0.0),
-                usage_slice_h=_r(a[4]),
+                wait_mean_s=rounded(a[3] / a[1] if a[1] else 0.0),
+                usage_slice_h=rounded(a[4]),
             )
             for t, a in sorted(acc.items())
         }

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import msgspec
 
-from shared.sim.metrics import ClassKpis, Kpis, RunResult, class_order
+from shared.sim.classes import ClassKpis, class_order
+from shared.sim.metrics import Kpis, RunResult
 
 COLUMNS = (
     ("policy", "policy", "{}"),

@@ -10,11 +10,11 @@ import pytest
 from shared.mig.geometry import default_geometry
 from shared.policy.request import Demand, mig
 from shared.sim import experiment, matrix
+from shared.sim.classes import demand_class, gpu_equivalents
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import InterferenceParams, SimConfig
 from shared.sim.fluid import run_fluid
 from shared.sim.jobs import SimJob, Workload
-from shared.sim.metrics import demand_class, gpu_equivalents
 from shared.sim.workloads.synthetic import synthetic
 
 pytestmark = pytest.mark.unit
