@@ -1,23 +1,15 @@
-"""Ended jobs forgotten after their retention, through ``lua/expire.lua`` (and ``set_state`` in
-``lua/prelude.lua``) on a real Redis: the scenarios of ``tests/expiry_cases.py``, which
-``tests/unit/test_state_expiry_memory.py`` runs on the in-memory store; and the audit's rule on ended jobs."""
+"""The audit's rule on ended jobs, on a real Redis (the expiry scenarios of ``lua/expire.lua`` run on both
+stores in ``tests/contract/``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from expiry_cases import CASES, GEO, NOW
 
 from services.common.testing import make_settings
 from shared.state import RedisState, audit
+from tests.contract.state_cases.expiry import GEO, NOW
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-async def test_the_lua_transitions(case: Any, redis_state: RedisState) -> None:
-    await case(redis_state)
 
 
 async def test_the_audit_flags_an_ended_entry_whose_job_is_not_terminal(

@@ -1,6 +1,6 @@
 """The migration planner over a mixed cluster: jobs on whole non-MIG GPUs and time-sliced shares never move,
 and no MIG job is pulled onto a non-MIG GPU (the planner service reserves only what these plans name; the
-``migrate`` transition refuses a plain job anyway, see ``tests/plain_state_cases.py``)."""
+``migrate`` transition refuses a plain job anyway, see ``tests/contract/state_cases/plain_state.py``)."""
 
 from __future__ import annotations
 

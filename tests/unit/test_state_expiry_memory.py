@@ -1,5 +1,5 @@
 """Ended jobs forgotten after their retention, in the in-memory store: the scenarios of
-``tests/expiry_cases.py``, which ``tests/integration/test_state_expiry_lua.py`` runs on Redis; the audit's rule
+the scenarios of ``tests/contract/state_cases/expiry.py`` (run on both stores by ``tests/contract/``); the audit's rule
 on ended jobs; the partitioner's periodic sweep."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import types
 from typing import Any
 
 import pytest
-from expiry_cases import CASES, NOW
 from prometheus_client import REGISTRY
 
 from services.partitioner import service
@@ -19,14 +18,10 @@ from shared.settings import PartitionerSettings, load
 from shared.state import JobRecord
 from shared.state.check import check_state
 from shared.state.memory_store import MemoryState
+from tests.contract.state_cases.expiry import NOW
 
 pytestmark = pytest.mark.unit
 GEO = default_geometry()
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-async def test_the_memory_store_agrees_with_the_lua_transitions(case: Any) -> None:
-    await case(MemoryState())
 
 
 def _done_findings(jobs: list[JobRecord], done: set[str]) -> list[tuple[str, str]]:

@@ -1,24 +1,14 @@
-"""A place command applied after the state gave up on it, in the in-memory store: the scenarios of
-``tests/late_run_cases.py``, which ``tests/integration/test_state_late_run_lua.py`` runs on Redis."""
+"""The registry reads a place command's attempt back from its id (the late-run scenarios run on both stores in
+``tests/contract/``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from late_run_cases import CASES
-
-from shared.state.memory_store import MemoryState
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-async def test_the_memory_store_agrees_with_the_lua_transitions(case: Any) -> None:
-    await case(MemoryState())
-
-
-def test_the_registry_reads_the_attempt_back_from_the_place_command_id_either_service_sends() -> None:
+def test_the_registry_reads_the_attempt_back_from_the_place_command_id() -> None:
     from services.common.place_command import place_cmd_id
     from services.partitioner.reports import place_attempt
 

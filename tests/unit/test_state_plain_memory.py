@@ -1,25 +1,16 @@
-"""Whole-GPU gangs and time-sliced shares in the in-memory store (the unit-test fake of the Redis store): the
-scenarios of ``tests/plain_state_cases.py``, which ``tests/integration/test_state_plain_lua.py`` runs on Redis."""
+"""The audit's check of each GPU's sharing mode (the gang and time-sliced share scenarios run on both stores in
+``tests/contract/``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from plain_state_cases import CASES
 
 from shared.mig.geometry import default_geometry
 from shared.state import JobRecord, StoredGpu, StoredInstance
 from shared.state.check import check_state
-from shared.state.memory_store import MemoryState
 
 pytestmark = pytest.mark.unit
 GEO = default_geometry()
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-async def test_the_memory_store_agrees_with_the_lua_transitions(case: Any) -> None:
-    await case(MemoryState())
 
 
 def _gpu(mig: bool, replicas: int, *insts: StoredInstance) -> StoredGpu:

@@ -1,6 +1,6 @@
-"""Scenarios of whole-GPU gangs and time-sliced shares in the state store, written once against the store
-interface: ``tests/unit/test_state_plain_memory.py`` runs them on ``MemoryState``, ``tests/integration/
-test_state_plain_lua.py`` on ``RedisState`` (the Lua scripts), so the two implementations must agree.
+"""Scenarios of whole-GPU gangs and time-sliced shares in the state store, written once against the store interface:
+``tests/contract/test_state_store.py`` runs them on ``MemoryState`` and on ``RedisState`` (the Lua scripts), so the
+two implementations must agree.
 
 The node ``n1``: GPUs 0 and 1 not in MIG mode (whole-GPU jobs only), GPU 2 not in MIG mode and time-sliced
 into 3 replicas, GPU 3 in MIG mode.

@@ -1,6 +1,6 @@
-"""A reservation that tracks its own place command (``Reservation.track``, ``lua/reserve.lua``), written once
-against the store interface: ``tests/unit/test_state_reserve_track_memory.py`` runs the scenarios on
-``MemoryState``, ``tests/integration/test_state_reserve_track_lua.py`` on ``RedisState``.
+"""A reservation that tracks its own place command (``Reservation.track``, ``lua/reserve.lua``), written once against
+the store interface: ``tests/contract/test_state_store.py`` runs the scenarios on ``MemoryState`` and on
+``RedisState``.
 
 The balancer sends each place command itself, so the reservation records it in the shard's ``:cmds`` in the
 same transition: id ``place:<job>:<attempt>``, with the node, the job, the GPU and ``at`` = the reservation's
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from expiry_cases import GEO, NOW, P1, gpu, new
-
 from shared.state import Reservation, audit
+from tests.contract.state_cases.expiry import GEO, NOW, P1, gpu, new
 
 
 def _reservation(job: str, inst: Any, ver: int, track: bool) -> Reservation:

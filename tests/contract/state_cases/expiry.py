@@ -1,6 +1,5 @@
 """Ended jobs forgotten after their retention (``lua/expire.lua``), written once against the store interface:
-``tests/unit/test_state_expiry_memory.py`` runs the scenarios on ``MemoryState``,
-``tests/integration/test_state_expiry_lua.py`` on ``RedisState``.
+``tests/contract/test_state_store.py`` runs the scenarios on ``MemoryState`` and on ``RedisState``.
 
 A job that reaches a terminal state (finished, failed, cancelled, rejected; a cancel tombstone too) is listed
 with the time it ended; ``expire(shard, before, limit, cap, settled)`` deletes at most ``limit`` of those that

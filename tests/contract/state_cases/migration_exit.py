@@ -1,6 +1,5 @@
 """A job that ends while it is being moved, written once against the store interface:
-``tests/unit/test_state_migration_exit_memory.py`` runs the cases on ``MemoryState``,
-``tests/integration/test_state_migration_exit_lua.py`` on ``RedisState`` (``lua/release.lua``,
+``tests/contract/test_state_store.py`` runs the cases on ``MemoryState`` and on ``RedisState`` (``lua/release.lua``,
 ``lua/migrate.lua``).
 
 The executor keeps a move's target only when the move took: a move that fails after creating the target
@@ -25,9 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from late_run_cases import NOW, clean, gpu, held, new, place, start
-
 from shared.state import Reservation, StoredInstance
+from tests.contract.state_cases.late_run import NOW, clean, gpu, held, new, place, start
 
 P7 = "7g.40gb"
 

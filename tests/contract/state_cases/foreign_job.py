@@ -1,6 +1,6 @@
-"""A registration that finds a job running where the state does not hold it, written once against
-the store interface: ``tests/unit/test_state_foreign_memory.py`` runs the scenarios on ``MemoryState``,
-``tests/integration/test_state_foreign_lua.py`` on ``RedisState`` (``lua/node.lua``).
+"""A registration that finds a job running where the state does not hold it, written once against the store interface:
+``tests/contract/test_state_store.py`` runs the scenarios on ``MemoryState`` and on ``RedisState``
+(``lua/node.lua``).
 
 Such an instance is never adopted idle: it stays ``retiring`` with the job (occupied, never reused), the
 registration lists the job in ``stops``, and ``node_stopped`` idles it once the node no longer runs it."""

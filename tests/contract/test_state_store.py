@@ -1,0 +1,29 @@
+"""The state store's contract: every scenario runs on the in-memory store and on real Redis, which must agree.
+
+The scenarios (``tests/contract/state_cases/``) drive the store through its public transitions and read it
+back, each checking its own invariants and ending with ``audit()``: gangs and time-sliced shares, expiry of
+ended jobs, foreign jobs found at registration, late runs of timed-out commands, moves that end without taking,
+and the command tracking a reservation carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tests.contract.state_cases import expiry, foreign_job, late_run, migration_exit, plain_state, reserve_track
+
+pytestmark = pytest.mark.timeout(30)
+
+Case = Callable[[Any], Awaitable[None]]
+SUITES = {"plain": plain_state, "expiry": expiry, "foreign": foreign_job, "late-run": late_run,
+          "move-exit": migration_exit, "reserve-track": reserve_track}
+CASES: list[tuple[str, Case]] = [(f"{name}:{case.__name__}", case) for name, mod in SUITES.items()
+                                 for case in mod.CASES]
+
+
+@pytest.mark.parametrize("case", [c for _, c in CASES], ids=[i for i, _ in CASES])
+async def test_both_stores_agree_on_every_scenario(case: Case, store: Any) -> None:
+    await case(store)
