@@ -19,6 +19,7 @@ from shared.bus import Bus, Consumer
 from shared.mig.geometry import Geometry, default_geometry, load_geometry
 from shared.settings import Settings
 from shared.state import RedisState
+from shared.state.ports import StateStore
 
 Periodic = tuple[str, float, Callable[[], Awaitable[None]]]
 
@@ -27,7 +28,7 @@ class Service:
     name = "service"
 
     def __init__(
-        self, settings: Settings, bus: Bus, state: RedisState, geometry: Geometry | None = None
+        self, settings: Settings, bus: Bus, state: StateStore, geometry: Geometry | None = None
     ) -> None:
         self.settings = settings
         self.bus = bus

@@ -33,15 +33,47 @@ class MemoryBatch:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or not hasattr(MemoryState, "_t_" + name):
-            raise AttributeError(name)
+    def _queue(self, name: str, args: tuple[Any, ...], kw: dict[str, Any]) -> int:
+        self._calls.append((name, args, kw))
+        return len(self._calls) - 1
 
-        def queue(*args: Any, **kw: Any) -> int:
-            self._calls.append((name, args, kw))
-            return len(self._calls) - 1
+    # the transitions of ``TransitionBatch``, each run by the store's ``_t_<name>`` when the batch runs
+    def cancel(self, *args: Any, **kw: Any) -> int:
+        return self._queue("cancel", args, kw)
 
-        return queue
+    def enqueue(self, *args: Any, **kw: Any) -> int:
+        return self._queue("enqueue", args, kw)
+
+    def expire(self, *args: Any, **kw: Any) -> int:
+        return self._queue("expire", args, kw)
+
+    def fail_placement(self, *args: Any, **kw: Any) -> int:
+        return self._queue("fail_placement", args, kw)
+
+    def instance(self, *args: Any, **kw: Any) -> int:
+        return self._queue("instance", args, kw)
+
+    def mark_running(self, *args: Any, **kw: Any) -> int:
+        return self._queue("mark_running", args, kw)
+
+    def migrate_finish(self, *args: Any, **kw: Any) -> int:
+        return self._queue("migrate_finish", args, kw)
+
+    def migrate_reserve(self, *args: Any, **kw: Any) -> int:
+        return self._queue("migrate_reserve", args, kw)
+
+    def release(self, *args: Any, **kw: Any) -> int:
+        return self._queue("release", args, kw)
+
+    def reserve(self, *args: Any, **kw: Any) -> int:
+        return self._queue("reserve", args, kw)
+
+    def settle(self, *args: Any, **kw: Any) -> int:
+        return self._queue("settle", args, kw)
+
+    def track_command(self, *args: Any, **kw: Any) -> int:
+        return self._queue("track_command", args, kw)
+
 
     async def run(self) -> list[Any]:
         return [getattr(self.store, "_t_" + name)(*args, **kw) for name, args, kw in self._calls]
@@ -57,6 +89,9 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
 
     def batch(self) -> MemoryBatch:
         return MemoryBatch(self)
+
+    async def load_scripts(self) -> None:
+        """Nothing to load: the transitions are methods here."""
 
     async def close(self) -> None:
         pass

@@ -27,3 +27,16 @@ CASES: list[tuple[str, Case]] = [(f"{name}:{case.__name__}", case) for name, mod
 @pytest.mark.parametrize("case", [c for _, c in CASES], ids=[i for i, _ in CASES])
 async def test_both_stores_agree_on_every_scenario(case: Case, store: Any) -> None:
     await case(store)
+
+
+def test_both_stores_implement_the_port_the_services_depend_on() -> None:
+    from shared.state import RedisState
+    from shared.state.memory_store import MemoryState
+    from shared.state.ports import StateStore, TransitionBatch
+
+    implementations: list[type[StateStore]] = [MemoryState, RedisState]  # checked structurally by mypy too
+    memory = MemoryState()
+    assert isinstance(memory, StateStore) and isinstance(memory.batch(), TransitionBatch)
+    for impl in implementations:
+        missing = [m for m in ("reserve", "release", "mark_running", "batch", "snapshot") if not hasattr(impl, m)]
+        assert missing == [], (impl, missing)
