@@ -4,11 +4,13 @@ or a private one), and unique prefixes per test."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from services.common.testing import private_state
 from shared.localservers import LocalServer, resolve
+from shared.state import RedisState
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +41,10 @@ def redis_url(redis_server: LocalServer) -> str:
 def prefix() -> str:
     """A unique namespace for one test's streams, subjects and Redis keys."""
     return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def redis_state(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[RedisState]:
+    """The store the services use, on keys of this test only; wiped and closed after the test."""
+    async with private_state(prefix, nats_url, redis_url) as state:
+        yield state

@@ -8,8 +8,9 @@ loop against the real NATS and Redis of a namespace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from shared.bus import Bus, Consumer, Delivery, Outgoing
@@ -298,3 +299,17 @@ class Namespace:
         finally:
             await self.bus.close()
             await self.state.close()
+
+
+@contextlib.asynccontextmanager
+async def private_state(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Any]:
+    """The store the services use (``RedisState``), on keys of the namespace ``prefix`` only; wiped and closed
+    afterwards."""
+    from shared.state import RedisState
+
+    state = RedisState.from_settings(make_settings(prefix, nats_url, redis_url))
+    try:
+        yield state
+    finally:
+        await state.wipe()
+        await state.close()

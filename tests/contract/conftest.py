@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.common.testing import make_settings
-from shared.state import RedisState
+from services.common.testing import private_state
 from shared.state.memory_store import MemoryState
 
 STORES = [pytest.param("memory", marks=pytest.mark.unit), pytest.param("redis", marks=pytest.mark.integration)]
@@ -20,11 +19,5 @@ async def store(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[An
     if request.param == "memory":
         yield MemoryState()
         return
-    nats_url = request.getfixturevalue("nats_url")
-    redis_url = request.getfixturevalue("redis_url")
-    state = RedisState.from_settings(make_settings(prefix, nats_url, redis_url))
-    try:
-        yield state
-    finally:
-        await state.wipe()
-        await state.close()
+    async with private_state(prefix, request.getfixturevalue("nats_url"), request.getfixturevalue("redis_url")) as s:
+        yield s
