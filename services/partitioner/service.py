@@ -61,7 +61,8 @@ class Partitioner(RegistryMixin, ReportsMixin, Service):
             b.consumer(s.stream_sched, "partitioner-migrate", s.sched_migrate, self.on_migrate),
             b.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, self.on_cancel),
             b.consumer(s.stream_node, "registry-report", s.node_reports, self.on_report, linger_s=slow),
-            b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.on_heartbeat, linger_s=slow),
+            b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.on_heartbeat, linger_s=slow,
+                       traced=False),
         ]
 
     def periodic(self) -> list[tuple[str, float, Any]]:

@@ -14,8 +14,8 @@ neither side spends a message or any bookkeeping on an ack. Nothing can be redel
 fails calls the consumer's ``lost`` callback instead, whose owner must then reload from the source of truth.
 
 Tracing: each message gets a CONSUMER span whose parent is the ``traceparent`` in its headers;
-``Delivery.ctx``
-carries it, and publishing with ``ctx=delivery.ctx`` continues the trace on the next hop.
+``Delivery.ctx`` carries it, and publishing with ``ctx=delivery.ctx`` continues the trace on the next hop. A
+consumer made with ``traced=False`` (the node registry's heartbeats) makes no span.
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ class Consumer:
         acks: bool = True,
         lost: Callable[[str], None] | None = None,
         linger_s: float | None = None,
+        traced: bool = True,
     ) -> None:
         """``concurrency``: batches handled at once (a handler that waits on Redis or NATS lets the next batch
         start meanwhile; batches may then finish out of order).
@@ -114,7 +115,8 @@ class Consumer:
         server removes it 30 s after the process is gone) instead of a durable shared by replicas.
         ``acks=False``: no acknowledgements (see the module); ``lost(reason)`` is then called for every batch
         the handler could not apply, which will not come back.
-        ``linger_s``: this consumer's wait for the rest of a burst (None: ``MIGSCHED_BATCH_LINGER_S``)."""
+        ``linger_s``: this consumer's wait for the rest of a burst (None: ``MIGSCHED_BATCH_LINGER_S``).
+        ``traced=False``: no span per message (heartbeats: most of a trace store's spans, and no job's story)."""
         if not acks and lost is None:
             raise ValueError("a consumer without acks needs a `lost` callback: nothing is redelivered")
         st = bus.settings
@@ -131,6 +133,7 @@ class Consumer:
         self.retry_delay_s = retry_delay_s
         self.linger_s = linger_s if linger_s is not None else st.batch_linger_s
         self.concurrency = max(1, concurrency)
+        self.traced = traced
         self.deliver_new = deliver_new or ephemeral
         self.ephemeral = ephemeral
         self.acks = acks
@@ -212,7 +215,7 @@ class Consumer:
         good: list[Delivery] = []
         # Nothing records without an SDK provider: the sender's (non-recording) span then stands for ours, so
         # what is published while handling continues the sender's trace, and no span is made per message.
-        recording = telemetry.recording()
+        recording = self.traced and telemetry.recording()
         for m in msgs:
             ctx = telemetry.extract(m.headers)
             if recording:
