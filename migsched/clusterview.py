@@ -125,13 +125,10 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
     reasons = {r.job_id: r.reason for r in recs if r.state == "pending"}
     nodes = {n: h.get("state", "?") for n, h in (await state.nodes()).items()}
     counts = Counter(jobs.values())
-    holds: list[Reservation] = []
-    for s in range(state.shards):
-        _, hs = await state.holds(s)
-        holds += hs
-        for h in hs:  # a held job waits for its GPUs to drain: say so beside its last reason
-            if h.job_id in reasons:
-                reasons[h.job_id] = f"reserved: {h.explain()}; " + reasons[h.job_id]
+    holds = await all_holds(state)
+    for h in holds:  # a held job waits for its GPUs to drain: say so beside its last reason
+        if h.job_id in reasons:
+            reasons[h.job_id] = f"reserved: {h.explain()}; " + reasons[h.job_id]
     return ClusterView(
         at=time.time(),
         namespace=state.namespace,
@@ -143,6 +140,14 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
         holds=tuple(holds),
         rows=rows,
     )
+
+
+async def all_holds(state: RedisState) -> list[Reservation]:
+    """The reservations of every shard, as the balancer's last backfill pass of each planned them."""
+    holds: list[Reservation] = []
+    for shard in range(state.shards):
+        holds += (await state.holds(shard))[1]
+    return holds
 
 
 class _Spec(msgspec.Struct):

@@ -17,6 +17,7 @@ import click
 import msgspec
 
 from migsched import endpoints
+from migsched.clusterview import all_holds, job_row
 from shared.events import JobSubmit
 from shared.state import RedisState
 
@@ -36,16 +37,13 @@ async def gather(state: RedisState, job_id: str) -> dict[str, Any] | None:
             spec = msgspec.json.decode(rec.spec, type=JobSubmit)
         except msgspec.DecodeError:
             spec = None
-    holds = []
-    for s in range(state.shards):
-        _, hs = await state.holds(s)
-        holds += [h for h in hs if h.job_id == job_id]
+    holds = [h for h in await all_holds(state) if h.job_id == job_id]
     return {"record": rec, "spec": spec, "history": await state.history(job_id), "holds": holds}
 
 
 def render(info: dict[str, Any], now: float) -> str:
     rec, spec = info["record"], info["spec"]
-    since = rec.at or (spec.submitted_at if spec else 0.0)
+    since = job_row(rec).since
     lines = [f"job {rec.job_id}: {rec.state}" + (f" (submitted {now - since:.0f} s ago)" if since else "")]
     if spec is not None:
         lines.append(

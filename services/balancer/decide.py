@@ -31,6 +31,7 @@ from shared.policy.charges import slot_usages
 from shared.policy.gang import node_sizes, spans_nodes
 from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
 from shared.policy.registry import PlacementPolicy
+from shared.policy.request import Demand
 from shared.policy.snapshot import ClusterSnapshot
 from shared.settings import BalancerSettings
 from shared.state import Eviction, Reservation, SlotReservation, shard_of
@@ -111,7 +112,12 @@ class Decisions(Service):
                 victims: tuple[Any, ...] = ()
                 usage: dict[str, float] = {}
                 t0 = time.perf_counter()
-                if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
+                dec: Placement | CannotPlace
+                too_big = (bigger_than_every_node(mirror.view(), sub.job_id, sub.demand)
+                           if sub.demand.kind == "gpus" else None)
+                if too_big is not None:  # decided before any policy or preemption spends work on it
+                    dec = too_big
+                elif self.ledger.active:  # quota -> place (behind the reserve) -> preempt
                     hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority)
                     adm = held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now)
                     self._m_decide.observe(time.perf_counter() - t0)
@@ -128,7 +134,7 @@ class Decisions(Service):
                         decided.append((c, hold, idx, None))
                         continue
                     assert isinstance(answer, Start)
-                    dec: Placement | CannotPlace = answer.placement
+                    dec = answer.placement
                     victims, usage = answer.victims, answer.usage
                 else:
                     req = JobRequest(
@@ -143,12 +149,8 @@ class Decisions(Service):
                     )
                     dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
                     self._m_decide.observe(time.perf_counter() - t0)
-                if isinstance(dec, Placement) and len(dec.slots) > 1:
-                    dec = one_node_gang(dec)
-                elif isinstance(dec, CannotPlace) and sub.demand.kind == "gpus":
-                    snap = mirror.snapshot()
-                    if spans_nodes(snap, sub.demand):
-                        dec = bigger_than_every_node(dec, sub.demand.gpus, snap)
+                if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
+                    dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)
                 if isinstance(dec, Placement):
                     self.holds[shard].placed(sub.job_id)
                     slot = dec.slot
@@ -362,28 +364,15 @@ def placed_on(dec: Placement) -> list[str]:
     return [s.gpu_id for s in dec.slots]
 
 
-def one_node_gang(dec: Placement) -> Placement | CannotPlace:
-    """What the live stack runs of a gang's placement: plain GPUs on one node (``mig_gang_refused``,
-    ``multi_node_refused``); the simulator runs the rest."""
-    if len({s.node for s in dec.slots}) > 1:
-        return multi_node_refused(dec)
-    return mig_gang_refused(dec) if dec.slot.profile not in PLAIN_PROFILES else dec
-
-
-def bigger_than_every_node(dec: CannotPlace, n: int, snap: ClusterSnapshot) -> CannotPlace:
-    """Why a gang bigger than every node waits in the live stack, which runs a gang on one node."""
-    largest = int(node_sizes(snap).max()) if len(snap) else 0
-    why = f"needs {n} GPUs on one node; the largest node has {largest} (the live stack runs a gang on one node)"
-    return msgspec.structs.replace(dec, reasons=(why, *dec.reasons))
-
-
-def multi_node_refused(dec: Placement) -> CannotPlace:
-    """A gang bigger than every node: the state store's reservation and the executors' launch take one node's
-    GPUs, so the live stack keeps it pending with the reason (the simulator places it across nodes)."""
-    nodes = list(dict.fromkeys(s.node for s in dec.slots))
-    some = ", ".join(nodes[:4]) + (", ..." if len(nodes) > 4 else "")
-    why = f"{len(dec.slots)} GPUs need {len(nodes)} nodes ({some}); the live stack runs a gang on one node"
-    return CannotPlace(job_id=dec.job_id, policy=dec.policy, reasons=(why,))
+def bigger_than_every_node(snap: ClusterSnapshot, job_id: str, demand: Demand) -> CannotPlace | None:
+    """A gang bigger than every node waits in the live stack with this reason: the state store's reservation and
+    the executors' launch take one node's GPUs (the simulator places such a gang across nodes)."""
+    if not spans_nodes(snap, demand):
+        return None
+    largest = int(node_sizes(snap).max())
+    why = (f"needs {demand.gpus} GPUs on one node; the largest node has {largest} "
+           "(the live stack runs a gang on one node)")
+    return CannotPlace(job_id=job_id, policy="balancer", reasons=(why,))
 
 
 def mig_gang_refused(dec: Placement) -> CannotPlace:

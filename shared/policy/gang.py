@@ -67,12 +67,12 @@ def place_across(snap: ClusterSnapshot, job: JobRequest, policy: str) -> Decisio
     sizes = node_sizes(snap)
     tried: list[str] = []
     for kind, usable in (("plain", _free_plain(snap)), ("MIG", _empty_mig(snap))):
-        picked = _pick(snap, usable, sizes, n)
+        free = np.bincount(np.asarray(snap.node_idx)[usable], minlength=sizes.size)
+        picked = _pick(snap, usable, free, sizes, n)
         if picked is None:
-            tried.append(f"{int(usable.size)} {kind} GPU(s) free on {_nodes_of(snap, usable)} node(s)")
+            tried.append(f"{int(usable.size)} {kind} GPU(s) free on {int((free > 0).sum())} node(s)")
             continue
         slots = tuple(s for _, members in picked for s in _member_slots(snap, members))
-        free = np.bincount(np.asarray(snap.node_idx)[usable], minlength=sizes.size)
         left = sum(int(free[j]) - len(members) for j, members in picked)
         reasons = (
             f"{n} GPUs across {len(picked)} node(s): " + ", ".join(f"{m[0].node}×{len(m)}" for _, m in picked),
@@ -94,18 +94,15 @@ def _empty_mig(snap: ClusterSnapshot) -> npt.NDArray[np.intp]:
     return np.flatnonzero(snap.ok & (np.asarray(snap.busy) == 0))
 
 
-def _nodes_of(snap: ClusterSnapshot, pos: npt.NDArray[np.intp]) -> int:
-    return int(np.unique(np.asarray(snap.node_idx)[pos]).size)
-
-
 def _pick(
-    snap: ClusterSnapshot, usable: npt.NDArray[np.intp], sizes: npt.NDArray[np.intp], n: int
+    snap: ClusterSnapshot, usable: npt.NDArray[np.intp], free: npt.NDArray[np.intp], sizes: npt.NDArray[np.intp],
+    n: int,
 ) -> list[tuple[int, list[GpuView]]] | None:
-    """Per chosen node (in rank order), its index and the GPUs the gang takes there."""
+    """Per chosen node (in rank order), its index and the GPUs the gang takes there (``free``: usable GPUs per
+    node)."""
     if usable.size < n:
         return None
     node = np.asarray(snap.node_idx)[usable]
-    free = np.bincount(node, minlength=sizes.size)
     chosen = choose_nodes(free.tolist(), (free == sizes).tolist(), n)
     if chosen is None:
         return None

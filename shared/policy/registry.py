@@ -140,7 +140,7 @@ def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
 def _with_gangs(name: str, policy: PlacementPolicy) -> PlacementPolicy:
     @functools.wraps(policy)  # keeps what the engine reads off a policy (``balancer_params``)
     def placed(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        if job.demand.kind == "gpus" and spans_nodes(snap, job.demand):
+        if spans_nodes(snap, job.demand):
             return place_across(snap, job, name)
         return policy(snap, job)
 

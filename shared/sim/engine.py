@@ -253,8 +253,8 @@ class Simulator:
         job = self.jobs[i]
         self.state[i] = QUEUED
         self.out.live += 1
-        why = never_fits(job.demand, self.gpu_total) if job.demand.kind == "gpus" else None
-        if why is not None:  # rejected at once, as the balancer rejects it at submit
+        why = never_fits(job.demand, self.gpu_total)
+        if why is not None:  # rejected at once: waiting could never help
             self.refused[why] = self.refused.get(why, 0) + 1
             self._reject(i)
             return
