@@ -19,7 +19,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -164,6 +164,21 @@ class GeneratorStats:
         return self.sent - self.acked - sum(self.ack_errors.values())
 
 
+async def paced(schedule: Iterable[float], start: int, clock: Callable[[], int],
+                sleep: Callable[[float], Awaitable[Any]], yield_every: int = 64) -> AsyncIterator[tuple[int, int, int]]:
+    """``(index, due, now)`` for each offset of ``schedule`` (seconds after ``start``, on ``clock``'s
+    nanoseconds): waits while ahead of the schedule, never while behind, and never shifts a later instant."""
+    for i, offset in enumerate(schedule):
+        due = start + int(offset * 1e9)
+        now = clock()
+        if due > now:
+            await sleep((due - now) / 1e9)  # ahead of schedule: the only place we ever wait
+            now = clock()
+        elif i % yield_every == 0:
+            await asyncio.sleep(0)  # behind: keep sending, but let acks and the flusher run
+        yield i, due, now
+
+
 class Generator:
     """Publishes a schedule of JobSubmits to ``jobs.submit`` (of ``subjects``' namespace) as a JetStream
     publisher would (``Nats-Msg-Id``, reply inbox for the PubAck), without ever waiting for the system."""
@@ -195,7 +210,8 @@ class Generator:
         if status is None and data.startswith(b'{"stream"') and b'"error"' not in data:
             # the common case, without a JSON parse: thousands of these a second share the generator's core
             self.stats.acked += 1
-            self.stats.duplicates += b'"duplicate":true' in data
+            # nats-server writes `"duplicate": true` (with a space); accept the compact form too
+            self.stats.duplicates += b'"duplicate": true' in data or b'"duplicate":true' in data
             self.stats.ack_latency_us.record_value(max(1, (now - intended) // 1000))
         else:
             self.stats.ack_errors[self._ack_error(status, data)] += 1
@@ -220,14 +236,7 @@ class Generator:
         subject = self.subjects.jobs_submit
         start = self.clock()
         wall0 = time.time()  # submitted_at carries the intended instant too (the stack's own latency figures)
-        for i, offset in enumerate(self.schedule):
-            due = start + int(offset * 1e9)
-            now = self.clock()
-            if due > now:
-                await self.sleep((due - now) / 1e9)  # ahead of schedule: the only place we ever wait
-                now = self.clock()
-            elif i % self.yield_every == 0:
-                await asyncio.sleep(0)  # behind: keep sending, but let acks and the flusher run
+        async for i, due, now in paced(self.schedule, start, self.clock, self.sleep, self.yield_every):
             msg = self.jobs.make(i, self.trace[i] if self.trace is not None else None,
                                  submitted_at=wall0 + (due - start) / 1e9)
             self._intended[i] = due

@@ -202,7 +202,7 @@ class Stack:
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until the balancer consumes ``jobs.submit`` and every executor's GPUs are registered."""
-        from shared.bus import Bus
+        from shared.bus import JetStreamBus
         from shared.settings import Settings, load
         from shared.state import RedisState
 
@@ -213,7 +213,7 @@ class Stack:
             redis_url=self.redis_url,
             namespace=self.config.namespace,
         )
-        bus = await Bus.connect(st, name="migsched-up")
+        bus = await JetStreamBus.connect(st, name="migsched-up")
         state = RedisState.from_settings(st)
         deadline = time.monotonic() + timeout
         try:

@@ -23,7 +23,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry import trace
 
 from shared import telemetry
-from shared.bus import Bus, Outgoing
+from shared.bus import JetStreamBus, Outgoing
 from shared.errors import MigschedError
 from shared.events import JobCancel, JobExit, JobSubmit, Workload, check_demand, decode, new_id, now
 from shared.policy.request import Demand
@@ -98,11 +98,11 @@ class MigschedClient:
             overrides["redis_url"] = redis_url
         self.settings = load(type(base), env={}, **{**_fields(base), **overrides})
         self._use_redis = redis_url is not None
-        self.bus: Bus | None = None
+        self.bus: JetStreamBus | None = None
         self._state: Any = None
 
     async def connect(self) -> MigschedClient:
-        self.bus = await Bus.connect(self.settings, name="migsched-client")
+        self.bus = await JetStreamBus.connect(self.settings, name="migsched-client")
         try:  # the stack creates its streams; a client that comes first creates them with the same layout
             await self.bus.js.stream_info(self.bus.subjects.stream_jobs)
         except NotFoundError:
@@ -125,7 +125,7 @@ class MigschedClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _bus(self) -> Bus:
+    def _bus(self) -> JetStreamBus:
         if self.bus is None:
             raise ClientError("the client is not connected (use `async with` or `await client.connect()`)")
         return self.bus

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import msgspec
 from nats.js.errors import NotFoundError
 
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.errors import MigschedError
 
 
@@ -44,7 +44,7 @@ def _letter(seq: int, headers: dict[str, str] | None, data: bytes, dlq_subject: 
     )
 
 
-async def letters(bus: Bus, limit: int = 100) -> AsyncIterator[DeadLetter]:
+async def letters(bus: JetStreamBus, limit: int = 100) -> AsyncIterator[DeadLetter]:
     """The newest ``limit`` dead letters, oldest first."""
     stream = bus.subjects.stream_dlq
     try:
@@ -60,7 +60,7 @@ async def letters(bus: Bus, limit: int = 100) -> AsyncIterator[DeadLetter]:
         yield _letter(seq, m.headers, m.data or b"", m.subject or "")
 
 
-async def replay(bus: Bus, seq: int, keep: bool = False) -> DeadLetter:
+async def replay(bus: JetStreamBus, seq: int, keep: bool = False) -> DeadLetter:
     """Publish dead letter ``seq`` again on its original subject; then remove it from the dead-letter stream
     unless ``keep``. Returns what was replayed."""
     stream = bus.subjects.stream_dlq

@@ -16,7 +16,7 @@ import click
 import msgspec
 
 from migsched import endpoints
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.deadletters import DeadLetter, DeadLetterError, letters, replay
 from shared.settings import Settings
 
@@ -33,12 +33,12 @@ def command(ctx: click.Context, nats_url: str, redis_url: str, namespace: str) -
         ctx.invoke(list_cmd)
 
 
-def _run(work: Callable[[Bus], Awaitable[T]]) -> T:
+def _run(work: Callable[[JetStreamBus], Awaitable[T]]) -> T:
     settings = click.get_current_context().find_object(Settings)
     assert settings is not None
 
     async def run() -> T:
-        bus = await Bus.connect(settings, name="migsched-dlq")
+        bus = await JetStreamBus.connect(settings, name="migsched-dlq")
         try:
             return await work(bus)
         finally:
@@ -58,7 +58,7 @@ def _line(d: DeadLetter, now: float) -> str:
 def list_cmd(limit: int = 100, as_json: bool = False) -> None:
     """List dead letters, oldest first: sequence, original subject, age, consumer, deliveries, reason."""
 
-    async def work(bus: Bus) -> list[DeadLetter]:
+    async def work(bus: JetStreamBus) -> list[DeadLetter]:
         return [d async for d in letters(bus, limit)]
 
     found = _run(work)
@@ -81,7 +81,7 @@ def list_cmd(limit: int = 100, as_json: bool = False) -> None:
 def replay_cmd(keep: bool, seq: int) -> None:
     """Publish dead letter SEQ again on its original subject (after fixing what refused it)."""
 
-    async def work(bus: Bus) -> DeadLetter | str:
+    async def work(bus: JetStreamBus) -> DeadLetter | str:
         try:
             return await replay(bus, seq, keep)
         except DeadLetterError as exc:

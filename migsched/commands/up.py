@@ -304,7 +304,7 @@ def _settings(stack: Stack) -> object:
 
 async def _forget(stack: Stack) -> None:
     """Delete the namespace's streams and Redis keys."""
-    from shared.bus import Bus
+    from shared.bus import JetStreamBus
     from shared.state import RedisState
 
     st = _settings(stack)
@@ -313,7 +313,7 @@ async def _forget(stack: Stack) -> None:
         await state.wipe()
     finally:
         await state.close()
-    bus = await Bus.connect(st)  # type: ignore[arg-type]
+    bus = await JetStreamBus.connect(st)  # type: ignore[arg-type]
     try:
         await bus.delete_streams()
     finally:

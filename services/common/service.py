@@ -13,22 +13,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from shared.bus import Bus, Consumer
+from shared.bus import Consumer, JetStreamBus
 from shared.mig.geometry import Geometry, default_geometry, load_geometry
+from shared.ports import EventBus, StateStore
 from shared.settings import Settings
 from shared.state import RedisState
-from shared.state.ports import StateStore
 
 Periodic = tuple[str, float, Callable[[], Awaitable[None]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the named parts of a service share: its settings, its two ports, the geometry and its logger."""
+
+    settings: Any
+    bus: EventBus
+    state: StateStore
+    geometry: Geometry
+    log: logging.Logger
 
 
 class Service:
     name = "service"
 
     def __init__(
-        self, settings: Settings, bus: Bus, state: StateStore, geometry: Geometry | None = None
+        self, settings: Settings, bus: EventBus, state: StateStore, geometry: Geometry | None = None
     ) -> None:
         self.settings = settings
         self.bus = bus
@@ -42,9 +54,12 @@ class Service:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = asyncio.Event()
 
+    def context(self) -> Context:
+        return Context(self.settings, self.bus, self.state, self.geometry, self.log)
+
     @classmethod
     async def create(cls, settings: Settings, geometry: Geometry | None = None) -> Any:
-        bus = await Bus.connect(settings, name=f"migsched-{cls.name}")
+        bus = await JetStreamBus.connect(settings, name=f"migsched-{cls.name}")
         state = RedisState.from_settings(settings)
         return cls(settings, bus, state, geometry)
 
@@ -62,7 +77,7 @@ class Service:
         Never fatal: a server that refuses (a config rendered before the grant) costs a warning, and the old
         consumer only keeps what nobody reads until its stream's age limit drops it."""
         try:
-            await self.bus.nc.request(f"$JS.API.CONSUMER.DELETE.{stream}.{durable}", b"", timeout=2.0)
+            await self.bus.delete_consumer(stream, durable)
         except Exception as exc:  # no answer (permissions), or the connection is busy reconnecting
             self.log.warning("could not delete the retired consumer %s on %s (%r); an operator may: "
                              "nats consumer rm %s %s", durable, stream, exc, stream, durable)

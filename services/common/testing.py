@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
-from shared.bus import Bus, Consumer, Delivery, Outgoing
+from shared.bus import Consumer, Delivery, JetStreamBus, Outgoing
 from shared.events import (
     CmdDone,
     CmdFailed,
@@ -36,7 +36,7 @@ class ScriptedExecutor:
 
     def __init__(
         self,
-        bus: Bus,
+        bus: JetStreamBus,
         node: str,
         gpus: int = 2,
         model: str = "A100-40GB",
@@ -281,13 +281,13 @@ class Namespace:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.bus: Bus = None  # type: ignore[assignment]
+        self.bus: JetStreamBus = None  # type: ignore[assignment]
         self.state: Any = None
 
     async def __aenter__(self) -> Namespace:
         from shared.state import RedisState
 
-        self.bus = await Bus.connect(self.settings, name="migsched-test")
+        self.bus = await JetStreamBus.connect(self.settings, name="migsched-test")
         await self.bus.ensure_streams()
         self.state = RedisState.from_settings(self.settings)
         return self

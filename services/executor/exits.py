@@ -17,9 +17,10 @@ from services.executor.backend import Backend
 from services.executor.instances import InstanceBook
 from services.executor.recent import Recent
 from shared import telemetry
-from shared.bus import Bus, Outgoing
+from shared.bus import Outgoing
 from shared.errors import MigschedError
 from shared.events import ExitKind, JobExited, new_id, now
+from shared.ports import EventBus
 
 log = logging.getLogger("migsched.executor")
 _tracer = telemetry.tracer("migsched.executor")
@@ -36,7 +37,7 @@ _EXIT_KIND: dict[str, ExitKind] = {
 class ExitsMixin:
     """Mixed into ``Executor``, which sets these attributes."""
 
-    bus: Bus
+    bus: EventBus
     backend: Backend
     book: InstanceBook
     node: str

@@ -38,7 +38,7 @@ from services.executor.metrics import ExecutorMetrics
 from services.executor.recent import Recent
 from services.executor.registration import RegistrationMixin
 from shared import telemetry
-from shared.bus import Bus, Delivery, Outgoing
+from shared.bus import Delivery, JetStreamBus, Outgoing
 from shared.errors import MigschedError
 from shared.events import (
     CmdDone,
@@ -49,6 +49,7 @@ from shared.events import (
     encode,
     now,
 )
+from shared.ports import EventBus
 from shared.settings import load
 
 __all__ = ["Executor", "ExecutorError", "ExecutorSettings", "build_backend", "main", "parse_gpus", "serve"]
@@ -63,7 +64,7 @@ _DRIFT_REPORT_EVERY_S = 1.0
 class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
     def __init__(
         self,
-        bus: Bus,
+        bus: EventBus,
         backend: Backend,
         settings: ExecutorSettings,
         node: str,
@@ -328,7 +329,7 @@ async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event
     # them, then rides with the others' in one socket read or write of this process and of the server, where
     # a connection per node cost a wake-up per message on both sides. Each node keeps its own consumer,
     # subjects, heartbeats and GPUs.
-    shared = await Bus.connect(settings, name="executors") if len(nodes) > 1 else None
+    shared = await JetStreamBus.connect(settings, name="executors") if len(nodes) > 1 else None
     try:
         # a node that fails cancels the others (each closes what it opened): the process exits as one would
         async with asyncio.TaskGroup() as tg:
@@ -340,9 +341,9 @@ async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event
         telemetry.shutdown()
 
 
-async def _serve_node(settings: ExecutorSettings, node: str, stop: asyncio.Event, shared: Bus | None) -> None:
+async def _serve_node(settings: ExecutorSettings, node: str, stop: asyncio.Event, shared: EventBus | None) -> None:
     backend = build_backend(settings, node)
-    bus = shared or await Bus.connect(settings, name=f"executor-{node}")
+    bus = shared or await JetStreamBus.connect(settings, name=f"executor-{node}")
     executor = Executor(bus, backend, settings, node)
     try:
         await executor.start()

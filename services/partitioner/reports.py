@@ -171,7 +171,7 @@ class ReportsMixin:
                 Outgoing(
                     self.subjects.sched_capacity,
                     CapacityChanged(
-                        id=f"cap-{ds[0].msg.metadata.sequence.stream}-{ds[0].subject}".replace(".", "-")[
+                        id=f"cap-{ds[0].msg.stream_seq}-{ds[0].subject}".replace(".", "-")[
                             :200
                         ],
                         gpu_ids=tuple(sorted(set(freed))),

@@ -1,21 +1,24 @@
-"""Durable pull consumer loop: fetch a batch, decode, hand the batch to a handler, ack; dead-letter poison.
+"""The consumer loop every transport shares: fetch a batch, decode, hand it to a handler, settle; dead-letter poison.
 
 Per message the outcome is one of: ack (the default), ``retry`` (nak with a delay; redelivered up to
-``max_deliver`` times), or ``dead`` (published to ``dlq.<subject>`` with the reason in ``Migsched-Error`` and
-then acked). A message that cannot be decoded goes to the DLQ without reaching the handler; a handler that
-raises
-fails the whole batch, which is retried (handlers are idempotent); a message delivered ``max_deliver`` times
-goes to the DLQ instead of being handled again, so a message that crashes its consumer is not lost either
-(the server's own ``max_deliver`` is one higher than ours for that reason). Nothing is dropped silently.
+``max_deliver`` times), or ``dead`` (published to ``dlq.<subject>`` with the reason in ``Migsched-Error`` and then
+acked). A message that cannot be decoded goes to the DLQ without reaching the handler; a handler that raises fails
+the whole batch, which is retried (handlers are idempotent); a message delivered ``max_deliver`` times goes to the
+DLQ instead of being handled again, so a message that crashes its consumer is not lost either (the broker's own
+limit is one higher than ours for that reason). Nothing is dropped silently.
 
-A consumer made with ``acks=False`` (``AckPolicy.NONE``) is for hints and caches that a periodic reload
-repairs (a balancer's mirror, the planner's exit hints): the server forgets each message once delivered, so
-neither side spends a message or any bookkeeping on an ack. Nothing can be redelivered: a batch whose handler
-fails calls the consumer's ``lost`` callback instead, whose owner must then reload from the source of truth.
+A consumer made with ``acks=False`` is for hints and caches that a periodic reload repairs (a balancer's mirror,
+the planner's exit hints): the broker forgets each message once delivered, so neither side spends a message or
+any bookkeeping on an ack. Nothing can be redelivered: a batch whose handler fails calls the consumer's ``lost``
+callback instead, whose owner must then reload from the source of truth.
 
-Tracing: each message gets a CONSUMER span whose parent is the ``traceparent`` in its headers;
-``Delivery.ctx`` carries it, and publishing with ``ctx=delivery.ctx`` continues the trace on the next hop. A
-consumer made with ``traced=False`` (the node registry's heartbeats) makes no span.
+Tracing and metrics are this loop's middleware, not the handlers' business: each message gets a CONSUMER span
+whose parent is the ``traceparent`` in its headers (``Delivery.ctx`` carries it, and publishing with
+``ctx=delivery.ctx`` continues the trace on the next hop; ``traced=False`` makes none, for heartbeats), and each
+batch is timed and counted per consumer (``migsched_consumer_batch_seconds``, ``..._batch_size``,
+``..._messages_total{outcome}``).
+
+The transport (``Transport``: JetStream, or the in-memory bus) only subscribes and publishes raw bytes.
 """
 
 from __future__ import annotations
@@ -23,22 +26,80 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NamedTuple, Protocol
 
-import nats
-from nats.aio.msg import Msg
-from nats.js import api
-from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from prometheus_client import Counter, Histogram
 
 from shared import telemetry
-from shared.bus.puller import Puller
-from shared.events import DecodeError, decode
+from shared.bus.errors import SubscriptionClosed
+from shared.events import DecodeError, Subjects, decode
+from shared.settings import Settings
 
 log = logging.getLogger("migsched.bus")
 _tracer = telemetry.tracer("migsched.bus")
+
+BATCH_SECONDS = Histogram(
+    "migsched_consumer_batch_seconds", "Time a consumer's handler took over one batch, settling included.",
+    ["consumer"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+BATCH_SIZE = Histogram(
+    "migsched_consumer_batch_size", "Messages per batch handed to a consumer's handler.",
+    ["consumer"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
+MESSAGES = Counter(
+    "migsched_consumer_messages_total", "Messages a consumer settled, by outcome (ack, retry, dead, unacked).",
+    ["consumer", "outcome"],
+)
+
+
+class Inbound(Protocol):
+    """One message as a transport delivers it."""
+
+    @property
+    def subject(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+    @property
+    def headers(self) -> Mapping[str, str] | None: ...
+    @property
+    def deliveries(self) -> int: ...
+    @property
+    def stream_seq(self) -> int: ...
+    async def ack(self) -> None: ...
+    async def nak(self, delay: float) -> None: ...
+
+
+class Subscription(Protocol):
+    async def next_batch(self, timeout: float) -> list[Any]: ...
+    async def stop(self) -> None: ...
+
+
+class ConsumerSpec(NamedTuple):
+    """What a transport needs to make (or find) a consumer on the broker and subscribe to it."""
+
+    stream: str
+    name: str
+    subject: str
+    acks: bool
+    max_deliver: int  # the broker's own limit: one above the consumer's, so the consumer dead-letters first
+    ack_wait_s: float
+    deliver_new: bool
+    ephemeral: bool
+    batch: int
+    linger_s: float
+    fetch_timeout_s: float
+
+
+class Transport(Protocol):
+    settings: Settings
+    subjects: Subjects
+
+    async def subscribe(self, spec: ConsumerSpec) -> Subscription: ...
+    async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> Any: ...
 
 
 class Delivery:
@@ -46,7 +107,7 @@ class Delivery:
 
     __slots__ = ("ctx", "data", "msg", "outcome", "reason", "span", "subject")
 
-    def __init__(self, msg: Msg, data: Any, span: trace.Span, ctx: otel_context.Context) -> None:
+    def __init__(self, msg: Inbound, data: Any, span: trace.Span, ctx: otel_context.Context) -> None:
         self.msg = msg
         self.subject = msg.subject
         self.data = data
@@ -57,7 +118,11 @@ class Delivery:
 
     @property
     def deliveries(self) -> int:
-        return delivered(self.msg)
+        return self.msg.deliveries
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.msg.headers or {}
 
     def retry(self, reason: str) -> None:
         """Redeliver later (transient fault); dead-letters once ``max_deliver`` is reached."""
@@ -68,28 +133,21 @@ class Delivery:
         self.outcome, self.reason = "dead", reason
 
 
-def delivered(msg: Msg) -> int:
-    """How many times JetStream has delivered ``msg``, read straight from its ack subject
-    (``$JS.ACK.<stream>.<consumer>.<delivered>...``, or with domain and account hash in front): the full
-    metadata parse costs more than a small handler does per message."""
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) == 9:
-        return int(tokens[4])
-    if len(tokens) >= 11:
-        return int(tokens[6])
-    return int(msg.metadata.num_delivered)
-
-
 Handler = Callable[[list[Delivery]], Awaitable[None]]
 Decoder = Callable[[str, bytes], Any]
 
 
+def raw(subject: str, data: bytes) -> bytes:
+    """A decoder that hands the bytes over as they are (the dead-letter reader, tools)."""
+    return data
+
+
 class Consumer:
-    """A durable pull consumer on one subject of one stream, feeding a batch handler."""
+    """A consumer on one subject of one stream, feeding a batch handler."""
 
     def __init__(
         self,
-        bus: Any,
+        bus: Transport,
         stream: str,
         durable: str,
         subject: str,
@@ -112,7 +170,7 @@ class Consumer:
         """``concurrency``: batches handled at once (a handler that waits on Redis or NATS lets the next batch
         start meanwhile; batches may then finish out of order).
         ``ephemeral``: a consumer of this process only (every replica sees every message, from now on; the
-        server removes it 30 s after the process is gone) instead of a durable shared by replicas.
+        broker removes it soon after the process is gone) instead of a durable shared by replicas.
         ``acks=False``: no acknowledgements (see the module); ``lost(reason)`` is then called for every batch
         the handler could not apply, which will not come back.
         ``linger_s``: this consumer's wait for the rest of a burst (None: ``MIGSCHED_BATCH_LINGER_S``).
@@ -122,7 +180,7 @@ class Consumer:
         st = bus.settings
         self.bus = bus
         self.stream = stream
-        self.durable = durable
+        self.durable = f"{durable}-{uuid.uuid4().hex[:12]}" if ephemeral else durable
         self.subject = subject
         self.handler = handler
         self.decoder = decoder or (lambda subj, data: decode(subj, data, bus.subjects))
@@ -138,80 +196,65 @@ class Consumer:
         self.ephemeral = ephemeral
         self.acks = acks
         self.lost = lost
-        if ephemeral:
-            import uuid
-
-            self.durable = f"{durable}-{uuid.uuid4().hex[:12]}"
-        self._sub: Any = None
+        self._sub: Subscription | None = None
         self._stop = asyncio.Event()
         self.handled = 0
         self.dead_lettered = 0
+        name = durable  # one metric child per consumer role, not per ephemeral instance
+        self._m_seconds = BATCH_SECONDS.labels(name)
+        self._m_size = BATCH_SIZE.labels(name)
+        self._m_outcome = {o: MESSAGES.labels(name, o) for o in ("ack", "retry", "dead", "unacked")}
+
+    def spec(self) -> ConsumerSpec:
+        return ConsumerSpec(
+            stream=self.stream, name=self.durable, subject=self.subject, acks=self.acks,
+            max_deliver=self.max_deliver + 1, ack_wait_s=self.ack_wait_s, deliver_new=self.deliver_new,
+            ephemeral=self.ephemeral, batch=self.batch, linger_s=self.linger_s,
+            fetch_timeout_s=self.fetch_timeout_s,
+        )
 
     async def start(self) -> None:
-        """Create (or keep) the durable consumer and bind a pull subscription to it."""
-        js = self.bus.js
-        cfg = api.ConsumerConfig(
-            durable_name=self.durable,
-            filter_subject=self.subject,
-            ack_policy=api.AckPolicy.EXPLICIT if self.acks else api.AckPolicy.NONE,
-            max_deliver=self.max_deliver + 1,
-            ack_wait=self.ack_wait_s,
-            max_ack_pending=20000,
-            deliver_policy=api.DeliverPolicy.NEW if self.deliver_new else api.DeliverPolicy.ALL,
-            max_waiting=64,
-        )
-        if self.ephemeral:
-            cfg.durable_name = None
-            cfg.name = self.durable
-            cfg.inactive_threshold = 30.0
-            await js.add_consumer(self.stream, cfg)
-            await self._bind()
-            return
-        try:
-            await js.consumer_info(self.stream, self.durable)
-        except NotFoundError:
-            try:
-                await js.add_consumer(self.stream, cfg)
-            except BadRequestError as exc:  # created concurrently by a replica
-                log.debug("consumer %s: %s", self.durable, exc)
-        await self._bind()
-
-    async def _bind(self) -> None:
-        self._sub = Puller(
-            self.bus.nc,
-            self.stream,
-            self.durable,
-            self.batch,
-            expires_s=max(1.0, min(30.0, self.fetch_timeout_s * 100)),
-            linger_s=self.linger_s,
-        )
-        await self._sub.start()
+        """Create (or keep) the consumer on the broker and subscribe to it."""
+        self._sub = await self.bus.subscribe(self.spec())
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self) -> None:
-        """Fetch and handle until ``stop()``; survives NATS reconnects and handler faults."""
+        """Fetch and handle until ``stop()``; survives reconnects and handler faults."""
         if self._sub is None:
             await self.start()
         await asyncio.gather(*(self._work() for _ in range(self.concurrency)))
-        await self._sub.stop()
+        if self._sub is not None:
+            await self._sub.stop()
+
+    async def poll(self, timeout: float = 0.0) -> int:
+        """Fetch one batch (waiting up to ``timeout`` for it) and handle it; the number of messages handled."""
+        if self._sub is None:
+            await self.start()
+        assert self._sub is not None
+        msgs = await self._sub.next_batch(timeout)
+        if msgs:
+            await self.process(msgs)
+        return len(msgs)
 
     async def _work(self) -> None:
+        assert self._sub is not None
         while not self._stop.is_set():
             try:
                 msgs = await self._sub.next_batch(max(self.fetch_timeout_s, 0.2))
-            except nats.errors.ConnectionClosedError:
+            except SubscriptionClosed:
                 break
-            except Exception as exc:  # reconnecting, no responders during a NATS restart: back off and go on
+            except Exception as exc:  # reconnecting, no responders during a broker restart: back off and go on
                 log.warning("fetch on %s failed: %r", self.durable, exc)
                 await asyncio.sleep(0.2)
                 continue
             if msgs:
                 await self.process(msgs)
 
-    async def process(self, msgs: list[Msg]) -> None:
+    async def process(self, msgs: list[Inbound]) -> None:
         """Decode, hand to the handler, settle every message."""
+        t0 = time.perf_counter()
         good: list[Delivery] = []
         # Nothing records without an SDK provider: the sender's (non-recording) span then stands for ours, so
         # what is published while handling continues the sender's trace, and no span is made per message.
@@ -260,14 +303,18 @@ class Consumer:
         else:
             await self._settle_unacked(good)
         self.handled += len(msgs)
+        self._m_size.observe(len(msgs))
+        self._m_seconds.observe(time.perf_counter() - t0)
 
     async def _settle(self, d: Delivery) -> None:
         try:
             if d.outcome == "ack":
                 await d.msg.ack()
+                self._m_outcome["ack"].inc()
             elif d.outcome == "retry" and d.deliveries < self.max_deliver:
                 d.span.set_attribute("migsched.retry", d.reason)
-                await d.msg.nak(delay=self.retry_delay_s * d.deliveries)
+                await d.msg.nak(self.retry_delay_s * d.deliveries)
+                self._m_outcome["retry"].inc()
             else:
                 reason = d.reason if d.outcome == "dead" else f"{d.reason} (after {d.deliveries} deliveries)"
                 await self._dead(d.msg, reason, d.span)
@@ -287,29 +334,31 @@ class Consumer:
             if d.outcome == "dead":
                 await self._dead(d.msg, d.reason, d.span)
             else:
+                self._m_outcome["unacked"].inc()
                 d.span.end()
 
-    async def _dead(self, m: Msg, reason: str, span: trace.Span) -> None:
+    async def _dead(self, m: Inbound, reason: str, span: trace.Span) -> None:
         """Publish the original bytes to ``dlq.<subject>`` with the reason, then ack the original (if acked)."""
-        md = m.metadata
         headers = {
-            "Nats-Msg-Id": f"dlq:{md.stream}:{md.sequence.stream}",
+            "Nats-Msg-Id": f"dlq:{self.stream}:{m.stream_seq}",
             "Migsched-Error": reason[:1000].replace("\r", " ").replace("\n", " "),
             "Migsched-Original-Subject": m.subject,
             "Migsched-Consumer": self.durable,
-            "Migsched-Deliveries": str(md.num_delivered),
+            "Migsched-Deliveries": str(m.deliveries),
             "Migsched-Failed-At": f"{time.time():.3f}",
         }
-        if m.headers and "Nats-Msg-Id" in m.headers:
-            headers["Migsched-Original-Msg-Id"] = m.headers["Nats-Msg-Id"]
+        original_id = (m.headers or {}).get("Nats-Msg-Id")
+        if original_id:
+            headers["Migsched-Original-Msg-Id"] = original_id
         span.set_status(trace.Status(trace.StatusCode.ERROR, reason[:200]))
         span.set_attribute("migsched.dead_letter", reason[:200])
         try:
-            await self.bus.js.publish(self.bus.subjects.dlq(m.subject), m.data, headers=headers)
+            await self.bus.publish_raw(self.bus.subjects.dlq(m.subject), m.data, headers)
             if self.acks:
                 await m.ack()
             self.dead_lettered += 1
-            log.warning("dead-lettered %s seq %s: %s", m.subject, md.sequence.stream, reason)
+            self._m_outcome["dead"].inc()
+            log.warning("dead-lettered %s seq %s: %s", m.subject, m.stream_seq, reason)
         except Exception as exc:  # DLQ unreachable: leave the message unacked so it comes back
             log.error("cannot dead-letter %s: %r", m.subject, exc)
         span.end()

@@ -30,9 +30,9 @@ async def test_both_stores_agree_on_every_scenario(case: Case, store: Any) -> No
 
 
 def test_both_stores_implement_the_port_the_services_depend_on() -> None:
+    from shared.ports import StateStore, TransitionBatch
     from shared.state import RedisState
     from shared.state.memory_store import MemoryState
-    from shared.state.ports import StateStore, TransitionBatch
 
     implementations: list[type[StateStore]] = [MemoryState, RedisState]  # checked structurally by mypy too
     memory = MemoryState()

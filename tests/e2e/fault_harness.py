@@ -20,7 +20,7 @@ import msgspec
 from stack_fixture import environ
 
 from migsched.stack import Proc, Stack, StackConfig
-from shared.bus import Bus, Outgoing
+from shared.bus import JetStreamBus, Outgoing
 from shared.events import Demand, JobExit, JobSubmit, now
 from shared.localservers import LocalServer, free_port, start_nats, start_redis
 from shared.mig.geometry import default_geometry
@@ -135,7 +135,7 @@ def jobs_for(tag: str, n: int, seed: int = 7, duration: tuple[float, float] = (0
 class Load:
     """Publishes jobs open-loop at ``rate`` per second (batches every 20 ms), stamping ``submitted_at``."""
 
-    bus: Bus
+    bus: JetStreamBus
     jobs: list[JobSubmit]
     rate: float
     published: int = 0
@@ -221,7 +221,7 @@ async def converge(stack: Stack, ids: list[str], timeout: float = 60.0) -> Outco
         ]
     finally:
         await state.close()
-    bus = await Bus.connect(st, name="fault-test")
+    bus = await JetStreamBus.connect(st, name="fault-test")
     try:
         wanted = set(ids)
         all_exits = [e for e in await exits_on_stream(bus) if e.job_id in wanted]
@@ -243,7 +243,7 @@ async def converge(stack: Stack, ids: list[str], timeout: float = 60.0) -> Outco
     return Outcome(states, violations, exits, busy, details)
 
 
-async def exits_on_stream(bus: Bus) -> list[JobExit]:
+async def exits_on_stream(bus: JetStreamBus) -> list[JobExit]:
     sub = await bus.js.pull_subscribe(bus.subjects.jobs_exit, durable=None, stream=bus.subjects.stream_jobs)
     out: list[JobExit] = []
     dec = msgspec.json.Decoder(JobExit)

@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 
 from migsched.stack import Stack, StackConfig
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.events import JobExit
 from shared.settings import Settings, load
 from shared.state import RedisState
@@ -91,14 +91,14 @@ async def forget(stack: Stack) -> None:
         await state.wipe()
     finally:
         await state.close()
-    bus = await Bus.connect(st)
+    bus = await JetStreamBus.connect(st)
     try:
         await bus.delete_streams()
     finally:
         await bus.close()
 
 
-async def exits_on_stream(bus: Bus) -> list[JobExit]:
+async def exits_on_stream(bus: JetStreamBus) -> list[JobExit]:
     """Every ``JobExit`` stored on ``jobs.exit`` (an ephemeral pull consumer read to the end)."""
     sub = await bus.js.pull_subscribe(bus.subjects.jobs_exit, durable=None)
     out: list[JobExit] = []

@@ -30,7 +30,7 @@ from fault_harness import (
 )
 
 from migsched.stack import Stack
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.state import RedisState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -60,7 +60,7 @@ def stack(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 async def _run(stack: Stack, tag: str, fault, after: float = 0.3, all_finished: bool = True):  # type: ignore[no-untyped-def]
     """Offer JOBS jobs at RATE/s; when ``after`` of them are published, ``await fault()``; converge."""
-    bus = await Bus.connect(settings_of(stack), name=f"fault-load-{tag}")
+    bus = await JetStreamBus.connect(settings_of(stack), name=f"fault-load-{tag}")
     jobs = jobs_for(tag, JOBS)
     load = Load(bus, jobs, RATE)
     try:

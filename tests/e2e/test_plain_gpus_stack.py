@@ -13,7 +13,7 @@ import pytest
 from stack_fixture import exits_on_stream, running_stack, settings_of
 
 from migsched.stack import Stack
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.events import Demand, JobSubmit
 from shared.mig.geometry import default_geometry
 from shared.state import JobRecord, RedisState, audit
@@ -31,7 +31,7 @@ def job(job_id: str, demand: Demand, duration_s: float) -> JobSubmit:
 async def _run(stack: Stack) -> tuple[dict[str, list[JobRecord]], list[str], dict[str, int]]:
     st = settings_of(stack)
     await stack.wait_ready(60)  # its services create the streams; every executor GPU is registered
-    bus = await Bus.connect(st)
+    bus = await JetStreamBus.connect(st)
     state = RedisState.from_settings(st)
     try:
         seen: dict[str, list[JobRecord]] = {}

@@ -34,7 +34,7 @@ import pytest
 from stack_fixture import exits_on_stream, running_stack, settings_of
 
 from migsched import livekpis, replayer
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.client import MigschedClient
 from shared.mig.geometry import default_geometry
 from shared.state import TERMINAL_STATES, RedisState, Violation, audit
@@ -94,7 +94,7 @@ async def _replay_and_audit(
         reconfigurations=reconf,
         wall_s=wall,
     )
-    bus = await Bus.connect(st)
+    bus = await JetStreamBus.connect(st)
     try:
         exits = await exits_on_stream(bus)
     finally:

@@ -11,7 +11,7 @@ import pytest
 
 from services.common.testing import Namespace, Stack, make_settings
 from services.executor.service import Executor, ExecutorSettings, build_backend
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.client import ClientError, MigschedClient, WaitTimeout
 from shared.settings import load
 
@@ -36,7 +36,7 @@ async def cluster(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[E
             executor_reconfig_latency_s=0.001,
             heartbeat_s=0.5,
         )
-        bus = await Bus.connect(st)
+        bus = await JetStreamBus.connect(st)
         executor = Executor(bus, build_backend(st, NODE), st, NODE)
         await executor.start()
         try:

@@ -15,7 +15,7 @@ import pynvml
 import pytest
 
 from services.executor.service import Executor, ExecutorSettings, build_backend
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.events import (
     CmdDone,
     CmdFailed,
@@ -66,7 +66,7 @@ class Watch:
 
 
 class Rig:
-    def __init__(self, bus: Bus, executor: Executor, watch: Watch) -> None:
+    def __init__(self, bus: JetStreamBus, executor: Executor, watch: Watch) -> None:
         self.bus, self.executor, self.watch = bus, executor, watch
         self.subjects = bus.subjects
 
@@ -104,7 +104,7 @@ async def rig(nats_url: str, prefix: str) -> AsyncIterator[Rig]:
         metrics_port=0,
         fetch_timeout_s=0.05,
     )
-    bus = await Bus.connect(settings)
+    bus = await JetStreamBus.connect(settings)
     watch = Watch(bus.subjects)
     sub = await bus.nc.subscribe(f"{bus.subjects.root}node.{NODE}.>", cb=watch.on_msg)
     executor = Executor(bus, build_backend(settings, NODE), settings, NODE)

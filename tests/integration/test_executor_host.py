@@ -11,7 +11,7 @@ import pytest
 
 from services.executor.config import ExecutorError, hosted_nodes
 from services.executor.service import ExecutorSettings, serve
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.events import CmdDone, Command, Registered, decode, now
 from shared.mig.geometry import default_geometry
 from shared.policy.partition import MigOp
@@ -41,16 +41,16 @@ async def test_nodes_hosted_in_one_process_share_one_connection_and_each_answers
     nats_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     st = settings(nats_url, prefix, nodes="h1,h2,h3")
-    bus = await Bus.connect(st)
+    bus = await JetStreamBus.connect(st)
     await bus.ensure_streams()
     opened: list[str] = []
-    connect = Bus.connect
+    connect = JetStreamBus.connect
 
-    async def counted(settings: Any, name: str = "migsched", **options: Any) -> Bus:
+    async def counted(settings: Any, name: str = "migsched", **options: Any) -> JetStreamBus:
         opened.append(name)
         return await connect(settings, name=name, **options)
 
-    monkeypatch.setattr(Bus, "connect", counted)
+    monkeypatch.setattr(JetStreamBus, "connect", counted)
     seen: list[tuple[str, Any]] = []
 
     async def on_msg(m: Any) -> None:

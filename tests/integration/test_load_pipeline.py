@@ -104,3 +104,21 @@ async def test_lost_and_duplicated_jobs_are_counted_exactly(conns, prefix: str) 
     assert rec.lost() == {"placed": 0, "command": dropped, "running": dropped}  # exit is not awaited
     assert rec.duplicates == {"placed": doubled, "command": doubled, "running": doubled}
     assert set(rec.timelines) == {f"run-{i}" for i in range(0, N, 10)}
+
+
+async def test_every_publish_carries_its_dedupe_id_so_a_repeated_run_is_stored_once(conns, prefix: str) -> None:
+    gen_nc, stack_nc, _ = conns
+    subjects = Subjects(prefix)
+    stack = FakeStack(stack_nc, subjects)
+    await stack.ensure_stream()
+    try:
+        schedule = list(steady(1000, 0.02))
+        first = Generator(gen_nc, subjects, JobFactory("dup"), schedule)
+        await first.run()
+        again = Generator(gen_nc, subjects, JobFactory("dup"), schedule)  # the same ids, sent again
+        await again.run()
+        assert await first.wait_acks(5) == 0 and await again.wait_acks(5) == 0
+        assert (first.stats.acked, first.stats.duplicates) == (20, 0)
+        assert (again.stats.acked, again.stats.duplicates) == (20, 20)
+    finally:
+        await stack.remove_stream()

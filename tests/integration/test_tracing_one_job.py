@@ -49,9 +49,9 @@ async def stack(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[tup
             executor_reconfig_latency_s=0.001,
             heartbeat_s=0.5,
         )
-        from shared.bus import Bus
+        from shared.bus import JetStreamBus
 
-        bus = await Bus.connect(st)
+        bus = await JetStreamBus.connect(st)
         executor = Executor(bus, build_backend(st, NODE), st, NODE)
         await executor.start()
         try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from shared.bus import Bus
+from shared.bus import JetStreamBus
 from shared.events import CmdDone, Command, Subjects, decode, encode, now
 from shared.localservers import free_port
 from shared.mig.geometry import default_geometry
@@ -69,7 +69,7 @@ def collector() -> Iterator[Collector]:
 
 
 async def _place_and_wait(settings: Settings) -> None:
-    bus = await Bus.connect(settings)
+    bus = await JetStreamBus.connect(settings)
     try:
         await bus.ensure_streams()
         got: asyncio.Future[CmdDone] = asyncio.get_running_loop().create_future()

@@ -15,28 +15,13 @@ from services.executor.service import Executor
 from services.executor.sim_backend import SimBackend
 from services.migration_planner.service import MigrationPlanner
 from services.partitioner.service import Partitioner
-from shared.bus.consumer import Consumer
-from shared.events.subjects import Subjects
+from shared.bus import Consumer, MemoryBus
 from shared.settings import BalancerSettings, MigrationPlannerSettings, PartitionerSettings, Settings, load
 from shared.state.memory_store import MemoryState
 
 pytestmark = pytest.mark.unit
 
 SLOW, FAST = 0.04, 0.001
-
-
-class _Bus:
-    """Enough of ``shared.bus.Bus`` to build consumers (nothing connects)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.subjects = Subjects("")
-
-    def consumer(self, stream: str, durable: str, subject: str, handler: Any, **kw: Any) -> Consumer:
-        return Consumer(self, stream, durable, subject, handler, **kw)
-
-    def command_consumer(self, node: str, handler: Any, **kw: Any) -> Consumer:
-        return self.consumer("CMD", f"executor-{node}", self.subjects.cmd(node), handler, **kw)
 
 
 def _lingers(service: Any) -> dict[str, float]:
@@ -49,7 +34,7 @@ def _settings(cls: type[Any]) -> Any:
 
 def test_the_node_registry_lingers_longer_on_node_reports_and_heartbeats_than_on_placements() -> None:
     st = _settings(PartitionerSettings)
-    lingers = _lingers(Partitioner(st, _Bus(st), MemoryState()))  # type: ignore[arg-type]
+    lingers = _lingers(Partitioner(st, MemoryBus(st), MemoryState()))
     assert lingers["registry-report"] == SLOW and lingers["registry-heartbeat"] == SLOW
     assert "partitioner-placed" not in lingers  # the balancer sends every place command itself
     assert lingers["partitioner-cancel"] == FAST and lingers["partitioner-migrate"] == FAST
@@ -57,32 +42,32 @@ def test_the_node_registry_lingers_longer_on_node_reports_and_heartbeats_than_on
 
 def test_the_migration_planner_lingers_longer_on_its_exit_hints() -> None:
     st = dataclasses.replace(_settings(MigrationPlannerSettings), policy="paper")
-    assert set(_lingers(MigrationPlanner(st, _Bus(st), MemoryState())).values()) == {SLOW}  # type: ignore[arg-type]
+    assert set(_lingers(MigrationPlanner(st, MemoryBus(st), MemoryState())).values()) == {SLOW}
 
 
 def test_under_a_policy_that_does_not_migrate_the_planner_hears_no_exits_and_plans_nothing() -> None:
     st = _settings(MigrationPlannerSettings)  # the default policy, migsched, does not migrate
-    planner = MigrationPlanner(st, _Bus(st), MemoryState())  # type: ignore[arg-type]
+    planner = MigrationPlanner(st, MemoryBus(st), MemoryState())
     assert planner.consumers() == []
     assert [name for name, _, _ in planner.periodic()] == ["heap-trim"]
 
 
 def test_the_balancer_keeps_the_short_linger_on_every_consumer() -> None:
     st = _settings(BalancerSettings)
-    lingers = _lingers(Balancer(st, _Bus(st), MemoryState()))  # type: ignore[arg-type]
+    lingers = _lingers(Balancer(st, MemoryBus(st), MemoryState()))
     assert lingers and set(lingers.values()) == {FAST}
 
 
 def test_an_executor_lingers_longer_on_its_commands() -> None:
     st = dataclasses.replace(_settings(ExecutorSettings), node="n1")
-    ex = Executor(_Bus(st), SimBackend(node="n1", models=["A100-40GB"]), st, "n1")  # type: ignore[arg-type]
+    ex = Executor(MemoryBus(st), SimBackend(node="n1", models=["A100-40GB"]), st, "n1")
     assert ex.command_consumer().linger_s == SLOW
 
 
 def test_by_default_the_consumers_off_the_path_linger_as_long_as_the_others() -> None:
     st = PartitionerSettings(batch_linger_s=FAST)
     assert st.off_path_linger_s == FAST
-    assert set(_lingers(Partitioner(st, _Bus(st), MemoryState())).values()) == {FAST}  # type: ignore[arg-type]
+    assert set(_lingers(Partitioner(st, MemoryBus(st), MemoryState())).values()) == {FAST}
     assert load(Settings, {"MIGSCHED_BACKGROUND_LINGER_S": "0"}).off_path_linger_s == 0.0  # 0: no linger at all
 
 
@@ -92,5 +77,5 @@ def test_a_consumer_without_its_own_linger_takes_the_bus_setting() -> None:
     async def handler(ds: list[Any]) -> None:
         return None
 
-    assert Consumer(_Bus(st), "JOBS", "d", "jobs.submit", handler).linger_s == FAST
-    assert Consumer(_Bus(st), "JOBS", "d", "jobs.submit", handler, linger_s=0.0).linger_s == 0.0
+    assert Consumer(MemoryBus(st), "JOBS", "d", "jobs.submit", handler).linger_s == FAST
+    assert Consumer(MemoryBus(st), "JOBS", "d", "jobs.submit", handler, linger_s=0.0).linger_s == 0.0

@@ -13,8 +13,8 @@ import pytest
 from services.executor.recent import Recent
 from services.executor.service import Executor, ExecutorSettings
 from services.executor.sim_backend import SimBackend
-from shared.bus import Outgoing
-from shared.events import CmdDone, CmdFailed, Command, Subjects, encode, now
+from shared.bus import MemoryBus, Outgoing
+from shared.events import CmdDone, CmdFailed, Command, decode, encode, now
 from shared.mig.geometry import default_geometry
 from shared.policy.partition import MigOp
 from shared.settings import load
@@ -94,26 +94,6 @@ def test_a_nonsense_bound_is_refused(kw: dict[str, Any]) -> None:
 # --- the executor's redelivery answers ---------------------------------------------------------------------------
 
 
-class FakeBus:
-    def __init__(self, subjects: Subjects) -> None:
-        self.subjects = subjects
-        self.published: list[Outgoing] = []
-
-    async def publish_batch(self, items: list[Outgoing]) -> list[Any]:
-        self.published += items
-        return []
-
-
-class FakeDelivery:
-    def __init__(self, cmd: Command) -> None:
-        self.data = cmd
-        self.ctx: Any = None
-        self.outcome = "ack"
-
-    def retry(self, reason: str) -> None:
-        self.outcome = "retry"
-
-
 def place(cmd_id: str, job: str, gpu: int, profile: str, start: int) -> Command:
     p = A100.profile(profile)
     iid = f"{NODE}/{gpu}:{profile}@{start}:{job}"
@@ -127,9 +107,11 @@ class Rig:
     def __init__(self) -> None:
         self.clock = Clock()
         self.settings = load(ExecutorSettings, env={}, node=NODE, ack_wait_s=30.0, max_deliver=5, metrics_port=0)
-        self.bus = FakeBus(Subjects("t"))
+        self.bus = MemoryBus(self.settings)
         self.backend = SimBackend(node=NODE, models=["A100-40GB"] * 2, reconfig_latency_s=0.0)
-        self.ex = Executor(self.bus, self.backend, self.settings, NODE, clock=self.clock)  # type: ignore[arg-type]
+        self.ex = Executor(self.bus, self.backend, self.settings, NODE, clock=self.clock)
+        self.commands = self.ex.command_consumer()
+        self.delivered = 0
         self.applied: list[str] = []
         real = self.ex.apply
 
@@ -140,10 +122,14 @@ class Rig:
         self.ex.apply = counting  # type: ignore[method-assign]
 
     async def deliver(self, cmd: Command) -> list[Any]:
-        """Hand the command over as one fetched batch; the reports published for it."""
-        before = len(self.bus.published)
-        await self.ex.handle([FakeDelivery(cmd)])  # type: ignore[list-item]
-        return [o.msg for o in self.bus.published[before:]]
+        """Hand the command over as one fetched batch (a stream message of its own, as a redelivery is); the
+        reports published for it."""
+        await self.bus.ensure_streams()
+        self.delivered += 1
+        await self.bus.publish(self.bus.subjects.cmd(NODE), cmd, msg_id=f"{cmd.id}#{self.delivered}")
+        before = len(self.bus.sent)
+        assert await self.commands.poll() == 1
+        return [decode(subject, data, self.bus.subjects) for subject, data, _ in self.bus.sent[before:]]
 
 
 async def test_the_window_is_two_acknowledgement_waits() -> None:
@@ -162,7 +148,7 @@ async def test_a_redelivery_within_the_window_gets_the_identical_reports_without
         assert again == first, dt  # same ids, same `at`, same instance report: the stream drops copies
     assert rig.applied == ["c1"]
     subject = rig.bus.subjects.node_report(NODE)
-    assert {o.subject for o in rig.bus.published} == {subject}
+    assert {s for s, _, _ in rig.bus.sent} == {subject, rig.bus.subjects.cmd(NODE)}
 
 
 async def test_a_failed_command_is_answered_with_its_failure_again() -> None:

@@ -3,31 +3,28 @@ had, and counting them as outstanding until they would have expired left a consu
 
 from __future__ import annotations
 
-from typing import Any
+import pytest
 
-from shared.bus.puller import Puller
+from shared.bus.puller import PullRequests
 
-
-class FakeNats:
-    def __init__(self) -> None:
-        self.stats: dict[str, int] = {"reconnects": 0}
-        self.published: list[tuple[str, bytes, str]] = []
-
-    def new_inbox(self) -> str:
-        return "_INBOX.test"
-
-    async def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
-        self.published.append((subject, payload, reply))
+pytestmark = pytest.mark.unit
 
 
-async def test_pull_requests_are_renewed_after_a_reconnect_not_after_they_expire() -> None:
-    nc: Any = FakeNats()
-    p = Puller(nc, "JOBS", "c", batch=8, expires_s=30.0)
-    await p._top_up()
-    await p._top_up()
-    assert len(nc.published) == 1  # one request for the batch is outstanding: no second one
-    nc.stats["reconnects"] += 1
-    await p._top_up()
-    assert len(nc.published) == 2  # the server restarted: ask again
-    await p._top_up()
-    assert len(nc.published) == 2
+def test_pull_requests_are_renewed_after_a_reconnect_not_after_they_expire() -> None:
+    r = PullRequests(batch=8, expires_s=30.0)
+    assert r.should_ask(reconnects=0, now=0.0)
+    assert not r.should_ask(reconnects=0, now=1.0)  # one request for the batch is outstanding: no second one
+    assert r.should_ask(reconnects=1, now=2.0)  # the server restarted: ask again
+    assert not r.should_ask(reconnects=1, now=3.0)
+
+
+def test_a_request_is_renewed_once_it_expires_or_its_batch_has_come() -> None:
+    r = PullRequests(batch=2, expires_s=10.0)
+    assert r.should_ask(0, now=0.0)
+    assert not r.should_ask(0, now=8.0)
+    assert r.should_ask(0, now=9.5)  # counted as over a little before the server ends it
+    r.delivered()
+    r.delivered()
+    assert r.owed(0, now=9.6) == 0 and r.should_ask(0, now=9.6)
+    r.ended()  # the server said 408: that request is over
+    assert r.owed(0, now=9.7) == 0

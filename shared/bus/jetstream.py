@@ -1,10 +1,8 @@
-"""One NATS connection with JetStream for one namespace: stream set-up and publishing.
+"""The event bus on NATS JetStream: one connection for one namespace, its streams, publishing and pull consumers.
 
-Publishing always sets ``Nats-Msg-Id`` (the message's ``id``) so that a republish after a crash is dropped by
-the
-stream's duplicate window, and injects the W3C ``traceparent`` of the given (or current) OpenTelemetry context
-so
-that one job is one trace across hops.
+Publishing always sets ``Nats-Msg-Id`` (the message's ``id``) so that a republish after a crash is dropped by the
+stream's duplicate window, and injects the W3C ``traceparent`` of the given (or current) OpenTelemetry context so
+that one job is one trace across hops. Consumers are ``shared.bus.consumer.Consumer`` over a ``Puller``.
 """
 
 from __future__ import annotations
@@ -12,27 +10,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 import nats
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 from opentelemetry import context as otel_context
 
 from shared import telemetry
+from shared.bus.consumer import Consumer, ConsumerSpec, Handler
+from shared.bus.errors import BusError, SubscriptionClosed
 from shared.bus.health import BusHealth
-from shared.errors import MigschedError
+from shared.bus.outgoing import Outgoing
+from shared.bus.puller import Puller
 from shared.events import Subjects, encode
 from shared.settings import Settings
 
 log = logging.getLogger("migsched.bus")
-
-
-class BusError(MigschedError):
-    """NATS/JetStream refused an operation (stream set-up, publish not acknowledged)."""
 
 
 class _AckReply(msgspec.Struct):
@@ -110,17 +108,8 @@ class PublishAcks:
                 del self.futures[token]
 
 
-class Outgoing(NamedTuple):
-    """One message to publish: ``msg_id`` defaults to the message's ``id``; ``ctx`` is the trace parent."""
-
-    subject: str
-    msg: msgspec.Struct
-    ctx: otel_context.Context | None = None
-    msg_id: str | None = None
-
-
-class Bus:
-    """JetStream access for one namespace. Create with ``await Bus.connect(settings)``."""
+class JetStreamBus:
+    """The ``EventBus`` of one namespace on NATS JetStream. Create with ``await JetStreamBus.connect(settings)``."""
 
     def __init__(self, nc: NATS, settings: Settings, health: BusHealth | None = None) -> None:
         self.nc = nc
@@ -131,7 +120,7 @@ class Bus:
         self.subjects = Subjects(settings.namespace)
 
     @classmethod
-    async def connect(cls, settings: Settings, name: str = "migsched", **options: Any) -> Bus:
+    async def connect(cls, settings: Settings, name: str = "migsched", **options: Any) -> JetStreamBus:
         servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
         health = BusHealth()
         nc = await nats.connect(
@@ -239,16 +228,116 @@ class Bus:
             raise errors[0]
         return [f.result() for f in futures]
 
-    def consumer(
-        self, stream: str, durable: str, subject: str, handler: Callable[..., Any], **kw: Any
-    ) -> Any:
-        """A ``shared.bus.consumer.Consumer`` on this bus (see there)."""
-        from shared.bus.consumer import Consumer
+    async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> api.PubAck:
+        """Publish bytes as they are (dead letters, replays): the headers are the caller's, dedupe id included."""
+        try:
+            return await self.js.publish(subject, data, headers=headers)
+        except nats.errors.Error as exc:
+            raise BusError(f"publish to {subject} failed: {exc!r}") from exc
 
-        return Consumer(self, stream, durable, subject, handler, **kw)
+    # --- consumers ------------------------------------------------------------------------------------------
+    def consumer(self, stream: str, durable: str, subject: str, handler: Handler, **options: Any) -> Consumer:
+        """A consumer of ``subject`` on ``stream`` (see ``shared.bus.consumer.Consumer`` for the options)."""
+        return Consumer(self, stream, durable, subject, handler, **options)
 
-    def command_consumer(self, node: str, handler: Callable[..., Any], **kw: Any) -> Any:
+    def command_consumer(self, node: str, handler: Handler, **options: Any) -> Consumer:
         """The durable consumer of ``cmd.<node>`` for one executor (one per node)."""
-        return self.consumer(
-            self.subjects.stream_cmd, f"executor-{node}", self.subjects.cmd(node), handler, **kw
+        return self.consumer(self.subjects.stream_cmd, f"executor-{node}", self.subjects.cmd(node), handler,
+                             **options)
+
+    async def subscribe(self, spec: ConsumerSpec) -> PullSubscription:
+        """Create (or keep) the JetStream consumer of ``spec`` and bind a pull subscription to it."""
+        cfg = api.ConsumerConfig(
+            durable_name=spec.name,
+            filter_subject=spec.subject,
+            ack_policy=api.AckPolicy.EXPLICIT if spec.acks else api.AckPolicy.NONE,
+            max_deliver=spec.max_deliver,
+            ack_wait=spec.ack_wait_s,
+            max_ack_pending=20000,
+            deliver_policy=api.DeliverPolicy.NEW if spec.deliver_new else api.DeliverPolicy.ALL,
+            max_waiting=64,
         )
+        if spec.ephemeral:
+            cfg.durable_name = None
+            cfg.name = spec.name
+            cfg.inactive_threshold = 30.0
+            await self.js.add_consumer(spec.stream, cfg)
+        else:
+            try:
+                await self.js.consumer_info(spec.stream, spec.name)
+            except NotFoundError:
+                try:
+                    await self.js.add_consumer(spec.stream, cfg)
+                except BadRequestError as exc:  # created concurrently by a replica
+                    log.debug("consumer %s: %s", spec.name, exc)
+        puller = Puller(self.nc, spec.stream, spec.name, spec.batch,
+                        expires_s=max(1.0, min(30.0, spec.fetch_timeout_s * 100)), linger_s=spec.linger_s)
+        await puller.start()
+        return PullSubscription(puller)
+
+    async def delete_consumer(self, stream: str, durable: str) -> None:
+        """Remove a durable consumer (one an older version left). Asked directly of the API, so that a user
+        granted exactly that subject may do it."""
+        reply = await self.nc.request(f"$JS.API.CONSUMER.DELETE.{stream}.{durable}", b"", timeout=2.0)
+        error = _ack_decoder.decode(reply.data).error if reply.data else None
+        if error and error.get("code") != 404:
+            raise BusError(f"cannot delete consumer {durable} on {stream}: {error}")
+
+
+class JetStreamMessage:
+    """A JetStream message as the consumer loop reads it."""
+
+    __slots__ = ("msg",)
+
+    def __init__(self, msg: Msg) -> None:
+        self.msg = msg
+
+    @property
+    def subject(self) -> str:
+        return self.msg.subject
+
+    @property
+    def data(self) -> bytes:
+        return self.msg.data
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return self.msg.headers
+
+    @property
+    def deliveries(self) -> int:
+        """How many times JetStream has delivered it, read straight from its ack subject
+        (``$JS.ACK.<stream>.<consumer>.<delivered>...``, or with domain and account hash in front): the full
+        metadata parse costs more than a small handler does per message."""
+        tokens = (self.msg.reply or "").split(".")
+        if len(tokens) == 9:
+            return int(tokens[4])
+        if len(tokens) >= 11:
+            return int(tokens[6])
+        return int(self.msg.metadata.num_delivered)
+
+    @property
+    def stream_seq(self) -> int:
+        return int(self.msg.metadata.sequence.stream)
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+    async def nak(self, delay: float) -> None:
+        await self.msg.nak(delay=delay)
+
+
+class PullSubscription:
+    __slots__ = ("puller",)
+
+    def __init__(self, puller: Puller) -> None:
+        self.puller = puller
+
+    async def next_batch(self, timeout: float) -> list[JetStreamMessage]:
+        try:
+            return [JetStreamMessage(m) for m in await self.puller.next_batch(timeout)]
+        except nats.errors.ConnectionClosedError as exc:
+            raise SubscriptionClosed(str(exc)) from exc
+
+    async def stop(self) -> None:
+        await self.puller.stop()

@@ -1,18 +1,29 @@
-"""The state store as the services see it: ``StateStore`` and the ``TransitionBatch`` it hands out.
+"""The two side effects of a service, as it sees them: the state store and the event bus.
 
-``RedisState`` (Lua transitions on Redis) is the store; ``MemoryState`` is its in-memory twin for unit tests and
-the simulator-facing tools. ``tests/contract/`` runs one set of scenarios on both, and checks that both
-implement these protocols. Services depend on the protocols, not on either implementation.
+- ``StateStore`` and the ``TransitionBatch`` it hands out: ``RedisState`` (Lua transitions on Redis) is the store;
+  ``MemoryState`` is its in-memory twin.
+- ``EventBus``: ``JetStreamBus`` (NATS JetStream) is the bus; ``MemoryBus`` is its in-memory twin.
+
+``tests/contract/`` runs one set of cases on each pair and checks that both implement these protocols. Services
+depend on the protocols, not on either implementation; only the composition roots (``Service.create``, the
+executor's ``serve``, the CLI) pick the real ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from opentelemetry import context as otel_context
+
+from shared.bus.consumer import Consumer, Handler
+from shared.bus.health import BusHealth
+from shared.bus.outgoing import Outgoing, PublishAck
+from shared.events import Subjects
 from shared.mig.geometry import Geometry
 from shared.policy.reservation import Reservation as Hold
 from shared.policy.snapshot import ClusterSnapshot
+from shared.settings import Settings
 from shared.state.codec import CancelResult
 from shared.state.model import (
     HistoryEntry,
@@ -134,3 +145,30 @@ class StateStore(Protocol):
         self, geometry: Geometry, shard: int | None = None
     ) -> tuple[ClusterSnapshot, dict[str, int]]: ...
     async def wipe(self) -> int: ...
+
+
+@runtime_checkable
+class EventBus(Protocol):
+    """Streams of one namespace: publish with dedupe ids and trace context, consume in batches, dead-letter."""
+
+    settings: Settings
+    subjects: Subjects
+    health: BusHealth
+
+    async def ensure_streams(self) -> None: ...
+    async def delete_streams(self) -> None: ...
+    async def close(self) -> None: ...
+    async def publish(
+        self,
+        subject: str,
+        msg: Any,
+        *,
+        ctx: otel_context.Context | None = None,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> PublishAck: ...
+    async def publish_batch(self, items: Sequence[Outgoing]) -> Sequence[PublishAck]: ...
+    async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> PublishAck: ...
+    def consumer(self, stream: str, durable: str, subject: str, handler: Handler, **options: Any) -> Consumer: ...
+    def command_consumer(self, node: str, handler: Handler, **options: Any) -> Consumer: ...
+    async def delete_consumer(self, stream: str, durable: str) -> None: ...
