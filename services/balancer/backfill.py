@@ -1,7 +1,8 @@
 """The balancer's backfill: queued jobs are tried again when room appears (a job exit, a capacity change, a
 re-queue by another service or replica, the periodic sweep). Signals coalesce into one pass per tick over the
 head of each shard's queue (priority, then age; with tenancy, fair share between tenants), decided and
-committed like fresh submits; a job that waited past its patience is rejected.
+committed like fresh submits; a job that waited past its patience is rejected. With a policy that reserves,
+each pass plans the holds anew and stores them.
 """
 
 from __future__ import annotations
@@ -12,99 +13,109 @@ import time
 import msgspec
 
 from services.balancer.candidate import Candidate
-from services.balancer.decide import Decisions
+from services.balancer.decide import DecisionMetrics
+from services.balancer.dispatch import Dispatcher
+from services.balancer.pipeline import Pipeline
 from services.balancer.preempting import fair_order
+from services.balancer.shards import Shards
+from services.balancer.tenancy import TenantLedger
+from services.balancer.waiting import Waiting
 from services.common import metrics as m
 from shared import telemetry
 from shared.events import JobSubmit
+from shared.ports import StateStore, TransitionBatch
+from shared.settings import BalancerSettings
 
 _SUBMIT = msgspec.json.Decoder(JobSubmit)
 
 
+class Backfill:
+    def __init__(self, settings: BalancerSettings, state: StateStore, shards: Shards, ledger: TenantLedger,
+                 pipeline: Pipeline, dispatcher: Dispatcher, waiting: Waiting, metrics: DecisionMetrics,
+                 reserves: bool, lock: asyncio.Lock, service: str) -> None:
+        self.settings = settings
+        self.state = state
+        self.shards = shards
+        self.ledger = ledger
+        self.pipeline = pipeline
+        self.dispatcher = dispatcher
+        self.waiting = waiting
+        self.metrics = metrics
+        self.reserves = reserves
+        self.lock = lock
+        self.service = service
 
-class Backfill(Decisions):
-    """The backfill half of ``Balancer``."""
+    async def tick(self) -> None:
+        """One pass if one was asked for since the last tick (skipped while the queue is known to be empty)."""
+        if self.waiting.take_request() and await self.run() == 0 and await self.state.pending_count() == 0:
+            self.waiting.maybe_nonempty = False
 
-    _backfill_wanted: asyncio.Event
-
-    def request_backfill_now(self, queue_grew: bool = False) -> None:
-        self._backfill_wanted.set()
-        if queue_grew:
-            self._queue_maybe_nonempty = True
-
-    async def request_backfill(self) -> None:
-        """The periodic sweep: also catches jobs re-queued by other services or replicas."""
-        self.request_backfill_now(queue_grew=True)
-
-    async def _backfill_tick(self) -> None:
-        # coalesces every exit/capacity signal of the last tick into one pass over the queue head; skips the
-        # pass
-        # (a Redis read) while the queue is known to be empty
-        if self._backfill_wanted.is_set() and self._queue_maybe_nonempty:
-            self._backfill_wanted.clear()
-            if await self.backfill() == 0 and await self.state.pending_count() == 0:
-                self._queue_maybe_nonempty = False
-
-    async def backfill(self) -> int:
+    async def run(self) -> int:
         """Try the head of each shard's queue (priority, then age) on the mirror; return jobs placed."""
-        st = self.settings
-        placed_before = self.placed
+        placed_before = self.pipeline.placed
         now = time.time()
         depth = 0
-        for shard in range(st.shards):
-            ids = await self.state.pending_ids(shard, st.backfill_batch)
+        for shard in range(self.shards.count):
+            ids = await self.state.pending_ids(shard, self.settings.backfill_batch)
             depth += len(ids)
+            holds = self.shards.holds[shard]
             if not ids:
-                if self.reserves and self.holds[shard].current:  # nothing waits: nothing is held
-                    self.holds[shard].begin()
-                    await self.state.put_holds(shard, self.holds[shard].end(), now)
+                if self.reserves and holds.current:  # nothing waits: nothing is held
+                    holds.begin()
+                    await self.state.put_holds(shard, holds.end(), now)
                 continue
-            unknown = [j for j in ids if j not in self._waiting]
-            records = {j.job_id: j for j in await self.state.jobs(unknown) if j is not None} if unknown else {}
-            cands: list[Candidate] = []
-            expired = self.state.batch()
-            for jid in ids:
-                preempted = False
-                if jid in self._waiting:
-                    sub, spec, ctx = self._waiting[jid]
-                    attempts = 0
-                else:
-                    rec = records.get(jid)
-                    if rec is None:
-                        continue
-                    spec, attempts, preempted = rec.spec, rec.attempts, rec.preempted > 0
-                    ctx = telemetry.extract({"traceparent": rec.traceparent}) if rec.traceparent else None
-                    try:
-                        sub = _SUBMIT.decode(spec)
-                    except msgspec.DecodeError:
-                        expired.settle(jid, "rejected", "stored spec unreadable", now, ("pending",))
-                        continue
-                # a preempted job keeps its submit time for its place in the queue, not to run out of patience
-                if not preempted and sub.patience_s is not None and now - sub.submitted_at > sub.patience_s:
-                    expired.settle(
-                        jid,
-                        "rejected",
-                        f"waited longer than its patience {sub.patience_s:g}s",
-                        now,
-                        ("pending",),
-                    )
-                    self._m_outcome["rejected"].inc()
-                    self._waiting.pop(jid, None)
-                    continue
-                # the job's own trace continues from the queue (its traceparent was stored with it)
-                cands.append(Candidate(submit=sub, spec=spec, ctx=ctx, from_queue=True, attempt=attempts))
-            if len(expired):
-                await expired.run()
+            cands = await self._candidates(ids, now)
             async with self.lock:
                 if self.ledger.active:  # priority, then fair share between tenants, then age
-                    cands = fair_order(self.ledger, self.mirrors[shard].snapshot(), cands)
-                self.holds[shard].begin()  # the holds are planned anew in this pass's order
+                    cands = fair_order(self.ledger, self.shards.mirrors[shard].snapshot(), cands)
+                holds.begin()  # the holds are planned anew in this pass's order
                 try:
-                    out = await self.decide_and_commit(cands)
+                    out = await self.pipeline.run(cands)
                 finally:
-                    holds = self.holds[shard].end()
-            await self.send(out)
+                    planned = holds.end()
+            await self.dispatcher.send(out)
             if self.reserves:
-                await self.state.put_holds(shard, holds, now)
-        m.child(m.QUEUE_DEPTH, self.name).set(depth)
-        return self.placed - placed_before
+                await self.state.put_holds(shard, planned, now)
+        m.child(m.QUEUE_DEPTH, self.service).set(depth)
+        return self.pipeline.placed - placed_before
+
+    async def _candidates(self, ids: list[str], now: float) -> list[Candidate]:
+        """The queued jobs as candidates, in queue order; the unreadable and the impatient are rejected."""
+        known = self.waiting.specs
+        unknown = [j for j in ids if j not in known]
+        records = {j.job_id: j for j in await self.state.jobs(unknown) if j is not None} if unknown else {}
+        cands: list[Candidate] = []
+        expired = self.state.batch()
+        for jid in ids:
+            preempted = False
+            if jid in known:
+                sub, spec, ctx = known[jid]
+                attempts = 0
+            else:
+                rec = records.get(jid)
+                if rec is None:
+                    continue
+                spec, attempts, preempted = rec.spec, rec.attempts, rec.preempted > 0
+                ctx = telemetry.extract({"traceparent": rec.traceparent}) if rec.traceparent else None
+                try:
+                    sub = _SUBMIT.decode(spec)
+                except msgspec.DecodeError:
+                    expired.settle(jid, "rejected", "stored spec unreadable", now, ("pending",))
+                    continue
+            if self._out_of_patience(sub, preempted, now, expired):
+                continue
+            # the job's own trace continues from the queue (its traceparent was stored with it)
+            cands.append(Candidate(submit=sub, spec=spec, ctx=ctx, from_queue=True, attempt=attempts))
+        if len(expired):
+            await expired.run()
+        return cands
+
+    def _out_of_patience(self, sub: JobSubmit, preempted: bool, now: float, expired: TransitionBatch) -> bool:
+        # a preempted job keeps its submit time for its place in the queue, not to run out of patience
+        if preempted or sub.patience_s is None or now - sub.submitted_at <= sub.patience_s:
+            return False
+        expired.settle(sub.job_id, "rejected", f"waited longer than its patience {sub.patience_s:g}s", now,
+                       ("pending",))
+        self.metrics.outcome["rejected"].inc()
+        self.waiting.left(sub.job_id)
+        return True

@@ -8,8 +8,10 @@ Consumers: ``jobs.submit`` (balancer-submit), ``jobs.cancel`` (balancer-cancel),
 ``sched.capacity`` (balancer-capacity). All decisions and commits run under one lock, so the mirror is only
 changed by one batch at a time; Redis serialises against the other services and replicas.
 
-This module holds the ``Balancer`` service: its consumers, periodic tasks and mirror refreshes. The decision
-and commit of a batch are in ``decide`` (``Decisions``, ``Candidate``), the backfill in ``backfill``.
+The service is a composition of named parts, each in its module: ``Candidate`` (a decoded job), ``Shards``
+(the mirrors and holds), ``Decider`` (one job's decision), ``Pipeline`` (a batch: decide, commit, settle, retry
+the losers), ``Dispatcher`` (the commands) and ``Backfill`` (the queue). This module wires them to the consumers
+and periodic tasks.
 """
 
 from __future__ import annotations
@@ -22,20 +24,23 @@ import msgspec
 
 from services.balancer.backfill import Backfill
 from services.balancer.candidate import Candidate
-from services.balancer.decide import mig_gang_refused, placed_on
+from services.balancer.decide import Decider, DecisionMetrics, mig_gang_refused, placed_on
+from services.balancer.dispatch import Dispatcher
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
+from services.balancer.pipeline import Pipeline
+from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
+from services.balancer.waiting import Waiting
 from services.common import metrics as m
+from services.common.service import Service
 from shared.bus import Consumer, Delivery
-from shared.events import JobSubmit
 from shared.policy.balancer import BalancerParams
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.registry import PlacementPolicy, describe, get_policy
 from shared.policy.reservation import ReservationParams
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings
-from shared.state import StoredGpu, shard_of
 
 __all__ = ["Balancer", "Candidate", "mig_gang_refused", "placed_on"]
 
@@ -54,7 +59,10 @@ def placement_policy(st: BalancerSettings) -> tuple[BalancerParams, PlacementPol
     return params, get_policy(st.policy, **kw)[1]
 
 
-class Balancer(Backfill):
+class Balancer(Service):
+    """decode (``Candidate``) -> decide (``Decider``, on ``Shards``' mirrors) -> commit (``Pipeline``) -> publish
+    (``Dispatcher``) -> ack (the bus); ``Backfill`` runs the queue through the same pipeline."""
+
     name = "balancer"
     settings: BalancerSettings
 
@@ -63,24 +71,38 @@ class Balancer(Backfill):
         st = self.settings
         self.params, self.policy = placement_policy(st)
         self.reserves = describe(st.policy).reserves
-        hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations)
-        self.holds = [Holds(hold) for _ in range(st.shards)]
-        self.mirrors = [Mirror(self.geometry) for _ in range(st.shards)]
         size_drop_rows(SERVICE_DROP_ROWS)  # the mirror's rows: bounded, or RSS grows with every new GPU state
         self.lock = asyncio.Lock()
-        self._backfill_wanted = asyncio.Event()
-        self._queue_maybe_nonempty = True
         self._refresh_wanted = False
-        self.placed = 0
         # tenancy (quotas, priority classes, preemption); inactive without MIGSCHED_TENANCY_FILE
         self.ledger = TenantLedger(st.tenancy_file, st.reserve_full, st.tenancy_poll_s, self.geometry)
-        # decoded specs of the jobs this replica queued, so a backfill pass reads only the queue's ids
-        self._waiting: dict[str, tuple[JobSubmit, bytes, Any]] = {}
-        # metric children resolved once: labels() per decision costs as much as a small decision
-        self._m_decide = m.child(m.DECISION_SECONDS, self.name)
-        self._m_outcome = {
-            o: m.child(m.DECISIONS, self.name, o) for o in ("placed", "pending", "duplicate", "conflict", "rejected")
-        }
+        hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations)
+        self.shards = Shards(st.shards, self.geometry, hold, self.ledger)
+        self.waiting = Waiting()
+        metrics = DecisionMetrics(self.name)
+        decider = Decider(self.shards, self.ledger, self.params, self.policy, self.reserves, self.geometry, metrics)
+        self.dispatcher = Dispatcher(self.bus, self.state, self.geometry, st.max_attempts,
+                                     lambda: self.waiting.request(queue_grew=True), self.log)
+        self.pipeline = Pipeline(self.state, self.shards, self.ledger, decider, self.dispatcher, self.waiting,
+                                 metrics, st.max_rounds, self.name, self.log)
+        self.backfiller = Backfill(st, self.state, self.shards, self.ledger, self.pipeline, self.dispatcher,
+                                   self.waiting, metrics, self.reserves, self.lock, self.name)
+
+    @property
+    def mirrors(self) -> list[Mirror]:
+        return self.shards.mirrors
+
+    @property
+    def holds(self) -> list[Holds]:
+        return self.shards.holds
+
+    @property
+    def placed(self) -> int:
+        return self.pipeline.placed
+
+    async def backfill(self) -> int:
+        """One backfill pass now; the jobs it placed."""
+        return await self.backfiller.run()
 
     def consumers(self) -> list[Consumer]:
         s, b = self.subjects, self.bus
@@ -101,46 +123,33 @@ class Balancer(Backfill):
         st = self.settings
         return [
             ("mirror-refresh", st.mirror_refresh_s, self.refresh),
-            ("backfill", 0.02, self._backfill_tick),
-            ("backfill-sweep", 1.0, self.request_backfill),
+            ("backfill", 0.02, self.backfiller.tick),
+            ("backfill-sweep", 1.0, self._sweep),
             ("refresh-on-demand", 0.2, self._refresh_if_wanted),
             *([("tenancy-reload", st.tenancy_poll_s, self._poll_tenancy)] if self.ledger.active else []),
         ]
+
+    async def _sweep(self) -> None:
+        """The periodic pass: also catches jobs re-queued by other services or replicas."""
+        self.waiting.request(queue_grew=True)
 
     async def _poll_tenancy(self) -> None:
         async with self.lock:
             r = self.ledger.poll()
         if r is not None and r.ok:
-            self.request_backfill_now(queue_grew=True)  # a raised quota may let held jobs start
+            self.waiting.request(queue_grew=True)  # a raised quota may let held jobs start
 
     async def prepare(self) -> None:
         await self.refresh()
 
     async def refresh(self) -> None:
         """Reload every shard's mirror from Redis (and publish the queue depth)."""
-        gpus = await self.state.load_gpus()
-        by_shard: list[list[StoredGpu]] = [[] for _ in range(self.settings.shards)]
-        for g in gpus:
-            by_shard[shard_of(g.node, self.settings.shards)].append(g)
         async with self.lock:
-            for shard, found in enumerate(by_shard):
-                mirror = self.mirrors[shard]
-                if mirror.holds_exactly([g.id for g in found]):
-                    # the same GPUs: update the drifted ones in place (a fresh mirror would rebuild its
-                    # placer's key columns on the next decision, a pause every refresh)
-                    for g in found:
-                        mirror.refresh(g)
-                    continue
-                fresh = Mirror(self.geometry)
-                for g in found:
-                    fresh.put(g)
-                self.mirrors[shard] = fresh
-            if self.ledger.active:
-                self.ledger.rebuild(mm.snapshot() for mm in self.mirrors)
+            await self.shards.load(self.state)
         m.child(m.QUEUE_DEPTH, self.name).set(await self.state.pending_count())
         if len(self.mirrors) == 1 and len(self.mirrors[0]):
             m.child(m.FRAG_RATE, self.name).set(frag_rate(self.mirrors[0].snapshot(), UNIFORM_SHAPES))
-        self.request_backfill_now(queue_grew=True)
+        self.waiting.request(queue_grew=True)
 
     def _mirror_lost(self, reason: str) -> None:
         """An exit or capacity change the mirror missed: reload it whole (coalesced, within 0.2 s)."""
@@ -151,30 +160,13 @@ class Balancer(Backfill):
             self._refresh_wanted = False
             await self.refresh()
 
-    async def _reload(self, gpu_ids: set[str]) -> None:
-        if not gpu_ids:
-            return
-        touched: dict[int, list[str]] = {}
-        for g in await self.state.get_gpus(sorted(gpu_ids)):
-            if g is not None:
-                shard = shard_of(g.node, self.settings.shards)
-                self.mirrors[shard].put(g)
-                touched.setdefault(shard, []).append(g.id)
-        if self.ledger.active:
-            for shard, ids in touched.items():
-                self.ledger.reloaded(self.mirrors[shard].snapshot(), ids)
-
     # --- jobs.submit ----------------------------------------------------------------------------------------
     async def on_submit(self, ds: list[Delivery]) -> None:
-        t0 = time.perf_counter()
         cands = [Candidate(submit=d.data, spec=d.msg.data, ctx=d.ctx, delivery=d) for d in ds]
         async with self.lock:
-            out = await self.decide_and_commit(cands)
-        # published outside the lock: the reservations are committed, and the next batch can be decided
-        # meanwhile
-        await self.send(out)
-        m.child(m.BATCH_SECONDS, self.name, "submit").observe(time.perf_counter() - t0)
-        m.child(m.BATCH_SIZE, self.name, "submit").observe(len(ds))
+            out = await self.pipeline.run(cands)
+        # published outside the lock: the reservations are committed, and the next batch can be decided meanwhile
+        await self.dispatcher.send(out)
 
     # --- jobs.exit, sched.capacity, jobs.cancel -------------------------------------------------------------
     async def on_exit(self, ds: list[Delivery]) -> None:
@@ -184,7 +176,7 @@ class Balancer(Backfill):
         stale: set[str] = set()
         for d in ds:
             e = d.data
-            mirror = self.mirrors[shard_of(e.node, self.settings.shards)]
+            mirror = self.mirrors[self.shards.of_node(e.node)]
             slots = [(s.gpu_id, s.instance_id) for s in e.slots] or [(e.gpu_id, e.instance_id)]
             missed = [g for g, i in slots if not mirror.release(g, i, e.job_id)]
             if len(missed) < len(slots):
@@ -192,8 +184,8 @@ class Balancer(Backfill):
             stale.update(missed)  # the reload re-derives the quota charges of those GPUs' jobs
         if stale:  # the mirror had not seen that placement yet: read those GPUs
             async with self.lock:
-                await self._reload(stale)
-        self.request_backfill_now()
+                await self.shards.reload(self.state, stale)
+        self.waiting.request()
 
     async def on_capacity(self, ds: list[Delivery]) -> None:
         ids: set[str] = set()
@@ -205,17 +197,17 @@ class Balancer(Backfill):
             self._refresh_wanted = True
             return
         async with self.lock:
-            known = {g for g in ids if any(g in mm.vers for mm in self.mirrors)}
-            await self._reload(known)
+            known = {g for g in ids if self.shards.knows(g)}
+            await self.shards.reload(self.state, known)
         if ids - known:  # a new GPU (registration): a full reload, coalesced (64 nodes register at once)
             self._refresh_wanted = True
-        self.request_backfill_now(queue_grew=True)  # capacity signals also follow re-queues by other services
+        self.waiting.request(queue_grew=True)  # capacity signals also follow re-queues by other services
 
     async def on_cancel(self, ds: list[Delivery]) -> None:
         now = time.time()
         b = self.state.batch()
         for d in ds:
             b.cancel(d.data.job_id, d.data.reason or "cancelled by request", now)
-            self._waiting.pop(d.data.job_id, None)
+            self.waiting.left(d.data.job_id)
         for d, res in zip(ds, await b.run(), strict=True):
             d.span.set_attribute("migsched.cancel", res.status)

@@ -1,4 +1,5 @@
 """Prometheus metrics of the scheduling services (one process may host several services: labels say which).
+Each consumer's batch time, size and outcomes are the bus's own (``shared.bus.consumer``), not a handler's.
 
 Exposed on ``MIGSCHED_METRICS_PORT`` (balancer 9101, partitioner 9102, migration-planner 9103 by default).
 """
@@ -16,18 +17,6 @@ DECISION_SECONDS = Histogram(
     "Policy time of one decision",
     ["service"],
     buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2),
-)
-BATCH_SECONDS = Histogram(
-    "migsched_batch_seconds",
-    "Handling time of one fetched batch (decode to ack)",
-    ["service", "handler"],
-    buckets=(1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0),
-)
-BATCH_SIZE = Histogram(
-    "migsched_batch_size",
-    "Messages per fetched batch",
-    ["service", "handler"],
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
 )
 QUEUE_DEPTH = Gauge("migsched_queue_depth", "Pending jobs", ["service"])
 CONFLICTS = Counter(

@@ -262,8 +262,8 @@ async def test_a_placement_whose_plan_conflicts_is_never_sent_but_failed_and_its
                         job=JobInfo(submitted_at=spec.submitted_at),
                         placement=Placement(job_id="clash", policy="test", slots=(slot,), tier="lazy",
                                             frag_before=0.0, frag_after=0.0))
-        assert stack.balancer._command(placed, _candidate(spec), time.time()) is None  # nothing is sent for it
-        await stack.balancer._fail_unplannable([placed])
+        assert stack.balancer.dispatcher.command(placed, _candidate(spec), time.time()) is None  # nothing is sent for it
+        await stack.balancer.dispatcher.give_back([placed])
         ok = await until(is_(ns, "clash", "running"))  # re-queued, then placed again by the balancer
         assert ok, (await ns.state.job("clash"), await ns.state.history("clash"), await ns.state.commands(0))
         hist = await ns.state.history("clash")

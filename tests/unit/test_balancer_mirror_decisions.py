@@ -82,7 +82,7 @@ def test_every_mirror_decision_equals_the_balancers_placement_through_random_cha
         if what in ("decide", "other params"):  # other params: the placer is rebuilt for them
             job = JobRequest(job_id=f"j{k}", demand=demand, priority=pick % 3)
             dec = _check(mirror, job, params if what == "decide" else other)
-            if isinstance(dec, Placement):  # reserved at once, as decide_and_commit does
+            if isinstance(dec, Placement):  # reserved at once, as the balancer's pipeline does
                 for s in dec.slots:
                     mirror.apply(s, job.job_id, reservation_instance(s, job.job_id, 0, "t", False, True))
         elif what == "release":

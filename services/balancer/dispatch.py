@@ -1,0 +1,86 @@
+"""The balancer's commands: each committed placement becomes the executor's ``place`` command on ``cmd.<node>``.
+
+The place commands are tracked in ``:cmds`` already: each reservation recorded its command in the same transition
+(``Reservation.track``). A placement no command can be planned for (the compare-and-set on the same view rules
+that out) is given back: the job is queued again, or fails after ``MIGSCHED_MAX_ATTEMPTS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from services.balancer.candidate import Candidate
+from services.balancer.preempting import wire_priority
+from services.common import metrics as m
+from services.common.place_command import place_cmd_id, place_command
+from shared.bus import Outgoing
+from shared.events import Command, JobInfo, Placed, Subjects, wire_gpu
+from shared.mig.geometry import Geometry
+from shared.policy.placement import Placement
+from shared.ports import EventBus, StateStore
+
+
+class Dispatcher:
+    def __init__(self, bus: EventBus, state: StateStore, geometry: Geometry, max_attempts: int,
+                 requeued: Callable[[], None], log: logging.Logger) -> None:
+        self.bus = bus
+        self.state = state
+        self.geometry = geometry
+        self.max_attempts = max_attempts
+        self.requeued = requeued
+        self.log = log
+        self.subjects: Subjects = bus.subjects
+
+    @staticmethod
+    def placed(c: Candidate, dec: Placement, gpu_before: Any, ver: int, now: float) -> Placed:
+        sub = c.submit
+        return Placed(
+            id=f"placed:{sub.job_id}:{c.attempt}",
+            job_id=sub.job_id,
+            placement=dec,
+            gpu=wire_gpu(gpu_before),
+            gpu_version=ver,
+            attempt=c.attempt,
+            decided_at=now,
+            job=JobInfo(
+                tenant=sub.tenant,
+                priority=wire_priority(c.priority),
+                latency_sensitive=sub.latency_sensitive,
+                migratable=sub.migratable,
+                duration_hint_s=sub.duration_hint_s,
+                workload=sub.workload,
+                submitted_at=sub.submitted_at,
+            ),
+        )
+
+    def command(self, placed: Placed, c: Candidate, now: float) -> Outgoing | None:
+        """The executor's ``place`` command for a committed placement; None for one that cannot be planned."""
+        cmd = place_command(placed, self.geometry, now)
+        if not isinstance(cmd, Command):
+            self.log.error("placement of %s cannot be planned: %s", placed.job_id, cmd.reason)
+            return None
+        m.count_reconfigurations(cmd.ops)
+        if c.delivery is not None:
+            c.delivery.span.set_attribute("migsched.ops", len(cmd.ops))
+        return Outgoing(self.subjects.cmd(cmd.node), cmd, c.ctx)
+
+    async def give_back(self, placed: list[Placed]) -> None:
+        """Fail the placements no command could be planned for, by their command ids (the reservation tracked
+        them): each job is queued again, or fails after ``max_attempts``."""
+        if not placed:
+            return
+        now = time.time()
+        for p in placed:
+            cid = place_cmd_id(p.job_id, p.attempt)
+            await self.state.fail_placement(p.job_id, "partition plan conflict", now, self.max_attempts, cid,
+                                            p.attempt)
+        self.requeued()
+
+    async def send(self, out: list[Outgoing]) -> None:
+        await self.bus.publish_batch(out)
+        sent = sum(1 for o in out if isinstance(o.msg, Command))
+        if sent:
+            m.child(m.COMMANDS, "place", "sent").inc(sent)

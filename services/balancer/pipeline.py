@@ -1,0 +1,140 @@
+"""One batch of jobs through the balancer: decide each on the mirror, commit the round in one Redis pipeline of
+compare-and-set Lua calls, settle each outcome, and decide the losers again (up to ``max_rounds``).
+
+The outcome of a committed reservation: placed (its command joins the messages to send), a duplicate (a
+replayed submit: nothing to do), or a lost race (those GPUs are read again, and the job is decided again next
+round). A job still losing after ``max_rounds`` waits in the queue for the next backfill.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from services.balancer.candidate import Candidate
+from services.balancer.decide import Decided, Decider, DecisionMetrics, RoundMemo, placed_on
+from services.balancer.dispatch import Dispatcher
+from services.balancer.preempting import record_preemptions
+from services.balancer.shards import Shards
+from services.balancer.tenancy import TenantLedger
+from services.balancer.waiting import Waiting
+from services.common import metrics as m
+from shared.bus import Outgoing
+from shared.events import Placed
+from shared.policy.placement import CannotPlace
+from shared.ports import StateStore
+
+
+@dataclass(slots=True)
+class RoundResult:
+    out: list[Outgoing] = field(default_factory=list)
+    unplannable: list[Placed] = field(default_factory=list)
+    retry: list[Candidate] = field(default_factory=list)
+    reload: set[str] = field(default_factory=set)
+
+
+class Pipeline:
+    def __init__(self, state: StateStore, shards: Shards, ledger: TenantLedger, decider: Decider,
+                 dispatcher: Dispatcher, waiting: Waiting, metrics: DecisionMetrics, max_rounds: int,
+                 service: str, log: logging.Logger) -> None:
+        self.state = state
+        self.shards = shards
+        self.ledger = ledger
+        self.decider = decider
+        self.dispatcher = dispatcher
+        self.waiting = waiting
+        self.metrics = metrics
+        self.max_rounds = max_rounds
+        self.service = service
+        self.log = log
+        self.placed = 0
+
+    async def run(self, cands: list[Candidate]) -> list[Outgoing]:
+        """Decide and commit ``cands``; the messages to publish (``Dispatcher.send``). Call under the lock."""
+        out: list[Outgoing] = []
+        unplannable: list[Placed] = []
+        todo = cands
+        for _round in range(self.max_rounds):
+            if not todo:
+                break
+            now = time.time()
+            batch = self.state.batch()
+            memo = RoundMemo()
+            decided = [d for c in todo if (d := self.decider.decide(c, batch, now, memo)) is not None]
+            results = await batch.run() if len(batch) else []
+            r = RoundResult()
+            for d in decided:
+                self._settle(d, results, now, r)
+            out += r.out
+            unplannable += r.unplannable
+            await self.shards.reload(self.state, r.reload)
+            todo = r.retry
+        if todo:
+            await self._requeue_losers(todo)
+        await self.dispatcher.give_back(unplannable)
+        return out
+
+    def _settle(self, d: Decided, results: list[Any], now: float, r: RoundResult) -> None:
+        c, dec = d.cand, d.dec
+        if isinstance(dec, CannotPlace):
+            self.metrics.outcome["pending"].inc()
+            self.waiting.queued(c.submit, c.spec, c.ctx)
+            if c.delivery is not None:
+                c.delivery.span.set_attribute("migsched.decision", dec.explain()[:1000])
+            return
+        res = results[d.idx]
+        booking = d.booking
+        assert booking is not None
+        self.waiting.left(c.submit.job_id)
+        if res.ok:
+            self._placed(d, int(res.detail or 0), now, r)
+            return
+        r.reload.update(placed_on(dec))  # also re-derives the quota charges of those GPUs' jobs
+        if booking.booked:
+            self.ledger.uncharge(c.submit.job_id)
+        if res.status == "known":
+            self.metrics.outcome["duplicate"].inc()  # a replayed submit: nothing to do
+            return
+        m.child(m.CONFLICTS, self.service).inc()
+        self.metrics.outcome["conflict"].inc()
+        self.log.debug("reservation of %s lost: %s %s", c.submit.job_id, res.status, res.detail)
+        r.retry.append(c)
+
+    def _placed(self, d: Decided, attempt: int, now: float, r: RoundResult) -> None:
+        c, dec, booking = d.cand, d.dec, d.booking
+        assert booking is not None and not isinstance(dec, CannotPlace)
+        self.metrics.outcome["placed"].inc()
+        self.placed += 1
+        c.attempt = attempt
+        victims = booking.victims
+        if victims:
+            record_preemptions(self.ledger, self.log, c, victims, now)
+            self.waiting.request(queue_grew=True)  # the victims wait to run again
+            # a victim's instances on GPUs outside this placement (a gang) were freed too
+            r.reload.update(g for v in victims for g in v.gpu_ids if g not in placed_on(dec))
+        placed = self.dispatcher.placed(c, dec, booking.gpu_before, booking.ver, now)
+        if victims:
+            placed = msgspec.structs.replace(placed, preempted=tuple(v.job_id for v in victims))
+        cmd = self.dispatcher.command(placed, c, now)
+        if cmd is not None:
+            r.out.append(cmd)
+        else:
+            r.unplannable.append(placed)
+        if c.delivery is not None:
+            sp = c.delivery.span
+            sp.set_attribute("migsched.decision", dec.explain()[:1000])
+            sp.set_attribute("migsched.gpu", dec.slot.gpu_id)
+            sp.set_attribute("migsched.frag_after", dec.frag_after)
+
+    async def _requeue_losers(self, todo: list[Candidate]) -> None:
+        """Still losing races after ``max_rounds``: wait in the queue, the next backfill tries again."""
+        b = self.state.batch()
+        for c in todo:
+            b.enqueue(c.submit.job_id, c.spec, c.priority, c.submit.submitted_at,
+                      f"lost {self.max_rounds} compare-and-set races", time.time(), c.traceparent)
+        await b.run()
+        self.waiting.request(queue_grew=True)

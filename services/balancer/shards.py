@@ -1,0 +1,68 @@
+"""The balancer's per-shard caches of Redis: one mirror of the GPUs and one set of holds per shard.
+
+A mirror is only a cache: whatever it missed is read again from Redis (a whole reload, or the GPUs named), and
+with tenancy the quota charges of the GPUs read are derived again.
+"""
+
+from __future__ import annotations
+
+from services.balancer.holds import Holds
+from services.balancer.mirror import Mirror
+from services.balancer.tenancy import TenantLedger
+from shared.mig.geometry import Geometry
+from shared.policy.reservation import ReservationParams
+from shared.ports import StateStore
+from shared.state import StoredGpu, shard_of
+
+
+class Shards:
+    def __init__(self, count: int, geometry: Geometry, hold: ReservationParams, ledger: TenantLedger) -> None:
+        self.count = count
+        self.geometry = geometry
+        self.ledger = ledger
+        self.mirrors = [Mirror(geometry) for _ in range(count)]
+        self.holds = [Holds(hold) for _ in range(count)]
+
+    def of_node(self, node: str) -> int:
+        return shard_of(node, self.count)
+
+    def of_job(self, job_id: str) -> int:
+        return shard_of(job_id, self.count)
+
+    def knows(self, gpu_id: str) -> bool:
+        return any(gpu_id in m.vers for m in self.mirrors)
+
+    async def load(self, state: StateStore) -> None:
+        """Every shard's mirror from Redis. Call under the balancer's lock."""
+        gpus = await state.load_gpus()
+        by_shard: list[list[StoredGpu]] = [[] for _ in range(self.count)]
+        for g in gpus:
+            by_shard[self.of_node(g.node)].append(g)
+        for shard, found in enumerate(by_shard):
+            mirror = self.mirrors[shard]
+            if mirror.holds_exactly([g.id for g in found]):
+                # the same GPUs: update the drifted ones in place (a fresh mirror would rebuild its placer's key
+                # columns on the next decision, a pause every refresh)
+                for g in found:
+                    mirror.refresh(g)
+                continue
+            fresh = Mirror(self.geometry)
+            for g in found:
+                fresh.put(g)
+            self.mirrors[shard] = fresh
+        if self.ledger.active:
+            self.ledger.rebuild(mm.snapshot() for mm in self.mirrors)
+
+    async def reload(self, state: StateStore, gpu_ids: set[str]) -> None:
+        """The named GPUs from Redis. Call under the balancer's lock."""
+        if not gpu_ids:
+            return
+        touched: dict[int, list[str]] = {}
+        for g in await state.get_gpus(sorted(gpu_ids)):
+            if g is not None:
+                shard = self.of_node(g.node)
+                self.mirrors[shard].put(g)
+                touched.setdefault(shard, []).append(g.id)
+        if self.ledger.active:
+            for shard, ids in touched.items():
+                self.ledger.reloaded(self.mirrors[shard].snapshot(), ids)
