@@ -1,5 +1,5 @@
 # One image for every migsched service (docker-compose.yml picks the entry point per container):
-#   python -m services.balancer | services.partitioner | services.migration_planner | services.executor
+#   python -m services.balancer | services.registry | services.migration_planner | services.executor
 # It installs what the control plane and the sim executor run. A GPU node's executor adds NVML's binding
 # (docker build --build-arg EXTRAS=fast,nvml .) and needs the NVIDIA container runtime (--gpus all) and root for
 # MIG reconfiguration. The simulator's plots (sim) and the load tools (load) are extras of their own.

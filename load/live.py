@@ -3,7 +3,7 @@
     .venv/bin/python -m load.live steady-1000-2x8 --duration 20 --report out/load.md --profile .run/prof
 
 Starts a private nats-server (JetStream on disk) and redis-server (AOF) on free ports, the stack
-(``migsched.stack``: balancer, partitioner, migration-planner and the scenario's simulated executors) in a
+(``migsched.stack``: balancer, registry, migration-planner and the scenario's simulated executors) in a
 fresh namespace with ``MIGSCHED_PROFILE`` set, runs ``python -m load scenario <name>`` against it (sampling
 every service's RSS), stops the stack with SIGTERM (the services then write their CPU profiles) and prints
 the top functions of each profile by own CPU time. It also prints each stack process's CPU seconds (from
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--final", args.final]
         notes = [
             f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
-            f"partitioner, migration-planner, {procs} sim executor(s) × {per} {sc.model} in "
+            f"registry, migration-planner, {procs} sim executor(s) × {per} {sc.model} in "
             f"{len(stack.executor_groups())} process(es); nats-server "
             f"GOMAXPROCS {args.nats_procs or 'default'}. "
             f"Driver: `python -m load.live {' '.join(argv or sys.argv[1:])}`.",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-SERVICES = ("balancer", "partitioner", "migration_planner", "executor")
+SERVICES = ("balancer", "registry", "migration_planner", "executor")
 
 
 def rss_kib(pid: int, proc: Path = Path("/proc")) -> int | None:

@@ -84,7 +84,7 @@ def verdict(stages: Mapping[str, int], missing: Iterable[str], rec: Mapping[str,
         if not rec.get("placing"):
             return "placing but not in :placing: the lost-placement sweep cannot find it"
         if not place:
-            return ("placing with no place command in :cmds: sched.placed not handled by the partitioner "
+            return ("placing with no place command in :cmds: sched.placed not handled by the node registry "
                     "(or its command record lost)")
         return (f"placing, command {place[0]} in flight: no cmd_done/cmd_failed applied "
                 f"(executor never ran it, or the registry's mark_running did not)")

@@ -24,7 +24,7 @@ from shared.errors import MigschedError
 from shared.localservers import LocalServer, free_port, resolve
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEDULERS = ("balancer", "partitioner", "migration_planner")
+SCHEDULERS = ("balancer", "registry", "migration_planner")
 
 
 class StackError(MigschedError):
@@ -114,7 +114,7 @@ class Stack:
         return env
 
     def plan(self) -> list[Proc]:
-        """The processes, in start order: schedulers first (the partitioner registers the nodes),
+        """The processes, in start order: schedulers first (the node registry registers the nodes),
         executors."""
         c = self.config
         base = self.base_env()

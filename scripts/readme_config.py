@@ -13,7 +13,7 @@ from services.executor.config import ExecutorSettings
 from shared.settings import (
     BalancerSettings,
     MigrationPlannerSettings,
-    PartitionerSettings,
+    RegistrySettings,
     Settings,
     describe,
 )
@@ -28,7 +28,7 @@ def tables() -> str:
     sections = [
         ("Every service", Settings, set()),
         ("balancer", BalancerSettings, common),
-        ("partitioner", PartitionerSettings, common),
+        ("registry", RegistrySettings, common),
         ("migration-planner", MigrationPlannerSettings, common),
         ("executor", ExecutorSettings, common),
     ]

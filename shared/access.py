@@ -84,7 +84,7 @@ ADMIN_REDIS = "~* &* +@all"
 ROLES: tuple[Role, ...] = (
     Role("publisher", "external job queues, `migsched submit/cancel`, the load generator",
          publish=("jobs.submit", "jobs.cancel")),
-    # No jobs.exit: the partitioner's node registry checks a node's report against the state and publishes the
+    # No jobs.exit: the node registry checks a node's report against the state and publishes the
     # exit itself (shared/events/), so an executor cannot end another node's jobs.
     Role("executor-{node}", "the executor of one GPU node",
          publish=("node.{node}.report", "node.{node}.heartbeat", "dlq.cmd.{node}"),
@@ -93,7 +93,7 @@ ROLES: tuple[Role, ...] = (
     Role("balancer", "decides placements (consumes jobs.*, sched.capacity) and sends their place commands",
          publish=("cmd.*", "dlq.>"),
          consume=(Consume("JOBS"), Consume("SCHED")), redis=SERVICE_REDIS),
-    Role("partitioner", "executor commands after moves, cancels and exits; node registry (reports, heartbeats, "
+    Role("registry", "executor commands after moves, cancels and exits; node registry (reports, heartbeats, "
          "exits)",
          publish=("cmd.*", "jobs.exit", "sched.capacity", "dlq.>"),
          consume=(Consume("SCHED", retired=("partitioner-placed",)), Consume("JOBS", retired=("partitioner-exit",)),

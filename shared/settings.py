@@ -140,7 +140,7 @@ class BalancerSettings(Settings):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PartitionerSettings(Settings):
+class RegistrySettings(Settings):
     metrics_port: int = 9102
     node_timeout_s: float = 15.0
     """A node whose heartbeats stop this long is marked lost and its jobs re-queued."""
@@ -152,7 +152,7 @@ class PartitionerSettings(Settings):
     """Keep an idle instance when its profile is at least this share of recent demand."""
     job_retention_s: float = 86400.0
     """How long a finished, failed, cancelled or rejected job (its record and history) is kept in Redis before
-    the partitioner deletes it; 0 keeps them forever. The default is the streams' default max age, so a
+    the node registry deletes it; 0 keeps them forever. The default is the streams' default max age, so a
     redelivered message never finds its job forgotten."""
     job_retention_max: int = 1_000_000
     """Most ended jobs kept per shard, whatever their age (0: no cap): beyond it the oldest go first, but never

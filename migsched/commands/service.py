@@ -1,4 +1,4 @@
-"""``migsched service balancer|partitioner|migration-planner|executor``: run one service in the foreground.
+"""``migsched service balancer|registry|migration-planner|executor``: run one service in the foreground.
 
 Configuration comes from ``MIGSCHED_*`` environment variables (README "Configuration"); the options here are
 shortcuts for the most common ones.
@@ -12,7 +12,7 @@ import click
 
 SERVICES = {
     "balancer": ("services.balancer.service", "Balancer", "BalancerSettings"),
-    "partitioner": ("services.partitioner.service", "Partitioner", "PartitionerSettings"),
+    "registry": ("services.registry.service", "NodeRegistry", "RegistrySettings"),
     "migration-planner": (
         "services.migration_planner.service",
         "MigrationPlanner",

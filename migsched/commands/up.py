@@ -1,6 +1,6 @@
 """``migsched up``: the whole stack as local processes; ``up --demo`` also replays a workload and shows it.
 
-migsched up                 # NATS/Redis found or started, balancer, partitioner, migration-planner and two
+migsched up                 # NATS/Redis found or started, balancer, registry, migration-planner and two
                             # simulated executors (8 x A100-40GB each); Ctrl-C stops everything cleanly
 migsched up --demo          # ... then replays a short workload at a high speed-up, draws the slices filling
                             # and emptying, prints the KPIs next to the simulator's for the same input, exits

@@ -172,7 +172,7 @@ class Mirror:
 def reservation_instance(
     slot: Slot, job_id: str, prio: int, tenant: str, ls: bool, mig: bool, ends: float = 0.0
 ) -> StoredInstance:
-    """The instance a slot reserves: a reused one keeps its id; a new one gets the partitioner's id for it.
+    """The instance a slot reserves: a reused one keeps its id; a new one gets the node registry's id for it.
     ``ends``: when the job is expected to end (0 = no hint)."""
     iid = (
         slot.instance_id

@@ -78,7 +78,7 @@ def fair_order(ledger: TenantLedger, snap: ClusterSnapshot, cands: Sequence[Cand
 
 
 def placed_view(gpu: GpuView, victims: Sequence[Victim]) -> GpuView:
-    """The GPU as the partitioner must plan on it: the victims' instances idle (stopped before the ops)."""
+    """The GPU as the node registry must plan on it: the victims' instances idle (stopped before the ops)."""
     if not victims:
         return gpu
     gone = {i for v in victims for i in v.instance_ids}

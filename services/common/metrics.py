@@ -1,7 +1,7 @@
 """Prometheus metrics of the scheduling services (one process may host several services: labels say which).
 Each consumer's batch time, size and outcomes are the bus's own (``shared.bus.consumer``), not a handler's.
 
-Exposed on ``MIGSCHED_METRICS_PORT`` (balancer 9101, partitioner 9102, migration-planner 9103 by default).
+Exposed on ``MIGSCHED_METRICS_PORT`` (balancer 9101, registry 9102, migration-planner 9103 by default).
 """
 
 from __future__ import annotations

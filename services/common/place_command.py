@@ -1,7 +1,7 @@
 """A committed placement (``Placed``) -> the executor's ``place`` command, and its id.
 
 Pure: the balancer sends the command right after its compare-and-set; the GPU view in ``Placed`` is the one the
-compare-and-set proved current, so planning reads nothing. The partitioner reads a command's id back
+compare-and-set proved current, so planning reads nothing. The node registry reads a command's id back
 (``place_cmd_id``) to tell which attempt a report answers.
 """
 

@@ -34,7 +34,7 @@ def tune_gc() -> None:
     """Freeze what start-up made (modules, geometry tables, settings) out of the collector's sight and collect
     the youngest generation less often. A service allocates a few short-lived objects per message; with the
     default thresholds its full collections walked every start-up object as well, 40 ms pauses in the
-    balancer and partitioner, each one a spike in submit -> command latency."""
+    balancer and registry, each one a spike in submit -> command latency."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])

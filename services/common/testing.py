@@ -25,7 +25,7 @@ from shared.events import (
     Registered,
     new_id,
 )
-from shared.settings import BalancerSettings, MigrationPlannerSettings, PartitionerSettings, Settings, load
+from shared.settings import BalancerSettings, MigrationPlannerSettings, RegistrySettings, Settings, load
 
 
 class ScriptedExecutor:
@@ -220,7 +220,7 @@ def _load(cls: Any, values: dict[str, Any]) -> Any:
 
 
 class Stack:
-    """Balancer + partitioner (+ migration planner) in this event loop, on one namespace."""
+    """Balancer + registry (+ migration planner) in this event loop, on one namespace."""
 
     def __init__(
         self, namespace: str, nats_url: str, redis_url: str, planner: bool = False, **common: Any
@@ -235,24 +235,24 @@ class Stack:
         }
         self.settings = _load(Settings, base)
         self._b = _load(BalancerSettings, base)
-        self._p = _load(PartitionerSettings, base)
+        self._p = _load(RegistrySettings, base)
         # the planner migrates (the seeds' planner) unless the test names a policy: its tests drive moves
         self._m = _load(MigrationPlannerSettings,
                         {"defrag_interval_s": 0.0, "cooldown_s": 0.0, "policy": "paper", **base})
         self.with_planner = planner
         self.services: list[Any] = []
         self.balancer: Any = None
-        self.partitioner: Any = None
+        self.registry: Any = None
         self.planner: Any = None
 
     async def start(self) -> None:
         from services.balancer.service import Balancer
         from services.migration_planner.service import MigrationPlanner
-        from services.partitioner.service import Partitioner
+        from services.registry.service import NodeRegistry
 
         self.balancer = await Balancer.create(self._b)
-        self.partitioner = await Partitioner.create(self._p)
-        self.services = [self.balancer, self.partitioner]
+        self.registry = await NodeRegistry.create(self._p)
+        self.services = [self.balancer, self.registry]
         if self.with_planner:
             self.planner = await MigrationPlanner.create(self._m)
             self.services.append(self.planner)

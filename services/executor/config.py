@@ -40,7 +40,7 @@ class ExecutorSettings(Settings):
     executor_speedup: float = 1.0
     """Simulated time runs this many times faster than wall time (job durations and reconfigurations)."""
     heartbeat_s: float = 2.0
-    """Heartbeat period; the partitioner marks a node lost after MIGSCHED_NODE_TIMEOUT_S without one."""
+    """Heartbeat period; the node registry marks a node lost after MIGSCHED_NODE_TIMEOUT_S without one."""
     executor_state_dir: str = "/var/lib/migsched/executor"
     """nvml backend: where owned instances and jobs are recorded (so a restarted executor adopts them)."""
     executor_confirm_s: float = 1.0

@@ -2,7 +2,7 @@
 
 On start it discovers its GPUs, reconciles (adopts the instances and workloads it finds, reports drift) and
 registers; then it heartbeats, applies commands and reports their results and every job exit on its own
-``node.<node>.*`` subjects (it never touches Redis: the partitioner's node registry turns reports into state).
+``node.<node>.*`` subjects (it never touches Redis: the node registry turns reports into state).
 
 Commands of one GPU are applied one after the other in stream order (MIG operations on one GPU serialise in
 the driver anyway); different GPUs proceed in parallel. Each command is idempotent: ops already done are

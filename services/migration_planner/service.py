@@ -1,7 +1,7 @@
 """The migration planner: after each job exit (``jobs.exit``) and every ``defrag_interval_s``, load the shard,
 ask the pure planner (``shared.policy.migration``) for moves, reserve each move's target in Redis (one Lua per
 move with a compare-and-set on the target GPU's version and the job's cooldown via ``last_moved_at``), publish
-``sched.migrate`` for the partitioner (make before break). Publishes the fragmentation rate gauge.
+``sched.migrate`` for the node registry (make before break). Publishes the fragmentation rate gauge.
 """
 
 from __future__ import annotations

@@ -11,14 +11,14 @@ Who publishes what (``docs/architecture.md`` has the whole flow):
 subject                                 message              publisher -> consumers
 =====================================  ===================  ===========================================
 ``jobs.submit``                         ``JobSubmit``        external queues, client -> balancer
-``jobs.cancel``                         ``JobCancel``        external, client -> balancer, partitioner
-``jobs.exit``                           ``JobExit``          partitioner (from node reports) -> all three
-``sched.placed``                        ``Placed``           balancer -> partitioner
-``sched.migrate``                       ``MigrateOrder``     migration-planner -> partitioner
-``sched.capacity``                      ``CapacityChanged``  partitioner -> balancer (backfill)
-``cmd.<node>``                          ``Command``          partitioner -> executor of <node>
-``node.<node>.report``                  ``NodeReport``       executor -> partitioner (node registry)
-``node.<node>.heartbeat``               ``Heartbeat``        executor -> partitioner (node registry)
+``jobs.cancel``                         ``JobCancel``        external, client -> balancer, registry
+``jobs.exit``                           ``JobExit``          registry (from node reports) -> all three
+``sched.placed``                        ``Placed``           balancer -> registry
+``sched.migrate``                       ``MigrateOrder``     migration-planner -> registry
+``sched.capacity``                      ``CapacityChanged``  registry -> balancer (backfill)
+``cmd.<node>``                          ``Command``          registry -> executor of <node>
+``node.<node>.report``                  ``NodeReport``       executor -> registry (node registry)
+``node.<node>.heartbeat``               ``Heartbeat``        executor -> registry (node registry)
 ``dlq.<original subject>``              the original bytes   bus consumer loop (header Migsched-Error)
 =====================================  ===================  ===========================================
 

@@ -1,4 +1,4 @@
-"""``cmd.<node>`` messages: the partitioner's idempotent orders to one executor (``Command``, ``PlainSlot``)."""
+"""``cmd.<node>`` messages: the node registry's idempotent orders to one executor (``Command``, ``PlainSlot``)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def wire_gpu(gpu: GpuView) -> GpuView:
 
 
 class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """The job fields the partitioner and the executor need, carried along so that they never read the job."""
+    """The job fields the node registry and the executor need, carried along so that they never read the job."""
 
     tenant: Tenant = "default"
     priority: Priority = 0
@@ -55,7 +55,7 @@ class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 class Placed(Message, frozen=True, kw_only=True):
     """``sched.placed``: a committed reservation. ``gpu`` is the GPU as the decision saw it (before the
-    reservation); the compare-and-set on ``gpu_version`` proved it current, so the partitioner plans from it
+    reservation); the compare-and-set on ``gpu_version`` proved it current, so the node registry plans from it
     without reading Redis."""
 
     job_id: JobId

@@ -77,7 +77,7 @@ def pack_key(
 
 def _count_ok(gpu: GpuView, prof: Profile, start: int) -> bool:
     """Room for one more ``prof`` at ``start`` once the idle instances in the way are destroyed (the
-    partitioner's rule)."""
+    registry's rule)."""
     pm = ((1 << prof.memory_slices) - 1) << start
     n = sum(1 for i in gpu.instances if i.profile == prof.name and (i.busy or not i.mask & pm))
     return n < prof.max_count

@@ -1,4 +1,4 @@
-"""Keep an idle MIG instance for reuse, or destroy it? (the partitioner's rule: "keep if the profile is in
+"""Keep an idle MIG instance for reuse, or destroy it? (the node registry's rule: "keep if the profile is in
 recent
 demand".)
 
@@ -74,7 +74,7 @@ class RecentDemand:
 
     Placements handed in with the same instant are kept as one entry (a counter per profile), so a caller that
     stamps a whole batch with one instant, or rounds its clock, keeps a few entries per instant instead of one
-    per placement (the partitioner at 1,000 placements/s held 300,000 over a 300 s window, ~25 MB)."""
+    per placement (the node registry at 1,000 placements/s held 300,000 over a 300 s window, ~25 MB)."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s

@@ -3,7 +3,7 @@
 ``SimCluster`` is the only writer of the state. It keeps the current ``GpuView`` of every GPU and a
 ``SnapshotBuilder`` that it brings up to date when a snapshot is asked for, so a policy decision reads
 ``snapshot()`` exactly as the services would; it applies decisions through ``plan_partition`` so the
-reconfiguration count is the one the partitioner would execute; and it drives the ``PlacementIndex`` that
+reconfiguration count is the one the node registry would execute; and it drives the ``PlacementIndex`` that
 answers the balancer family's MIG requests (``attach_index``). For the migration planner it keeps, from the
 views and only for the GPUs that changed, the pull-source index (``current_pulls``), the defragmentation
 screen (``defrag_screen``) and a snapshot that needs no builder flush (``planner_snapshot``), so that most

@@ -54,7 +54,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     backfill_depth: int = 256
     """How many queued jobs one scheduling pass looks at (bounded so a long queue stays cheap)."""
     retention: RetentionParams = msgspec.field(default_factory=RetentionParams)
-    """The partitioner's keep-or-destroy rule for idle instances (``shared.policy.retention``)."""
+    """The node registry's keep-or-destroy rule for idle instances (``shared.policy.retention``)."""
     static_layout: str = "mix"
     """Layout of the static baselines: ``mix`` (sized to the workload, see layouts.py) or a baselines name
     such as

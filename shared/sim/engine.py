@@ -103,7 +103,7 @@ class Simulator:
         self.pressure: dict[str, dict[int, float]] = {}
         self.gpu_free_at: dict[str, float] = {}
         self.demand = RecentDemand(self.cfg.retention.window_s)
-        """Placements per profile in the retention window, as the partitioner counts them."""
+        """Placements per profile in the retention window, as the node registry counts them."""
         self.interf = Interference(self.cfg.interference)
         self.events = 0
         self.moves_started = 0

@@ -1,4 +1,4 @@
-"""Freeing an instance: the partitioner's keep-or-destroy rule for the idle instance a job leaves, and a static
+"""Freeing an instance: the node registry's keep-or-destroy rule for the idle instance a job leaves, and a static
 layout's restoration once its GPU is empty again."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def free(sim: Simulator, iid: str, job: int = -1) -> None:
-    """Release an instance; keep it idle for reuse or destroy it (the partitioner's adaptive rule)."""
+    """Release an instance; keep it idle for reuse or destroy it (the node registry's adaptive rule)."""
     cluster = sim.cluster
     gid = cluster.where[iid]
     if job >= 0:

@@ -9,7 +9,7 @@
 Job lifecycle: pending -> placing -> running -> (migrating -> running ->) finished | failed | cancelled |
 rejected; lost/preempted jobs go back to pending. Every transition appends {at, from, to, reason} to the job's
 history. A job in a terminal state is listed with when it ended (``{ns:s}:done``) and deleted, history included,
-by ``expire`` once that is older than the retention (the partitioner's sweep, ``MIGSCHED_JOB_RETENTION_S``).
+by ``expire`` once that is older than the retention (the node registry's sweep, ``MIGSCHED_JOB_RETENTION_S``).
 """
 
 from shared.state.check import audit, check_state

@@ -1,7 +1,7 @@
 """Redis connections that pack commands with hiredis.
 
 redis-py 8's asyncio client packs every command in Python (``Connection.pack_command`` and its encoder) even
-with hiredis installed, which was 15 % of the partitioner's and 10 % of the balancer's CPU at 1,000 jobs/s;
+with hiredis installed, which was 15 % of the node registry's and 10 % of the balancer's CPU at 1,000 jobs/s;
 ``hiredis.pack_command`` writes the same bytes about 9 times faster (an 11-argument ``EVALSHA``: 0.8 µs
 against 7.3 µs). Pipelines pack through ``pack_command`` too (``pack_commands``), so they get it as well.
 

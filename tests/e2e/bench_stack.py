@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/e2e/bench_stack.py --rates 250,500,1000 --seconds 5
 
-One stack (balancer, partitioner, migration-planner, two sim executors of 64 x A100-40GB each, so that
+One stack (balancer, registry, migration-planner, two sim executors of 64 x A100-40GB each, so that
 capacity never limits the rate) in a fresh namespace; for each rate, ``rate x seconds`` jobs of ``1g.5gb``
 that run ``--duration`` seconds are published on a timer (batches every 10 ms, as an external queue would).
 Every executor appends ``job submitted_at received_at`` per place command

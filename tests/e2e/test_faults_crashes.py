@@ -2,7 +2,7 @@
 (NATS with JetStream file storage, Redis with AOF) in a namespace of its own.
 
 Each test kills something in the middle of the load and brings it back: one service with ``kill -9``
-(balancer, partitioner, migration-planner, an executor), an executor for good (its heartbeats stop: the
+(balancer, registry, migration-planner, an executor), an executor for good (its heartbeats stop: the
 node is lost and its jobs re-queued elsewhere), the NATS server, the Redis server. After each the cluster must
 converge and every job be accounted for exactly once: one terminal state, exactly one completed exit per
 finished job, no slice double-booked (``audit()`` clean) and nothing left holding slices.
@@ -75,7 +75,7 @@ async def _run(stack: Stack, tag: str, fault, after: float = 0.3, all_finished: 
     return out
 
 
-@pytest.mark.parametrize("service", ["balancer", "partitioner", "migration-planner", "executor-gpu-node-0"])
+@pytest.mark.parametrize("service", ["balancer", "registry", "migration-planner", "executor-gpu-node-0"])
 async def test_a_service_killed_with_sigkill_mid_load_and_restarted_loses_no_job(
     stack: Stack, service: str
 ) -> None:
@@ -126,7 +126,7 @@ async def test_a_nats_restart_under_load_loses_no_job(stack: Stack, servers: Ser
         await asyncio.to_thread(nats.restart)
 
     # Every heartbeat stops while NATS restarts; the registry does not count that silence against the nodes
-    # (services/partitioner/liveness.py), so no node is lost, no running job is re-queued, and all finish.
+    # (services/registry/liveness.py), so no node is lost, no running job is re-queued, and all finish.
     await _run(stack, "nats", fault)
     state = RedisState.from_settings(settings_of(stack))
     try:

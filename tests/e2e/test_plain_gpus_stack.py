@@ -1,4 +1,4 @@
-"""Whole-GPU gangs and time-sliced shares through the stack as processes (balancer, partitioner, migration
+"""Whole-GPU gangs and time-sliced shares through the stack as processes (balancer, registry, migration
 planner, a sim executor whose node mixes MIG GPUs, whole-only GPUs and a time-sliced GPU): every job lands on
 its own kind of GPU, the gang on two GPUs of the node, shares up to the replicas, and everything finishes with
 the state clean."""

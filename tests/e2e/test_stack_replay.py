@@ -1,4 +1,4 @@
-"""End to end: the stack as separate processes (balancer, partitioner, migration-planner, two simulated
+"""End to end: the stack as separate processes (balancer, registry, migration-planner, two simulated
 executors of 8 x A100-40GB) replays a synthetic workload at a speed-up, and the outcome is compared with the
 simulator's for the same input, cluster and policy (``migsched``, threshold 0.4).
 
@@ -9,7 +9,7 @@ the end, when no instance may be left busy.
 
 What must agree within a tolerance (the live stack is not the simulator):
 
-- The live stack runs on wall time. Every hop (submit -> balancer -> partitioner -> executor -> report) takes
+- The live stack runs on wall time. Every hop (submit -> balancer -> registry -> executor -> report) takes
 a
   few to some tens of milliseconds of wall time, which the speed-up turns into seconds of trace time: the live
   wait is the pipeline latency times the speed-up, where the simulator's is ~0 on an empty cluster. So JCTs

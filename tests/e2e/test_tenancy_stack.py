@@ -1,4 +1,4 @@
-"""Tenancy through the live stack (balancer + partitioner on real NATS and Redis, a scripted executor):
+"""Tenancy through the live stack (balancer + registry on real NATS and Redis, a scripted executor):
 preemption by priority, quota holds, cohort borrowing and reclaim."""
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ async def test_a_publisher_cannot_read_other_publishers_jobs_or_replies(login, a
 async def test_an_executor_reads_its_own_commands_and_writes_its_own_reports(login, admin: Session) -> None:
     ex = await login("executor-node-a")
     sub = await ex.js.pull_subscribe("cmd.node-a", durable=access.durable_for("node-a"), stream="CMD")
-    pub_admin_side = await login("partitioner")
+    pub_admin_side = await login("registry")
     await pub_admin_side.js.publish("cmd.node-a", json.dumps({"job_id": "j-7"}).encode())
     [msg] = await sub.fetch(1, timeout=5)
     assert json.loads(msg.data)["job_id"] == "j-7"
@@ -151,7 +151,7 @@ async def test_an_executor_cannot_write_another_nodes_reports(login, admin: Sess
 
 
 async def test_an_executor_cannot_read_another_nodes_commands(login, admin: Session) -> None:
-    part = await login("partitioner")
+    part = await login("registry")
     await part.js.publish("cmd.node-b", b'{"job_id":"j-secret"}')
     ex = await login("executor-node-a")
     # core subscription to the subject, and to node-b's private inbox (where its fetched messages arrive)
@@ -176,9 +176,9 @@ async def test_an_executor_cannot_read_another_nodes_commands(login, admin: Sess
 SERVICE_RULES = [
     ("balancer", "sched.placed", False), ("balancer", "cmd.node-a", True), ("balancer", "jobs.submit", False),
     ("balancer", "sched.capacity", False), ("balancer", "jobs.exit", False),
-    ("partitioner", "cmd.node-a", True), ("partitioner", "jobs.exit", True),
-    ("partitioner", "sched.capacity", True),
-    ("partitioner", "sched.placed", False), ("partitioner", "jobs.submit", False),
+    ("registry", "cmd.node-a", True), ("registry", "jobs.exit", True),
+    ("registry", "sched.capacity", True),
+    ("registry", "sched.placed", False), ("registry", "jobs.submit", False),
     ("migration-planner", "sched.migrate", True), ("migration-planner", "cmd.node-a", False),
     ("audit", "jobs.submit", False), ("audit", "dlq.x", False), ("admin", "cmd.node-a", False),
     ("executor-node-b", "node.node-b.report", True), ("executor-node-b", "node.node-a.report", False),
@@ -198,7 +198,7 @@ async def test_each_role_publishes_only_what_the_table_allows(login, admin: Sess
         assert f'permissions violation for publish to "{subject.lower()}"' in await s.violation()
 
 
-@pytest.mark.parametrize(("user", "retired", "other"), [("partitioner", "partitioner-exit", "balancer-submit"),
+@pytest.mark.parametrize(("user", "retired", "other"), [("registry", "partitioner-exit", "balancer-submit"),
                                                        ("migration-planner", "planner-exit", "balancer-submit")])
 async def test_a_service_may_delete_the_consumer_its_older_version_left_and_no_other(
         login, admin: Session, user: str, retired: str, other: str) -> None:
@@ -218,7 +218,7 @@ async def test_the_audit_user_sees_the_pipeline_without_touching_it(login, admin
     audit = await login("audit")
     seen = await audit.nc.subscribe("cmd.>")
     await audit.no_violation()
-    part = await login("partitioner")
+    part = await login("registry")
     await part.nc.publish("cmd.node-a", b"c")
     await part.nc.flush()
     msg = await seen.next_msg(timeout=5)
@@ -245,7 +245,7 @@ def test_the_shipped_config_refuses_to_start_without_its_password_variables(tmp_
 
 async def test_the_load_tools_need_no_more_than_the_publisher_and_audit_rights(login, admin: Session) -> None:
     pub, audit = await login("publisher"), await login("audit")
-    balancer, partitioner, executor = await login("balancer"), await login("partitioner"), await login(
+    balancer, registry, executor = await login("balancer"), await login("registry"), await login(
         "executor-node-a")
     rec = Recorder("acc", final="exit", skip=frozenset({"placed"}))  # the balancer sends the commands itself
     await rec.attach(audit.nc)  # core subscriptions on every stage's subject, as the audit user
@@ -257,9 +257,9 @@ async def test_the_load_tools_need_no_more_than_the_publisher_and_audit_rights(l
                                      b'{"v":1,"id":"c%d","kind":"place","job_id":"acc-%d"}' % (i, i))
         await executor.nc.publish("node.node-a.report",
                                   b'{"v":1,"id":"r%d","kind":"job_started","job_id":"acc-%d"}' % (i, i))
-        await partitioner.nc.publish("jobs.exit",
+        await registry.nc.publish("jobs.exit",
                                      b'{"v":1,"id":"x%d","kind":"completed","job_id":"acc-%d"}' % (i, i))
     assert await rec.wait_complete(10)
     assert rec.lost() == {"command": 0, "running": 0, "exit": 0}
-    for s in (pub, audit, balancer, partitioner, executor):
+    for s in (pub, audit, balancer, registry, executor):
         await s.no_violation()

@@ -42,7 +42,7 @@ def test_a_service_works_on_its_own_namespace_with_lua(secured) -> None:
 
 
 def test_a_service_user_cannot_run_flushall_config_or_keys(secured) -> None:
-    r = client(*secured, "partitioner")
+    r = client(*secured, "registry")
     for command in (("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "SET", "appendonly", "no"),
                     ("CONFIG", "GET", "*"),
                     ("KEYS", "*"), ("SCRIPT", "FLUSH"), ("SHUTDOWN",), ("MONITOR",),

@@ -74,7 +74,7 @@ async def test_a_submitted_job_is_placed_and_the_balancer_sends_its_command_itse
     assert await until(lambda: _is(ns, "j1", "running"))
     job = await ns.state.job("j1")
     assert job is not None and (job.gpu, job.inst) == ("n1/0", cmd.instance_id)
-    # nothing went through sched.placed: the partitioner had no hop to make
+    # nothing went through sched.placed: the node registry had no hop to make
     subj = ns.bus.subjects.sched_placed
     info = await ns.bus.js.stream_info(ns.bus.subjects.stream_sched, subjects_filter=subj)
     assert (info.state.subjects or {}).get(subj, 0) == 0

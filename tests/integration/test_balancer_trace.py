@@ -49,7 +49,7 @@ async def test_the_submit_the_decision_and_the_command_share_one_trace(
     names = {s.name for s in spans}
     s = ns.bus.subjects
     assert f"{s.jobs_submit} process" in names  # balancer
-    assert f"{s.sched_placed} process" not in names  # no partitioner hop: the balancer sent the command
+    assert f"{s.sched_placed} process" not in names  # no registry hop: the balancer sent the command
     assert f"{s.cmd('n1')} process" in names  # executor
     decision = next(sp for sp in spans if sp.name == f"{s.jobs_submit} process")
     assert "traced -> n1/0 1g.5gb" in str(decision.attributes.get("migsched.decision"))

@@ -196,7 +196,7 @@ async def test_a_place_command_creates_the_instance_starts_the_job_and_reports_i
     # the place's cmd_done is the start report: no job_started any more, and the exit never overtakes it
     order = [type(m) for m in rig.watch.seen if getattr(m, "job_id", None) == "j1"]
     assert JobStarted not in order and order.index(CmdDone) < order.index(JobExited)
-    # the instance stays (idle, for reuse) until the partitioner says otherwise
+    # the instance stays (idle, for reuse) until the node registry says otherwise
     assert [(i.profile, i.start) for i in await rig.executor.backend.list_instances(0)] == [("3g.20gb", 4)]
 
 

@@ -1,4 +1,4 @@
-"""Handler-level fuzzing against a real in-process stack (balancer + partitioner + a scripted executor on the
+"""Handler-level fuzzing against a real in-process stack (balancer + registry + a scripted executor on the
 real NATS and Redis of a private namespace).
 
 A few hundred malformed and adversarial messages are published on the external subjects (submits, cancels,

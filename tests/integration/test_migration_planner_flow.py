@@ -1,6 +1,6 @@
 """The migration planner against real NATS + Redis: an exit leaves a lazy GPU, the planner pulls a job from
 the
-busy one, and the partitioner carries the move out make-before-break."""
+busy one, and the node registry carries the move out make-before-break."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ async def test_a_job_whose_hint_says_it_ends_soon_is_not_moved_and_one_with_long
         if moves:
             assert stack.planner.ordered >= 1 and skipped() == before
 
-            async def started() -> bool:  # the order goes through the partitioner before reaching the node
+            async def started() -> bool:  # the order goes through the node registry before reaching the node
                 return bool(ex.commands("migrate_start"))
 
             assert await until(started)

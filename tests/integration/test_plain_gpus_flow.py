@@ -1,4 +1,4 @@
-"""Whole-GPU gangs and time-sliced shares through the live services (balancer, partitioner, node registry) on
+"""Whole-GPU gangs and time-sliced shares through the live services (balancer, registry, node registry) on
 real NATS + Redis, with scripted executors whose GPUs are not in MIG mode: a 2-GPU gang placed on one node and
 finished, shares up to ``replicas`` on one GPU with the next one waiting, and a mixed cluster where MIG requests
 never land on non-MIG GPUs and plain requests never on MIG GPUs."""

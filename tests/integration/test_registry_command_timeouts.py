@@ -45,7 +45,7 @@ async def test_a_command_queued_across_a_bus_outage_is_not_timed_out(
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=1, auto_ack=False)  # the command never gets a result
         await ex.start()
-        part = stack.partitioner
+        part = stack.registry
         cmds_key = ns.state.keys(0).cmds
 
         async def placing_cmds() -> dict[str, dict[str, object]]:
@@ -76,25 +76,25 @@ async def test_a_command_queued_across_a_bus_outage_is_not_timed_out(
             private_nats.proc.wait(10)
             assert await until(lambda: not part.bus.health.connected)
             cid = await sent_long_ago()
-            await part.sweep_commands()
+            await part.nodes.sweep_commands()
             assert cid in await placing_cmds(), "a command was timed out while the registry's bus was down"
             assert await job_state() == "placing"
 
             # NATS is back: the command's wait counts from the reconnect, not from when it was sent
             private_nats.restart()
             assert await until(lambda: part.bus.health.connected)
-            await part.sweep_commands()
+            await part.nodes.sweep_commands()
             assert cid in await placing_cmds(), "a command was timed out right after the bus came back"
             assert await job_state() == "placing"
             rec = await ns.state.job("j1")
             assert rec is not None and rec.attempts == 0
 
             # the rule can fire: once the bus has been back for the time-out, the command is late
-            watch = part.liveness_watch()
+            watch = part.nodes.watch
             part.bus.health.since -= 2 * TIMEOUT
             watch.back_at -= 2 * TIMEOUT
             watch.heard_at = time.monotonic()
-            await part.sweep_commands()
+            await part.nodes.sweep_commands()
             assert cid not in await placing_cmds()
             rec = await ns.state.job("j1")
             assert rec is not None and rec.attempts == 1

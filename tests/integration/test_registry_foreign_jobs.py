@@ -13,7 +13,7 @@ from services.common.testing import Namespace, ScriptedExecutor, Stack, make_set
 from shared.events import GpuReport, InstanceReport, Registered, new_id
 from shared.mig.geometry import default_geometry
 from shared.state import audit
-from tests.integration.test_partitioner_flow import is_, submit, until
+from tests.integration.test_registry_flow import is_, submit, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(40)]
 GEO = default_geometry()

@@ -17,7 +17,7 @@ from services.common.testing import Namespace, ScriptedExecutor, Stack, make_set
 from shared.events import CmdDone, InstanceReport, JobExit
 from shared.mig.geometry import default_geometry
 from shared.state import audit
-from tests.integration.test_partitioner_flow import is_, submit, until
+from tests.integration.test_registry_flow import is_, submit, until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 GEO = default_geometry()
@@ -51,7 +51,7 @@ async def test_a_place_applied_after_its_time_out_is_stopped_and_the_job_ends_on
             # off meanwhile, so that j1 is placed again only where the late run does not hold the GPU.
             await stack.balancer.stop()
             stack.services.remove(stack.balancer)
-            await stack.partitioner.placement_failed("j1", f"no result for {late.cmd_id}", late.cmd_id)
+            await stack.registry.nodes.placement_failed("j1", f"no result for {late.cmd_id}", late.cmd_id)
             assert await until(is_(ns, "j1", "pending"))
 
             # the executor, back, applies the command late: j1 starts on n1 and its cmd_done comes in

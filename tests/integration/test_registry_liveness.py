@@ -55,7 +55,7 @@ async def test_a_node_silent_only_while_the_bus_was_down_is_not_lost(
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
         await ex.start()
-        part = stack.partitioner
+        part = stack.registry
         try:
             assert await until(lambda: len(stack.balancer.mirrors[0]) >= 1)
             await ns.bus.publish(
@@ -78,13 +78,13 @@ async def test_a_node_silent_only_while_the_bus_was_down_is_not_lost(
             private_nats.proc.wait(10)
             assert await until(lambda: not part.bus.health.connected)
             await ns.state.heartbeat([("n1", time.time() - 10 * TIMEOUT)])
-            await part.check_liveness()
+            await part.nodes.check_liveness()
             assert await node() == "up", "a node was declared lost while the registry's bus was down"
 
             # NATS is back: every node gets a fresh node_timeout_s to be heard again
             private_nats.restart()
             assert await until(lambda: part.bus.health.connected)
-            await part.check_liveness()
+            await part.nodes.check_liveness()
             assert await node() == "up", "a node was declared lost right after the bus came back"
             assert await state_of("j1") == "running"
 
@@ -96,11 +96,11 @@ async def test_a_node_silent_only_while_the_bus_was_down_is_not_lost(
 
             # the rule can fire: once the grace is over, a node that stays silent is lost
             await ns.state.heartbeat([("n1", time.time() - 10 * TIMEOUT)])
-            watch = part.liveness_watch()
+            watch = part.nodes.watch
             part.bus.health.since -= 10 * TIMEOUT
             watch.back_at -= 10 * TIMEOUT
             watch.heard_at -= 10 * TIMEOUT
-            await part.check_liveness()
+            await part.nodes.check_liveness()
             assert await node() == "lost"
             assert await state_of("j1") == "pending"
         finally:

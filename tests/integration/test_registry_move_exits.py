@@ -1,10 +1,10 @@
-"""Moves that end without taking, through the partitioner and registry on real NATS and Redis
+"""Moves that end without taking, through the node registry and registry on real NATS and Redis
 (docs/operations.md, Faults items 12 and 13): the state and the GPU must agree on every instance afterwards.
 
 - A job whose source copy exits during its move to another node: that node created the target and may run the
   job's copy there. The registry sends it a ``stop`` of that run only and holds the target until it confirms.
 - A ``migrate_start`` the target's node failed: the idle instance the move had removed from the target's way
-  may or may not be destroyed; the partitioner sends it a ``destroy_idle`` and holds it until the answer.
+  may or may not be destroyed; the node registry sends it a ``destroy_idle`` and holds it until the answer.
 - A move order consumed after its job ended: no target is made; the node only destroys the idle instance the
   reserve removed from the target's way."""
 
@@ -32,7 +32,7 @@ from shared.events import (
 from shared.mig.geometry import default_geometry
 from shared.state import StoredInstance, audit
 from tests.integration.test_migration_planner_flow import run_job
-from tests.integration.test_partitioner_flow import until
+from tests.integration.test_registry_flow import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 GEO = default_geometry()
@@ -172,7 +172,7 @@ async def test_a_job_ending_before_its_move_started_holds_and_destroys_the_idle_
             (idle,) = [i.id for i in seen.instances]
             dst = StoredInstance(id="n1/1:1g.5gb@6:j3.m1", profile="1g.5gb", start=6, size=1, compute=1)
             await _move(ns, "j3", src, "n1/1", dst, (idle,))
-            # the job ends on its source before the partitioner reads the order: the instance in the target's
+            # the job ends on its source before the node registry reads the order: the instance in the target's
             # way, which the move's ops never destroyed, is held and sent a destroy (placements there were
             # refused for overlap while the state showed it free)
             await ns.bus.publish(

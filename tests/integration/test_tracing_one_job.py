@@ -1,4 +1,4 @@
-"""One job is one trace: submit (client) -> balancer -> partitioner -> executor -> the executor's exit report
+"""One job is one trace: submit (client) -> balancer -> registry -> executor -> the executor's exit report
 -> ``jobs.exit`` consumers, with W3C ``traceparent`` carried in NATS headers between every hop.
 
 The services run in this process (against the real NATS and Redis) with an in-memory span exporter; each hop's

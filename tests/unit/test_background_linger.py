@@ -14,9 +14,9 @@ from services.executor.config import ExecutorSettings
 from services.executor.service import Executor
 from services.executor.sim_backend import SimBackend
 from services.migration_planner.service import MigrationPlanner
-from services.partitioner.service import Partitioner
+from services.registry.service import NodeRegistry
 from shared.bus import Consumer, MemoryBus
-from shared.settings import BalancerSettings, MigrationPlannerSettings, PartitionerSettings, Settings, load
+from shared.settings import BalancerSettings, MigrationPlannerSettings, RegistrySettings, Settings, load
 from shared.state.memory_store import MemoryState
 
 pytestmark = pytest.mark.unit
@@ -33,8 +33,8 @@ def _settings(cls: type[Any]) -> Any:
 
 
 def test_the_node_registry_lingers_longer_on_node_reports_and_heartbeats_than_on_placements() -> None:
-    st = _settings(PartitionerSettings)
-    lingers = _lingers(Partitioner(st, MemoryBus(st), MemoryState()))
+    st = _settings(RegistrySettings)
+    lingers = _lingers(NodeRegistry(st, MemoryBus(st), MemoryState()))
     assert lingers["registry-report"] == SLOW and lingers["registry-heartbeat"] == SLOW
     assert "partitioner-placed" not in lingers  # the balancer sends every place command itself
     assert lingers["partitioner-cancel"] == FAST and lingers["partitioner-migrate"] == FAST
@@ -65,9 +65,9 @@ def test_an_executor_lingers_longer_on_its_commands() -> None:
 
 
 def test_by_default_the_consumers_off_the_path_linger_as_long_as_the_others() -> None:
-    st = PartitionerSettings(batch_linger_s=FAST)
+    st = RegistrySettings(batch_linger_s=FAST)
     assert st.off_path_linger_s == FAST
-    assert set(_lingers(Partitioner(st, MemoryBus(st), MemoryState())).values()) == {FAST}
+    assert set(_lingers(NodeRegistry(st, MemoryBus(st), MemoryState())).values()) == {FAST}
     assert load(Settings, {"MIGSCHED_BACKGROUND_LINGER_S": "0"}).off_path_linger_s == 0.0  # 0: no linger at all
 
 

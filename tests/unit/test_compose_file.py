@@ -59,7 +59,7 @@ def test_jaeger_receives_otlp_from_every_service(compose: dict[str, Any]) -> Non
 
 def test_every_service_and_two_simulated_executors_of_eight_a100s_run(compose: dict[str, Any]) -> None:
     modules = {_module(svc["command"]) for svc in _ours(compose).values() if svc.get("command")}
-    assert {"services.balancer", "services.partitioner", "services.migration_planner"} <= modules
+    assert {"services.balancer", "services.registry", "services.migration_planner"} <= modules
     executors = [
         svc for svc in _ours(compose).values() if _module(svc.get("command", [])) == "services.executor"
     ]
@@ -89,7 +89,7 @@ def test_every_migsched_variable_in_the_file_is_a_setting_some_service_reads(com
     known: set[str] = set()
     for cls in (
         settings_mod.BalancerSettings,
-        settings_mod.PartitionerSettings,
+        settings_mod.RegistrySettings,
         settings_mod.MigrationPlannerSettings,
         ExecutorSettings,
     ):
@@ -121,7 +121,7 @@ def test_the_kubernetes_manifests_run_the_same_entry_points_with_known_settings(
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert {
         ("Deployment", "balancer"),
-        ("Deployment", "partitioner"),
+        ("Deployment", "registry"),
         ("Deployment", "migration-planner"),
         ("DaemonSet", "executor"),
         ("ConfigMap", "migsched"),
@@ -130,7 +130,7 @@ def test_the_kubernetes_manifests_run_the_same_entry_points_with_known_settings(
         "MIGSCHED_" + f.name.upper()
         for cls in (
             settings_mod.BalancerSettings,
-            settings_mod.PartitionerSettings,
+            settings_mod.RegistrySettings,
             settings_mod.MigrationPlannerSettings,
             ExecutorSettings,
         )
@@ -150,7 +150,7 @@ def test_the_kubernetes_manifests_run_the_same_entry_points_with_known_settings(
             assert {e["name"] for e in c.get("env", []) if e["name"].startswith("MIGSCHED_")} - known == set()
     assert modules == {
         "services.balancer",
-        "services.partitioner",
+        "services.registry",
         "services.migration_planner",
         "services.executor",
     }

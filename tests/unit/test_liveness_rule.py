@@ -1,8 +1,8 @@
-"""The registry's rule for calling a silent node lost (services/partitioner/liveness.py), on explicit clocks."""
+"""The registry's rule for calling a silent node lost (services/registry/liveness.py), on explicit clocks."""
 
 from __future__ import annotations
 
-from services.partitioner.liveness import LivenessWatch, overdue
+from services.registry.liveness import LivenessWatch, overdue
 from shared.bus import BusHealth
 
 T = 4.0

@@ -107,11 +107,11 @@ def test_rss_is_read_from_proc_and_a_vanished_process_is_noted(tmp_path: Path) -
     sampler.sample(0.0)
     assert list(sampler.samples) == ["me"] and sampler.gone == {"ghost"}
     fake = tmp_path / "proc"
-    for pid, argv in ((11, b"python\0-m\0services.balancer\0"), (12, b"migsched\0service\0partitioner\0"),
+    for pid, argv in ((11, b"python\0-m\0services.balancer\0"), (12, b"migsched\0service\0registry\0"),
                       (13, b"python\0-m\0pytest\0")):
         (fake / str(pid)).mkdir(parents=True)
         (fake / str(pid) / "cmdline").write_bytes(argv)
-    assert find_services(fake) == {"balancer": 11, "partitioner": 12}
+    assert find_services(fake) == {"balancer": 11, "registry": 12}
 
 
 def test_a_burst_is_judged_by_how_fast_its_backlog_drains_not_by_its_p99() -> None:

@@ -43,7 +43,7 @@ def test_a_placing_job_names_its_command_in_flight_or_the_missing_one() -> None:
     cmd = {"place:j:1": {"node": "n1", "kind": "place", "job": "j"}}
     assert "place:j:1 in flight" in verdict({}, ["exit"], {"job": {"state": "placing"}, "placing": True,
                                                           "cmds": cmd})
-    assert "not handled by the partitioner" in verdict({}, ["exit"], {"job": {"state": "placing"},
+    assert "not handled by the node registry" in verdict({}, ["exit"], {"job": {"state": "placing"},
                                                                       "placing": True, "cmds": {}})
     assert "no job_exit applied" in verdict({}, ["exit"], {"job": {"state": "running"}})
 

@@ -32,7 +32,7 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_every_service_and_the_cli_load_without_the_optional_extras() -> None:
     code = """
 import importlib
-for m in ("services.balancer.service", "services.partitioner.service", "services.migration_planner.service",
+for m in ("services.balancer.service", "services.registry.service", "services.migration_planner.service",
           "services.executor.service", "services.executor.sim_backend", "migsched.commands.simulate",
           "migsched.commands.status", "migsched.commands.up"):
     importlib.import_module(m)

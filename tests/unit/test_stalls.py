@@ -106,13 +106,13 @@ def test_a_load_run_summarises_the_pauses_its_services_logged(tmp_path: Path) ->
         "2026-11-30 WARNING migsched.stalls " + stalls.describe("balancer", "gc2", 0.060, 12.0) + " collected=3\n"
         "2026-11-30 WARNING migsched.balancer something else\n"
         "2026-11-30 WARNING migsched.stalls " + stalls.describe("balancer", "gc2", 0.020, 13.0) + "\n")
-    (tmp_path / "partitioner.log").write_text(
-        "2026-11-30 WARNING migsched.stalls " + stalls.describe("partitioner", "loop", 0.110, 14.5) + "\n")
+    (tmp_path / "registry.log").write_text(
+        "2026-11-30 WARNING migsched.stalls " + stalls.describe("registry", "loop", 0.110, 14.5) + "\n")
     text = pauses(tmp_path)
     assert "balancer               gc2       2 x, max    60.0 ms, sum     80.0 ms" in text
-    assert "partitioner            loop      1 x, max   110.0 ms" in text
+    assert "registry               loop      1 x, max   110.0 ms" in text
     longest = text.split("longest:")[1].splitlines()
-    assert "14.500" in longest[1] and "partitioner" in longest[1]
+    assert "14.500" in longest[1] and "registry" in longest[1]
 
 
 def test_a_load_run_without_pauses_says_so(tmp_path: Path) -> None:

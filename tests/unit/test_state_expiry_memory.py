@@ -1,20 +1,17 @@
 """Ended jobs forgotten after their retention, in the in-memory store: the scenarios of
 the scenarios of ``tests/contract/state_cases/expiry.py`` (run on both stores by ``tests/contract/``); the audit's rule
-on ended jobs; the partitioner's periodic sweep."""
+on ended jobs; the node registry's periodic sweep."""
 
 from __future__ import annotations
-
-import logging
-import types
-from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
-from services.partitioner import service
-from services.partitioner.service import Partitioner
+from services.registry import expiry
+from services.registry.service import NodeRegistry
+from shared.bus import MemoryBus
 from shared.mig.geometry import default_geometry
-from shared.settings import PartitionerSettings, load
+from shared.settings import RegistrySettings, load
 from shared.state import JobRecord
 from shared.state.check import check_state
 from shared.state.memory_store import MemoryState
@@ -42,19 +39,15 @@ def test_the_audit_does_not_miss_an_ended_job_that_was_expired() -> None:
     assert check_state(GEO, [], [JobRecord(job_id="recent", state="cancelled")], set(), b"", {"recent"}) == []
 
 
-def _partitioner(store: MemoryState, retention_s: float, cap: int = 0) -> Any:
-    """The attributes ``Partitioner.expire_jobs`` and ``periodic`` use, without a bus."""
-    settings = load(PartitionerSettings, {}, job_retention_s=retention_s, job_retention_max=cap,
-                    shards=store.shards)
-    p = types.SimpleNamespace(settings=settings, state=store, log=logging.getLogger("test"))
-    p.check_liveness = p.sweep_commands = p.expire_jobs = None  # periodic() only names them
-    return p
+def _registry(store: MemoryState, retention_s: float, cap: int = 0) -> NodeRegistry:
+    settings = load(RegistrySettings, {}, job_retention_s=retention_s, job_retention_max=cap, shards=store.shards)
+    return NodeRegistry(settings, MemoryBus(settings), store)
 
 
-async def test_the_partitioner_sweep_repeats_until_every_expired_job_of_every_shard_is_gone(
+async def test_the_registry_sweep_repeats_until_every_expired_job_of_every_shard_is_gone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(service, "EXPIRE_LIMIT", 2)
+    monkeypatch.setattr(expiry, "EXPIRE_LIMIT", 2)
     store = MemoryState(shards=2)
     old = [f"old{n}" for n in range(7)]
     for job in [*old, "recent"]:
@@ -62,28 +55,28 @@ async def test_the_partitioner_sweep_repeats_until_every_expired_job_of_every_sh
     for job in old:
         await store.cancel(job, "by request", NOW)
     await store.cancel("recent", "by request", 10.0**12)  # ended in the future: inside any retention
-    p = _partitioner(store, 60.0)
-    assert await Partitioner.expire_jobs(p) == 7
+    p = _registry(store, 60.0).expiry
+    assert await p.expire_jobs() == 7
     assert [await store.job(j) for j in old] == [None] * 7
     assert (await store.job("recent")).state == "cancelled"  # type: ignore[union-attr]
-    assert await Partitioner.expire_jobs(p) == 0
+    assert await p.expire_jobs() == 0
 
 
-def test_the_partitioner_sweeps_only_when_a_retention_or_a_cap_is_set() -> None:
+def test_the_registry_sweeps_only_when_a_retention_or_a_cap_is_set() -> None:
     store = MemoryState()
-    assert "expire-jobs" in [name for name, _, _ in Partitioner.periodic(_partitioner(store, 86400.0))]
-    assert "expire-jobs" not in [name for name, _, _ in Partitioner.periodic(_partitioner(store, 0.0))]
-    assert "expire-jobs" in [name for name, _, _ in Partitioner.periodic(_partitioner(store, 0.0, 10))]
+    assert "expire-jobs" in [name for name, _, _ in _registry(store, 86400.0).periodic()]
+    assert "expire-jobs" not in [name for name, _, _ in _registry(store, 0.0).periodic()]
+    assert "expire-jobs" in [name for name, _, _ in _registry(store, 0.0, 10).periodic()]
 
 
 def test_the_job_retention_is_read_from_the_environment_and_defaults_to_the_streams_max_age() -> None:
-    assert load(PartitionerSettings, {}).job_retention_s == load(PartitionerSettings, {}).stream_max_age_s
-    assert load(PartitionerSettings, {"MIGSCHED_JOB_RETENTION_S": "3600"}).job_retention_s == 3600.0
+    assert load(RegistrySettings, {}).job_retention_s == load(RegistrySettings, {}).stream_max_age_s
+    assert load(RegistrySettings, {"MIGSCHED_JOB_RETENTION_S": "3600"}).job_retention_s == 3600.0
 
 
-async def test_the_partitioner_sweep_caps_the_ended_jobs_kept_but_spares_those_inside_the_redelivery_horizon() -> None:
+async def test_the_registry_sweep_caps_the_ended_jobs_kept_but_spares_those_inside_the_redelivery_horizon() -> None:
     store = MemoryState()
-    p = _partitioner(store, 0.0, cap=2)
+    p = _registry(store, 0.0, cap=2).expiry
     settings = p.settings
     assert settings.redelivery_horizon_s == settings.duplicate_window_s + settings.max_deliver * settings.ack_wait_s
     jobs = [f"old{n}" for n in range(4)] + ["fresh"]
@@ -93,26 +86,26 @@ async def test_the_partitioner_sweep_caps_the_ended_jobs_kept_but_spares_those_i
         await store.cancel(job, "by request", NOW + n)  # ended long ago
     await store.cancel("fresh", "by request", 10.0**12)  # ends in the future: inside the horizon
     expired = REGISTRY.get_sample_value("migsched_jobs_expired_total") or 0.0
-    assert await Partitioner.expire_jobs(p) == 3  # five ended, two kept: the three oldest go
+    assert await p.expire_jobs() == 3  # five ended, two kept: the three oldest go
     assert REGISTRY.get_sample_value("migsched_jobs_expired_total") == expired + 3  # operators see the cap work
     assert [await store.job(j) is None for j in jobs] == [True, True, True, False, False]
-    assert await Partitioner.expire_jobs(p) == 0
+    assert await p.expire_jobs() == 0
     # a cap of one would take 'old3' too, but never 'fresh'
-    p.settings = _partitioner(store, 0.0, cap=1).settings
-    assert await Partitioner.expire_jobs(p) == 1
-    assert await Partitioner.expire_jobs(p) == 0
+    p = _registry(store, 0.0, cap=1).expiry
+    assert await p.expire_jobs() == 1
+    assert await p.expire_jobs() == 0
     assert (await store.job("fresh")).state == "cancelled"  # type: ignore[union-attr]
 
 
 def test_the_cap_on_ended_jobs_is_read_from_the_environment() -> None:
-    assert load(PartitionerSettings, {}).job_retention_max == 1_000_000
-    assert load(PartitionerSettings, {"MIGSCHED_JOB_RETENTION_MAX": "5"}).job_retention_max == 5
+    assert load(RegistrySettings, {}).job_retention_max == 1_000_000
+    assert load(RegistrySettings, {"MIGSCHED_JOB_RETENTION_MAX": "5"}).job_retention_max == 5
 
 
 def test_the_duplicate_window_is_twice_the_ack_wait_unless_set_and_the_horizon_follows_it() -> None:
-    default = load(PartitionerSettings, {})
+    default = load(RegistrySettings, {})
     assert default.duplicate_window_s == 60.0 and default.redelivery_horizon_s == 60.0 + 5 * 30.0
-    longer = load(PartitionerSettings, {"MIGSCHED_ACK_WAIT_S": "90"})
+    longer = load(RegistrySettings, {"MIGSCHED_ACK_WAIT_S": "90"})
     assert longer.duplicate_window_s == 180.0
-    fixed = load(PartitionerSettings, {"MIGSCHED_DUP_WINDOW_S": "20", "MIGSCHED_ACK_WAIT_S": "90"})
+    fixed = load(RegistrySettings, {"MIGSCHED_DUP_WINDOW_S": "20", "MIGSCHED_ACK_WAIT_S": "90"})
     assert fixed.duplicate_window_s == 20.0 and fixed.redelivery_horizon_s == 20.0 + 5 * 90.0

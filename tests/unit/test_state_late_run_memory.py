@@ -10,7 +10,7 @@ pytestmark = pytest.mark.unit
 
 def test_the_registry_reads_the_attempt_back_from_the_place_command_id() -> None:
     from services.common.place_command import place_cmd_id
-    from services.partitioner.reports import place_attempt
+    from services.registry.reports import place_attempt
 
     assert place_attempt(place_cmd_id("j:1", 3), "j:1") == 3
     assert place_attempt(place_cmd_id("j1", 0), "j2") is None  # another job's command

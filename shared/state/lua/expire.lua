@@ -3,7 +3,7 @@
 -- retention), or the shard lists more than ARGV[3] ended jobs (a cap; 0 = none) and it is among the oldest
 -- beyond that cap and ended strictly before ARGV[4] (the time before which no redelivered message can still
 -- name it, so that the cap never breaks idempotency). Both reasons pick a prefix of ':done' in score order, so
--- the jobs forgotten are the longer prefix. Bounded so that one call never blocks Redis long (the partitioner
+-- the jobs forgotten are the longer prefix. Bounded so that one call never blocks Redis long (the node registry
 -- calls again while a call removed the limit). A ':done' entry whose job is not terminal any more (cannot happen
 -- through set_state; the audit flags it) only leaves ':done': the job is kept. Returns how many were deleted.
 local limit = tonumber(ARGV[2])

@@ -7,7 +7,7 @@
 --            migrating -> running on the source; the target is removed. The idle instances the reserve removed
 --            from the target's way (the job's 'mig_gone') come back: gone = 'idle' (the move's command never
 --            went out: they are untouched) restores them idle; otherwise (the node failed the move, before or
---            after its destroy ops) they are kept 'retiring' and returned as 'gpu|id,id' for the partitioner to
+--            after its destroy ops) they are kept 'retiring' and returned as 'gpu|id,id' for the node registry to
 --            send each a destroy_idle (its confirmation drops it, its failure idles it). One that overlaps an
 --            instance written since is left out. On a job no longer migrating (its exit came first) the
 --            target a release kept 'retiring' for a stop on the target's node (release.lua) is dropped: the

@@ -54,7 +54,7 @@ if st == 'migrating' and f[4] then
     end
   end
   -- The idle instances the move's reserve removed from the target's way ('mig_gone'): the move's first ops
-  -- destroy them on the node, and those may not have run (the partitioner may not even have consumed the move
+  -- destroy them on the node, and those may not have run (the node registry may not even have consumed the move
   -- order). Dropping them showed their slices free while the node still held them, and placements there
   -- failed for overlap until jobs ran out of attempts. They come back 'retiring' (taken, never reused) and are
   -- named ('gpu|id,id') for the registry to send each a destroy_idle: its confirmation drops them (a node that

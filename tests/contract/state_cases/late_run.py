@@ -25,7 +25,7 @@ def gpu(index: int) -> dict[str, Any]:
 
 
 def new(job: str, index: int, start: int = 0) -> StoredInstance:
-    """A 1g.5gb instance as the partitioner names one it creates for ``job`` (``new_instance_id``)."""
+    """A 1g.5gb instance as the node registry names one it creates for ``job`` (``new_instance_id``)."""
     return StoredInstance(id=f"n1/{index}:1g.5gb@{start}:{job}", profile="1g.5gb", start=start,
                           size=P1.memory_slices, compute=P1.compute_slices)
 

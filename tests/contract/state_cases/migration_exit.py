@@ -16,7 +16,7 @@ node's confirmation (``node_stopped``) idles it, a failed ``migrate_start`` (the
 A move that ends without taking gives back the idle instances its reservation removed from the target's way
 (item 13): an abort before its command went out restores them idle (they were never touched); an abort after
 the node failed the move keeps them ``retiring`` (destroyed or not, nobody knows) and names them, so the
-partitioner sends a ``destroy_idle`` for each: the node's answer drops them or idles them again. So does a
+registry sends a ``destroy_idle`` for each: the node's answer drops them or idles them again. So does a
 release from the source copy during the move (``given_back``): the move's ops may not have run, and dropping
 them showed slices free that the node still held (placements there failed for overlap)."""
 
@@ -31,7 +31,7 @@ P7 = "7g.40gb"
 
 
 def target(job: str) -> StoredInstance:
-    """The partitioner's move target on n1/1 (``<gpu>:<profile>@<start>:<job>.m<stamp>``)."""
+    """The node registry's move target on n1/1 (``<gpu>:<profile>@<start>:<job>.m<stamp>``)."""
     return StoredInstance(id=f"n1/1:1g.5gb@6:{job}.m1", profile="1g.5gb", start=6, size=1, compute=1)
 
 

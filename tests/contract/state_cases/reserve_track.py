@@ -4,8 +4,8 @@ the store interface: ``tests/contract/test_state_store.py`` runs the scenarios o
 
 The balancer sends each place command itself, so the reservation records it in the shard's ``:cmds`` in the
 same transition: id ``place:<job>:<attempt>``, with the node, the job, the GPU and ``at`` = the reservation's
-time (what the partitioner's command sweep reads). A reservation that is refused records nothing, and one
-without ``track`` records nothing either (the partitioner tracks the commands it sends)."""
+time (what the node registry's command sweep reads). A reservation that is refused records nothing, and one
+without ``track`` records nothing either (the node registry tracks the commands it sends)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ async def a_tracked_reservation_records_its_place_command_for_the_time_out_sweep
     assert await store.commands(0) == {
         f"place:j1:{res.detail}": {"node": "n1", "kind": "place", "job": "j1", "gpu": "n1/0", "at": NOW + 0.5}
     }
-    # the executor's confirmation forgets it, as for a command the partitioner tracked
+    # the executor's confirmation forgets it, as for a command the node registry tracked
     assert await store.mark_running("j1", new("j1", 0).id, NOW + 1, f"place:j1:{res.detail}") == "ok"
     assert await store.commands(0) == {}
     assert await audit(store, GEO) == []

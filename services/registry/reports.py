@@ -1,4 +1,4 @@
-"""What executors report (``node.<node>.report``), turned into state transitions by the partitioner.
+"""What executors report (``node.<node>.report``), turned into state transitions by the registry.
 
 - ``cmd_done``: place -> mark running (and count the profile as recent demand for retention); migrate_start ->
   send migrate_stop for the source; migrate_stop -> commit the move; destroy_idle -> drop the instance (its
@@ -9,7 +9,7 @@
 - ``job_started`` (executors before the cmd_done of a place became the start report): mark running, a no-op
   after the cmd_done.
 - ``job_exit``: release (the first release frees the slices), re-publish as ``jobs.exit`` for the balancer and
-  the migration planner, then keep or destroy the instance the job left (retention, ``service``). An exit
+  the migration planner, then keep or destroy the instance the job left (``idle``). An exit
   naming another instance than the job's current one (a late message from before a re-queue) is stale and
   ignored. An exit during a move whose ops may not have run gives back the idle instances the move had
   removed from its target's way (``given_back``, held ``retiring``): each gets a ``destroy_idle``.
@@ -21,16 +21,20 @@
 - a job that ran on the node unbeknown to the state (found by a registration, or the late run above, whose
   instance was kept ``retiring`` and the job sent a ``stop``): its exit, or the stop's ``cmd_done``, makes the
   instance idle.
-- ``registered`` / ``drift``: the node registry (``registry``).
+- ``registered`` / ``drift``: the nodes (``nodes``).
 """
 
 from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from services.common import metrics as m
+from services.common.service import Context
+from services.registry.commands import place_attempt, stop_command
+from services.registry.idle import IdleInstances
 from shared.bus import Delivery, Outgoing
 from shared.events import (
     CapacityChanged,
@@ -42,57 +46,22 @@ from shared.events import (
     JobStarted,
     SlotRef,
 )
-from shared.policy.retention import RecentDemand, RetentionParams, demand_instant
+from shared.policy.retention import demand_instant
 from shared.state import StoredInstance, gpu_id_of
 from shared.state.model import PLAIN_PROFILES
 
 
-def place_attempt(cmd_id: str, job_id: str) -> int | None:
-    """The attempt a place command was sent for (``services.common.place_command.place_cmd_id``:
-    ``place:<job>:<attempt>``); None for any other id (then no command is judged late)."""
-    head, _, tail = cmd_id.rpartition(":")
-    return int(tail) if head == f"place:{job_id}" and tail.isdigit() else None
-
-
-def stop_command(
-    node: str, job: str | None, cid: str, gpu: str | None, iid: str | None, now: float, *, only_that_run: bool
-) -> Command:
-    """A ``stop`` of ``job`` on ``node`` for a run the state did not expect there; ``only_that_run``: the
-    executor ends the job only where it runs on ``iid`` (``src_instance_id``), not a current run elsewhere."""
-    tail = gpu.rsplit("/", 1)[-1] if gpu else ""
-    cid = cid[:200]
-    return Command(
-        id=cid,
-        cmd_id=cid,
-        kind="stop",
-        node=node,
-        gpu_id=gpu,
-        gpu_index=int(tail) if tail.isdigit() else None,
-        instance_id=iid,
-        src_instance_id=iid if only_that_run else None,
-        job_id=job,
-        at=now,
-    )
-
-
-class ReportsMixin:
-    """Mixed into ``Partitioner``; expects ``state``, ``bus``, ``subjects``, ``settings``, ``geometry``,
-    ``log``."""
-
-    state: Any
-    bus: Any
-    subjects: Any
-    settings: Any
-    geometry: Any
-    log: Any
-    demand: RecentDemand
-    retention: RetentionParams
-
-    if TYPE_CHECKING:
-
-        async def retain_or_destroy(self, freed: list[tuple[Any, str, Any]]) -> None: ...
-
-        def destroy_command(self, g: Any, inst: Any, now: float) -> Command: ...
+class Reports:
+    def __init__(self, ctx: Context, idle: IdleInstances,
+                 on_registered: Callable[[Delivery], Awaitable[None]]) -> None:
+        self.state = ctx.state
+        self.bus = ctx.bus
+        self.subjects = ctx.bus.subjects
+        self.settings = ctx.settings
+        self.geometry = ctx.geometry
+        self.log = ctx.log
+        self.idle = idle
+        self.on_registered = on_registered
 
     async def on_report(self, ds: list[Delivery]) -> None:
         now = time.time()
@@ -103,7 +72,7 @@ class ReportsMixin:
             r = d.data
             kind = r.__struct_config__.tag
             if kind == "registered":
-                await self.on_registered(d)  # type: ignore[attr-defined]
+                await self.on_registered(d)
             elif kind == "drift":
                 self.log.warning("drift on %s: %s", r.node, "; ".join(r.details))
             elif isinstance(r, CmdDone):
@@ -138,7 +107,7 @@ class ReportsMixin:
                 if res.status == "ok" and res.stop:
                     out.append(self._stop_target(d, r, res.stop, now))
                 if res.status == "ok" and res.given_back:  # the move's ops may not have run: destroy them
-                    out.extend(await self.destroy_given_back(res.given_back, now))
+                    out.extend(await self.idle.destroy_given_back(res.given_back, now))
                 if res.status != "ok":  # not the state's copy: perhaps one a registration found and stopped
                     ended.append((r.node, r.job_id))
                 if res.status == "ok" and res.gpu is not None and r.instance_id:
@@ -161,7 +130,7 @@ class ReportsMixin:
             elif what == "failed" and r.command == "migrate_start":
                 m.child(m.MIGRATIONS, "move", "aborted").inc()
                 if res[0] == "ok" and res[1]:
-                    out.extend(await self.destroy_given_back(res[1], now))
+                    out.extend(await self.idle.destroy_given_back(res[1], now))
         if len(gone):
             await gone.run()
         for node, job in dict.fromkeys(ended):  # rare (stops, stale exits): one script each
@@ -183,16 +152,16 @@ class ReportsMixin:
         if out:
             await self.bus.publish_batch(out)
         if left:  # after jobs.exit is out: the balancer hears of the room first
-            await self.retain_or_destroy(left)
+            await self.idle.retain_or_destroy(left)
 
     def _done(self, b: Any, r: CmdDone, now: float) -> int:
         m.child(m.COMMANDS, r.command, "done").inc()
         if r.command == "place" and r.job_id:
             iid = r.instance.instance_id if r.instance and r.instance.instance_id else ""
             if r.instance is not None and r.instance.profile and r.instance.profile not in PLAIN_PROFILES:
-                # the recent demand the keep-or-destroy policy weighs: counted where the partitioner sees every
+                # the recent demand the keep-or-destroy policy weighs: counted where the registry sees every
                 # placement (the balancer sends the commands), one entry per instant
-                self.demand.observe(r.instance.profile, demand_instant(now, self.retention.window_s))
+                self.idle.demand.observe(r.instance.profile, demand_instant(now, self.idle.retention.window_s))
             attempt = place_attempt(r.cmd_id, r.job_id)
             found = self._reported(r) if attempt is not None else None
             return int(b.mark_running(r.job_id, iid or "", now, r.cmd_id, attempt, r.node, found))
@@ -262,22 +231,6 @@ class ReportsMixin:
         m.child(m.COMMANDS, "stop", "sent").inc()
         cmd = stop_command(node, r.job_id, f"stop:{r.job_id}:{iid}", gpu, iid, now, only_that_run=True)
         return Outgoing(self.subjects.cmd(node), cmd, d.ctx)
-
-    async def destroy_given_back(self, detail: str, now: float) -> list[Outgoing]:
-        """A ``destroy_idle`` for each idle instance a move that ended without taking (aborted, or its job
-        released during it) gave back ``retiring`` (``gpu|id,id``)."""
-        gpu_id, _, ids = detail.partition("|")
-        (g,) = await self.state.get_gpus([gpu_id])
-        if g is None:
-            return []
-        want = set(ids.split(","))
-        out = [
-            Outgoing(self.subjects.cmd(g.node), self.destroy_command(g, i, now))
-            for i in g.instances
-            if i.id in want and i.state == "retiring" and not i.job
-        ]
-        m.child(m.COMMANDS, "destroy_idle", "sent").inc(len(out))
-        return out
 
     def _exit_out(self, d: Delivery, r: JobExited, res: Any, now: float) -> list[Outgoing]:
         if res.status == "stale" or (res.status == "noop" and not res.state):

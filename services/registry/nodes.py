@@ -1,4 +1,4 @@
-"""The node registry (runs inside the partitioner): registrations, heartbeats, liveness, command time-outs.
+"""The registry's view of the nodes: registrations, heartbeats, liveness, command time-outs.
 
 - ``registered``: the node's GPUs are written into Redis (a new GPU adopts the instances the node reports as
   idle; a known one is reconciled, see ``lua/node.lua``), then ``sched.capacity`` tells the balancer.
@@ -21,27 +21,26 @@ import time
 from typing import Any
 
 from services.common import metrics as m
-from services.partitioner.liveness import LivenessWatch, overdue
-from services.partitioner.reports import place_attempt, stop_command
+from services.common.service import Context
+from services.registry.commands import place_attempt, stop_command
+from services.registry.liveness import LivenessWatch, overdue
 from shared.bus import Delivery, Outgoing
 from shared.errors import UnknownModelError
 from shared.events import CapacityChanged, Command, Registered
 from shared.state import gpu_id_of
 
 
-class RegistryMixin:
-    """Mixed into ``Partitioner``; expects ``state``, ``bus``, ``subjects``, ``settings``, ``geometry``,
-    ``log``."""
-
-    state: Any
-    bus: Any
-    subjects: Any
-    settings: Any
-    geometry: Any
-    log: Any
-
-    def init_registry(self) -> None:
+class Nodes:
+    def __init__(self, ctx: Context) -> None:
+        self.state = ctx.state
+        self.bus = ctx.bus
+        self.subjects = ctx.bus.subjects
+        self.settings = ctx.settings
+        self.geometry = ctx.geometry
+        self.log = ctx.log
         self.node_state: dict[str, str] = {}
+        """Each node's state as this process last saw it: a heartbeat from a node not ``up`` here asks Redis."""
+        self.watch = LivenessWatch(ctx.settings.node_timeout_s, time.monotonic())
 
     async def on_registered(self, d: Delivery) -> None:
         r: Registered = d.data
@@ -119,21 +118,14 @@ class RegistryMixin:
 
     def stop_foreign(self, r: Registered, job: str, gpu: str, iid: str, now: float, d: Delivery) -> Outgoing:
         """A ``stop`` for a job the node runs where the state does not hold it (its instance stays occupied
-        until the exit or the stop's confirmation, ``ReportsMixin``). One per registration: a redelivered
+        until the exit or the stop's confirmation, ``Reports``). One per registration: a redelivered
         registration is a replay, and a later one that still finds the job sends another."""
         cmd = stop_command(r.node, job, f"stop:{job}:{r.id}", gpu, iid, now, only_that_run=False)
         return Outgoing(self.subjects.cmd(r.node), cmd, d.ctx)
 
-    def liveness_watch(self) -> LivenessWatch:
-        """The registry's hearing (``liveness.py``), created on first use: ``init_registry`` runs at start."""
-        w: LivenessWatch | None = getattr(self, "_liveness", None)
-        if w is None:
-            w = self._liveness = LivenessWatch(self.settings.node_timeout_s, time.monotonic())
-        return w
-
     async def on_heartbeat(self, ds: list[Delivery]) -> None:
         now = time.time()
-        self.liveness_watch().heard(time.monotonic())
+        self.watch.heard(time.monotonic())
         await self.state.heartbeat([(d.data.node, now) for d in ds])
         out: list[Outgoing] = []
         fresh: dict[str, dict[str, str]] | None = None
@@ -172,7 +164,7 @@ class RegistryMixin:
     def heard_from(self, now: float) -> float | None:
         """The wall time from which silence counts (``LivenessWatch.silence_from``), None: judge nothing now."""
         mono = time.monotonic()
-        start = self.liveness_watch().silence_from(getattr(self.bus, "health", None), mono)
+        start = self.watch.silence_from(self.bus.health, mono)
         return None if start is None else now - (mono - start)
 
     async def check_liveness(self) -> None:

@@ -1,4 +1,4 @@
-"""The partitioner and its node registry against real NATS + Redis: commands, failures, liveness."""
+"""The node registry and its node registry against real NATS + Redis: commands, failures, liveness."""
 
 from __future__ import annotations
 
@@ -135,8 +135,8 @@ async def test_an_idle_instance_nobody_asks_for_is_destroyed_after_the_exit(
         stack, ex = await started(prefix, nats_url, redis_url, ns)
         await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("j1", "3g.20gb"))
         assert await until(is_(ns, "j1", "running"))
-        stack.partitioner.demand._counts.clear()  # as if the window had passed with no 3g demand
-        stack.partitioner.demand._events.clear()
+        stack.registry.idle.demand._counts.clear()  # as if the window had passed with no 3g demand
+        stack.registry.idle.demand._events.clear()
         await ex.exit(["j1"])
         assert await until(lambda: _gt(len(ex.commands("destroy_idle")), 1))
         (cmd,) = ex.commands("destroy_idle")
@@ -262,7 +262,8 @@ async def test_a_placement_whose_plan_conflicts_is_never_sent_but_failed_and_its
                         job=JobInfo(submitted_at=spec.submitted_at),
                         placement=Placement(job_id="clash", policy="test", slots=(slot,), tier="lazy",
                                             frag_before=0.0, frag_after=0.0))
-        assert stack.balancer.dispatcher.command(placed, _candidate(spec), time.time()) is None  # nothing is sent for it
+        # nothing is sent for it
+        assert stack.balancer.dispatcher.command(placed, _candidate(spec), time.time()) is None
         await stack.balancer.dispatcher.give_back([placed])
         ok = await until(is_(ns, "clash", "running"))  # re-queued, then placed again by the balancer
         assert ok, (await ns.state.job("clash"), await ns.state.history("clash"), await ns.state.commands(0))

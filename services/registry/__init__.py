@@ -1,0 +1,1 @@
+"""The node registry service: ``python -m services.registry`` or ``migsched service registry``."""

@@ -1,0 +1,33 @@
+"""The ids and ``stop`` commands the registry's parts share."""
+
+from __future__ import annotations
+
+from shared.events import Command
+
+
+def place_attempt(cmd_id: str, job_id: str) -> int | None:
+    """The attempt a place command was sent for (``services.common.place_command.place_cmd_id``:
+    ``place:<job>:<attempt>``); None for any other id (then no command is judged late)."""
+    head, _, tail = cmd_id.rpartition(":")
+    return int(tail) if head == f"place:{job_id}" and tail.isdigit() else None
+
+
+def stop_command(
+    node: str, job: str | None, cid: str, gpu: str | None, iid: str | None, now: float, *, only_that_run: bool
+) -> Command:
+    """A ``stop`` of ``job`` on ``node`` for a run the state did not expect there; ``only_that_run``: the
+    executor ends the job only where it runs on ``iid`` (``src_instance_id``), not a current run elsewhere."""
+    tail = gpu.rsplit("/", 1)[-1] if gpu else ""
+    cid = cid[:200]
+    return Command(
+        id=cid,
+        cmd_id=cid,
+        kind="stop",
+        node=node,
+        gpu_id=gpu,
+        gpu_index=int(tail) if tail.isdigit() else None,
+        instance_id=iid,
+        src_instance_id=iid if only_that_run else None,
+        job_id=job,
+        at=now,
+    )

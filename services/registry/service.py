@@ -1,0 +1,73 @@
+"""The node registry: the state's record of every node, and the executor commands that follow what nodes report.
+
+The balancer sends each placement's ``place`` command itself (``services.common.place_command``), and its
+reservation tracks the command in Redis (``{ns:s}:cmds``) until the executor reports. This service is a
+composition of named parts, each in its module:
+
+- ``Nodes``: registrations, heartbeats, liveness, and commands without a result in time (``node.*.heartbeat``,
+  ``registered`` reports);
+- ``Reports``: command results and job exits turned into transitions (``node.*.report``), then ``jobs.exit``;
+- ``IdleInstances``: after an exit, keep the instance for reuse or destroy it;
+- ``Moves``: migration orders (``sched.migrate``) to ``migrate_start`` / ``migrate_stop`` commands;
+- ``Cancels``: ``jobs.cancel`` to the cancel transition, and a ``stop`` command for an active job;
+- ``Expiry``: jobs ended long ago deleted from Redis, so the state does not grow with every job ever submitted.
+
+Durable consumer names keep the service's former name (``partitioner-migrate``, ``partitioner-cancel``): a
+renamed durable would start empty and strand what the old one still held.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.common.service import Service
+from services.registry.cancels import Cancels
+from services.registry.expiry import EXPIRE_EVERY_S, Expiry
+from services.registry.idle import IdleInstances
+from services.registry.moves import Moves
+from services.registry.nodes import Nodes
+from services.registry.reports import Reports
+from shared.bus import Consumer
+from shared.settings import RegistrySettings
+
+
+class NodeRegistry(Service):
+    name = "registry"
+    settings: RegistrySettings
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        ctx = self.context()
+        self.nodes = Nodes(ctx)
+        self.idle = IdleInstances(ctx)
+        self.reports = Reports(ctx, self.idle, self.nodes.on_registered)
+        self.moves = Moves(ctx)
+        self.cancels = Cancels(ctx)
+        self.expiry = Expiry(ctx)
+
+    def consumers(self) -> list[Consumer]:
+        s, b = self.subjects, self.bus
+        slow = self.settings.off_path_linger_s  # what nodes report: off the submit -> command path
+        return [
+            b.consumer(s.stream_sched, "partitioner-migrate", s.sched_migrate, self.moves.on_migrate),
+            b.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, self.cancels.on_cancel),
+            b.consumer(s.stream_node, "registry-report", s.node_reports, self.reports.on_report, linger_s=slow),
+            b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.nodes.on_heartbeat,
+                       linger_s=slow, traced=False),
+        ]
+
+    def periodic(self) -> list[tuple[str, float, Any]]:
+        st = self.settings
+        sweeps = st.job_retention_s > 0 or st.job_retention_max > 0
+        return [
+            ("liveness", max(0.2, st.node_timeout_s / 5), self.nodes.check_liveness),
+            ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.nodes.sweep_commands),
+            *([("expire-jobs", EXPIRE_EVERY_S, self.expiry.expire_jobs)] if sweeps else []),
+        ]
+
+    async def prepare(self) -> None:
+        # Retention runs where the exit report is released (``reports``), not from jobs.exit: a consumer left
+        # by an older version would only pile up messages nobody acks.
+        await self.retire_consumer(self.subjects.stream_jobs, "partitioner-exit")
+        # the balancer sends every place command: an older version's sched.placed consumer has nothing to do
+        await self.retire_consumer(self.subjects.stream_sched, "partitioner-placed")
