@@ -33,7 +33,7 @@ from shared.policy.migration import MigrationParams, plan_after_exit, plan_defra
 from shared.policy.placement import JobRequest  # noqa: E402
 from shared.policy.plugins.migsched import place_aligned  # noqa: E402
 from shared.policy.request import Demand, mig, sized  # noqa: E402
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView  # noqa: E402
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of  # noqa: E402
 from tests.reference_balancer import place_mig_loop  # noqa: E402
 
 MODELS = ("A100-40GB", "H100-80GB", "H200-141GB")
@@ -69,7 +69,7 @@ def cluster(n: int, seed: int = 7) -> ClusterSnapshot:
         gid = f"node{i // 8}/gpu{i % 8}"
         gpus.append(GpuView.build(id=gid, node=f"node{i // 8}", index=i % 8, model=model.name,
                                   instances=layout(rng, model, gid, rng.uniform(0.5, 0.7), 0.2)))
-    return ClusterSnapshot.of(geo, gpus)
+    return snapshot_of(geo, gpus)
 
 
 def timed(fn: Callable[[], object], repeat: int) -> list[float]:

@@ -110,7 +110,7 @@ def live_usage(nats_url: str, redis_url: str, namespace: str) -> dict[str, Usage
     """Each tenant's usage now: the cluster's job-holding instances, charged as the balancer charges them."""
     from services.balancer.tenancy import TenantLedger
     from shared.mig.geometry import default_geometry
-    from shared.policy.snapshot import ClusterSnapshot
+    from shared.policy.snapshot import snapshot_of
     from shared.state import RedisState
 
     async def run() -> dict[str, Usage]:
@@ -120,7 +120,7 @@ def live_usage(nats_url: str, redis_url: str, namespace: str) -> dict[str, Usage
         finally:
             await state.close()
         ledger = TenantLedger("", reserve_full=0)
-        ledger.rebuild([ClusterSnapshot.of(default_geometry(), [g.view() for g in gpus])])
+        ledger.rebuild([snapshot_of(default_geometry(), [g.view() for g in gpus])])
         return ledger.usage()
 
     return asyncio.run(run())

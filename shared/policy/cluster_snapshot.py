@@ -6,7 +6,7 @@ some columns replaced; columns a hand-built snapshot lacks are derived on first 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -263,15 +263,6 @@ class ClusterSnapshot:
         current.update(columns)
         return ClusterSnapshot(self.geometry, self.gpus, groups=self.groups, position=self.position,
                                model_list=self.model_list, **current)
-
-    @classmethod
-    def of(cls, geometry: Geometry, gpus: Iterable[GpuView]) -> ClusterSnapshot:
-        from shared.policy.snapshot_builder import SnapshotBuilder  # the builder imports this module
-
-        b = SnapshotBuilder(geometry)
-        for g in gpus:
-            b.put(g)
-        return b.snapshot()
 
     def __len__(self) -> int:
         return len(self.gpus)

@@ -214,3 +214,11 @@ class SnapshotBuilder:
             self.geometry, tuple(self._gpus), groups=self._groups, position=self._frozen_pos,
             model_list=tuple(self._model_list), models=self._models[1], read_only=not copy, **c
         )
+
+
+def snapshot_of(geometry: Geometry, gpus: Iterable[GpuView]) -> ClusterSnapshot:
+    """A snapshot of ``gpus`` built in one go (tests, tools, one-off views)."""
+    b = SnapshotBuilder(geometry)
+    for g in gpus:
+        b.put(g)
+    return b.snapshot()

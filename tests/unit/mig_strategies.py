@@ -12,7 +12,7 @@ from shared.mig.geometry import GpuModel, default_geometry
 from shared.mig.occupancy import span
 from shared.policy.migration import MigrationParams
 from shared.policy.pull_index import PullIndex
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 GEO = default_geometry()
 MODELS = ("A100-40GB", "H100-80GB", "H200-141GB", "A30-24GB", "A100-80GB")
@@ -64,7 +64,7 @@ def random_cluster(rng: random.Random, n_gpus: int, models: tuple[str, ...] = MO
             instances=random_instances(rng, model, gid, rng.random(), rng.choice([0.0, 0.3, 0.7])),
             mig=rng.random() >= odd_share, healthy=rng.random() >= odd_share,
         ))
-    return ClusterSnapshot.of(GEO, gpus)
+    return snapshot_of(GEO, gpus)
 
 
 @st.composite

@@ -12,7 +12,7 @@ from shared.policy.balancer import BalancerParams, place, place_mig
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement import CannotPlace, JobRequest, Placement
 from shared.policy.request import Demand, mig, sized
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 from tests.reference_balancer import place_mig_loop
 
 pytestmark = pytest.mark.unit
@@ -124,7 +124,7 @@ def test_a_partition_plan_never_destroys_a_busy_instance(snap: ClusterSnapshot, 
 
 def _empty(n: int, model: str = "A100-40GB") -> ClusterSnapshot:
     gpus = [GpuView.build(id=f"g{i}", node="n", index=i, model=model) for i in range(n)]
-    return ClusterSnapshot.of(GEO, gpus)
+    return snapshot_of(GEO, gpus)
 
 
 def test_among_equal_gpus_the_one_listed_first_wins_even_past_the_short_list() -> None:
@@ -140,7 +140,7 @@ def test_a_gpu_whose_profile_is_at_its_max_count_is_passed_over() -> None:
         insts = [InstanceView(id=f"i{i}", profile="1g.5gb+me", start=0, size=1, compute=1, job_id=f"j{i}")]
         gpus.append(GpuView.build(id=f"g{i}", node="n", index=i, model="A100-40GB",
                                   instances=insts if i < 39 else ()))
-    snap = ClusterSnapshot.of(GEO, gpus)
+    snap = snapshot_of(GEO, gpus)
     job = JobRequest(job_id="x", demand=mig("1g+me"))
     d = place(snap, job)
     assert isinstance(d, Placement) and d.slot.gpu_id == "g39"
@@ -149,7 +149,7 @@ def test_a_gpu_whose_profile_is_at_its_max_count_is_passed_over() -> None:
 
 def test_lazy_gpus_are_preferred_and_busy_ones_used_only_when_no_lazy_one_fits() -> None:
     busy = [InstanceView(id="b", profile="3g.20gb", start=4, size=4, compute=3, job_id="jb")]
-    snap = ClusterSnapshot.of(GEO, [
+    snap = snapshot_of(GEO, [
         GpuView.build(id="busy", node="n", index=0, model="A100-40GB", instances=busy),
         GpuView.build(id="lazy", node="n", index=1, model="A100-40GB",
                       instances=[InstanceView(id="x", profile="4g.20gb", start=0, size=4, compute=4,
@@ -165,7 +165,7 @@ def test_lazy_gpus_are_preferred_and_busy_ones_used_only_when_no_lazy_one_fits()
 def test_an_idle_instance_of_the_exact_profile_is_reused_before_creating() -> None:
     idle = [InstanceView(id="idle2g", profile="2g.10gb", start=0, size=2, compute=2)]
     gpu = GpuView.build(id="g", node="n", index=0, model="A100-40GB", instances=idle)
-    snap = ClusterSnapshot.of(GEO, [gpu])
+    snap = snapshot_of(GEO, [gpu])
     d = place(snap, JobRequest(job_id="j", demand=mig("2g")))
     assert isinstance(d, Placement) and d.slot.action == "reuse" and d.slot.instance_id == "idle2g"
 

@@ -13,7 +13,7 @@ from shared.mig.occupancy import span
 from shared.policy.placement import CannotPlace, JobRequest, Placement
 from shared.policy.registry import UnknownPolicyError, get_policy, policy_names
 from shared.policy.request import Demand, mig, resolve_profile, sized
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 from shared.policy.static_layouts import LayoutError, static_layout
 
 pytestmark = pytest.mark.unit
@@ -84,7 +84,7 @@ def _cluster(*gpus: Spec, per_node: int = 2) -> ClusterSnapshot:
         views.append(GpuView.build(id=f"g{i}", node=f"n{i // per_node}", index=i % per_node, model=model, instances=[
             InstanceView(id=f"g{i}/{p}@{s}", profile=p, start=s, size=m.profile(p).memory_slices,
                          compute=m.profile(p).compute_slices, job_id=j) for p, s, j in insts]))
-    return ClusterSnapshot.of(GEO, views)
+    return snapshot_of(GEO, views)
 
 
 def _place(name: str, snap: ClusterSnapshot, demand: Demand, **params: object) -> Placement:

@@ -10,7 +10,7 @@ from mig_strategies import GEO, MODELS, clusters
 from shared.errors import RequestError
 from shared.mig.occupancy import span
 from shared.policy.fragcost import demand_weights, frag_cost, frag_cost_gpu, frag_rate, frag_slices_table
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -40,22 +40,22 @@ def _gpu(gid: str, model: str, *insts: tuple[str, int, bool]) -> GpuView:
 
 
 def test_frag_cost_of_a_gpu_ignores_idle_instances() -> None:
-    snap = ClusterSnapshot.of(GEO, [_gpu("g", "A100-40GB", ("1g.5gb", 6, True), ("3g.20gb", 0, False))])
+    snap = snapshot_of(GEO, [_gpu("g", "A100-40GB", ("1g.5gb", 6, True), ("3g.20gb", 0, False))])
     assert frag_cost_gpu(snap, "g") == pytest.approx(0.315, abs=5e-4)
 
 
 def test_an_empty_or_full_cluster_has_a_zero_fragmentation_rate() -> None:
-    empty = ClusterSnapshot.of(GEO, [_gpu("g", "A100-40GB")])
+    empty = snapshot_of(GEO, [_gpu("g", "A100-40GB")])
     assert frag_rate(empty, {"7g": 1.0, "3g": 1.0}) == 0.0
     # seven 1g instances at most: the eighth memory slice of an A100 is never usable by 1g alone
     assert frag_rate(empty, {"1g": 1.0}) == pytest.approx(1 / 8)
-    full = ClusterSnapshot.of(GEO, [_gpu("g", "A100-40GB", ("7g.40gb", 0, True))])
+    full = snapshot_of(GEO, [_gpu("g", "A100-40GB", ("7g.40gb", 0, True))])
     assert frag_rate(full, {"3g": 1.0}) == 0.0
 
 
 def test_free_slices_the_mix_cannot_use_count_as_fragmented() -> None:
     # 4g@0 + 2g@4 busy: slices 6 and 7 free; a 3g-only mix can use neither, a 1g-only mix uses slice 6
-    snap = ClusterSnapshot.of(GEO, [_gpu("g", "A100-40GB", ("4g.20gb", 0, True), ("2g.10gb", 4, True))])
+    snap = snapshot_of(GEO, [_gpu("g", "A100-40GB", ("4g.20gb", 0, True), ("2g.10gb", 4, True))])
     assert frag_rate(snap, {"3g": 1.0}) == pytest.approx(1.0)
     assert frag_rate(snap, {"1g": 1.0}) == pytest.approx(0.5)
     assert frag_rate(snap, {"1g": 1.0, "3g": 1.0}) == pytest.approx(0.75)
@@ -64,13 +64,13 @@ def test_free_slices_the_mix_cannot_use_count_as_fragmented() -> None:
 
 
 def test_idle_instances_count_as_free_slices() -> None:
-    busy_only = ClusterSnapshot.of(GEO, [_gpu("g", "A100-40GB", ("4g.20gb", 0, True))])
-    with_idle = ClusterSnapshot.of(GEO, [_gpu("g", "A100-40GB", ("4g.20gb", 0, True), ("3g.20gb", 4, False))])
+    busy_only = snapshot_of(GEO, [_gpu("g", "A100-40GB", ("4g.20gb", 0, True))])
+    with_idle = snapshot_of(GEO, [_gpu("g", "A100-40GB", ("4g.20gb", 0, True), ("3g.20gb", 4, False))])
     assert frag_rate(busy_only, {"3g": 1.0}) == frag_rate(with_idle, {"3g": 1.0}) == 0.0
 
 
 def test_one_mix_keyed_by_shape_applies_to_every_model_and_missing_shapes_cannot_use_anything() -> None:
-    snap = ClusterSnapshot.of(GEO, [_gpu("a", "A30-24GB"), _gpu("h", "H200-141GB", ("4g.71gb", 0, True))])
+    snap = snapshot_of(GEO, [_gpu("a", "A30-24GB"), _gpu("h", "H200-141GB", ("4g.71gb", 0, True))])
     # A30 has no 3g: its 4 free slices are unusable; the H200's 4 free slices take one 3g
     assert frag_rate(snap, {"3g": 1.0}) == pytest.approx(4 / 8)
 
@@ -103,7 +103,7 @@ def test_demand_weights_are_shares_by_shape() -> None:
 
 
 def test_weights_keyed_by_profile_name_count_as_their_shape_and_garbage_is_refused() -> None:
-    snap = ClusterSnapshot.of(GEO, [_gpu("g", "A100-40GB", ("4g.20gb", 0, True), ("2g.10gb", 4, True))])
+    snap = snapshot_of(GEO, [_gpu("g", "A100-40GB", ("4g.20gb", 0, True), ("2g.10gb", 4, True))])
     assert frag_rate(snap, {"3g.20gb": 1.0}) == frag_rate(snap, {"3g": 1.0})
     with pytest.raises(RequestError):
         frag_rate(snap, {"big": 1.0})

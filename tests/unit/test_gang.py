@@ -18,7 +18,7 @@ from shared.policy.placement import CannotPlace, JobRequest, Placement
 from shared.policy.registry import get_policy, policy_names
 from shared.policy.request import Demand, full_profile
 from shared.policy.reservation import plan
-from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import InterferenceParams, SimConfig
 from shared.sim.engine import Simulator
@@ -107,7 +107,7 @@ def test_a_gang_of_plain_gpus_spans_nodes_too_and_never_mixes_them_with_mig_gpus
     gpus = [GpuView.build(id=f"p{n}{i}", node=f"p{n}", index=i, model="A100-40GB", mig=False)
             for n in range(3) for i in range(2)]
     gpus += [GpuView.build(id=f"m{i}", node="m", index=i, model="A100-40GB") for i in range(2)]
-    snap = ClusterSnapshot.of(GEO, gpus)
+    snap = snapshot_of(GEO, gpus)
     _, policy = get_policy("migsched")
     d = policy(snap, JobRequest(job_id="g", demand=Demand(kind="gpus", gpus=5)))
     assert isinstance(d, Placement)
@@ -115,7 +115,7 @@ def test_a_gang_of_plain_gpus_spans_nodes_too_and_never_mixes_them_with_mig_gpus
 
 
 def _nodes(n_nodes: int, per_node: int) -> ClusterSnapshot:
-    return ClusterSnapshot.of(GEO, [GpuView.build(id=f"g{n}-{i}", node=f"n{n}", index=i, model="A100-40GB")
+    return snapshot_of(GEO, [GpuView.build(id=f"g{n}-{i}", node=f"n{n}", index=i, model="A100-40GB")
                                     for n in range(n_nodes) for i in range(per_node)])
 
 

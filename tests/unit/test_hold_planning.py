@@ -9,7 +9,7 @@ from services.balancer.holds import Holds
 from shared.events import Demand, JobSubmit
 from shared.mig.geometry import default_geometry
 from shared.policy.reservation import ReservationParams
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 GEO = default_geometry()
@@ -19,7 +19,7 @@ def _snap() -> ClusterSnapshot:
     def busy(gid: str, ends: float) -> GpuView:
         return GpuView.build(id=gid, node="n1", index=int(gid[-1]), model="A100-40GB", instances=[InstanceView(
             id=f"{gid}/i", profile="4g.20gb", start=0, size=4, compute=4, job_id=f"{gid}/j", ends_at=ends)])
-    return ClusterSnapshot.of(GEO, [busy("n1/0", 5000.0), busy("n1/1", 200.0)])
+    return snapshot_of(GEO, [busy("n1/0", 5000.0), busy("n1/1", 200.0)])
 
 
 def _sub(job: str, profile: str, at: float = 0.0, patience: float | None = None) -> JobSubmit:

@@ -9,7 +9,7 @@ from mig_strategies import clusters
 
 from shared.policy.migration import MigrationParams, _Plan
 from shared.policy.migration_search import move_bounds
-from shared.policy.snapshot import ClusterSnapshot
+from shared.policy.snapshot import ClusterSnapshot, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -41,6 +41,6 @@ def test_a_gpu_whose_only_job_sits_where_no_move_helps_gets_no_intra_bound() -> 
     prof = next(p for p in model.profiles if p.memory_slices == model.memory_slices)
     whole = InstanceView(id="i", profile=prof.name, start=0, size=prof.memory_slices,
                          compute=prof.compute_slices, job_id="j")
-    snap = ClusterSnapshot.of(geo, [GpuView.build(id="g", node="n", index=0, model=model.name,
+    snap = snapshot_of(geo, [GpuView.build(id="g", node="n", index=0, model=model.name,
                                                   instances=[whole])])
     assert _Plan(snap, NOW, MigrationParams()).columns()[3].tolist() == [0]

@@ -9,7 +9,7 @@ from mig_strategies import GEO, clusters, layout_is_legal
 
 from shared.mig.occupancy import span
 from shared.policy.migration import MigrationParams, plan_after_exit
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ def _gpu(gid: str, *insts: InstanceView) -> GpuView:
 
 
 def test_a_lazy_gpu_left_with_one_small_job_is_emptied_onto_a_gpu_that_already_runs_jobs() -> None:
-    snap = ClusterSnapshot.of(GEO, [
+    snap = snapshot_of(GEO, [
         _gpu("g0", _inst("g0", "1g.5gb", 6, "small")),
         _gpu("g1"),  # empty: never a target, it is what consolidation keeps for whole-GPU jobs
         _gpu("g2", _inst("g2", "4g.20gb", 0, "big")),
@@ -40,7 +40,7 @@ def test_a_lazy_gpu_left_with_one_small_job_is_emptied_onto_a_gpu_that_already_r
 
 def test_consolidation_is_all_or_nothing() -> None:
     # g0 keeps two 3g jobs; the only non-empty GPU has room for one of them: nothing leaves g0
-    snap = ClusterSnapshot.of(GEO, [
+    snap = snapshot_of(GEO, [
         _gpu("g0", _inst("g0", "3g.20gb", 0, "a"), _inst("g0", "3g.20gb", 4, "b")),
         _gpu("g1", _inst("g1", "4g.20gb", 0, "big")),
         _gpu("g2"),
@@ -50,7 +50,7 @@ def test_consolidation_is_all_or_nothing() -> None:
 
 
 def test_a_job_that_may_not_move_keeps_its_gpu_from_being_consolidated() -> None:
-    snap = ClusterSnapshot.of(GEO, [
+    snap = snapshot_of(GEO, [
         _gpu("g0", _inst("g0", "1g.5gb", 6, "pinned", migratable=False)),
         _gpu("g2", _inst("g2", "4g.20gb", 0, "big")),
     ])

@@ -14,7 +14,7 @@ from mig_strategies import keyed_pull_index as _keyed
 from shared.policy.migration import MigrationParams, plan_after_exit, plan_defrag
 from shared.policy.migration_gate import DefragScreen, no_moves_after_exit
 from shared.policy.migration_pull import hostable_on
-from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ def test_a_source_whose_jobs_all_cool_down_has_no_head_until_the_cooldown_ends()
         i.__class__(**{**{f: getattr(i, f) for f in i.__struct_fields__}, "migratable": True,
                        "latency_sensitive": False, "last_moved_at": 950.0}) for i in insts])
     lazy = GpuView.build(id="l", node="n", index=1, model=model.name)
-    snap = ClusterSnapshot.of(GEO, [busy, lazy])
+    snap = snapshot_of(GEO, [busy, lazy])
     params = MigrationParams(cooldown_s=120.0)
     index = _keyed(snap, params.threshold, params.cooldown_s, 1000.0)
     assert index.sources() == {}
@@ -112,7 +112,7 @@ def test_a_screen_updated_with_the_changed_gpus_only_equals_one_built_from_scrat
                 model = GEO.model(g.model)
                 gpus[p] = g.with_instances(random_instances(rng, model, f"{g.id}x{seed}", rng.random(), 0.3))
                 screen.update(p, gpus[p], model)
-        snap = ClusterSnapshot.of(GEO, gpus)
+        snap = snapshot_of(GEO, gpus)
         assert screen.state() == _screen(snap, params).state()
 
 

@@ -12,7 +12,7 @@ from mig_strategies import GEO, clusters, layout_is_legal
 from shared.mig.occupancy import span
 from shared.policy.fragcost import frag_cost
 from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -133,7 +133,7 @@ def _fragmented(**kw: object) -> GpuView:
 
 
 def test_a_busy_gpu_moves_a_job_within_itself_to_lower_its_fragcost() -> None:
-    snap = ClusterSnapshot.of(GEO, [_fragmented()])
+    snap = snapshot_of(GEO, [_fragmented()])
     moves = plan_after_exit(snap, "g0", NOW, MigrationParams())
     assert moves and moves[0].kind == "intra" and moves[0].job_id == "j3" and moves[0].dst_start == 1
     assert moves[0].frag_src_before == pytest.approx(0.831, abs=5e-4)
@@ -142,26 +142,26 @@ def test_a_busy_gpu_moves_a_job_within_itself_to_lower_its_fragcost() -> None:
 
 def test_an_intra_move_never_overlaps_its_own_source() -> None:
     # a lone 3g@4 would score better at... nowhere: 3g@0 overlaps nothing, but it is already optimal at 4
-    snap = ClusterSnapshot.of(GEO, [_gpu("g0", _inst("g0", "4g.20gb", 0, "a"))])
+    snap = snapshot_of(GEO, [_gpu("g0", _inst("g0", "4g.20gb", 0, "a"))])
     assert plan_after_exit(snap, "g0", NOW, MigrationParams(threshold=0.1)) == ()
     # 2g@2 alone: 2g@4 lowers FragCost (0.562 -> 0.395) and does not overlap slices 2-3
-    snap = ClusterSnapshot.of(GEO, [_gpu("g0", _inst("g0", "2g.10gb", 2, "a"))])
+    snap = snapshot_of(GEO, [_gpu("g0", _inst("g0", "2g.10gb", 2, "a"))])
     moves = plan_after_exit(snap, "g0", NOW, MigrationParams(threshold=0.1))
     assert [(m.src_start, m.dst_start) for m in moves] == [(2, 4)]
 
 
 def test_a_job_in_cooldown_or_not_migratable_stays_put() -> None:
-    snap = ClusterSnapshot.of(GEO, [_fragmented(last_moved_at=NOW - 10)])
+    snap = snapshot_of(GEO, [_fragmented(last_moved_at=NOW - 10)])
     moves = plan_after_exit(snap, "g0", NOW, MigrationParams())
     assert all(m.job_id != "j3" for m in moves)
-    snap = ClusterSnapshot.of(GEO, [_fragmented(migratable=False)])
+    snap = snapshot_of(GEO, [_fragmented(migratable=False)])
     assert all(m.job_id != "j3" for m in plan_after_exit(snap, "g0", NOW, MigrationParams()))
-    snap = ClusterSnapshot.of(GEO, [_fragmented(last_moved_at=NOW - 121)])
+    snap = snapshot_of(GEO, [_fragmented(last_moved_at=NOW - 121)])
     assert any(m.job_id == "j3" for m in plan_after_exit(snap, "g0", NOW, MigrationParams()))
 
 
 def test_a_lazy_gpu_pulls_the_job_whose_removal_helps_the_busy_source_most() -> None:
-    snap = ClusterSnapshot.of(GEO, [_fragmented(), _gpu("g1", model="H200-141GB")])
+    snap = snapshot_of(GEO, [_fragmented(), _gpu("g1", model="H200-141GB")])
     moves = plan_after_exit(snap, "g1", NOW, MigrationParams())
     assert len(moves) == 1
     m = moves[0]
@@ -172,7 +172,7 @@ def test_a_lazy_gpu_pulls_the_job_whose_removal_helps_the_busy_source_most() -> 
 def test_a_latency_sensitive_job_moves_within_its_gpu_but_never_across() -> None:
     gid = "g0"
     insts = [_inst(gid, p, s, j, latency_sensitive=True) for p, s, j in FRAGMENTED[1:]]
-    snap = ClusterSnapshot.of(GEO, [_gpu(gid, *insts), _gpu("g1")])
+    snap = snapshot_of(GEO, [_gpu(gid, *insts), _gpu("g1")])
     assert plan_after_exit(snap, "g1", NOW, MigrationParams()) == ()
     assert plan_after_exit(snap, "g0", NOW, MigrationParams())  # intra is allowed
     assert all(m.kind == "intra" for m in plan_defrag(snap, NOW, MigrationParams()))
@@ -180,7 +180,7 @@ def test_a_latency_sensitive_job_moves_within_its_gpu_but_never_across() -> None
 
 def test_a_pull_never_leaves_the_target_more_loaded_than_the_source() -> None:
     # source: 3g busy (load 3/7); pulling it would leave the target at 3/7 and the source at 0
-    snap = ClusterSnapshot.of(GEO, [_gpu("g0", _inst("g0", "3g.20gb", 0, "a")), _gpu("g1")])
+    snap = snapshot_of(GEO, [_gpu("g0", _inst("g0", "3g.20gb", 0, "a")), _gpu("g1")])
     assert plan_after_exit(snap, "g1", NOW, MigrationParams()) == ()
 
 
@@ -188,14 +188,14 @@ def test_a_pull_never_moves_a_job_to_a_profile_with_less_memory() -> None:
     h200 = GEO.model("H200-141GB").profile("1g.18gb")
     big = [InstanceView(id=f"h/{s}", profile=h200.name, start=s, size=1, compute=1, job_id=f"j{s}")
            for s in (0, 2, 4, 6)]
-    snap = ClusterSnapshot.of(GEO, [_gpu("g0", *big, model="H200-141GB"), _gpu("g1")])
+    snap = snapshot_of(GEO, [_gpu("g0", *big, model="H200-141GB"), _gpu("g1")])
     assert plan_after_exit(snap, "g1", NOW, MigrationParams()) == ()
-    snap = ClusterSnapshot.of(GEO, [_gpu("g0", *big, model="H200-141GB"), _gpu("g1", model="B200-180GB")])
+    snap = snapshot_of(GEO, [_gpu("g0", *big, model="H200-141GB"), _gpu("g1", model="B200-180GB")])
     assert plan_after_exit(snap, "g1", NOW, MigrationParams())
 
 
 def test_the_cap_on_moves_and_the_switches_are_honoured() -> None:
-    snap = ClusterSnapshot.of(GEO, [_fragmented(), _gpu("g1")])
+    snap = snapshot_of(GEO, [_fragmented(), _gpu("g1")])
     assert plan_defrag(snap, NOW, MigrationParams(max_moves=0)) == ()
     assert len(plan_defrag(snap, NOW, MigrationParams(max_moves=1))) == 1
     assert all(m.kind == "inter" for m in plan_defrag(snap, NOW, MigrationParams(intra=False)))
@@ -206,7 +206,7 @@ def test_an_unknown_or_unhealthy_gpu_gets_no_moves() -> None:
     g = _fragmented()
     sick = GpuView.build(id=g.id, node=g.node, index=g.index, model=g.model, instances=g.instances,
                          healthy=False)
-    snap = ClusterSnapshot.of(GEO, [sick])
+    snap = snapshot_of(GEO, [sick])
     assert plan_after_exit(snap, "g0", NOW, MigrationParams()) == ()
     assert plan_after_exit(snap, "nope", NOW, MigrationParams()) == ()
     assert plan_defrag(snap, NOW, MigrationParams()) == ()
@@ -215,7 +215,7 @@ def test_an_unknown_or_unhealthy_gpu_gets_no_moves() -> None:
 def test_idle_instances_in_the_way_are_listed_for_destruction() -> None:
     idle = _inst("g0", "1g.5gb", 1, None)
     gpu = _gpu("g0", *[_inst("g0", p, s, j) for p, s, j in FRAGMENTED[1:]], idle)
-    snap = ClusterSnapshot.of(GEO, [gpu])
+    snap = snapshot_of(GEO, [gpu])
     moves = plan_after_exit(snap, "g0", NOW, MigrationParams())
     assert moves[0].dst_start == 1 and moves[0].destroy == (idle.id,)
     assert math.isfinite(moves[0].expected_change)

@@ -11,7 +11,7 @@ from mig_strategies import GEO, clusters, random_instances
 
 from shared.policy.migration import MigrationParams, _Plan, plan_after_exit, plan_defrag
 from shared.policy.pull_index import PullIndex
-from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +40,7 @@ def _changed(snap: ClusterSnapshot, seed: int, share: float) -> tuple[ClusterSna
             insts = random_instances(rng, model, f"{g.id}x{seed}", rng.random(), rng.choice([0.0, 0.3]))
             gpus[p] = g.with_instances(insts)
             changed.append(p)
-    return ClusterSnapshot.of(GEO, gpus), changed
+    return snapshot_of(GEO, gpus), changed
 
 
 @SETTINGS
@@ -96,8 +96,8 @@ def test_an_index_of_another_snapshot_or_threshold_is_not_used() -> None:
     busy = GpuView.build(id="b", node="n", index=0, model="A100-40GB",
                          instances=random_instances(random.Random(3), GEO.model("A100-40GB"), "b", 1.0, 0.0))
     lazy = GpuView.build(id="l", node="n", index=1, model="A100-40GB")
-    snap = ClusterSnapshot.of(GEO, [busy, lazy])
-    stale = _index(ClusterSnapshot.of(GEO, [lazy, lazy.with_instances(())]), 0.4)
+    snap = snapshot_of(GEO, [busy, lazy])
+    stale = _index(snapshot_of(GEO, [lazy, lazy.with_instances(())]), 0.4)
     other = _index(snap, 0.9)
     params = MigrationParams(cooldown_s=0.0)
     expected = plan_after_exit(snap, "l", NOW, params)
@@ -110,10 +110,10 @@ def test_a_gpu_that_stops_being_a_source_leaves_the_index() -> None:
     model = GEO.model("A100-40GB")
     busy = GpuView.build(id="b", node="n", index=0, model=model.name,
                          instances=random_instances(random.Random(3), model, "b", 1.0, 0.0))
-    snap = ClusterSnapshot.of(GEO, [busy])
+    snap = snapshot_of(GEO, [busy])
     index = _index(snap, 0.0)
     assert list(index.sources()) == [0]
-    emptied = ClusterSnapshot.of(GEO, [busy.with_instances(())])
+    emptied = snapshot_of(GEO, [busy.with_instances(())])
     index.sync(emptied, [0])
     assert index.sources() == {}
     assert list(index.heads(0, model.compute_slices, (frozenset(p.name for p in model.profiles),))) == []

@@ -15,7 +15,7 @@ from shared.mig.occupancy import span
 from shared.policy.placement import CannotPlace, JobRequest, Placement
 from shared.policy.plugins.migsched import AlignParams, bucket, buckets, place_aligned
 from shared.policy.request import Demand, mig
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +69,7 @@ def _gpu(gid: str, node: str, *busy: tuple[str, int, float]) -> GpuView:
 
 
 def test_a_small_job_goes_beside_running_jobs_rather_than_opening_an_empty_gpu() -> None:
-    snap = ClusterSnapshot.of(GEO, [_gpu("g0", "n0"), _gpu("g1", "n0", ("3g.20gb", 4, 2000.0))])
+    snap = snapshot_of(GEO, [_gpu("g0", "n0"), _gpu("g1", "n0", ("3g.20gb", 4, 2000.0))])
     d = place_aligned(snap, JobRequest(job_id="j", demand=mig("1g"), duration_hint_s=100.0, now=0.0),
                       params=AlignParams(keep_empty=1.0))
     assert isinstance(d, Placement) and d.slot.gpu_id == "g1"
@@ -77,7 +77,7 @@ def test_a_small_job_goes_beside_running_jobs_rather_than_opening_an_empty_gpu()
 
 def test_a_short_job_goes_where_the_running_jobs_outlast_it() -> None:
     # both fit a 1g alike; g0's job ends in 100 s, g1's in 10,000 s: a 1,000-s job extends only g0's busy time
-    snap = ClusterSnapshot.of(GEO, [_gpu("g0", "n0", ("3g.20gb", 4, 100.0)), _gpu("g1", "n1", ("3g.20gb", 4, 10000.0))])
+    snap = snapshot_of(GEO, [_gpu("g0", "n0", ("3g.20gb", 4, 100.0)), _gpu("g1", "n1", ("3g.20gb", 4, 10000.0))])
     d = place_aligned(snap, JobRequest(job_id="j", demand=mig("1g"), duration_hint_s=1000.0, now=0.0),
                       params=AlignParams(keep_empty=1.0))
     assert isinstance(d, Placement) and d.slot.gpu_id == "g1"
@@ -88,7 +88,7 @@ def test_a_short_job_goes_where_the_running_jobs_outlast_it() -> None:
 
 def test_while_empty_gpus_are_plenty_a_job_goes_to_the_least_loaded_gpu() -> None:
     gpus = [_gpu("g0", "n0", ("3g.20gb", 4, 100.0))] + [_gpu(f"g{i}", "n1") for i in range(1, 8)]
-    d = place_aligned(ClusterSnapshot.of(GEO, gpus), JobRequest(job_id="j", demand=mig("1g"), now=0.0),
+    d = place_aligned(snapshot_of(GEO, gpus), JobRequest(job_id="j", demand=mig("1g"), now=0.0),
                       params=AlignParams(keep_empty=0.5))
     assert isinstance(d, Placement) and d.slot.gpu_id != "g0"
 
@@ -98,7 +98,7 @@ def test_a_gang_takes_the_node_whose_busy_time_it_extends_least() -> None:
     gpus = [_gpu("g0", "n0", ("3g.20gb", 4, 10.0)), _gpu("g1", "n0"), _gpu("g2", "n0"),
             _gpu("g3", "n1", ("3g.20gb", 4, 10000.0)), _gpu("g4", "n1"), _gpu("g5", "n1")]
     job = JobRequest(job_id="j", demand=Demand(kind="gpus", gpus=2), duration_hint_s=5000.0, now=0.0)
-    d = place_aligned(ClusterSnapshot.of(GEO, gpus), job)
+    d = place_aligned(snapshot_of(GEO, gpus), job)
     assert isinstance(d, Placement) and {s.gpu_id for s in d.slots} == {"g4", "g5"}
 
 

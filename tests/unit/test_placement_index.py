@@ -17,7 +17,7 @@ from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement import JobRequest, Placement, Slot
 from shared.policy.placement_index import PlacementIndex
 from shared.policy.request import Demand, mig, sized
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +72,7 @@ def test_the_index_places_exactly_as_the_balancer_through_a_sequence_of_changes(
     index.log_limit = log_limit  # 2: the change log is compacted all the time
     for k, (what, demand, pick) in enumerate(steps):
         if what == "place":
-            decision = place(ClusterSnapshot.of(GEO, gpus), JobRequest(job_id=f"j{k}", demand=demand), params)
+            decision = place(snapshot_of(GEO, gpus), JobRequest(job_id=f"j{k}", demand=demand), params)
             slots = index.place(demand)
             if not isinstance(decision, Placement):
                 assert slots is None
@@ -115,7 +115,7 @@ def test_whole_gpu_gangs_go_where_the_balancer_puts_them_while_every_gpu_is_in_m
         assert index.handles(demand) == (what == "1g" or (all(g.mig for g in gpus) and one_node))
         if not index.handles(demand):
             continue
-        decision = place(ClusterSnapshot.of(GEO, gpus), JobRequest(job_id=f"j{k}", demand=demand))
+        decision = place(snapshot_of(GEO, gpus), JobRequest(job_id=f"j{k}", demand=demand))
         slots = index.place(demand)
         assert slots == (decision.slots if isinstance(decision, Placement) else None)
         if slots is not None:

@@ -8,7 +8,7 @@ import pytest
 
 from shared.mig.geometry import default_geometry
 from shared.policy.migration import MigrationParams, plan_after_exit, plan_defrag
-from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 from shared.state import StoredGpu, StoredInstance
 
 pytestmark = pytest.mark.unit
@@ -32,7 +32,7 @@ def _snap() -> ClusterSnapshot:
                              busy("m3", "1g.5gb", 2, 1, 1, "mig3")]),
     ]
     views: list[GpuView] = [g.view() for g in gpus]
-    return ClusterSnapshot.of(GEO, views)
+    return snapshot_of(GEO, views)
 
 
 def test_plain_jobs_never_move_and_mig_jobs_never_land_on_plain_gpus() -> None:

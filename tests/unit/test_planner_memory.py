@@ -13,7 +13,7 @@ from shared.policy.migration import MigrationParams, plan_after_exit
 from shared.policy.migration_pull import _HOSTABLE, HOSTABLE_MEMO, _hostable, hostable_on
 from shared.policy.migration_search import VirtualGpu
 from shared.policy.migration_state import _DST, DST_MEMO, Memo, _dst_placement
-from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit
 A100 = GEO.model("A100-40GB")
@@ -103,7 +103,7 @@ def test_the_jobs_memoised_per_view_go_with_the_view() -> None:
     # a service builds every snapshot anew: entries kept after their views had held those views (and the
     # pymalloc arenas of their snapshots) for up to 4,096 entries; the simulator's views live on and hit again
     rng = random.Random(3)
-    snap = ClusterSnapshot.of(GEO, [
+    snap = snapshot_of(GEO, [
         GpuView.build(id=f"n/{i}", node="n", index=0, model=A100.name,
                       instances=random_instances(rng, A100, f"n/{i}", rng.uniform(0.3, 0.9), 0.2))
         for i in range(64)

@@ -14,7 +14,7 @@ from shared.policy.priority import PriorityClass
 from shared.policy.quota import COMPUTE, CohortPolicy, QuotaBook, QuotaPolicy, TenantQuota, charge
 from shared.policy.request import Demand, mig
 from shared.policy.sharing import share_instance, whole_instance
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,7 @@ def _gpu(gid: str, *insts: InstanceView, node: str = "n0", index: int = 0) -> Gp
 
 
 def _snap(*gpus: GpuView) -> ClusterSnapshot:
-    return ClusterSnapshot.of(GEO, gpus)
+    return snapshot_of(GEO, gpus)
 
 
 def _job(demand: Demand, prio: int, tenant: str = "t") -> JobRequest:

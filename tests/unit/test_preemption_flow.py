@@ -18,7 +18,7 @@ from shared.policy.quota import COMPUTE, CohortPolicy, QuotaBook, QuotaPolicy, T
 from shared.policy.request import Demand, mig
 from shared.policy.reserve import ReserveParams
 from shared.policy.sharing import SHARE_PROFILE, WHOLE_PROFILE, instance_for_slot
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +38,7 @@ class Cluster:
         self.requeued: list[tuple[str, str]] = []
 
     def snap(self) -> ClusterSnapshot:
-        return ClusterSnapshot.of(GEO, self.gpus.values())
+        return snapshot_of(GEO, self.gpus.values())
 
     def submit(self, job: JobRequest, klass: PriorityClass, now: float = 100.0) -> Start | Hold:
         d = decide(self.snap(), self.book, job, klass, now, reserve=NO_RESERVE)

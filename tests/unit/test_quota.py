@@ -34,7 +34,7 @@ from shared.policy.quota import (
 )
 from shared.policy.request import Demand, mig, sized
 from shared.policy.sharing import place_share
-from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -155,7 +155,7 @@ def test_headroom_lists_used_nominal_and_borrowable_per_resource() -> None:
 
 
 def _snap(*gpus: GpuView) -> ClusterSnapshot:
-    return ClusterSnapshot.of(GEO, gpus)
+    return snapshot_of(GEO, gpus)
 
 
 def test_request_usages_give_one_charge_per_gpu_model_that_could_host_the_request() -> None:

@@ -14,7 +14,7 @@ from shared.policy.placement import CannotPlace
 from shared.policy.registry import get_policy
 from shared.policy.request import Demand, mig
 from shared.policy.reservation import may_use, plan, whole_gpus
-from shared.policy.snapshot import ClusterSnapshot, GpuView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 from shared.sim import reserving
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import InterferenceParams, SimConfig
@@ -28,7 +28,7 @@ GEO = default_geometry()
 
 
 def _snap(nodes: int, per_node: int) -> ClusterSnapshot:
-    return ClusterSnapshot.of(GEO, [GpuView.build(id=f"g{n}{i}", node=f"n{n}", index=i, model="A100-40GB")
+    return snapshot_of(GEO, [GpuView.build(id=f"g{n}{i}", node=f"n{n}", index=i, model="A100-40GB")
                                     for n in range(nodes) for i in range(per_node)])
 
 
@@ -52,7 +52,7 @@ def test_the_expected_free_times_come_from_the_running_jobs_ends() -> None:
         id=f"i{i}", profile="1g.5gb", start=0, size=1, compute=1, job_id=f"j{i}", ends_at=e)])
         for i, e in enumerate((500.0, 200.0))]
     gpus.append(GpuView.build(id="g2", node="n0", index=2, model="A100-40GB"))
-    r = plan(ClusterSnapshot.of(GEO, gpus), "big", 2, now=100.0, deadline=1000.0)
+    r = plan(snapshot_of(GEO, gpus), "big", 2, now=100.0, deadline=1000.0)
     assert r is not None and r.gpus == ("g2", "g1") and r.start == 200.0
 
 

@@ -12,7 +12,7 @@ from shared.policy.placement import CannotPlace, JobRequest, Placement
 from shared.policy.request import Demand, mig
 from shared.policy.reserve import ReserveParams, free_full, hold_back, place_reserving, respects_reserve
 from shared.policy.sharing import share_instance
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +41,7 @@ K1 = ReserveParams(reserve_full=1)
 
 def test_free_full_counts_gpus_without_busy_instances_and_plain_gpus_without_any_job() -> None:
     share = share_instance(0, _job(Demand(kind="shared")), "s", 0.0)
-    snap = ClusterSnapshot.of(GEO, [
+    snap = snapshot_of(GEO, [
         _free("a", 0), _free("b", 1, idle=True), _busy("c", 2),
         GpuView.build(id="p", node="n", index=3, model=MODEL, mig=False, replicas=2),
         GpuView.build(id="q", node="n", index=4, model=MODEL, mig=False, replicas=2, instances=[share]),
@@ -51,13 +51,13 @@ def test_free_full_counts_gpus_without_busy_instances_and_plain_gpus_without_any
 
 
 def test_a_small_job_goes_to_a_busy_gpu_when_it_fits_there() -> None:
-    snap = ClusterSnapshot.of(GEO, [_free("free", 0), _busy("busy", 1)])
+    snap = snapshot_of(GEO, [_free("free", 0), _busy("busy", 1)])
     d = place_reserving(snap, _job(mig("1g.5gb")), K1)
     assert isinstance(d, Placement) and d.slot.gpu_id == "busy"
 
 
 def test_a_small_job_that_would_take_the_last_free_gpu_waits_with_reason_reserved_capacity() -> None:
-    snap = ClusterSnapshot.of(GEO, [_free("free", 0), _busy("busy", 1, "7g.40gb", 0, 8, 7)])
+    snap = snapshot_of(GEO, [_free("free", 0), _busy("busy", 1, "7g.40gb", 0, 8, 7)])
     assert isinstance(place(snap, _job(mig("1g.5gb"))), Placement)  # without the reserve it would go there
     d = place_reserving(snap, _job(mig("1g.5gb")), K1)
     assert isinstance(d, CannotPlace)
@@ -66,7 +66,7 @@ def test_a_small_job_that_would_take_the_last_free_gpu_waits_with_reason_reserve
 
 
 def test_a_full_size_request_may_use_the_reserve() -> None:
-    snap = ClusterSnapshot.of(GEO, [_free("free", 0), _busy("busy", 1)])
+    snap = snapshot_of(GEO, [_free("free", 0), _busy("busy", 1)])
     d = place_reserving(snap, _job(mig("7g.40gb")), K1)
     assert isinstance(d, Placement) and d.slot.gpu_id == "free"
     g = place_reserving(snap, _job(Demand(kind="gpus", gpus=1)), K1)
@@ -74,7 +74,7 @@ def test_a_full_size_request_may_use_the_reserve() -> None:
 
 
 def test_with_more_free_gpus_than_the_reserve_small_jobs_may_take_one() -> None:
-    snap = ClusterSnapshot.of(GEO, [_free("a", 0), _free("b", 1)])
+    snap = snapshot_of(GEO, [_free("a", 0), _free("b", 1)])
     d = place_reserving(snap, _job(mig("1g.5gb")), K1)
     assert isinstance(d, Placement)
     assert respects_reserve(snap, _job(mig("1g.5gb")), d, 1)
@@ -82,20 +82,20 @@ def test_with_more_free_gpus_than_the_reserve_small_jobs_may_take_one() -> None:
 
 
 def test_a_reserve_of_zero_changes_nothing() -> None:
-    snap = ClusterSnapshot.of(GEO, [_free("free", 0)])
+    snap = snapshot_of(GEO, [_free("free", 0)])
     assert isinstance(place_reserving(snap, _job(mig("1g.5gb")), ReserveParams(reserve_full=0)), Placement)
     assert hold_back(snap, 0) == (snap, 0)
 
 
 def test_the_reserve_also_keeps_free_plain_gpus_from_time_sliced_shares() -> None:
     plain = GpuView.build(id="p", node="n", index=0, model=MODEL, mig=False, replicas=4)
-    snap = ClusterSnapshot.of(GEO, [plain])
+    snap = snapshot_of(GEO, [plain])
     d = place_reserving(snap, _job(Demand(kind="shared")), K1)
     assert isinstance(d, CannotPlace) and d.reasons[0].startswith("reserved capacity")
 
 
 def test_held_back_snapshots_share_the_gpus_and_hide_only_the_reserved_ones() -> None:
-    snap = ClusterSnapshot.of(GEO, [_free("a", 0), _busy("b", 1)])
+    snap = snapshot_of(GEO, [_free("a", 0), _busy("b", 1)])
     held, hidden = hold_back(snap, 1)
     assert hidden == 1 and held.gpus is snap.gpus
     assert held.healthy.tolist() == [False, True] and snap.healthy.tolist() == [True, True]
@@ -117,7 +117,7 @@ def test_a_small_placement_never_takes_the_last_k_free_full_gpus(
             gpus.append(_busy(f"g{i}", i, "1g.5gb", 6, 1, 1))
         else:
             gpus.append(_busy(f"g{i}", i))
-    snap = ClusterSnapshot.of(GEO, gpus)
+    snap = snapshot_of(GEO, gpus)
     job = _job(mig(profile))
     d = place_reserving(snap, job, ReserveParams(reserve_full=k))
     plain = place(snap, job)

@@ -21,7 +21,7 @@ from shared.policy.sharing import (
     shares_used,
     whole_instance,
 )
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +52,7 @@ def _mig(gid: str, node: str = "n0", index: int = 0, busy: bool = False) -> GpuV
 
 
 def _snap(*gpus: GpuView) -> ClusterSnapshot:
-    return ClusterSnapshot.of(GEO, gpus)
+    return snapshot_of(GEO, gpus)
 
 
 def test_a_whole_gpu_job_on_a_plain_gpu_is_recorded_as_one_instance_filling_the_gpu() -> None:

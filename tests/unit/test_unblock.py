@@ -12,7 +12,7 @@ from shared.mig.occupancy import span
 from shared.policy.placement import JobRequest
 from shared.policy.registry import get_policy
 from shared.policy.request import mig
-from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 from shared.policy.unblock import UnblockParams, plan_unblock
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import InterferenceParams, SimConfig
@@ -50,7 +50,7 @@ def _apply(snap: ClusterSnapshot, moves: tuple[object, ...]) -> dict[str, int]:
 
 
 def test_the_jobs_of_one_gpu_move_to_the_holes_of_others_and_free_it_whole() -> None:
-    snap = ClusterSnapshot.of(GEO, [
+    snap = snapshot_of(GEO, [
         _gpu("g0", _inst("g0", 0, "4g.20gb", 0)),                               # a 3g hole at 4
         _gpu("g1", _inst("g1", 0, "3g.20gb", 4)),                               # a 4g hole at 0
         _gpu("g2", _inst("g2", 0, "3g.20gb", 0), _inst("g2", 1, "1g.5gb", 4)),  # its 3g fits g0, its 1g g1
@@ -63,7 +63,7 @@ def test_the_jobs_of_one_gpu_move_to_the_holes_of_others_and_free_it_whole() -> 
 
 
 def test_nothing_moves_for_a_job_that_fits_on_less_than_a_whole_gpu() -> None:
-    snap = ClusterSnapshot.of(GEO, [_gpu("g0", _inst("g0", 0, "4g.20gb", 0)), _gpu("g1", _inst("g1", 0, "1g.5gb", 0))])
+    snap = snapshot_of(GEO, [_gpu("g0", _inst("g0", 0, "4g.20gb", 0)), _gpu("g1", _inst("g1", 0, "1g.5gb", 0))])
     assert plan_unblock(snap, JobRequest(job_id="j", demand=mig("3g")), now=0.0) == ()
 
 
@@ -81,7 +81,7 @@ def test_a_gpu_is_not_emptied_when_a_rule_forbids_it(why: str) -> None:
     if why == "too_many":
         src = [_inst("g1", k, "1g.5gb", k) for k in range(3)]
     room = [] if why == "no_room" else [_gpu("g0", _inst("g0", 0, "4g.20gb", 0))]
-    snap = ClusterSnapshot.of(GEO, [*room, _gpu("g1", *src)])
+    snap = snapshot_of(GEO, [*room, _gpu("g1", *src)])
     assert plan_unblock(snap, JOB, now=0.0, params=UnblockParams(max_moves=2, min_left_s=300.0)) == ()
 
 
