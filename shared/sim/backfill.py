@@ -18,17 +18,17 @@ from shared.policy.request import resolve_profile
 from shared.sim.jobs import SimJob
 
 if TYPE_CHECKING:
-    from shared.sim.engine import Simulator
+    from shared.sim.run import SimRun
 
 
-def schedule(sim: Simulator) -> None:
+def schedule(sim: SimRun) -> None:
     """One bounded pass over the queue (``backfill_depth`` entries). A demand that failed since the last time
     room was freed fails again, so it is skipped."""
     if not sim.queue:
         return
     placed: list[tuple[int, float, int]] = []
     version = sim.version  # placements only consume room (nothing is freed): constant during a pass
-    failed, memos, jobs, placer = sim.failed, sim._memo_keys, sim.jobs, sim.placer
+    failed, memos, jobs, placer = sim.failed, sim.memo_keys, sim.jobs, sim.placer
     for key in sim.queue[: sim.cfg.backfill_depth]:
         i = key[2]
         memo = memos[i]
@@ -53,12 +53,12 @@ def schedule(sim: Simulator) -> None:
                 continue
             slots = decision.slots
         placed.append(key)
-        sim._start(i, slots)
+        sim.start(i, slots)
     for key in placed:
         del sim.queue[bisect.bisect_left(sim.queue, key)]
 
 
-def may_fit_since(sim: Simulator, job: SimJob, version: int) -> bool:
+def may_fit_since(sim: SimRun, job: SimJob, version: int) -> bool:
     """Could ``job``, which failed at ``version``, fit now? Only GPUs freed since then have more room, so only
     they can host it; this is a necessary condition (slices not busy, ignoring idle instances and max counts),
     so skipping the policy call when it is false never misses a placement."""
@@ -84,18 +84,18 @@ def may_fit_since(sim: Simulator, job: SimJob, version: int) -> bool:
     return False
 
 
-def _masks(sim: Simulator, job: SimJob, model: GpuModel) -> tuple[int, ...]:
+def _masks(sim: SimRun, job: SimJob, model: GpuModel) -> tuple[int, ...]:
     """The slice masks of the placements of the job's profile on ``model`` (none: no such profile)."""
     key = (job.shape, model.name)
-    masks = sim._profiles.get(key)
+    masks = sim.profiles.get(key)
     if masks is None:
         prof = resolve_profile(job.demand, model)
-        masks = sim._profiles[key] = () if prof is None else tuple(
+        masks = sim.profiles[key] = () if prof is None else tuple(
             ((1 << prof.memory_slices) - 1) << s for s in prof.placements)
     return masks
 
 
-def _gang_may_fit(sim: Simulator, job: SimJob, changed: list[str]) -> bool:
+def _gang_may_fit(sim: SimRun, job: SimJob, changed: list[str]) -> bool:
     """``may_fit_since`` for a gang: it needs ``job.gpus`` empty GPUs on one node, or across nodes when it is
     bigger than every node."""
     placer = sim.placer

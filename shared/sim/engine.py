@@ -17,16 +17,16 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from heapq import heappop
-from typing import Any, Protocol
+from typing import Any
 
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.balancer import BalancerParams
 from shared.policy.gang import never_fits
-from shared.policy.placement import Decision, JobRequest, Slot
+from shared.policy.placement import Slot
 from shared.policy.placement_index import PlacementIndex
 from shared.policy.reservation import Reservation, ReservationParams
 from shared.policy.retention import RecentDemand
-from shared.policy.snapshot import ClusterSnapshot, InstanceView
+from shared.policy.snapshot import InstanceView
 from shared.policy.unblock import UnblockParams
 from shared.sim import backfill, invariants, moves, release, reserving
 from shared.sim import events as ev
@@ -36,27 +36,14 @@ from shared.sim.errors import InvariantError
 from shared.sim.interference import Interference
 from shared.sim.jobs import DONE, FUTURE, QUEUED, REJECTED, RUNNING, STARTING, SimJob, Workload
 from shared.sim.metrics import Outcome, Recorder, RunResult
+from shared.sim.run import Policy, Spec
 
-Policy = Callable[[ClusterSnapshot, JobRequest], Decision]
 ARRIVED = ev.Event(0.0, ev.ARRIVAL, 0, -1, 0)
 """Stands for an arrival event when no hook will read it (building one per arrival is measurable)."""
 
 
-class Spec(Protocol):
-    """What the engine reads of a policy spec (``shared.policy.registry.PolicySpec`` has these)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def repartitions(self) -> bool: ...
-    @property
-    def initial_layout(self) -> str | None: ...
-    @property
-    def migrates(self) -> bool: ...
-
-
 class Simulator:
-    """One run of one policy over one workload on one cluster. Call ``run()`` once."""
+    """One run of one policy over one workload on one cluster (a ``SimRun``). Call ``run()`` once."""
 
     def __init__(
         self,
@@ -95,10 +82,10 @@ class Simulator:
         self.now = self.jobs[0].arrival if n else 0.0
         self.freed: list[str] = []
         """GPUs in the order room was freed on them; ``version`` = its length (see _schedule's memo)."""
-        self._profiles: dict[tuple[str, str], tuple[int, ...]] = {}
+        self.profiles: dict[tuple[str, str], tuple[int, ...]] = {}
         """(shape, model) -> the slice masks of the profile's placements (none: no such profile)."""
         self.failed: dict[tuple[str, int], int] = {}
-        self._memo_keys = [(j.demand.label(), j.gpus) for j in self.jobs]
+        self.memo_keys = [(j.demand.label(), j.gpus) for j in self.jobs]
         """Per job, the demand its failures are remembered under (see _schedule)."""
         self.pressure: dict[str, dict[int, float]] = {}
         self.gpu_free_at: dict[str, float] = {}
@@ -109,7 +96,7 @@ class Simulator:
         self.moves_started = 0
         self.moves_skipped = 0
         self.last_move_at = -math.inf
-        self._defrag_memo: tuple[int, float] | None = None
+        self.defrag_memo: tuple[int, float] | None = None
         self.reserves = bool(getattr(spec, "reserves", False))
         self.reservation_params = ReservationParams(after_s=self.cfg.reserve_after_s,
                                                     max_held=self.cfg.max_reservations)
@@ -295,12 +282,12 @@ class Simulator:
         mv = self.moving[i]
         if mv is not None:  # finished during its move: the reserved destination is simply released
             self.moving[i] = None
-            self._free(mv.dst)
+            self.free(mv.dst)
         freed: list[str] = []
         for iid in self.insts[i]:
             freed.append(self.cluster.where[iid])
-            self._free(iid, i)
-        self._after_free()
+            self.free(iid, i)
+        self.after_free()
         if self.mig is not None and len(self.insts[i]) == 1:
             self._start_chain(moves.after_exit(self, freed[0]))
         if mv is not None:
@@ -328,7 +315,7 @@ class Simulator:
     def _may_fit_since(self, job: SimJob, version: int) -> bool:
         return backfill.may_fit_since(self, job, version)
 
-    def _template(self, i: int) -> InstanceView:
+    def template(self, i: int) -> InstanceView:
         j = self.jobs[i]
         return InstanceView(
             id="",
@@ -345,7 +332,7 @@ class Simulator:
             ends_at=self.now + j.duration * self.cfg.hint_factor if self.cfg.hint_factor > 0 else None,
         )
 
-    def _ops_ready(self, gpu_id: str, ops: int) -> float:
+    def ops_ready(self, gpu_id: str, ops: int) -> float:
         """Operations on one GPU run one after the other; different GPUs reconfigure in parallel."""
         if ops == 0:
             return self.now
@@ -353,8 +340,8 @@ class Simulator:
         self.gpu_free_at[gpu_id] = t
         return t
 
-    def _start(self, i: int, slots: tuple[Slot, ...]) -> None:
-        template = self._template(i)
+    def start(self, i: int, slots: tuple[Slot, ...]) -> None:
+        template = self.template(i)
         ids: list[str] = []
         ready = self.now
         for slot in slots:
@@ -362,7 +349,7 @@ class Simulator:
             self.demand.observe(slot.profile, self.now)
             ids.append(iid)
             if ops:  # none (a reuse) is ready now, which ``ready`` already is at least
-                ready = max(ready, self._ops_ready(slot.gpu_id, ops))
+                ready = max(ready, self.ops_ready(slot.gpu_id, ops))
         self.insts[i] = tuple(ids)
         self.out.placed(i, self.now)
         if ready > self.now:
@@ -377,14 +364,14 @@ class Simulator:
         self.out.started(i, self.now)
         self.t_last[i] = self.now
         for iid in self.insts[i]:
-            self._join(i, iid)
+            self.join(i, iid)
 
     # interference ------------------------------------------------------------------------------------------
-    def _advance(self, i: int) -> None:
+    def advance(self, i: int) -> None:
         self.work[i] = max(0.0, self.work[i] - (self.now - self.t_last[i]) * self.speed[i])
         self.t_last[i] = self.now
 
-    def _join(self, i: int, iid: str) -> None:
+    def join(self, i: int, iid: str) -> None:
         cluster = self.cluster
         gid = cluster.where[iid]
         inst = cluster.views[gid].instance(iid)
@@ -395,7 +382,7 @@ class Simulator:
         )
         self._respeed(gid, new=i)
 
-    def _leave(self, i: int, gid: str) -> None:
+    def leave(self, i: int, gid: str) -> None:
         on = self.pressure.get(gid)
         if on is not None and on.pop(i, None) is not None:
             self._respeed(gid)
@@ -412,7 +399,7 @@ class Simulator:
             s = 1.0 if others <= 1e-12 or beta == 0.0 else 1.0 / (1.0 + beta * others)
             if j == new or s != speed[j]:
                 if j != new:
-                    # _advance, inlined: this runs for every co-runner of every start and exit
+                    # advance, inlined: this runs for every co-runner of every start and exit
                     work[j] = max(0.0, work[j] - (now - t_last[j]) * speed[j])
                 t_last[j] = now
                 speed[j] = s
@@ -420,9 +407,9 @@ class Simulator:
                 push(now + work[j] / s, ev.EXIT, j, epoch[j])
 
     # freeing (shared/sim/release.py) ---------------------------------------------------------------------
-    _free = release.free  # a method without a wrapper's call: it runs for every freed instance
+    free = release.free  # a method without a wrapper's call: it runs for every freed instance
 
-    def _after_free(self) -> None:
+    def after_free(self) -> None:
         self._schedule()
 
     # migration (shared/sim/moves.py) and invariants (shared/sim/invariants.py) -----------------------------

@@ -9,10 +9,10 @@ from shared.sim.errors import InvariantError
 from shared.sim.jobs import FUTURE, RUNNING, STARTING
 
 if TYPE_CHECKING:
-    from shared.sim.engine import Simulator
+    from shared.sim.run import SimRun
 
 
-def check(sim: Simulator) -> None:
+def check(sim: SimRun) -> None:
     """Invariants at an event boundary: legal, non-overlapping instances; every live job holds exactly its
     instances; ended jobs hold none."""
     cluster_check.check(sim.cluster, sim.now)

@@ -17,7 +17,7 @@ from shared.sim.jobs import SimJob
 from shared.sim.stats import pct, rounded
 
 if TYPE_CHECKING:
-    from shared.sim.engine import Simulator
+    from shared.sim.run import SimRun
 
 KPI_VERSION = 1
 
@@ -157,7 +157,7 @@ class Outcome:
 class Recorder:
     """Integrates utilisation between events and samples the time series on a fixed virtual-time grid."""
 
-    def __init__(self, sim: Simulator, samples: int) -> None:
+    def __init__(self, sim: SimRun, samples: int) -> None:
         self.sim = sim
         jobs = sim.jobs
         self.t0 = jobs[0].arrival if jobs else 0.0

@@ -16,7 +16,7 @@ from shared.sim import events as ev
 from shared.sim.jobs import RUNNING
 
 if TYPE_CHECKING:
-    from shared.sim.engine import Simulator
+    from shared.sim.run import SimRun
 
 
 class InFlight:
@@ -29,7 +29,7 @@ class InFlight:
         self.ops = 0
 
 
-def after_exit(sim: Simulator, gpu_id: str) -> tuple[Any, ...]:
+def after_exit(sim: SimRun, gpu_id: str) -> tuple[Any, ...]:
     """The planner's moves after a job left ``gpu_id``. Most exits provably plan none
     (``migration_gate``): those are answered from the kept pull index (and, on a Busy GPU, the defragmentation
     screen's intra bound), without a snapshot or a plan. The others get a snapshot that skips the builder
@@ -48,13 +48,13 @@ def after_exit(sim: Simulator, gpu_id: str) -> tuple[Any, ...]:
     return sim.mig.plan_after_exit(snap, gpu_id, sim.now, params, pulls=pulls)
 
 
-def on_move_done(sim: Simulator, e: ev.Event) -> bool:
+def on_move_done(sim: SimRun, e: ev.Event) -> bool:
     i = e.job
     mv = sim.moving[i]
     if mv is None or mv.token != e.epoch or sim.state[i] != RUNNING:
         return False
     sim.moving[i] = None
-    sim._advance(i)
+    sim.advance(i)
     # the switch stops the job for the downtime and rolls it back to its last checkpoint
     done = sim.jobs[i].duration + sim.out.lost[i] - sim.work[i]
     ckpt = sim.cfg.checkpoint_s
@@ -64,19 +64,19 @@ def on_move_done(sim: Simulator, e: ev.Event) -> bool:
     sim.out.migrations[i] += 1
     sim.insts[i] = (mv.dst,)
     sim.cluster.update(mv.dst, started_at=sim.now)
-    sim._free(mv.src, i)
-    sim._join(i, mv.dst)
-    sim._after_free()
+    sim.free(mv.src, i)
+    sim.join(i, mv.dst)
+    sim.after_free()
     continue_chain(sim, i)
     return True
 
 
-def on_defrag(sim: Simulator, e: ev.Event) -> bool:
+def on_defrag(sim: SimRun, e: ev.Event) -> bool:
     assert sim.mig is not None
     sim.q.push(sim.now + sim.cfg.defrag_interval_s, ev.DEFRAG)
     # the planner is a pure function of the state and of time only through cooldowns: an unchanged state
     # that gave no moves, with no cooldown running then, gives no moves now either
-    memo = sim._defrag_memo
+    memo = sim.defrag_memo
     if (
         memo is not None
         and memo[0] == sim.cluster.changes
@@ -89,12 +89,12 @@ def on_defrag(sim: Simulator, e: ev.Event) -> bool:
         moves: tuple[Any, ...] = ()  # provably what the planner would plan: no snapshot, no plan
     else:
         moves = sim.mig.plan_defrag(c.snapshot(), sim.now, sim.mig_params, pulls=c.pull_index(sim.now))
-    sim._defrag_memo = None if moves else (sim.cluster.changes, sim.now)
+    sim.defrag_memo = None if moves else (sim.cluster.changes, sim.now)
     start_chain(sim, moves)
     return True
 
 
-def start_chain(sim: Simulator, moves: tuple[Any, ...]) -> None:
+def start_chain(sim: SimRun, moves: tuple[Any, ...]) -> None:
     """Moves of one plan assume the previous ones completed, so they run one after the other."""
     pending = list(moves)
     while pending:
@@ -106,13 +106,13 @@ def start_chain(sim: Simulator, moves: tuple[Any, ...]) -> None:
             return
 
 
-def continue_chain(sim: Simulator, i: int) -> None:
+def continue_chain(sim: SimRun, i: int) -> None:
     pending = sim.chain.pop(i, None)
     if pending:
         start_chain(sim, tuple(pending))
 
 
-def try_move(sim: Simulator, m: Any) -> int:
+def try_move(sim: SimRun, m: Any) -> int:
     i = sim.index.get(m.job_id, -1)
     if i < 0 or sim.state[i] != RUNNING or sim.moving[i] is not None or sim.insts[i] != (m.src_instance,):
         sim.moves_skipped += 1
@@ -131,7 +131,7 @@ def try_move(sim: Simulator, m: Any) -> int:
     sim.out.token += 1
     src = sim.cluster.instance(m.src_instance)
     # the job keeps its expected end wherever it runs
-    tmpl = msgspec.structs.replace(sim._template(i), last_moved_at=sim.now,
+    tmpl = msgspec.structs.replace(sim.template(i), last_moved_at=sim.now,
                                    ends_at=src.ends_at if src is not None else None)
     got = sim.cluster.try_apply(slot, tmpl, f"{m.job_id}~m{sim.out.token}")
     if got is None:
@@ -142,7 +142,7 @@ def try_move(sim: Simulator, m: Any) -> int:
     sim.last_move_at = sim.now
     mv = InFlight(m.src_instance, dst, sim.out.token)
     sim.moving[i] = mv
-    done = sim._ops_ready(m.dst_gpu, ops) + sim.cfg.migration_downtime_s
+    done = sim.ops_ready(m.dst_gpu, ops) + sim.cfg.migration_downtime_s
     sim.q.push(done, ev.MIGRATION_DONE, i, mv.token)
     sim.moves_started += 1
     return i

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 from shared.policy.retention import keeps_idle
 
 if TYPE_CHECKING:
-    from shared.sim.engine import Simulator
+    from shared.sim.run import SimRun
 
 
-def free(sim: Simulator, iid: str, job: int = -1) -> None:
+def free(sim: SimRun, iid: str, job: int = -1) -> None:
     """Release an instance; keep it idle for reuse or destroy it (the node registry's adaptive rule)."""
     cluster = sim.cluster
     gid = cluster.where[iid]
     if job >= 0:
-        sim._leave(job, gid)
+        sim.leave(job, gid)
     gpu = cluster.release(iid)
     sim.freed.append(gid)
     if not sim.spec.repartitions:
@@ -32,10 +32,10 @@ def free(sim: Simulator, iid: str, job: int = -1) -> None:
     demand = sim.demand
     if not keeps_idle(profile, demand.counts(sim.now), same, sim.cfg.retention, demand.total):
         cluster.destroy(iid)
-        sim._ops_ready(gid, 1)
+        sim.ops_ready(gid, 1)
 
 
-def restore_layout(sim: Simulator, gid: str) -> None:
+def restore_layout(sim: SimRun, gid: str) -> None:
     """A static GPU that a whole-GPU job re-partitioned gets its layout back once it is empty."""
     layout = sim.layouts.get(gid)
     gpu = sim.cluster.gpu(gid)
@@ -50,4 +50,4 @@ def restore_layout(sim: Simulator, gid: str) -> None:
     for prof, start in layout:
         sim.cluster.add_idle(gid, prof, start, f"{gid}:{prof}@{start}:static{sim.version}")
         sim.cluster.reconfigurations += 1
-    sim._ops_ready(gid, len(gpu.instances) + len(layout))
+    sim.ops_ready(gid, len(gpu.instances) + len(layout))

@@ -27,10 +27,10 @@ from shared.sim.jobs import QUEUED
 from shared.sim.moves import try_move
 
 if TYPE_CHECKING:
-    from shared.sim.engine import Simulator
+    from shared.sim.run import SimRun
 
 
-def schedule(sim: Simulator) -> None:
+def schedule(sim: SimRun) -> None:
     """One bounded pass over the queue in priority-then-age order, holding GPUs for large jobs."""
     _account(sim)
     for i in [i for i in sim.pinned if sim.state[i] != QUEUED]:
@@ -41,7 +41,7 @@ def schedule(sim: Simulator) -> None:
         return
     placed: list[tuple[int, float, int]] = []
     version = sim.version
-    failed, memos, jobs, placer = sim.failed, sim._memo_keys, sim.jobs, sim.placer
+    failed, memos, jobs, placer = sim.failed, sim.memo_keys, sim.jobs, sim.placer
     params = sim.reservation_params
     now = sim.now
     taken: set[str] = set()
@@ -69,7 +69,7 @@ def schedule(sim: Simulator) -> None:
         if slots is not None:
             placed.append(key)
             sim.pinned.pop(i, None)
-            sim._start(i, slots)
+            sim.start(i, slots)
             continue
         pin = sim.pinned.get(i)
         if pin is not None:  # its GPU is being emptied for it: held until the moves are done
@@ -105,7 +105,7 @@ def _masked(snap: ClusterSnapshot, hold: frozenset[str]) -> ClusterSnapshot:
     return snap.with_columns(healthy=healthy)
 
 
-def _unblock(sim: Simulator, i: int, taken: set[str]) -> Reservation | None:
+def _unblock(sim: SimRun, i: int, taken: set[str]) -> Reservation | None:
     """Start the moves that empty one GPU for job ``i`` (``shared.policy.unblock``), all or none, and hold that
     GPU for it; None when no GPU can be emptied."""
     snap = sim.cluster.snapshot()
@@ -124,11 +124,11 @@ def _unblock(sim: Simulator, i: int, taken: set[str]) -> Reservation | None:
     return pin
 
 
-def _may_fit(sim: Simulator, i: int, seen: int) -> bool:
+def _may_fit(sim: SimRun, i: int, seen: int) -> bool:
     return may_fit_since(sim, sim.jobs[i], seen)
 
 
-def _held_free(sim: Simulator, held: list[Reservation]) -> float:
+def _held_free(sim: SimRun, held: list[Reservation]) -> float:
     """Whole GPUs' worth of free memory slices on held GPUs."""
     total = 0.0
     views, models = sim.cluster.views, sim.cluster.models
@@ -139,7 +139,7 @@ def _held_free(sim: Simulator, held: list[Reservation]) -> float:
     return total
 
 
-def _account(sim: Simulator) -> None:
+def _account(sim: SimRun) -> None:
     """Add the idle held GPU-seconds since the last pass."""
     sim.reserved_idle_s += sim.held_free * (sim.now - sim.held_since)
     sim.held_since = sim.now

@@ -36,9 +36,10 @@ from shared.policy.reserve import ReserveParams
 from shared.sim import events as ev
 from shared.sim.cluster import ClusterSpec
 from shared.sim.config import SimConfig
-from shared.sim.engine import Simulator, Spec
+from shared.sim.engine import Simulator
 from shared.sim.jobs import QUEUED, RUNNING, STARTING, SimJob, Workload
 from shared.sim.metrics import RunResult, TenantKpis
+from shared.sim.run import Spec
 from shared.tenancy import Tenancy
 
 
@@ -148,7 +149,7 @@ class TenantSimulator(Simulator):
             self.book = charge(self.book, job.tenant, d.usage)
             self.charged[i] = Usage(d.usage)
             self._remove_queued(i)
-            self._start(i, d.placement.slots)
+            self.start(i, d.placement.slots)
 
     def _request(self, snap: Any, i: int) -> tuple[Usage, ...]:
         demand = self.jobs[i].demand
@@ -176,7 +177,7 @@ class TenantSimulator(Simulator):
 
     def _preempt(self, i: int, v: Victim) -> None:
         if self.state[i] == RUNNING:
-            self._advance(i)
+            self.advance(i)
             done = self.jobs[i].duration + self.out.lost[i] - self.work[i]
             ckpt = self.cfg.checkpoint_s
             lost = done % ckpt if ckpt > 0 else done
@@ -185,7 +186,7 @@ class TenantSimulator(Simulator):
             self.lost_work[i] += lost
         for iid in self.insts[i]:  # released, not retained: the preemptor's slot reuses or destroys them
             gid = self.cluster.where[iid]
-            self._leave(i, gid)
+            self.leave(i, gid)
             self.cluster.release(iid)
             self.freed.append(gid)
         self.insts[i] = ()

@@ -134,7 +134,7 @@ def test_no_job_that_would_delay_a_reservation_ever_starts_on_its_gpus(monkeypat
     checked = [0]
 
     class Checked(Simulator):
-        def _start(self, i: int, slots: tuple[object, ...]) -> None:  # type: ignore[override]
+        def start(self, i: int, slots: tuple[object, ...]) -> None:  # type: ignore[override]
             hint = self.hint(i)
             for r in made:
                 if r.job_id == self.jobs[i].id:
@@ -143,7 +143,7 @@ def test_no_job_that_would_delay_a_reservation_ever_starts_on_its_gpus(monkeypat
                     if slot.gpu_id in r.gpus:  # type: ignore[attr-defined]
                         checked[0] += 1
                         assert hint is not None and self.now + hint <= r.start, (self.jobs[i].id, r)
-            super()._start(i, slots)  # type: ignore[arg-type]
+            super().start(i, slots)  # type: ignore[arg-type]
 
     runs = [(_backfill(), "A100-40GB:2", 2)]
     runs += [(synthetic(np.random.default_rng(seed), jobs=300, load=1.3, cluster_slices=8 * 7), "A100-40GB:8", 4)
