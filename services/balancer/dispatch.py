@@ -81,6 +81,3 @@ class Dispatcher:
 
     async def send(self, out: list[Outgoing]) -> None:
         await self.bus.publish_batch(out)
-        sent = sum(1 for o in out if isinstance(o.msg, Command))
-        if sent:
-            m.child(m.COMMANDS, "place", "sent").inc(sent)

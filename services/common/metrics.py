@@ -22,7 +22,12 @@ QUEUE_DEPTH = Gauge("migsched_queue_depth", "Pending jobs", ["service"])
 CONFLICTS = Counter(
     "migsched_cas_conflicts_total", "Reservations that lost a compare-and-set race", ["service"]
 )
-COMMANDS = Counter("migsched_commands_total", "Executor commands by kind and outcome", ["kind", "outcome"])
+COMMANDS = Counter(
+    "migsched_commands_total",
+    "Executor command results as the node registry saw them, by kind and outcome (done, failed, timeout); "
+    "what was sent is migsched_messages_published_total",
+    ["kind", "outcome"],
+)
 RECONFIGURATIONS = Counter(
     "migsched_reconfigurations_total", "MIG GPU instances created or destroyed by commands", ["op"]
 )

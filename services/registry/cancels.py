@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from services.common import metrics as m
 from services.common.service import Context
 from shared.bus import Delivery, Outgoing
 from shared.events import Command
@@ -42,4 +41,3 @@ class Cancels:
                     )
                 )
         await self.bus.publish_batch(out)
-        m.child(m.COMMANDS, "stop", "sent").inc(len(out))

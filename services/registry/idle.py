@@ -59,7 +59,6 @@ class IdleInstances:
             out.append(Outgoing(self.subjects.cmd(g.node), self.destroy_command(g, inst, now)))
             self.log.debug("destroying idle %s: %s", inst.id, why)
         await self.bus.publish_batch(out)
-        m.child(m.COMMANDS, "destroy_idle", "sent").inc(len(out))
 
     def destroy_command(self, g: Any, inst: Any, now: float) -> Command:
         model = self.geometry.model(g.model)
@@ -103,5 +102,4 @@ class IdleInstances:
             for i in g.instances
             if i.id in want and i.state == "retiring" and not i.job
         ]
-        m.child(m.COMMANDS, "destroy_idle", "sent").inc(len(out))
         return out

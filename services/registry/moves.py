@@ -87,7 +87,6 @@ class Moves:
             )
             d.span.set_attribute("migsched.move", mv.reason[:500])
         await self.bus.publish_batch(out)
-        m.child(m.COMMANDS, "migrate_start", "sent").inc(len(out))
 
     async def _move_over(self, d: Delivery, o: MigrateOrder, plan: PartitionPlan, now: float) -> list[Outgoing]:
         """A move whose job ended or was re-queued since the planner reserved it: no target is made. A target a

@@ -218,7 +218,6 @@ class Reports:
             "node %s started %s for %s, which the state no longer expects; stopping that run", r.node, r.job_id,
             r.cmd_id,
         )
-        m.child(m.COMMANDS, "stop", "sent").inc()
         cmd = stop_command(r.node, r.job_id, f"stop:{r.job_id}:{r.cmd_id}", gpu, iid, now, only_that_run=True)
         return Outgoing(self.subjects.cmd(r.node), cmd, d.ctx)
 
@@ -228,7 +227,6 @@ class Reports:
         (its exit or this stop's ``cmd_done`` idles the instance, ``node_stopped``)."""
         node, gpu, iid = stop
         self.log.warning("%s ended on %s during its move to %s; stopping the target copy", r.job_id, r.node, iid)
-        m.child(m.COMMANDS, "stop", "sent").inc()
         cmd = stop_command(node, r.job_id, f"stop:{r.job_id}:{iid}", gpu, iid, now, only_that_run=True)
         return Outgoing(self.subjects.cmd(node), cmd, d.ctx)
 
@@ -297,7 +295,6 @@ class Reports:
             job_id=job.job_id,
             at=now,
         )
-        m.child(m.COMMANDS, "migrate_stop", "sent").inc()
         return [Outgoing(self.subjects.cmd(job.node), cmd, d.ctx)]
 
 

@@ -25,7 +25,7 @@ from shared import telemetry
 from shared.bus.consumer import Consumer, ConsumerSpec, Handler
 from shared.bus.errors import BusError, SubscriptionClosed
 from shared.bus.health import BusHealth
-from shared.bus.outgoing import Outgoing
+from shared.bus.outgoing import Outgoing, count_published
 from shared.bus.puller import Puller
 from shared.events import Subjects, encode
 from shared.settings import Settings
@@ -200,9 +200,11 @@ class JetStreamBus:
         """Publish and wait for the stream's acknowledgement (``ack.duplicate`` is True for a replay)."""
         mid = msg_id or msg.id  # type: ignore[attr-defined]
         try:
-            return await self.js.publish(subject, encode(msg), headers=self._headers(mid, ctx, headers))
+            ack = await self.js.publish(subject, encode(msg), headers=self._headers(mid, ctx, headers))
         except nats.errors.Error as exc:
             raise BusError(f"publish to {subject} failed: {exc!r}") from exc
+        count_published((msg,))
+        return ack
 
     async def publish_batch(self, items: Sequence[Outgoing]) -> list[api.PubAck]:
         """Publish many without waiting for each acknowledgement in turn (several times the rate of one by one);
@@ -226,6 +228,7 @@ class JetStreamBus:
         errors = [e for e in (f.exception() for f in futures) if e is not None]  # each retrieved: no stray logs
         if errors:
             raise errors[0]
+        count_published(it.msg for it in items)
         return [f.result() for f in futures]
 
     async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> api.PubAck:

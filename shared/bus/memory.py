@@ -22,7 +22,7 @@ from shared import telemetry
 from shared.bus.consumer import Consumer, ConsumerSpec, Handler
 from shared.bus.errors import BusError
 from shared.bus.health import BusHealth
-from shared.bus.outgoing import Outgoing, Stored
+from shared.bus.outgoing import Outgoing, Stored, count_published
 from shared.events import Subjects, encode
 from shared.settings import Settings
 
@@ -236,7 +236,9 @@ class MemoryBus:
         h: dict[str, str] = {"Nats-Msg-Id": msg_id or msg.id}
         telemetry.inject(h, ctx)
         h.update(headers or {})
-        return self._store(subject, encode(msg), h)
+        stored = self._store(subject, encode(msg), h)
+        count_published((msg,))
+        return stored
 
     async def publish_batch(self, items: Sequence[Outgoing]) -> list[Stored]:
         return [await self.publish(it.subject, it.msg, ctx=it.ctx, msg_id=it.msg_id) for it in items]

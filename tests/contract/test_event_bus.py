@@ -313,3 +313,23 @@ def test_a_consumer_without_acks_must_say_what_to_do_when_a_batch_is_lost() -> N
 
     with pytest.raises(ValueError, match="lost"):
         Consumer(bus, "S", "d", "x.jobs.exit", handler, acks=False)
+
+
+async def test_the_bus_counts_what_it_published_and_how_each_consumed_message_ended(bus_factory: MakeBus) -> None:
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    bus = await bus_factory()
+    durable = f"metered-{bus.subjects.namespace}"  # a label of this test's own
+    published = sample("migsched_messages_published_total", kind="JobSubmit")
+    c = await collect(bus, durable)
+    await bus.publish_batch([Outgoing(bus.subjects.jobs_submit, submit(i)) for i in range(3)])
+    await bus.publish(bus.subjects.jobs_submit, submit(3))
+    await bus.publish_raw(bus.subjects.jobs_submit, b"{not json", {"Nats-Msg-Id": "bad-3"})
+    assert await until(lambda: sample("migsched_consumer_messages_total", consumer=durable, outcome="dead") == 1)
+    await c.stop()
+    assert sample("migsched_messages_published_total", kind="JobSubmit") == published + 4
+    assert sample("migsched_consumer_messages_total", consumer=durable, outcome="ack") == 4
+    assert sample("migsched_consumer_batch_size_count", consumer=durable) >= 1
