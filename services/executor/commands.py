@@ -1,7 +1,6 @@
 """How the executor carries out one command: the MIG ops through the instance book, then the workload.
 
-Mixed into ``services.executor.service.Executor`` (it owns the bus, the backend and the job tables). Every
-path is idempotent: a replayed command finds its ops done and its workload running, and skips them. A
+Every path is idempotent: a replayed command finds its ops done and its workload running, and skips them. A
 ``place`` or ``migrate_start`` that fails after creating instances destroys them again (``instances.undo``):
 the state store forgets a failed placement's or an aborted move's instance, so the GPU must too.
 """
@@ -10,39 +9,47 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from opentelemetry import context as otel_context
 
 from services.executor.backend import Backend, BackendError, InstanceInfo, WorkloadError, WorkloadSpec
-from services.executor.instances import InstanceBook, report, undo
+from services.executor.exits import ExitReports
+from services.executor.instances import InstanceBook, gpu_index_of, report, undo
 from services.executor.plain import plain_target
+from services.executor.registration import Registration
+from services.executor.runs import Runs
 from shared.errors import MigschedError
 from shared.events import CmdDone, Command, now
 
 
-class CommandsMixin:
-    backend: Backend
-    book: InstanceBook
-    node: str
-    settings: Any
-    metrics: Any
-    _job_ctx: dict[str, otel_context.Context]
-    _job_started: dict[str, tuple[float, float | None]]
-    _start_reported: dict[str, asyncio.Event]
-    _job_instance: dict[str, tuple[str, int]]
-    _retired: set[str]
+def lane_of(cmd: Command, backend: Backend) -> int:
+    """The GPU a command works on (its lane: one GPU's commands apply in order); -1 when none is named."""
+    if cmd.gpu_index is not None:  # nearly always: asked several times per command, so no scan first
+        return cmd.gpu_index
+    for candidate in (gpu_index_of(cmd.gpu_id), *(gpu_index_of(op.gpu_id) for op in cmd.ops)):
+        if candidate is not None:
+            return candidate
+    job = cmd.job_id or (cmd.stop_jobs[0] if cmd.stop_jobs else None)
+    info = backend.running().get(job) if job else None
+    return info.gpu_index if info is not None else -1
+
+
+class Commands:
+    def __init__(self, backend: Backend, book: InstanceBook, node: str, settings: Any, metrics: Any, runs: Runs,
+                 exits: ExitReports, registration: Registration) -> None:
+        self.backend = backend
+        self.book = book
+        self.node = node
+        self.settings = settings
+        self.metrics = metrics
+        self.runs = runs
+        self.exits = exits
+        self.registration = registration
 
     def _lane(self, cmd: Command) -> int:
-        raise NotImplementedError
-
-    if TYPE_CHECKING:  # ExitsMixin's (a stub here would shadow it, whatever the order of the bases)
-
-        async def _exit_reported(self, job_id: str, timeout: float) -> None: ...
-
-    async def register(self) -> None:
-        raise NotImplementedError
+        return lane_of(cmd, self.backend)
 
     async def apply(self, cmd: Command, ctx: otel_context.Context) -> list[Any]:
         """Carry out one command; the reports to publish (raises MigschedError when it cannot be done)."""
@@ -67,7 +74,7 @@ class CommandsMixin:
                 if cmd.kind == "migrate_stop":
                     if not self._runs_on(job, cmd.src_instance_id):
                         continue  # moved within this node already (make-before-break in the backend)
-                    self._retired.add(job)
+                    self.runs.retired.add(job)
                 elif cmd.kind == "stop" and cmd.src_instance_id and not self._runs_on(job, cmd.src_instance_id):
                     # a stop of one run (one a place command applied late started): the job runs elsewhere
                     # here (its current placement) or no more, and that is not this stop's to end
@@ -75,7 +82,7 @@ class CommandsMixin:
                 await self.backend.stop_workload(job)
             await self._ops(cmd)
             if cmd.kind == "resync":
-                await self.register()
+                await self.registration.register()
             return [done]
         if cmd.kind == "destroy_idle":
             await self._ops(cmd)
@@ -88,7 +95,7 @@ class CommandsMixin:
                 # Nothing is created: the state store removes a target created for a move when the job's exit
                 # is released (and when the move is aborted), whichever comes first. The exit goes out before
                 # this failure, so the registry releases the job before it aborts the (already ended) move.
-                await self._exit_reported(cmd.job_id, timeout=5.0)
+                await self.exits.reported(cmd.job_id, timeout=5.0)
                 # The idle instances in the target's way are destroyed all the same: the state store dropped
                 # them when it reserved the target and an abort does not bring them back, so a GPU that kept
                 # them would hold slices the state believes free (every placement there refused for overlap).
@@ -146,12 +153,12 @@ class CommandsMixin:
             await self.backend.start_workload(cmd.job_id, target, spec)
             self.metrics.migrated()
         else:
-            self._start_reported[cmd.job_id] = asyncio.Event()  # set once the cmd_done is out (see _exits)
+            self.runs.start_reported[cmd.job_id] = asyncio.Event()  # set once the cmd_done is out (``exits``)
             await self.backend.start_workload(cmd.job_id, target, spec)
-        self._job_ctx[cmd.job_id] = ctx
-        self._job_instance[cmd.job_id] = (cmd.instance_id, target.gpu_index)
-        if cmd.job_id not in self._job_started or cmd.kind == "place":
-            self._job_started[cmd.job_id] = (time.monotonic(), cmd.duration_s)
+        self.runs.ctx[cmd.job_id] = ctx
+        self.runs.instance[cmd.job_id] = (cmd.instance_id, target.gpu_index)
+        if cmd.job_id not in self.runs.started or cmd.kind == "place":
+            self.runs.started[cmd.job_id] = (time.monotonic(), cmd.duration_s)
         # a plain binding is no MIG instance to report (the registry knows its instance ids already)
         inst = None if target.plain else report(target, cmd.instance_id, cmd.job_id)
         done = CmdDone(
@@ -175,7 +182,7 @@ class CommandsMixin:
         for job in cmd.stop_jobs:
             if job == cmd.job_id or job not in self.backend.running():
                 continue  # a replayed command: stopped already
-            self._retired.add(job)
+            self.runs.retired.add(job)
             await self.backend.stop_workload(job)
 
     async def _ops(self, cmd: Command, created: list[InstanceInfo] | None = None) -> int:
@@ -194,9 +201,9 @@ class CommandsMixin:
 
     def _remaining(self, cmd: Command) -> float | None:
         """A moved job keeps the rest of its run (sim durations are in simulated seconds)."""
-        if cmd.kind != "migrate_start" or cmd.job_id not in self._job_started:
+        if cmd.kind != "migrate_start" or cmd.job_id not in self.runs.started:
             return cmd.duration_s
-        started, duration = self._job_started[cmd.job_id]
+        started, duration = self.runs.started[cmd.job_id]
         if duration is None:
             return cmd.duration_s
         elapsed = (time.monotonic() - started) * (
@@ -217,5 +224,3 @@ class CommandsMixin:
             confirm /= self.settings.executor_speedup
         await mover(job_id, target, spec, confirm_s=confirm)
         self.metrics.migrated()
-
-    # --- exits and heartbeats -------------------------------------------------------------------------------

@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.executor.backend import Backend
 from services.executor.instances import InstanceBook
 from services.executor.recent import Recent
+from services.executor.runs import Runs
 from shared import telemetry
 from shared.bus import Outgoing
 from shared.errors import MigschedError
@@ -25,7 +26,7 @@ from shared.ports import EventBus
 log = logging.getLogger("migsched.executor")
 _tracer = telemetry.tracer("migsched.executor")
 REMEMBERED_EXITS = 50000
-"""Hard cap of ``_exits_out`` (a safety net: the window bounds it, ~rate × window)."""
+"""Hard cap of ``ExitReports.recent`` (a safety net: the window bounds it, ~rate × window)."""
 _EXIT_KIND: dict[str, ExitKind] = {
     "completed": "completed",
     "failed": "failed",
@@ -34,25 +35,24 @@ _EXIT_KIND: dict[str, ExitKind] = {
 }
 
 
-class ExitsMixin:
-    """Mixed into ``Executor``, which sets these attributes."""
+class ExitReports:
+    def __init__(self, bus: EventBus, backend: Backend, book: InstanceBook, node: str, runs: Runs, metrics: Any,
+                 window_s: float, clock: Callable[[], float]) -> None:
+        self.bus = bus
+        self.subjects = bus.subjects
+        self.backend = backend
+        self.book = book
+        self.node = node
+        self.runs = runs
+        self.metrics = metrics
+        self.stopping = False
+        # jobs whose exit report was published within the redelivery window (a move of a job that just ended
+        # waits for its exit; one applied later than that finds nothing to wait for only after a 5 s wait, and
+        # fails as it would have); an event only for a job someone waits on (one per exit held 8 MB at 20,000)
+        self.recent: Recent[None] = Recent(window_s, REMEMBERED_EXITS, clock=clock)
+        self._waiters: dict[str, asyncio.Event] = {}
 
-    bus: EventBus
-    backend: Backend
-    book: InstanceBook
-    node: str
-    subjects: Any
-    metrics: Any
-    _stopping: bool
-    _job_ctx: dict[str, otel_context.Context]
-    _job_started: dict[str, tuple[float, float | None]]
-    _start_reported: dict[str, asyncio.Event]
-    _job_instance: dict[str, tuple[str, int]]
-    _retired: set[str]
-    _exits_out: Recent[None]
-    _exit_waiters: dict[str, asyncio.Event]
-
-    async def _exits(self) -> None:
+    async def run(self) -> None:
         """Report exits as they come, in batches: everything that ended while the last batch was being
         published goes out together (one JetStream round trip each awaited in turn caps a node near 1k/s)."""
         while True:
@@ -66,15 +66,14 @@ class ExitsMixin:
             out: list[Outgoing] = []
             spans = []
             for ex in exits:
-                started = self._start_reported.pop(ex.job_id, None)
+                started = self.runs.start_reported.pop(ex.job_id, None)
                 if started is not None and not started.is_set():
                     # an exit must not overtake its job's start report (a very short job, or one stopped)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(started.wait(), timeout=5.0)
-                if ex.job_id in self._retired and ex.reason == "stopped":
-                    self._retired.discard(ex.job_id)  # its copy elsewhere carries on: not an exit
-                    for table in (self._job_ctx, self._job_started, self._job_instance):
-                        table.pop(ex.job_id, None)
+                if ex.job_id in self.runs.retired and ex.reason == "stopped":
+                    self.runs.retired.discard(ex.job_id)  # its copy elsewhere carries on: not an exit
+                    self.runs.forget(ex.job_id)
                     continue
                 instance_id: str | None
                 gpu_index: int | None
@@ -82,12 +81,12 @@ class ExitsMixin:
                     # the job runs again already (a redelivered or retried place started it after this run
                     # ended): the tables are the new run's, and this exit must name its own instance, or the
                     # registry would take it for the new run's exit and finish the job while it runs
-                    ctx = self._job_ctx.get(ex.job_id)
+                    ctx = self.runs.ctx.get(ex.job_id)
                     instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
                 else:
-                    ctx = self._job_ctx.pop(ex.job_id, None)
-                    self._job_started.pop(ex.job_id, None)
-                    instance_id, gpu_index = self._job_instance.pop(ex.job_id, (None, None))
+                    ctx = self.runs.ctx.pop(ex.job_id, None)
+                    self.runs.started.pop(ex.job_id, None)
+                    instance_id, gpu_index = self.runs.instance.pop(ex.job_id, (None, None))
                 kind: ExitKind = _EXIT_KIND.get(ex.reason, "failed" if ex.status else "completed")
                 if recording:
                     span = _tracer.start_span(
@@ -118,24 +117,24 @@ class ExitsMixin:
             for span in spans:
                 span.end()
             for o in out:
-                self._exit_published(o.msg.job_id)  # type: ignore[attr-defined]
+                self.published(o.msg.job_id)  # type: ignore[attr-defined]
 
-    def _exit_published(self, job_id: str) -> None:
-        self._exits_out.put(job_id, None)
-        waiter = self._exit_waiters.pop(job_id, None)
+    def published(self, job_id: str) -> None:
+        self.recent.put(job_id, None)
+        waiter = self._waiters.pop(job_id, None)
         if waiter is not None:
             waiter.set()
 
-    async def _exit_reported(self, job_id: str, timeout: float) -> None:
+    async def reported(self, job_id: str, timeout: float) -> None:
         """Until this job's exit report is on the stream (or ``timeout``)."""
-        if job_id in self._exits_out:
+        if job_id in self.recent:
             return
-        ev = self._exit_waiters.setdefault(job_id, asyncio.Event())
+        ev = self._waiters.setdefault(job_id, asyncio.Event())
         try:
             await asyncio.wait_for(ev.wait(), timeout)
         except TimeoutError:
-            if self._exit_waiters.get(job_id) is ev:
-                del self._exit_waiters[job_id]
+            if self._waiters.get(job_id) is ev:
+                del self._waiters[job_id]
 
     async def _publish_reliably(self, out: list[Outgoing]) -> None:
         """Job exits must reach the stream: retry through NATS outages (same ids: the stream dedupes)."""
@@ -145,7 +144,7 @@ class ExitsMixin:
                 await self.bus.publish_batch(out)
                 return
             except MigschedError as exc:
-                if self._stopping:  # nats-py may turn our cancellation into a timeout: do not retry forever
+                if self.stopping:  # nats-py may turn our cancellation into a timeout: do not retry forever
                     log.warning("%d job exit(s) not published while stopping: %s", len(out), exc)
                     return
                 log.warning("publishing %d job exit(s) failed, retrying: %s", len(out), exc)

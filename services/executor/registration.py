@@ -18,15 +18,17 @@ from services.executor.instances import InstanceBook, report
 from shared.bus import Outgoing
 from shared.events import Drift, GpuReport, Registered, new_id, now
 from shared.mig.geometry import default_geometry
+from shared.ports import EventBus
 
 
-class RegistrationMixin:
-    backend: Backend
-    book: InstanceBook
-    node: str
-    settings: Any
-    bus: Any
-    subjects: Any
+class Registration:
+    def __init__(self, bus: EventBus, backend: Backend, book: InstanceBook, node: str, settings: Any) -> None:
+        self.bus = bus
+        self.subjects = bus.subjects
+        self.backend = backend
+        self.book = book
+        self.node = node
+        self.settings = settings
 
     async def register(self) -> None:
         """Report every GPU with the instances found on it (adopted, never torn down) and any drift."""

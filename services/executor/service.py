@@ -30,13 +30,14 @@ from opentelemetry import trace
 
 from services.executor import nvml_codes
 from services.executor.backend import Backend, BackendError
-from services.executor.commands import CommandsMixin
+from services.executor.commands import Commands, lane_of
 from services.executor.config import ExecutorError, ExecutorSettings, build_backend, hosted_nodes, parse_gpus
-from services.executor.exits import REMEMBERED_EXITS, ExitsMixin
-from services.executor.instances import InstanceBook, gpu_index_of
+from services.executor.exits import ExitReports
+from services.executor.instances import InstanceBook
 from services.executor.metrics import ExecutorMetrics
 from services.executor.recent import Recent
-from services.executor.registration import RegistrationMixin
+from services.executor.registration import Registration
+from services.executor.runs import Runs
 from shared import telemetry
 from shared.bus import Delivery, JetStreamBus, Outgoing
 from shared.errors import MigschedError
@@ -61,7 +62,10 @@ _REMEMBERED_COMMANDS = 50000
 _DRIFT_REPORT_EVERY_S = 1.0
 
 
-class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
+class Executor:
+    """decode (the bus) -> lanes per GPU -> apply (``Commands``) -> publish the reports -> ack; beside it
+    ``ExitReports`` reports every workload exit, ``Registration`` registers the node, and heartbeats go out."""
+
     def __init__(
         self,
         bus: EventBus,
@@ -85,25 +89,16 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
         )
         self._drift_seen = False
         self._next_drift_report = 0.0
-        self._job_ctx: dict[str, otel_context.Context] = {}
-        self._job_started: dict[str, tuple[float, float | None]] = {}
-        self._start_reported: dict[str, asyncio.Event] = {}
-        # job -> (instance id, GPU index) it runs on: its exit names it, so a late exit is recognised as stale
-        self._job_instance: dict[str, tuple[str, int]] = {}
-        # jobs whose local copy was stopped by migrate_stop: the job moved on, that stop is not an exit
-        self._retired: set[str] = set()
-        # jobs whose exit report is published within the redelivery window (a move of a job that just ended
-        # waits for its exit; one applied later than that finds nothing to wait for only after a 5 s wait, and
-        # fails as it would have); an event only for a job someone waits on (one per exit held 8 MB at 20,000)
-        self._exits_out: Recent[None] = Recent(
-            self.redelivery_window_s(settings), REMEMBERED_EXITS, clock=clock
-        )
-        self._exit_waiters: dict[str, asyncio.Event] = {}
+        self.runs = Runs()
+        self.registration = Registration(bus, backend, self.book, node, settings)
+        self.exits = ExitReports(bus, backend, self.book, node, self.runs, self.metrics,
+                                 self.redelivery_window_s(settings), clock)
+        self.commands = Commands(backend, self.book, node, settings, self.metrics, self.runs, self.exits,
+                                 self.registration)
         self._tasks: list[asyncio.Task[None]] = []
         self._consumer: Any = None
         self._seq = 0
         self.stopped = asyncio.Event()
-        self._stopping = False
         # benchmarks only; closed with the process
         self._latency_log = (
             open(settings.executor_latency_log, "a") if settings.executor_latency_log else None  # noqa: SIM115
@@ -115,6 +110,13 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
         its burst (it is past the submit -> command latency the stack is held to)."""
         return self.bus.command_consumer(self.node, self.handle, linger_s=self.settings.off_path_linger_s)
 
+    async def register(self) -> None:
+        await self.registration.register()
+
+    async def apply(self, cmd: Command, ctx: otel_context.Context) -> list[Any]:
+        """Carry out one command; the reports to publish (raises MigschedError when it cannot be done)."""
+        return await self.commands.apply(cmd, ctx)
+
     async def start(self) -> None:
         await self.bus.ensure_streams()
         await self.register()
@@ -123,14 +125,14 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
         self._tasks = [
             asyncio.create_task(self._consumer.run()),
             asyncio.create_task(self._heartbeats()),
-            asyncio.create_task(self._exits()),
+            asyncio.create_task(self.exits.run()),
         ]
         log.info(
             "executor %s up: %d GPUs on the %s backend", self.node, len(self.book.models), self.backend.name
         )
 
     async def stop(self) -> None:
-        self._stopping = True
+        self.exits.stopping = True
         if self._consumer is not None and self._tasks:
             # let the fetch loop finish its current fetch rather than cancelling it: a fetch cancelled midway
             # leaves its subscription with an unconsumed message, and the connection's drain then never ends
@@ -140,7 +142,7 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
             sub = getattr(self._consumer, "_sub", None)
             if sub is not None:
                 with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+                    await sub.stop()
         for t in self._tasks:
             t.cancel()
         if self._tasks:  # bounded: a task that does not honour its cancellation must not hang the shutdown
@@ -176,18 +178,12 @@ class Executor(RegistrationMixin, ExitsMixin, CommandsMixin):
             await self.register()
         for o in out:
             r = o.msg
-            if isinstance(r, CmdDone | CmdFailed) and r.command == "place" and r.job_id in self._start_reported:
-                self._start_reported[r.job_id].set()
+            reported = self.runs.start_reported
+            if isinstance(r, CmdDone | CmdFailed) and r.command == "place" and r.job_id in reported:
+                reported[r.job_id].set()
 
     def _lane(self, cmd: Command) -> int:
-        if cmd.gpu_index is not None:  # nearly always: asked several times per command, so no scan first
-            return cmd.gpu_index
-        for candidate in (gpu_index_of(cmd.gpu_id), *(gpu_index_of(op.gpu_id) for op in cmd.ops)):
-            if candidate is not None:
-                return candidate
-        job = cmd.job_id or (cmd.stop_jobs[0] if cmd.stop_jobs else None)
-        info = self.backend.running().get(job) if job else None
-        return info.gpu_index if info is not None else -1
+        return lane_of(cmd, self.backend)
 
     async def _run_lane(self, deliveries: list[Delivery]) -> list[Outgoing]:
         out: list[Outgoing] = []

@@ -191,12 +191,12 @@ async def test_the_remembered_commands_stay_within_the_window_at_a_steady_rate()
 
 async def test_published_exits_are_remembered_for_the_window_then_forgotten() -> None:
     rig = Rig()
-    rig.ex._exit_published("j1")
+    rig.ex.exits.published("j1")
     rig.clock.t += 60.0
-    assert "j1" in rig.ex._exits_out
-    await rig.ex._exit_reported("j1", timeout=0.0)  # known: returns at once
+    assert "j1" in rig.ex.exits.recent
+    await rig.ex.exits.reported("j1", timeout=0.0)  # known: returns at once
     rig.clock.t += 12.0
-    assert "j1" not in rig.ex._exits_out
+    assert "j1" not in rig.ex.exits.recent
     await rig.backend.close()
 
 
