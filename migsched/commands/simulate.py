@@ -10,6 +10,9 @@ Examples::
         --csv-map arrival=submit_ts,duration=runtime,gpu_fraction=gpu,tenant=user \\
         --cluster H100-80GB:16 --policy migsched --policy first-fit --out out/csv
     migsched simulate --matrix --out out/matrix      # every policy over every trace, size and seed
+
+Past 400 lines on purpose: most of it is the click options, one per simulator setting, which read best in one
+place beside the command they belong to.
 """
 
 from __future__ import annotations
