@@ -55,7 +55,7 @@ class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 class Placed(Message, frozen=True, kw_only=True):
     """``sched.placed``: a committed reservation. ``gpu`` is the GPU as the decision saw it (before the
-    reservation); the compare-and-set on ``gpu_version`` proved it current, so the node registry plans from it
+    reservation); the compare-and-set on ``gpu_version`` proved it current, so the place command is planned from it
     without reading Redis."""
 
     job_id: JobId
