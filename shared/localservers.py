@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from shared.errors import MigschedError
@@ -133,6 +136,94 @@ def start_nats(port: int | None = None, workdir: Path | None = None, config: Pat
     url = f"nats://127.0.0.1:{port}"
     _wait(url, proc, "nats-server")
     return LocalServer(url=url, proc=proc, workdir=wd if workdir is None else None, argv=argv, env=env)
+
+
+@dataclass
+class NatsCluster:
+    """Private nats-servers routed into one JetStream cluster on loopback ports (``start_nats_cluster``)."""
+
+    servers: list[LocalServer]
+    monitor_ports: list[int]
+    root: Path | None = None
+    """The servers' stores, removed by ``stop`` (None: the caller's directory, left alone)."""
+
+    @property
+    def url(self) -> str:
+        """The seed list every client is given (``MIGSCHED_NATS_URL`` takes it as it is)."""
+        return ",".join(s.url for s in self.servers)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _monitor(self, i: int, page: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_ports[i]}/{page}", timeout=2) as r:
+            data = json.loads(r.read())
+        return data if isinstance(data, dict) else {}
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every running server knows the JetStream meta leader (streams cannot be made before)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leaders = set()
+            for i, s in enumerate(self.servers):
+                if s.proc is None or s.proc.poll() is not None:
+                    continue
+                with contextlib.suppress(OSError, ValueError):
+                    meta = self._monitor(i, "jsz").get("meta_cluster") or {}
+                    leaders.add(meta.get("leader", "") if isinstance(meta, dict) else "")
+            if leaders and "" not in leaders and len(leaders) == 1:
+                return
+            time.sleep(0.1)
+        raise ServerError(f"the NATS cluster elected no JetStream meta leader within {timeout:.0f}s")
+
+    def serving(self, client_name: str) -> int:
+        """The index of the server the client named ``client_name`` is connected to (its monitoring page)."""
+        for i in range(len(self.servers)):
+            with contextlib.suppress(OSError, ValueError):
+                conns = self._monitor(i, "connz?limit=1024").get("connections") or []
+                if any(c.get("name") == client_name for c in conns):
+                    return i
+        raise ServerError(f"no server of the cluster has a client named {client_name!r}")
+
+
+def start_nats_cluster(size: int = 3, workdir: Path | None = None, name: str = "migsched") -> NatsCluster:
+    """``size`` nats-servers with JetStream, routed to each other, each with its own store and monitoring port.
+    Streams made with ``num_replicas`` up to ``size`` are replicated (JetStream R3 on the default three)."""
+    binary = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/local/bin")
+    if binary is None:
+        raise ServerError("no nats-server binary is installed (apt-get install nats-server)")
+    root = workdir or Path(tempfile.mkdtemp(prefix="migsched-nats-cluster-"))
+    ports = [free_port() for _ in range(size)]
+    routes = [free_port() for _ in range(size)]
+    monitors = [free_port() for _ in range(size)]
+    seeds = ",".join(f"nats://127.0.0.1:{r}" for r in routes)
+    servers: list[LocalServer] = []
+    try:
+        for i in range(size):
+            store = root / f"n{i}"
+            store.mkdir(parents=True, exist_ok=True)
+            argv = [binary, "-a", "127.0.0.1", "-p", str(ports[i]), "-n", f"{name}-{i}", "-js", "-sd", str(store),
+                    "-m", str(monitors[i]), "--cluster_name", name, "--cluster", f"nats://127.0.0.1:{routes[i]}",
+                    "--routes", seeds]
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            servers.append(LocalServer(url=f"nats://127.0.0.1:{ports[i]}", proc=proc, argv=argv))
+        for s in servers:
+            assert s.proc is not None
+            _wait(s.url, s.proc, "nats-server")
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    cluster = NatsCluster(servers, monitors, root if workdir is None else None)
+    try:
+        cluster.wait_ready()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
 
 
 AOF_REWRITE_MIN_SIZE = "1gb"

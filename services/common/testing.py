@@ -265,15 +265,8 @@ class Stack:
 
 
 def make_settings(namespace: str, nats_url: str, redis_url: str, **kw: Any) -> Settings:
-    return load(
-        Settings,
-        namespace=namespace,
-        nats_url=nats_url,
-        redis_url=redis_url,
-        stream_storage="memory",
-        metrics_port=0,
-        **kw,
-    )
+    return load(Settings, namespace=namespace, nats_url=nats_url, redis_url=redis_url,
+                **{"stream_storage": "memory", "metrics_port": 0, **kw})
 
 
 class Namespace:

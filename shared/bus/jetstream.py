@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -18,7 +19,7 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from opentelemetry import context as otel_context
 
 from shared import telemetry
@@ -31,6 +32,8 @@ from shared.events import Subjects, encode
 from shared.settings import Settings
 
 log = logging.getLogger("migsched.bus")
+STREAM_SETUP_S = 60.0
+"""How long a service waits at start for JetStream to set its streams up (a cluster electing leaders)."""
 
 
 class _AckReply(msgspec.Struct):
@@ -88,7 +91,8 @@ class PublishAcks:
             return
         if not msg.data:  # a status only: 503 when no stream takes the subject
             status = (msg.headers or {}).get("Status", "no data")
-            fut.set_exception(BusError(f"no stream acknowledged {msg.subject}: status {status}"))
+            fut.set_exception(BusError(f"no stream acknowledged a publish: status {status} (no stream takes its "
+                                       "subject, or its stream has no leader right now)"))
             return
         try:
             r = _ack_decoder.decode(msg.data)
@@ -156,26 +160,50 @@ class JetStreamBus:
                 duplicate_window=min(st.duplicate_window_s, st.stream_max_age_s),
                 discard=api.DiscardPolicy.OLD,
             )
+            await self._retrying(f"setting up stream {name}", functools.partial(self._ensure_stream, name, cfg))
+
+    async def _ensure_stream(self, name: str, cfg: api.StreamConfig) -> None:
+        try:
+            await self.js.stream_info(name)
+        except NotFoundError:
             try:
-                await self.js.stream_info(name)
-            except NotFoundError:
-                try:
-                    await self.js.add_stream(cfg)
-                except BadRequestError as exc:
-                    if "already in use" in str(exc).lower():  # another service won the race
-                        continue
-                    raise BusError(f"cannot create stream {name}: {exc}") from exc
-                continue
+                await self.js.add_stream(cfg)
+            except BadRequestError as exc:
+                if "already in use" in str(exc).lower():  # another service won the race
+                    return
+                raise BusError(f"cannot create stream {name}: {exc}") from exc
+            return
+        try:
+            await self.js.update_stream(cfg)
+        except BadRequestError as exc:  # e.g. storage type cannot change: keep the existing stream
+            log.warning("stream %s kept as it is: %s", name, exc)
+
+    @staticmethod
+    async def _retrying(what: str, op: Callable[[], Awaitable[None]]) -> None:
+        """``op`` again while the JetStream API is only busy: on a cluster, a replicated stream's creation
+        waits for its peers (several services creating the streams at once, a leader election after a
+        server loss) and can outlast one request's timeout. Up to ``STREAM_SETUP_S`` in all."""
+        deadline = asyncio.get_running_loop().time() + STREAM_SETUP_S
+        delay = 0.2
+        while True:
             try:
-                await self.js.update_stream(cfg)
-            except BadRequestError as exc:  # e.g. storage type cannot change: keep the existing stream
-                log.warning("stream %s kept as it is: %s", name, exc)
+                await op()
+                return
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError) as exc:
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise BusError(f"{what}: JetStream did not answer within {STREAM_SETUP_S:.0f} s") from exc
+                log.warning("%s: JetStream busy (%r); trying again in %.1f s", what, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
 
     async def delete_streams(self) -> None:
         """Remove this namespace's streams (tests and ``migsched up --fresh``)."""
         for name in self.subjects.streams():
-            with contextlib.suppress(NotFoundError):
-                await self.js.delete_stream(name)
+            await self._retrying(f"deleting stream {name}", functools.partial(self._delete_stream, name))
+
+    async def _delete_stream(self, name: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_stream(name)
 
     # --- publishing -----------------------------------------------------------------------------------------
     @staticmethod

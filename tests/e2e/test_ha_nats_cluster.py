@@ -1,0 +1,98 @@
+"""The stack as processes on a 3-node NATS cluster (routes, JetStream R3 streams) and a private Redis: every
+client connects with the seed list, and losing the server a service is connected to loses no job.
+
+Under a steady load the server that the balancer (or the node registry) is connected to is killed with SIGKILL;
+the clients move to the other servers, the streams elect new leaders, and the server comes back later. Every
+job must end exactly once (one terminal state, one completed exit, no slice double-booked, nothing left
+holding slices). How long decisions paused is printed (`-s`) and reported in docs/results.md, never asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from fault_harness import (
+    Load,
+    Servers,
+    assert_accounted,
+    converge,
+    jobs_for,
+    make_stack,
+    settings_of,
+)
+
+from migsched.stack import Stack
+from shared.bus import JetStreamBus
+from shared.localservers import LocalServer, NatsCluster, free_port, start_nats_cluster, start_redis
+from shared.state import RedisState
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+
+JOBS = 240
+RATE = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    c = start_nats_cluster(3, tmp_path_factory.mktemp("nats-cluster"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: NatsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    redis = start_redis(free_port(), tmp_path_factory.mktemp("redis"), appendonly=True)
+    servers = Servers(nats=LocalServer(url=cluster.url), redis=redis)
+    st = make_stack(servers, "h" + uuid.uuid4().hex[:8], tmp_path_factory.mktemp("ha-run"),
+                    env={"MIGSCHED_STREAM_REPLICAS": "3"})
+    try:
+        asyncio.run(st.wait_ready(60))
+        yield st
+    finally:
+        st.stop(servers=False)
+        redis.stop()
+
+
+async def placement_pause(stack: Stack, ids: list[str]) -> float:
+    """The longest stretch, while the load ran, with no job placed: how long decisions paused."""
+    state = RedisState.from_settings(settings_of(stack))
+    try:
+        placed: list[float] = []
+        for j in ids:
+            placed += [h.at for h in await state.history(j) if h.to == "placing"]
+        placed.sort()
+    finally:
+        await state.close()
+    return max((b - a for a, b in zip(placed, placed[1:], strict=False)), default=0.0)
+
+
+@pytest.mark.parametrize("client", ["migsched-balancer", "migsched-registry"])
+async def test_losing_the_nats_server_a_service_is_connected_to_loses_no_job(
+    cluster: NatsCluster, stack: Stack, client: str
+) -> None:
+    tag = client.rsplit("-", 1)[1][:3]
+    bus = await JetStreamBus.connect(settings_of(stack), name=f"ha-load-{tag}")
+    jobs = jobs_for(tag, JOBS)
+    load = Load(bus, jobs, RATE)
+    victim = cluster.servers[cluster.serving(client)]
+    try:
+        task = asyncio.create_task(load.run())
+        await load.until_published(0.3)
+        assert victim.proc is not None
+        victim.proc.kill()
+        await asyncio.to_thread(victim.proc.wait, 10)
+        await load.until_published(0.7, timeout=60)  # the load goes on through the two servers left
+        await asyncio.to_thread(victim.restart)
+        await asyncio.wait_for(task, 90)
+    finally:
+        await bus.close()
+    ids = [j.job_id for j in jobs]
+    out = await converge(stack, ids, timeout=90)
+    assert_accounted(out, ids)
+    moved_to = cluster.serving(client)
+    pause = await placement_pause(stack, ids)
+    print(f"\n{client}: its server killed; reconnected to server {moved_to}; longest pause between placements "
+          f"{pause:.2f} s; {len(load.errors)} load batch(es) retried")
