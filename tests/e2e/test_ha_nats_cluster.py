@@ -10,6 +10,7 @@ holding slices). How long decisions paused is printed (`-s`) and reported in doc
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Iterator
 
@@ -66,7 +67,7 @@ async def placement_pause(stack: Stack, ids: list[str]) -> float:
         placed.sort()
     finally:
         await state.close()
-    return max((b - a for a, b in zip(placed, placed[1:], strict=False)), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(placed)), default=0.0)
 
 
 @pytest.mark.parametrize("client", ["migsched-balancer", "migsched-registry"])
