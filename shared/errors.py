@@ -18,3 +18,8 @@ class UnknownModelError(GeometryError, KeyError):
 
 class RequestError(MigschedError, ValueError):
     """A job request is malformed (unknown profile, impossible size, contradictory fields)."""
+
+
+class Unavailable(MigschedError):
+    """A server the service needs does not answer now (a restart, a failover): no message is at fault, so a
+    consumer waits for it instead of spending the messages' deliveries."""

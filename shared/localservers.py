@@ -237,7 +237,7 @@ quarter more disk). The rewrite's child shares the cores with the stack: its tim
 
 
 def start_redis(port: int | None = None, workdir: Path | None = None, appendonly: bool = False,
-                config: Path | None = None, aclfile: Path | None = None) -> LocalServer:
+                config: Path | None = None, aclfile: Path | None = None, extra: tuple[str, ...] = ()) -> LocalServer:
     """A private redis-server. ``config``: a redis.conf read first (the flags here override its address,
     directory and persistence); ``aclfile``: ACL users to load (then clients must authenticate)."""
     binary = shutil.which("redis-server")
@@ -256,10 +256,124 @@ def start_redis(port: int | None = None, workdir: Path | None = None, appendonly
             argv += ["--auto-aof-rewrite-min-size", AOF_REWRITE_MIN_SIZE]
     if aclfile is not None:
         argv += ["--aclfile", str(aclfile)]
+    argv += list(extra)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     _wait(url, proc, "redis-server")
     return LocalServer(url=url, proc=proc, workdir=wd if workdir is None else None, argv=argv)
+
+
+SENTINEL_SERVICE = "migsched"
+WRITE_SAFETY = ("--min-replicas-to-write", "1", "--min-replicas-max-lag", "2")
+"""A primary takes writes only while a replica is connected and at most 2 s behind: a former primary that comes
+back alone (before the sentinels demote it) refuses them, instead of taking writes that its resync from the new
+primary then throws away. With two replicas, losing any one server leaves writes possible."""
+
+
+@dataclass
+class RedisSentinel:
+    """A Redis primary, two replicas and three sentinels watching them (``start_redis_sentinel``)."""
+
+    redis: list[LocalServer]
+    """The data servers: the first starts as the primary, the others as its replicas."""
+    sentinels: list[LocalServer]
+
+    @property
+    def url(self) -> str:
+        """``MIGSCHED_REDIS_URL`` for the primary the sentinels name."""
+        hosts = ",".join(urlparse(s.url).netloc for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{SENTINEL_SERVICE}"
+
+    def stop(self) -> None:
+        for s in (*self.sentinels, *self.redis):
+            s.stop()
+
+    def primary(self) -> int:
+        """The index in ``redis`` of the server the sentinels name primary now."""
+        import redis as redis_sync
+
+        for s in self.sentinels:
+            with contextlib.suppress(Exception):
+                r = redis_sync.Redis.from_url(s.url, socket_timeout=1.0, decode_responses=True)
+                try:
+                    _, port = r.execute_command("SENTINEL", "get-master-addr-by-name", SENTINEL_SERVICE)
+                finally:
+                    r.close()
+                for i, d in enumerate(self.redis):
+                    if urlparse(d.url).port == int(port):
+                        return i
+        raise ServerError("no sentinel names a primary")
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every replica is in sync and every sentinel knows the primary and its replicas."""
+        import redis as redis_sync
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                p = self.redis[self.primary()]
+                r = redis_sync.Redis.from_url(p.url, socket_timeout=1.0, decode_responses=True)
+                try:
+                    repl = r.info("replication")
+                finally:
+                    r.close()
+                replicas = len(self.redis) - 1
+                synced = repl.get("connected_slaves", 0) >= replicas and all(
+                    "online" in str(repl.get(f"slave{i}", "")) for i in range(replicas))
+                known = 0
+                for sn in self.sentinels:
+                    c = redis_sync.Redis.from_url(sn.url, socket_timeout=1.0, decode_responses=True)
+                    try:
+                        info = c.execute_command("SENTINEL", "master", SENTINEL_SERVICE)
+                    finally:
+                        c.close()
+                    fields = dict(zip(info[::2], info[1::2], strict=False)) if isinstance(info, list) else info
+                    known += (int(fields.get("num-slaves", 0)) >= len(self.redis) - 1
+                              and int(fields.get("num-other-sentinels", 0)) >= 2)
+                if synced and known == len(self.sentinels):
+                    return
+            time.sleep(0.2)
+        raise ServerError(f"the Redis primary, replica and sentinels were not ready within {timeout:.0f}s")
+
+
+def start_redis_sentinel(workdir: Path, down_after_ms: int = 1000) -> RedisSentinel:
+    """A primary (AOF on), two replicas of it and three sentinels (quorum 2) on loopback ports. A primary silent
+    for ``down_after_ms`` is failed over to a replica."""
+    data: list[LocalServer] = []
+    sentinels: list[LocalServer] = []
+    (workdir / "primary").mkdir(parents=True, exist_ok=True)
+    try:
+        primary = start_redis(free_port(), workdir / "primary", appendonly=True, extra=WRITE_SAFETY)
+        data.append(primary)
+        port = urlparse(primary.url).port
+        for name in ("replica-1", "replica-2"):  # with one replica, losing either server would stop writes
+            (workdir / name).mkdir(parents=True, exist_ok=True)
+            data.append(start_redis(free_port(), workdir / name, appendonly=True,
+                                    extra=("--replicaof", "127.0.0.1", str(port), *WRITE_SAFETY)))
+        binary = shutil.which("redis-server")
+        assert binary is not None  # start_redis found it
+        for i in range(3):
+            sport = free_port()
+            conf = workdir / f"sentinel-{i}.conf"  # a sentinel rewrites its own file: one each, writable
+            conf.write_text(
+                f"port {sport}\nbind 127.0.0.1\ndir {workdir}\n"
+                f"sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {port} 2\n"
+                f"sentinel down-after-milliseconds {SENTINEL_SERVICE} {down_after_ms}\n"
+                f"sentinel failover-timeout {SENTINEL_SERVICE} 5000\n"
+                f"sentinel parallel-syncs {SENTINEL_SERVICE} 1\n"
+            )
+            argv = [binary, str(conf), "--sentinel"]
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            s = LocalServer(url=f"redis://127.0.0.1:{sport}", proc=proc, argv=argv)
+            sentinels.append(s)
+            _wait(s.url, proc, "redis sentinel")
+        rig = RedisSentinel(data, sentinels)
+        rig.wait_ready()
+        return rig
+    except BaseException:
+        for s in (*sentinels, *data):
+            s.stop()
+        raise
 
 
 def resolve(kind: str, start_if_missing: bool = True) -> LocalServer:

@@ -182,10 +182,11 @@ async def run_check(
     redis_url: str, namespace: str, shards: int = 1, nats_url: str = "", executors_s: float = 0.0
 ) -> list[Violation]:
     """Every violation found on the live state of ``namespace`` (empty: all invariants hold)."""
-    import redis.asyncio as aioredis
     import redis.exceptions as rex
 
-    client = aioredis.from_url(redis_url, decode_responses=False)
+    from shared.state.client import redis_client
+
+    client = redis_client(redis_url, decode_responses=False)
     state = ReadOnlyState(client, namespace, shards)
     geometry = default_geometry()
     try:

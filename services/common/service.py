@@ -21,6 +21,7 @@ from shared.mig.geometry import Geometry, default_geometry, load_geometry
 from shared.ports import EventBus, StateStore
 from shared.settings import Settings
 from shared.state import RedisState
+from shared.state.outage import is_outage
 
 Periodic = tuple[str, float, Callable[[], Awaitable[None]]]
 
@@ -88,6 +89,8 @@ class Service:
         # consumers first, state second: a change published while the state loads is then seen twice (handlers
         # are idempotent) rather than never (ephemeral consumers start from new messages)
         self._consumers = self.consumers()
+        for c in self._consumers:  # a Redis outage (restart, failover) blames no message: wait it out
+            c.outage = c.outage or is_outage
         for c in self._consumers:
             await c.start()
         await self.prepare()

@@ -7,6 +7,12 @@ the whole batch, which is retried (handlers are idempotent); a message delivered
 DLQ instead of being handled again, so a message that crashes its consumer is not lost either (the broker's own
 limit is one higher than ours for that reason). Nothing is dropped silently.
 
+A handler that fails because a server it needs is not there (``outage(exc)``: Redis restarting or failing over)
+blames no message: its batch comes back after a pause, the consumer fetches nothing more until then (the pause
+doubles while the outage lasts, up to ``MAX_PAUSE_S``), and those deliveries do not count towards
+``max_deliver`` (the broker's own limit leaves ``OUTAGE_DELIVERIES`` of room for them). So an outage of a minute
+sends no message to the DLQ.
+
 A consumer made with ``acks=False`` is for hints and caches that a periodic reload repairs (a balancer's mirror,
 the planner's exit hints): the broker forgets each message once delivered, so neither side spends a message or
 any bookkeeping on an ack. Nothing can be redelivered: a batch whose handler fails calls the consumer's ``lost``
@@ -24,6 +30,7 @@ The transport (``Transport``: JetStream, or the in-memory bus) only subscribes a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -135,6 +142,11 @@ class Delivery:
 
 Handler = Callable[[list[Delivery]], Awaitable[None]]
 Decoder = Callable[[str, bytes], Any]
+Outage = Callable[[BaseException], bool]
+MAX_PAUSE_S = 4.0
+OUTAGE_DELIVERIES = 20
+"""Deliveries an outage may take from a message beyond ``max_deliver`` before the broker stops redelivering it."""
+_MAX_OUTAGE_ENTRIES = 100_000
 
 
 def raw(subject: str, data: bytes) -> bytes:
@@ -166,6 +178,7 @@ class Consumer:
         lost: Callable[[str], None] | None = None,
         linger_s: float | None = None,
         traced: bool = True,
+        outage: Outage | None = None,
     ) -> None:
         """``concurrency``: batches handled at once (a handler that waits on Redis or NATS lets the next batch
         start meanwhile; batches may then finish out of order).
@@ -174,7 +187,8 @@ class Consumer:
         ``acks=False``: no acknowledgements (see the module); ``lost(reason)`` is then called for every batch
         the handler could not apply, which will not come back.
         ``linger_s``: this consumer's wait for the rest of a burst (None: ``MIGSCHED_BATCH_LINGER_S``).
-        ``traced=False``: no span per message (heartbeats: most of a trace store's spans, and no job's story)."""
+        ``traced=False``: no span per message (heartbeats: most of a trace store's spans, and no job's story).
+        ``outage(exc)``: True when the handler failed because a server is not there (see the module)."""
         if not acks and lost is None:
             raise ValueError("a consumer without acks needs a `lost` callback: nothing is redelivered")
         st = bus.settings
@@ -198,6 +212,9 @@ class Consumer:
         self.lost = lost
         self._sub: Subscription | None = None
         self._stop = asyncio.Event()
+        self.outage = outage
+        self.pause_s = 0.0
+        self._outages: dict[int, int] = {}  # stream seq -> deliveries an outage took from it (this process's)
         self.handled = 0
         self.dead_lettered = 0
         name = durable  # one metric child per consumer role, not per ephemeral instance
@@ -208,8 +225,8 @@ class Consumer:
     def spec(self) -> ConsumerSpec:
         return ConsumerSpec(
             stream=self.stream, name=self.durable, subject=self.subject, acks=self.acks,
-            max_deliver=self.max_deliver + 1, ack_wait_s=self.ack_wait_s, deliver_new=self.deliver_new,
-            ephemeral=self.ephemeral, batch=self.batch, linger_s=self.linger_s,
+            max_deliver=self.max_deliver + 1 + OUTAGE_DELIVERIES, ack_wait_s=self.ack_wait_s,
+            deliver_new=self.deliver_new, ephemeral=self.ephemeral, batch=self.batch, linger_s=self.linger_s,
             fetch_timeout_s=self.fetch_timeout_s,
         )
 
@@ -241,6 +258,10 @@ class Consumer:
     async def _work(self) -> None:
         assert self._sub is not None
         while not self._stop.is_set():
+            if self.pause_s > 0:  # a server the handler needs was not there: wait before taking more
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.pause_s):
+                        await self._stop.wait()
             try:
                 msgs = await self._sub.next_batch(max(self.fetch_timeout_s, 0.2))
             except SubscriptionClosed:
@@ -285,7 +306,7 @@ class Consumer:
                 await self._dead(m, f"undecodable: {exc!r}"[:500], span)
                 continue
             d = Delivery(m, data, span, sctx)
-            if d.deliveries > self.max_deliver:
+            if self._counted(d) > self.max_deliver:
                 await self._dead(m, f"exceeded {self.max_deliver} deliveries", span)
                 continue
             good.append(d)
@@ -293,10 +314,15 @@ class Consumer:
             try:
                 await self.handler(good)
             except Exception as exc:
-                log.exception("handler of %s failed on a batch of %d", self.durable, len(good))
-                for d in good:
-                    if d.outcome == "ack":
-                        d.retry(f"handler error: {exc!r}"[:500])
+                if self.outage is not None and self.outage(exc):
+                    self._wait_out(good, exc)
+                else:
+                    log.exception("handler of %s failed on a batch of %d", self.durable, len(good))
+                    for d in good:
+                        if d.outcome == "ack":
+                            d.retry(f"handler error: {exc!r}"[:500])
+            else:
+                self.pause_s = 0.0
         if self.acks:
             for d in good:
                 await self._settle(d)
@@ -306,12 +332,33 @@ class Consumer:
         self._m_size.observe(len(msgs))
         self._m_seconds.observe(time.perf_counter() - t0)
 
+    def _counted(self, d: Delivery) -> int:
+        """Deliveries that count towards ``max_deliver``: those an outage took do not."""
+        return d.deliveries - self._outages.get(d.msg.stream_seq, 0) if self._outages else d.deliveries
+
+    def _wait_out(self, good: list[Delivery], exc: BaseException) -> None:
+        """The batch failed for an outage: it comes back after the pause, and these deliveries do not count."""
+        self.pause_s = min(max(2 * self.pause_s, self.retry_delay_s), MAX_PAUSE_S)
+        log.warning("%s: a server is not answering (%r); %d message(s) back in %.1f s", self.durable, exc,
+                    len(good), self.pause_s)
+        if len(self._outages) > _MAX_OUTAGE_ENTRIES:
+            self._outages.clear()  # bounded: forgetting only makes those messages count as usual
+        for d in good:
+            seq = d.msg.stream_seq
+            self._outages[seq] = self._outages.get(seq, 0) + 1
+            d.outcome, d.reason = "outage", f"server not answering: {exc!r}"[:500]
+
     async def _settle(self, d: Delivery) -> None:
         try:
             if d.outcome == "ack":
                 await d.msg.ack()
                 self._m_outcome["ack"].inc()
-            elif d.outcome == "retry" and d.deliveries < self.max_deliver:
+                if self._outages:
+                    self._outages.pop(d.msg.stream_seq, None)
+            elif d.outcome == "outage":
+                await d.msg.nak(self.pause_s)
+                self._m_outcome["retry"].inc()
+            elif d.outcome == "retry" and self._counted(d) < self.max_deliver:
                 d.span.set_attribute("migsched.retry", d.reason)
                 await d.msg.nak(self.retry_delay_s * d.deliveries)
                 self._m_outcome["retry"].inc()
@@ -325,7 +372,7 @@ class Consumer:
 
     async def _settle_unacked(self, good: list[Delivery]) -> None:
         """Without acks a retry cannot be redelivered: the owner is told once for the batch and reloads."""
-        retried = [d for d in good if d.outcome == "retry"]
+        retried = [d for d in good if d.outcome in ("retry", "outage")]
         if retried and self.lost is not None:
             log.warning("%s: %d message(s) not applied and not redelivered (no acks): %s", self.durable,
                         len(retried), retried[0].reason)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from shared.errors import MigschedError
+from shared.errors import Unavailable
 
 
-class BusError(MigschedError):
+class BusError(Unavailable):
     """The broker refused an operation: stream set-up, a publish no stream acknowledged, a consumer it cannot make."""
 
 

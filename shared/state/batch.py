@@ -286,6 +286,6 @@ class Batch:
         out: list[Any] = []
         for (name, _, _, parse), v in zip(self._calls, raw, strict=True):
             if isinstance(v, Exception):
-                raise StateError(f"{name or 'command'} failed: {v}")
+                raise StateError(f"{name or 'command'} failed: {v}") from v
             out.append(parse(v))
         return out

@@ -20,6 +20,7 @@ import msgspec
 import redis.asyncio as aioredis
 
 from shared.state.batch import Batch
+from shared.state.client import redis_client
 from shared.state.codec import (  # noqa: F401  (re-exported: callers import them from here)
     _ENC,
     _HIST,
@@ -34,7 +35,6 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     history_raw,
     script_source,
 )
-from shared.state.fastpack import connection_class
 from shared.state.keys import Keys
 from shared.state.model import (
     HistoryEntry,
@@ -66,9 +66,7 @@ class RedisState(DerivedReads):
 
     @classmethod
     def from_settings(cls, settings: Any) -> RedisState:
-        client = aioredis.from_url(
-            settings.redis_url, decode_responses=False, connection_class=connection_class(settings.redis_url)
-        )
+        client = redis_client(settings.redis_url, decode_responses=False)
         return cls(client, settings.namespace, settings.shards)
 
     async def close(self) -> None:

@@ -333,3 +333,26 @@ async def test_the_bus_counts_what_it_published_and_how_each_consumed_message_en
     assert sample("migsched_messages_published_total", kind="JobSubmit") == published + 4
     assert sample("migsched_consumer_messages_total", consumer=durable, outcome="ack") == 4
     assert sample("migsched_consumer_batch_size_count", consumer=durable) >= 1
+
+
+async def test_an_outage_blames_no_message_the_consumer_waits_and_nothing_is_dead_lettered(
+    bus_factory: MakeBus,
+) -> None:
+    from shared.errors import Unavailable
+
+    bus = await bus_factory(max_deliver=2)
+    calls: list[list[str]] = []
+
+    async def redis_down_for_a_while(ds: list[Delivery]) -> None:
+        calls.append([d.data.job_id for d in ds])
+        if len(calls) <= 4:  # twice max_deliver: a message at fault would be dead-lettered long before
+            raise Unavailable("Redis is failing over")
+
+    c = await collect(bus, "patient", handler=redis_down_for_a_while, retry_delay_s=0.02,
+                      outage=lambda exc: isinstance(exc, Unavailable))
+    await bus.publish(bus.subjects.jobs_submit, submit(1))
+    assert await until(lambda: len(calls) >= 5, timeout=20)
+    assert c.consumer.pause_s == 0.0  # the handler succeeded: the consumer takes messages again at once
+    await c.stop()
+    assert calls[-1] == ["j1"] and all(batch == ["j1"] for batch in calls)
+    assert await dead_letters(bus, 1, timeout=0.5) == []
