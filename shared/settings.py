@@ -29,7 +29,8 @@ class Settings:
     nats_url: str = "nats://127.0.0.1:4222"
     """NATS server(s), comma-separated."""
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis server (the single source of truth)."""
+    """Redis, the single source of truth: redis://, rediss:// or unix://, or redis+sentinel://host:port,...\
+/service for the primary that Sentinel names (failover without a restart)."""
     namespace: str = ""
     """Isolates one deployment (or one test): '' uses the plain names (stream JOBS, subject jobs.submit,
     Redis keys ``{migsched:0}:...``); 'x' gives streams ``x_JOBS``, subjects ``x.jobs.submit`` and Redis keys
