@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import signal
 import time
@@ -279,3 +280,16 @@ def assert_accounted(out: Outcome, ids: list[str], *, all_finished: bool = True)
         f"{j}:\n  " + "\n  ".join(lines) for j, lines in out.details.items()
     )
     assert sum(out.exits.values()) == out.states["finished"], (sum(out.exits.values()), dict(out.states))
+
+
+async def placement_pause(stack: Stack, ids: list[str]) -> float:
+    """The longest stretch, while a load ran, with no job placed: how long decisions paused."""
+    state = RedisState.from_settings(settings_of(stack))
+    try:
+        placed: list[float] = []
+        for j in ids:
+            placed += [h.at for h in await state.history(j) if h.to == "placing"]
+    finally:
+        await state.close()
+    placed.sort()
+    return max((b - a for a, b in itertools.pairwise(placed)), default=0.0)

@@ -10,7 +10,6 @@ holding slices). How long decisions paused is printed (`-s`) and reported in doc
 from __future__ import annotations
 
 import asyncio
-import itertools
 import uuid
 from collections.abc import Iterator
 
@@ -22,13 +21,13 @@ from fault_harness import (
     converge,
     jobs_for,
     make_stack,
+    placement_pause,
     settings_of,
 )
 
 from migsched.stack import Stack
 from shared.bus import JetStreamBus
 from shared.localservers import LocalServer, NatsCluster, free_port, start_nats_cluster, start_redis
-from shared.state import RedisState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -55,19 +54,6 @@ def stack(cluster: NatsCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     finally:
         st.stop(servers=False)
         redis.stop()
-
-
-async def placement_pause(stack: Stack, ids: list[str]) -> float:
-    """The longest stretch, while the load ran, with no job placed: how long decisions paused."""
-    state = RedisState.from_settings(settings_of(stack))
-    try:
-        placed: list[float] = []
-        for j in ids:
-            placed += [h.at for h in await state.history(j) if h.to == "placing"]
-        placed.sort()
-    finally:
-        await state.close()
-    return max((b - a for a, b in itertools.pairwise(placed)), default=0.0)
 
 
 @pytest.mark.parametrize("client", ["migsched-balancer", "migsched-registry"])

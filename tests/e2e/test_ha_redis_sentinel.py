@@ -12,17 +12,24 @@ job, no slice double-booked. How long decisions paused is printed (`-s`), never 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from fault_harness import Load, Servers, assert_accounted, converge, jobs_for, make_stack, settings_of
+from fault_harness import (
+    Load,
+    Servers,
+    assert_accounted,
+    converge,
+    jobs_for,
+    make_stack,
+    placement_pause,
+    settings_of,
+)
 
 from migsched.stack import Stack
 from shared.bus import JetStreamBus
 from shared.localservers import LocalServer, RedisSentinel, free_port, start_nats, start_redis_sentinel
-from shared.state import RedisState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -48,18 +55,6 @@ def stack(sentinel: RedisSentinel, tmp_path_factory: pytest.TempPathFactory) -> 
     finally:
         st.stop(servers=False)
         nats.stop()
-
-
-async def placement_pause(stack: Stack, ids: list[str]) -> float:
-    state = RedisState.from_settings(settings_of(stack))
-    try:
-        placed: list[float] = []
-        for j in ids:
-            placed += [h.at for h in await state.history(j) if h.to == "placing"]
-    finally:
-        await state.close()
-    placed.sort()
-    return max((b - a for a, b in itertools.pairwise(placed)), default=0.0)
 
 
 async def test_losing_the_redis_primary_fails_over_and_loses_no_job(sentinel: RedisSentinel, stack: Stack) -> None:
