@@ -188,8 +188,10 @@ class Outcome:
     """Diagnostics of the jobs with more than one exit: each exit and the job's state history."""
 
 
-async def converge(stack: Stack, ids: list[str], timeout: float = 60.0) -> Outcome:
-    """Wait until every job is terminal (the processes stay up), then audit the quiescent state."""
+async def converge(stack: Stack, ids: list[str], timeout: float = 60.0, by_message_id: bool = False) -> Outcome:
+    """Wait until every job is terminal (the processes stay up), then audit the quiescent state.
+    ``by_message_id``: count a job's exits by message id, as every consumer does (on a NATS cluster a publish
+    repeated to a stream's new leader can be stored twice under one id)."""
     st = settings_of(stack)
     state = RedisState.from_settings(st)
     try:
@@ -226,7 +228,10 @@ async def converge(stack: Stack, ids: list[str], timeout: float = 60.0) -> Outco
     try:
         wanted = set(ids)
         all_exits = [e for e in await exits_on_stream(bus) if e.job_id in wanted]
-        exits = Counter(e.job_id for e in all_exits if e.kind == "completed")
+        completed = [e for e in all_exits if e.kind == "completed"]
+        if by_message_id:
+            completed = list({e.id: e for e in completed}.values())
+        exits = Counter(e.job_id for e in completed)
     finally:
         await bus.close()
     details: dict[str, list[str]] = {}

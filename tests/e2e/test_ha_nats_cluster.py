@@ -4,7 +4,8 @@ client connects with the seed list, and losing the server a service is connected
 Under a steady load the server that the balancer (or the node registry) is connected to is killed with SIGKILL;
 the clients move to the other servers, the streams elect new leaders, and the server comes back later. Every
 job must end exactly once (one terminal state, one completed exit, no slice double-booked, nothing left
-holding slices). How long decisions paused is printed (`-s`) and reported in docs/results.md, never asserted.
+holding slices). Exits are counted by message id: a publish repeated to a stream's new leader was seen stored
+twice under one id (nats-server 2.9), which every consumer treats as one message. How long decisions paused is printed (`-s`) and reported in docs/results.md, never asserted.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ async def test_losing_the_nats_server_a_service_is_connected_to_loses_no_job(
     finally:
         await bus.close()
     ids = [j.job_id for j in jobs]
-    out = await converge(stack, ids, timeout=90)
+    out = await converge(stack, ids, timeout=90, by_message_id=True)
     assert_accounted(out, ids)
     moved_to = cluster.serving(client)
     pause = await placement_pause(stack, ids)
