@@ -5,7 +5,8 @@ Under a steady load the server that the balancer (or the node registry) is conne
 the clients move to the other servers, the streams elect new leaders, and the server comes back later. Every
 job must end exactly once (one terminal state, one completed exit, no slice double-booked, nothing left
 holding slices). Exits are counted by message id: a publish repeated to a stream's new leader was seen stored
-twice under one id (nats-server 2.9), which every consumer treats as one message. How long decisions paused is printed (`-s`) and reported in docs/results.md, never asserted.
+twice under one id (nats-server 2.9), which every consumer treats as one message. How long decisions paused is
+printed (`-s`) and reported in docs/results.md, never asserted.
 """
 
 from __future__ import annotations
