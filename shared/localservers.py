@@ -50,6 +50,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (each held until all are chosen, so none is handed out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _wait(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -196,9 +208,8 @@ def start_nats_cluster(size: int = 3, workdir: Path | None = None, name: str = "
     if binary is None:
         raise ServerError("no nats-server binary is installed (apt-get install nats-server)")
     root = workdir or Path(tempfile.mkdtemp(prefix="migsched-nats-cluster-"))
-    ports = [free_port() for _ in range(size)]
-    routes = [free_port() for _ in range(size)]
-    monitors = [free_port() for _ in range(size)]
+    chosen = free_ports(3 * size)
+    ports, routes, monitors = chosen[:size], chosen[size : 2 * size], chosen[2 * size :]
     seeds = ",".join(f"nats://127.0.0.1:{r}" for r in routes)
     servers: list[LocalServer] = []
     try:
