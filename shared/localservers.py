@@ -353,18 +353,19 @@ def start_redis_sentinel(workdir: Path, down_after_ms: int = 1000) -> RedisSenti
     data: list[LocalServer] = []
     sentinels: list[LocalServer] = []
     (workdir / "primary").mkdir(parents=True, exist_ok=True)
+    chosen = free_ports(6)  # the primary, two replicas, three sentinels
     try:
-        primary = start_redis(free_port(), workdir / "primary", appendonly=True, extra=WRITE_SAFETY)
+        primary = start_redis(chosen[0], workdir / "primary", appendonly=True, extra=WRITE_SAFETY)
         data.append(primary)
         port = urlparse(primary.url).port
-        for name in ("replica-1", "replica-2"):  # with one replica, losing either server would stop writes
+        for k, name in enumerate(("replica-1", "replica-2")):  # with one replica, losing either stops writes
             (workdir / name).mkdir(parents=True, exist_ok=True)
-            data.append(start_redis(free_port(), workdir / name, appendonly=True,
+            data.append(start_redis(chosen[1 + k], workdir / name, appendonly=True,
                                     extra=("--replicaof", "127.0.0.1", str(port), *WRITE_SAFETY)))
         binary = shutil.which("redis-server")
         assert binary is not None  # start_redis found it
         for i in range(3):
-            sport = free_port()
+            sport = chosen[3 + i]
             conf = workdir / f"sentinel-{i}.conf"  # a sentinel rewrites its own file: one each, writable
             conf.write_text(
                 f"port {sport}\nbind 127.0.0.1\ndir {workdir}\n"
