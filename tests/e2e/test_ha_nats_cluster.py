@@ -31,7 +31,7 @@ from migsched.stack import Stack
 from shared.bus import JetStreamBus
 from shared.localservers import LocalServer, NatsCluster, free_port, start_nats_cluster, start_redis
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
 
 JOBS = 240
 RATE = 60.0

@@ -14,7 +14,7 @@ from shared.bus import Delivery, JetStreamBus, Outgoing
 from shared.events import Demand, JobSubmit, now
 from shared.localservers import NatsCluster, start_nats_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.ha, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")
