@@ -57,6 +57,9 @@ class StackConfig:
     stream_storage: str = "file"
     nodes_per_executor: int = 1
     """Simulated nodes per executor process (``MIGSCHED_NODES``): a bench of many nodes on few cores."""
+    replicas: int = 1
+    """Processes of each scheduling service (the second is named ``balancer-2``, ...): balancers race on the same
+    shards through the compare-and-set, the registry's and the planner's replicas share their durable consumers."""
 
 
 @dataclass
@@ -120,14 +123,10 @@ class Stack:
         base = self.base_env()
         procs: list[Proc] = []
         for name in SCHEDULERS:
-            procs.append(
-                Proc(
-                    name.replace("_", "-"),
-                    [sys.executable, "-m", f"services.{name}"],
-                    dict(base),
-                    c.run_dir / f"{name.replace('_', '-')}.log",
-                )
-            )
+            for replica in range(1, max(1, c.replicas) + 1):
+                label = name.replace("_", "-") + (f"-{replica}" if replica > 1 else "")
+                procs.append(Proc(label, [sys.executable, "-m", f"services.{name}"], dict(base),
+                                  c.run_dir / f"{label}.log"))
         for group in self.executor_groups():
             node = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
             env = dict(base)

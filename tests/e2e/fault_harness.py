@@ -70,8 +70,10 @@ def private_servers(workdir: Path) -> Servers:
     return Servers(nats, redis)
 
 
-def make_stack(servers: Servers, namespace: str, run_dir: Path, env: dict[str, str] | None = None) -> Stack:
+def make_stack(servers: Servers, namespace: str, run_dir: Path, env: dict[str, str] | None = None,
+               replicas: int = 1) -> Stack:
     config = StackConfig(
+        replicas=replicas,
         namespace=namespace,
         executors=2,
         gpus="A100-40GB:8",
