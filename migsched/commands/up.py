@@ -5,6 +5,8 @@ migsched up                 # NATS/Redis found or started, balancer, registry, m
 migsched up --demo          # ... then replays a short workload at a high speed-up, draws the slices filling
                             # and emptying, prints the KPIs next to the simulator's for the same input, exits
                             # 0
+migsched up --ha            # on a 3-node NATS cluster (R3 streams) and a Redis primary with two replicas and
+                            # three sentinels, all started here on loopback ports, two replicas of each service
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console, Group
@@ -63,6 +67,8 @@ MODEL = "A100-40GB"
     "--json-out", type=click.Path(path_type=Path), default=None, help="--demo: write the KPIs here."
 )
 @click.option("--keep", is_flag=True, help="--demo: keep the namespace's streams and keys afterwards.")
+@click.option("--ha", is_flag=True,
+              help="Start a 3-node NATS cluster and a Sentinel-watched Redis here, and two replicas of each service.")
 @click.option(
     "--timeout",
     "timeout_s",
@@ -83,6 +89,7 @@ def command(
     seed: int,
     json_out: Path | None,
     keep: bool,
+    ha: bool,
     timeout_s: float,
 ) -> None:
     """Start the stack locally (NATS/Redis already listening are used, otherwise started)."""
@@ -101,6 +108,9 @@ def command(
             "MIGSCHED_LOG_LEVEL": "WARNING",
         }
         latency = 0.15 / speedup
+    rigs = HaRigs(run_dir / "ha") if ha else None
+    if rigs is not None:
+        env["MIGSCHED_STREAM_REPLICAS"] = "3"
     config = StackConfig(
         namespace=namespace,
         executors=executors,
@@ -109,13 +119,17 @@ def command(
         confirm_s=1.0 / speedup if demo else 1.0,
         run_dir=run_dir,
         env=env,
-        stream_storage="memory" if demo else "file",
+        stream_storage="file" if ha or not demo else "memory",
+        replicas=2 if ha else 1,
     )
     stack = Stack(config)
     console = Console(stderr=False)
     code = 0
     try:
         console.print(f"[bold]migsched up[/]: namespace {namespace or '(none)'}; logs in {run_dir}")
+        if rigs is not None:
+            rigs.start()
+            console.print(f"HA servers started here: NATS {rigs.nats_url}; Redis {rigs.redis_url}")
         stack.start()
         console.print(
             f"NATS {stack.nats_url}{' (started here)' if stack.nats and stack.nats.owned else ''}; "
@@ -137,7 +151,47 @@ def command(
             with contextlib.suppress(Exception):  # a demo leaves nothing behind in shared servers
                 asyncio.run(_forget(stack))
         stack.stop_servers()
+        if rigs is not None:
+            rigs.stop()
     sys.exit(code)
+
+
+class HaRigs:
+    """``up --ha``'s servers: a NATS cluster and a Redis with failover, which the stack is pointed at."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nats: Any = None
+        self.redis: Any = None
+        self._saved: dict[str, str | None] = {}
+
+    @property
+    def nats_url(self) -> str:
+        return str(self.nats.url)
+
+    @property
+    def redis_url(self) -> str:
+        return str(self.redis.url)
+
+    def start(self) -> None:
+        from shared.localservers import start_nats_cluster, start_redis_sentinel
+
+        (self.root / "redis").mkdir(parents=True, exist_ok=True)
+        self.nats = start_nats_cluster(3, self.root / "nats")
+        self.redis = start_redis_sentinel(self.root / "redis")
+        for var, url in (("MIGSCHED_NATS_URL", self.nats_url), ("MIGSCHED_REDIS_URL", self.redis_url)):
+            self._saved[var] = os.environ.get(var)
+            os.environ[var] = url  # the stack resolves its servers from these
+
+    def stop(self) -> None:
+        for var, old in self._saved.items():
+            if old is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = old
+        for rig in (self.redis, self.nats):
+            if rig is not None:
+                rig.stop()
 
 
 async def _serve(stack: Stack, console: Console) -> None:
