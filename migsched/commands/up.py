@@ -174,7 +174,7 @@ class HaRigs:
         return str(self.redis.url)
 
     def start(self) -> None:
-        from shared.localservers import start_nats_cluster, start_redis_sentinel
+        from shared.localcluster import start_nats_cluster, start_redis_sentinel
 
         (self.root / "redis").mkdir(parents=True, exist_ok=True)
         self.nats = start_nats_cluster(3, self.root / "nats")

@@ -48,9 +48,6 @@ class Commands:
         self.exits = exits
         self.registration = registration
 
-    def _lane(self, cmd: Command) -> int:
-        return lane_of(cmd, self.backend)
-
     async def apply(self, cmd: Command, ctx: otel_context.Context) -> list[Any]:
         """Carry out one command; the reports to publish (raises MigschedError when it cannot be done)."""
         at = now()
@@ -135,7 +132,7 @@ class Commands:
             target = plain_target(cmd, await self.backend.discover())
         else:
             changed = await self._ops(cmd, created)
-            lane = self._lane(cmd)
+            lane = lane_of(cmd, self.backend)
             found = await self.book.find(lane, cmd.instance_id)
             if found is None:
                 raise WorkloadError(f"instance {cmd.instance_id} does not exist on GPU {lane} of {self.node}")
@@ -190,7 +187,7 @@ class Commands:
             return 0
         # only a destroy needs the running instances, and only those of the command's GPU (``book.apply`` asks
         # about no other): a snapshot of that GPU's, not a pass over every running job
-        lane = self._lane(cmd)
+        lane = lane_of(cmd, self.backend)
         destroys = any(op.kind == "destroy_gi" for op in cmd.ops)
         busy = {(lane, gi) for gi in self.backend.jobs_on(lane)} if destroys else set()
         return await self.book.apply(lane, cmd.ops, busy, created)

@@ -154,7 +154,7 @@ class Executor:
         """Apply a fetched batch (per GPU in stream order, GPUs in parallel), then publish its reports."""
         lanes: dict[int, list[Delivery]] = defaultdict(list)
         for d in deliveries:
-            lanes[self._lane(d.data)].append(d)
+            lanes[lane_of(d.data, self.backend)].append(d)
         if self._latency_log is not None:
             t = time.time()
             self._latency_log.write(
@@ -182,9 +182,6 @@ class Executor:
             if isinstance(r, CmdDone | CmdFailed) and r.command == "place" and r.job_id in reported:
                 reported[r.job_id].set()
 
-    def _lane(self, cmd: Command) -> int:
-        return lane_of(cmd, self.backend)
-
     async def _run_lane(self, deliveries: list[Delivery]) -> list[Outgoing]:
         out: list[Outgoing] = []
         subject = self.subjects.node_report(self.node)
@@ -198,7 +195,7 @@ class Executor:
             if replay is not None:
                 out += self._replayed(subject, replay, d.ctx)
                 continue
-            async with self._gpu_locks[self._lane(cmd)]:
+            async with self._gpu_locks[lane_of(cmd, self.backend)]:
                 if recording:
                     with _tracer.start_as_current_span(
                         f"executor {cmd.kind}",

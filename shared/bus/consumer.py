@@ -25,6 +25,9 @@ batch is timed and counted per consumer (``migsched_consumer_batch_seconds``, ``
 ``..._messages_total{outcome}``).
 
 The transport (``Transport``: JetStream, or the in-memory bus) only subscribes and publishes raw bytes.
+
+Past 400 lines on purpose: the loop, its settling, the dead-letter path and the middleware are one concept, and
+apart each would reach into the others' state.
 """
 
 from __future__ import annotations

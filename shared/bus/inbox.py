@@ -20,9 +20,6 @@ class Inbox(Generic[M]):
         self._buf: deque[M] = deque()
         self._ready = asyncio.Event()
 
-    def __len__(self) -> int:
-        return len(self._buf)
-
     def put(self, msg: M) -> None:
         self._buf.append(msg)
         self._ready.set()

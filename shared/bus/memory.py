@@ -196,11 +196,6 @@ class MemoryBus:
     async def close(self) -> None:
         self.closed = True
 
-    def messages(self, subject_pattern: str) -> list[tuple[str, bytes, Mapping[str, str]]]:
-        """What the streams hold on subjects matching ``subject_pattern``, in publish order (for tests)."""
-        found = [e for s in self.streams.values() for e in s.entries if matches(subject_pattern, e.subject)]
-        return [(e.subject, e.data, e.headers) for e in found]
-
     # --- publishing -----------------------------------------------------------------------------------------
     def _store(self, subject: str, data: bytes, headers: Mapping[str, str]) -> Stored:
         if self.closed:

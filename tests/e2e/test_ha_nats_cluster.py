@@ -29,7 +29,8 @@ from fault_harness import (
 
 from migsched.stack import Stack
 from shared.bus import JetStreamBus
-from shared.localservers import LocalServer, NatsCluster, free_port, start_nats_cluster, start_redis
+from shared.localcluster import NatsCluster, start_nats_cluster
+from shared.localservers import LocalServer, free_port, start_redis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
 

@@ -29,7 +29,8 @@ from fault_harness import (
 
 from migsched.stack import Stack
 from shared.bus import JetStreamBus
-from shared.localservers import LocalServer, RedisSentinel, free_port, start_nats, start_redis_sentinel
+from shared.localcluster import RedisSentinel, start_redis_sentinel
+from shared.localservers import LocalServer, free_port, start_nats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
 

@@ -12,7 +12,7 @@ import pytest
 from services.common.testing import make_settings
 from shared.bus import Delivery, JetStreamBus, Outgoing
 from shared.events import Demand, JobSubmit, now
-from shared.localservers import NatsCluster, start_nats_cluster
+from shared.localcluster import NatsCluster, start_nats_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha, pytest.mark.timeout(120)]
 
