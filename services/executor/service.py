@@ -59,7 +59,6 @@ log = logging.getLogger("migsched.executor")
 _tracer = telemetry.tracer("migsched.executor")
 _REMEMBERED_COMMANDS = 50000
 """Hard cap of the commands remembered for redeliveries (a safety net: the window bounds them, ~rate × window)."""
-_DRIFT_REPORT_EVERY_S = 1.0
 
 
 class Executor:
@@ -88,7 +87,6 @@ class Executor:
             self.redelivery_window_s(settings), _REMEMBERED_COMMANDS, clock=clock
         )
         self._drift_seen = False
-        self._next_drift_report = 0.0
         self.runs = Runs()
         self.registration = Registration(bus, backend, self.book, node, settings)
         self.exits = ExitReports(bus, backend, self.book, node, self.runs, self.metrics,
@@ -168,13 +166,15 @@ class Executor:
         results = await asyncio.gather(*(self._run_lane(ds) for ds in lanes.values()))
         out = [o for lane in results for o in lane]
         await self.bus.publish_batch(out)
-        if self._drift_seen and time.monotonic() >= self._next_drift_report:
+        if self._drift_seen:
             # A create refused for overlap means this node holds an instance the state does not know (left by
             # a command that ran after its job was re-queued elsewhere). Re-registering after the failure
             # reports (same subject, so the registry applies them first) lets the state adopt it as idle or
-            # stop its job, instead of the balancer choosing the same slot again until the job fails.
+            # stop its job, instead of the balancer choosing the same slot again until the job fails. Once per
+            # batch that saw it, never throttled in time: the balancer retries within a round trip, so a
+            # registration held back even a second lets one job's retries run out (``max_attempts``) on the
+            # same slot; each registration ends the drift it reports, so the registrations stop with it.
             self._drift_seen = False
-            self._next_drift_report = time.monotonic() + _DRIFT_REPORT_EVERY_S
             await self.register()
         for o in out:
             r = o.msg

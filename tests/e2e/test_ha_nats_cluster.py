@@ -81,11 +81,10 @@ async def test_losing_the_nats_server_a_service_is_connected_to_loses_no_job(
         await bus.close()
     ids = [j.job_id for j in jobs]
     out = await converge(stack, ids, timeout=90, by_message_id=True)
-    # Every job ends once, none runs twice, no slice is double-booked; but a job may end `failed`: in about one
-    # run in seven a node kept an instance the state did not know after the server loss, and the job's retries
-    # (each refused for overlap) used up MIGSCHED_MAX_ATTEMPTS before the node's re-registration reported it.
-    assert_accounted(out, ids, all_finished=False)
-    assert out.states["finished"] >= len(ids) - 5, dict(out.states)
+    # Every job finishes once, none runs twice, no slice is double-booked. A node may keep an instance the state
+    # does not know after the server loss; its re-registration, sent with the first refusal, lets the state adopt
+    # it before the job's retries run out.
+    assert_accounted(out, ids)
     moved_to = cluster.serving(client)
     pause = await placement_pause(stack, ids)
     print(f"\n{client}: its server killed; reconnected to server {moved_to}; longest pause between placements "

@@ -162,6 +162,22 @@ async def test_a_failed_command_is_answered_with_its_failure_again() -> None:
     assert rig.applied == ["c1", "c2"]
 
 
+async def test_every_placement_refused_for_overlap_is_followed_at_once_by_a_registration_that_shows_the_drift() -> None:
+    rig = Rig()
+    await rig.deliver(place("c1", "j1", 0, "7g.40gb", 0))  # the instance the state will not know about
+    subject = rig.bus.subjects.node_report(NODE)
+    for n, cmd in enumerate((place("c2", "j2", 0, "1g.5gb", 0), place("c3", "j2", 0, "1g.5gb", 0))):
+        before = len(rig.bus.sent)
+        reports = await rig.deliver(cmd)
+        subjects = [s for s, _, _ in rig.bus.sent[before + 1:]]  # after the command itself
+        kinds = [type(m).__name__ for m in reports]
+        # the failure first, then the registration, on one subject: the registry frees the slot, then adopts
+        assert kinds == ["CmdFailed", "Registered"] and set(subjects) == {subject}, n
+        gpu0 = next(g for g in reports[1].gpus if g.index == 0)
+        assert [(i.profile, i.start) for i in gpu0.instances] == [("7g.40gb", 0)], n
+    await rig.backend.close()
+
+
 async def test_a_command_older_than_the_window_is_applied_again_as_an_unknown_one_and_finds_its_work_done() -> None:
     rig = Rig()
     cmd = place("c1", "j1", 0, "1g.5gb", 0)
