@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from shared.events.commands import Command
+from shared.events.demand_schema import demand_schema
 from shared.events.envelope import DecodeError
 from shared.events.jobs import JobCancel, JobExit, JobSubmit
 from shared.events.node import Heartbeat, NodeReport
@@ -105,12 +106,25 @@ EXTERNAL: Mapping[str, Any] = {
 }
 
 
-def json_schemas() -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) of every message, keyed by message name, for ``migsched schema``."""
+UNSTATED_RULES = (
+    f"A message is at most {MAX_MESSAGE_BYTES} bytes.",
+    "An integer is written without a fraction or exponent (5, not 5.0).",
+    "A node's message names the node of its subject (node.<node>.*, cmd.<node>).",
+)
+"""What the decoder enforces that JSON Schema cannot state: each schema's description lists them."""
+
+
+def json_schemas(geometry: Geometry | None = None) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of every message, keyed by message name, for ``migsched schema``; a demand's
+    profiles and sizes are those of ``geometry`` (the default one unless given)."""
+    demand = demand_schema(geometry or default_geometry())
     out: dict[str, Any] = {}
     for name, t in EXTERNAL.items():
         schema = msgspec.json.schema(t)
         schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
         schema.setdefault("title", name)
+        if "Demand" in schema.get("$defs", {}):
+            schema["$defs"]["Demand"] = demand
+        schema["description"] = "Beyond this schema: " + " ".join(UNSTATED_RULES)
         out[name] = schema
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -100,3 +101,11 @@ def test_replay_dry_run_of_openb_leaves_out_gangs_and_says_so() -> None:
 def test_every_live_stack_verb_has_help(verb: str) -> None:
     code, out = run(verb, "--help")
     assert code == 0 and "Usage:" in out
+
+
+def test_schema_write_puts_one_file_per_message_as_the_repository_keeps_them(tmp_path: Path) -> None:
+    code, out = run("schema", "--write", str(tmp_path / "out"))
+    assert code == 0 and len(out.splitlines()) == len(list((tmp_path / "out").glob("*.json")))
+    repo = Path(__file__).resolve().parents[2] / "schemas"
+    for path in (tmp_path / "out").glob("*.json"):
+        assert path.read_text() == (repo / path.name).read_text(), path.name
