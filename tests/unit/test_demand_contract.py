@@ -123,3 +123,25 @@ def test_the_rules_the_schema_cannot_state_are_in_its_description_and_enforced()
     report = json.dumps({"v": 1, "id": "h", "node": "n2", "seq": 1, "at": 1.0}).encode()
     with pytest.raises(DecodeError, match=r"on 'n1''s subject"):
         decode("node.n1.heartbeat", report)
+
+
+_SUBJECTS = {"JobSubmit": "jobs.submit", "JobCancel": "jobs.cancel", "JobExit": "jobs.exit",
+             "Placed": "sched.placed", "MigrateOrder": "sched.migrate", "CapacityChanged": "sched.capacity",
+             "Command": "cmd.n1", "NodeReport": "node.n1.report", "Heartbeat": "node.n1.heartbeat"}
+
+
+@pytest.mark.parametrize("name", sorted(_SUBJECTS))
+def test_every_message_the_published_schema_accepts_is_decoded_on_its_subject(name: str) -> None:
+    assert set(_SUBJECTS) == set(SCHEMAS)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                     HealthCheck.filter_too_much])
+    @given(instances(SCHEMAS[name]))
+    def check(doc: dict[str, Any]) -> None:
+        if "node" in doc and name in ("Command", "NodeReport", "Heartbeat"):
+            doc = {**doc, "node": "n1"}  # the node of the subject (a rule the schema cannot state)
+        data = json.dumps(doc).encode()
+        if len(data) <= MAX_MESSAGE_BYTES:
+            decode(_SUBJECTS[name], data)
+
+    check()
