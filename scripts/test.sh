@@ -12,6 +12,15 @@ if ! .venv/bin/python -c "import migsched, nats, redis, msgspec, pytest, hypothe
   .venv/bin/python -m pip install -q -e ".[dev]"
   touch .venv/.installed
 fi
+# promtool checks the alert rules in deploy/prometheus; Debian's prometheus package has it (only the binary is
+# kept, in .venv/bin; without it that one test is skipped and says why)
+if ! command -v promtool >/dev/null && [ ! -x .venv/bin/promtool ] && command -v apt-get >/dev/null; then
+  tmp=$(mktemp -d)
+  if (cd "$tmp" && timeout 120 apt-get download -q prometheus >/dev/null 2>&1 && dpkg -x prometheus_*.deb x); then
+    cp "$tmp/x/usr/bin/promtool" .venv/bin/promtool
+  fi
+  rm -rf "$tmp"
+fi
 # Tests resolve servers themselves (env URL, default port, or a private one); this only reports what answers.
 .venv/bin/python - <<'PYEOF'
 from shared.localservers import DEFAULT_NATS, DEFAULT_REDIS, _answers

@@ -20,7 +20,6 @@ from services.balancer.preempting import fair_order
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.balancer.waiting import Waiting
-from services.common import metrics as m
 from shared import telemetry
 from shared.events import JobSubmit
 from shared.ports import StateStore, TransitionBatch
@@ -76,7 +75,6 @@ class Backfill:
             await self.dispatcher.send(out)
             if self.reserves:
                 await self.state.put_holds(shard, planned, now)
-        m.child(m.QUEUE_DEPTH, self.service).set(depth)
         return self.pipeline.placed - placed_before
 
     async def _candidates(self, ids: list[str], now: float) -> list[Candidate]:

@@ -15,12 +15,13 @@ from typing import Any
 
 import msgspec
 
+from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
 from services.balancer.mirror import reservation_instance
 from services.balancer.preempting import admit_job, placed_view
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
-from services.common import metrics as m
+from services.common.metric_cache import child
 from shared.mig.geometry import Geometry
 from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
@@ -67,9 +68,9 @@ class RoundMemo:
 
 
 class DecisionMetrics:
-    def __init__(self, service: str) -> None:
-        self.seconds = m.child(m.DECISION_SECONDS, service)
-        self.outcome = {o: m.child(m.DECISIONS, service, o)
+    def __init__(self) -> None:
+        self.seconds = m.DECISION_SECONDS
+        self.outcome = {o: child(m.DECISIONS, o)
                         for o in ("placed", "pending", "duplicate", "conflict", "rejected")}
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
 from services.balancer.decide import Decided, Decider, DecisionMetrics, RoundMemo, placed_on
 from services.balancer.dispatch import Dispatcher
@@ -22,7 +23,7 @@ from services.balancer.preempting import record_preemptions
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.balancer.waiting import Waiting
-from services.common import metrics as m
+from services.common.metric_cache import child
 from shared.bus import Outgoing
 from shared.events import Placed
 from shared.policy.placement import CannotPlace
@@ -99,7 +100,7 @@ class Pipeline:
         if res.status == "known":
             self.metrics.outcome["duplicate"].inc()  # a replayed submit: nothing to do
             return
-        m.child(m.CONFLICTS, self.service).inc()
+        m.CONFLICTS.inc()
         self.metrics.outcome["conflict"].inc()
         self.log.debug("reservation of %s lost: %s %s", c.submit.job_id, res.status, res.detail)
         r.retry.append(c)
@@ -108,11 +109,14 @@ class Pipeline:
         c, dec, booking = d.cand, d.dec, d.booking
         assert booking is not None and not isinstance(dec, CannotPlace)
         self.metrics.outcome["placed"].inc()
+        m.placed(c.submit, now)
         self.placed += 1
         c.attempt = attempt
         victims = booking.victims
         if victims:
             record_preemptions(self.ledger, self.log, c, victims, now)
+            for v in victims:
+                child(m.PREEMPTIONS, v.tenant).inc()
             self.waiting.request(queue_grew=True)  # the victims wait to run again
             # a victim's instances on GPUs outside this placement (a gang) were freed too
             r.reload.update(g for v in victims for g in v.gpu_ids if g not in placed_on(dec))

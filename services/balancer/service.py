@@ -17,11 +17,13 @@ and periodic tasks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 import msgspec
 
+from services.balancer import metrics as m
 from services.balancer.backfill import Backfill
 from services.balancer.candidate import Candidate
 from services.balancer.decide import Decider, DecisionMetrics, mig_gang_refused, placed_on
@@ -32,17 +34,21 @@ from services.balancer.pipeline import Pipeline
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.balancer.waiting import Waiting
-from services.common import metrics as m
 from services.common.service import Service
 from shared.bus import Consumer, Delivery
+from shared.events import JobSubmit
 from shared.policy.balancer import BalancerParams
-from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.registry import PlacementPolicy, describe, get_policy
 from shared.policy.reservation import ReservationParams
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings
 
 __all__ = ["Balancer", "Candidate", "mig_gang_refused", "placed_on"]
+
+_SUBMIT = msgspec.json.Decoder(JobSubmit)
+_PENDING_SCAN = 50_000
+"""Most pending jobs per shard the queue gauges read at each refresh (a queue longer than that is undercounted:
+its depth, ``migsched_queue_depth``, is read separately and exact)."""
 
 
 def placement_policy(st: BalancerSettings) -> tuple[BalancerParams, PlacementPolicy | None]:
@@ -79,7 +85,7 @@ class Balancer(Service):
         hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations)
         self.shards = Shards(st.shards, self.geometry, hold, self.ledger)
         self.waiting = Waiting()
-        metrics = DecisionMetrics(self.name)
+        metrics = DecisionMetrics()
         decider = Decider(self.shards, self.ledger, self.params, self.policy, self.reserves, self.geometry, metrics)
         self.dispatcher = Dispatcher(self.bus, self.state, self.geometry, st.max_attempts,
                                      lambda: self.waiting.request(queue_grew=True), self.log)
@@ -146,10 +152,31 @@ class Balancer(Service):
         """Reload every shard's mirror from Redis (and publish the queue depth)."""
         async with self.lock:
             await self.shards.load(self.state)
-        m.child(m.QUEUE_DEPTH, self.name).set(await self.state.pending_count())
-        if len(self.mirrors) == 1 and len(self.mirrors[0]):
-            m.child(m.FRAG_RATE, self.name).set(frag_rate(self.mirrors[0].snapshot(), UNIFORM_SHAPES))
+        await self.export_gauges()
         self.waiting.request(queue_grew=True)
+
+    async def export_gauges(self) -> None:
+        """The queue per tenant and class, the quota book and the cluster's occupancy, as gauges."""
+        pending = await self._pending()
+        async with self.lock:
+            m.cluster(mm.snapshot() for mm in self.mirrors)
+            m.tenants(self.ledger.usage(), self.ledger.tenancy.quotas)
+        m.queue(pending, await self.state.pending_count(), time.time())
+
+    async def _pending(self) -> list[JobSubmit]:
+        """Every pending job's submit (up to ``_PENDING_SCAN`` per shard): the ones this replica queued from
+        memory, the others from their stored spec."""
+        out: list[JobSubmit] = []
+        known = self.waiting.specs
+        for shard in range(self.shards.count):
+            ids = await self.state.pending_ids(shard, _PENDING_SCAN)
+            out += [known[j][0] for j in ids if j in known]
+            unknown = [j for j in ids if j not in known]
+            for rec in await self.state.jobs(unknown) if unknown else ():
+                if rec is not None:
+                    with contextlib.suppress(msgspec.DecodeError):
+                        out.append(_SUBMIT.decode(rec.spec))
+        return out
 
     def _mirror_lost(self, reason: str) -> None:
         """An exit or capacity change the mirror missed: reload it whole (coalesced, within 0.2 s)."""

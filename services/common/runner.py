@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from services.common import metrics, stalls
+from prometheus_client import start_http_server
+
+from services.common import stalls
 from shared import telemetry
 from shared.settings import load
 
@@ -80,7 +82,8 @@ async def _main(service_cls: Any, settings: Any) -> None:
         endpoint=settings.otlp_endpoint,
         sample_ratio=settings.trace_sample_ratio,
     )
-    metrics.serve(settings.metrics_port)
+    if settings.metrics_port:  # a daemon thread serving this process's registry
+        start_http_server(settings.metrics_port)
     svc = await service_cls.create(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.common.metrics import child
+from services.common.metric_cache import child
 from shared.events import CmdFailed, Command
 
 _COMMANDS = Counter(

@@ -17,7 +17,6 @@ from services.common.service import Service
 from services.migration_planner.pacing import next_wait
 from shared.bus import Consumer, Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, MigrateOrder, MoveSpec, wire_gpu
-from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag, size_memos
 from shared.policy.migration_payoff import pays_off, time_left
 from shared.policy.partition import new_instance_id
@@ -155,7 +154,6 @@ class MigrationPlanner(Service):
         self, snap: ClusterSnapshot, vers: dict[str, int], moves: list[Move], now: float, ctx: Any
     ) -> int:
         """Reserve the moves in order (one pipeline) and publish the ones reserved; return how many."""
-        m.FRAG_RATE.labels(self.name).set(frag_rate(snap, UNIFORM_SHAPES))
         if not moves:
             return 0
         infos = await self._job_infos(snap, moves, now)

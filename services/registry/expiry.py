@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from services.common import metrics as m
 from services.common.service import Context
+from services.registry import metrics as m
 
 EXPIRE_EVERY_S = 2.0
 """Sweeps come often and small: at 1,000 jobs/s a sweep every 30 s deleted 30,000 jobs in one burst of Redis

@@ -20,8 +20,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from services.common import metrics as m
+from services.common.metric_cache import child
 from services.common.service import Context
+from services.registry import metrics as m
 from services.registry.commands import place_attempt, stop_command
 from services.registry.liveness import LivenessWatch, overdue
 from shared.bus import Delivery, Outgoing
@@ -191,7 +192,7 @@ class Nodes:
             self.node_state[node] = st
             counts[st] = counts.get(st, 0) + 1
         for st, n in counts.items():
-            m.child(m.NODES, st).set(n)
+            child(m.NODES, st).set(n)
 
     async def sweep_commands(self) -> None:
         now = time.time()
@@ -214,7 +215,7 @@ class Nodes:
                         info["job"], f"no result for {cid} within {self.settings.cmd_timeout_s:g}s", cid
                     )
                 await self.state.forget_command(shard, cid)
-                m.child(m.COMMANDS, info.get("kind", "?"), "timeout").inc()
+                child(m.COMMANDS, info.get("kind", "?"), "timeout").inc()
 
     async def placement_failed(self, job_id: str, why: str, cmd_id: str) -> None:
         now = time.time()

@@ -31,8 +31,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services.common import metrics as m
+from services.common import metrics as common
+from services.common.metric_cache import child
 from services.common.service import Context
+from services.registry import metrics as m
 from services.registry.commands import place_attempt, stop_command
 from services.registry.idle import IdleInstances
 from shared.bus import Delivery, Outgoing
@@ -116,7 +118,7 @@ class Reports:
             elif what == "done" and r.command == "migrate_stop" and res[0] == "ok":
                 src_gpu = res[1].split("|", 1)[0]
                 freed.append(src_gpu)
-                m.child(m.MIGRATIONS, "move", "committed").inc()
+                child(common.MIGRATIONS, "move", "committed").inc()
             elif what == "done" and r.command == "destroy_idle" and res == "ok":
                 freed.append(_gpu_of(r))
             elif what == "failed" and r.command == "place" and res[0] == "ok":
@@ -128,7 +130,7 @@ class Reports:
                     "placement of %s failed on %s (%s): job now %s", r.job_id, r.node, r.error, res[1]
                 )
             elif what == "failed" and r.command == "migrate_start":
-                m.child(m.MIGRATIONS, "move", "aborted").inc()
+                child(common.MIGRATIONS, "move", "aborted").inc()
                 if res[0] == "ok" and res[1]:
                     out.extend(await self.idle.destroy_given_back(res[1], now))
         if len(gone):
@@ -155,7 +157,7 @@ class Reports:
             await self.idle.retain_or_destroy(left)
 
     def _done(self, b: Any, r: CmdDone, now: float) -> int:
-        m.child(m.COMMANDS, r.command, "done").inc()
+        child(m.COMMANDS, r.command, "done").inc()
         if r.command == "place" and r.job_id:
             iid = r.instance.instance_id if r.instance and r.instance.instance_id else ""
             if r.instance is not None and r.instance.profile and r.instance.profile not in PLAIN_PROFILES:
@@ -175,7 +177,7 @@ class Reports:
         return -1
 
     def _failed(self, b: Any, r: CmdFailed, now: float) -> int:
-        m.child(m.COMMANDS, r.command, "failed").inc()
+        child(m.COMMANDS, r.command, "failed").inc()
         reason = f"executor on {r.node} failed {r.command}: {r.error}"[:1000]
         if r.command == "place" and r.job_id:
             attempt = place_attempt(r.cmd_id, r.job_id)

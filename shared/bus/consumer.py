@@ -64,6 +64,20 @@ MESSAGES = Counter(
     "migsched_consumer_messages_total", "Messages a consumer settled, by outcome (ack, retry, dead, unacked).",
     ["consumer", "outcome"],
 )
+DEAD_LETTERS = Counter(
+    "migsched_dead_letters_total", "Messages a consumer dead-lettered, by reason (see ``reason_class``).",
+    ["consumer", "reason"],
+)
+_REASONS = (("undecodable", "undecodable"), ("malformed JSON", "malformed"), ("exceeds", "too_large"),
+            ("deliveries", "max_deliveries"), ("in a message on", "wrong_node"), ("unknown profile", "invalid"),
+            ("invalid", "invalid"))
+
+
+def reason_class(reason: str) -> str:
+    """A dead letter's reason as a label from a closed set: malformed, too_large, invalid, wrong_node,
+    undecodable (a decoder fault), max_deliveries (redelivered until the limit) or handler (the handler
+    refused it)."""
+    return next((label for word, label in _REASONS if word in reason), "handler")
 
 
 class Inbound(Protocol):
@@ -224,6 +238,7 @@ class Consumer:
         self._m_seconds = BATCH_SECONDS.labels(name)
         self._m_size = BATCH_SIZE.labels(name)
         self._m_outcome = {o: MESSAGES.labels(name, o) for o in ("ack", "retry", "dead", "unacked")}
+        self._m_role = name
 
     def spec(self) -> ConsumerSpec:
         return ConsumerSpec(
@@ -408,6 +423,7 @@ class Consumer:
                 await m.ack()
             self.dead_lettered += 1
             self._m_outcome["dead"].inc()
+            DEAD_LETTERS.labels(self._m_role, reason_class(reason)).inc()
             log.warning("dead-lettered %s seq %s: %s", m.subject, m.stream_seq, reason)
         except Exception as exc:  # DLQ unreachable: leave the message unacked so it comes back
             log.error("cannot dead-letter %s: %r", m.subject, exc)

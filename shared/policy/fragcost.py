@@ -145,6 +145,19 @@ def frag_rate_columns(
     return min(1.0, max(0.0, float(unusable / free)))
 
 
+def frag_by_gpu(snap: ClusterSnapshot, weights: Mapping[str, float]) -> tuple[
+    npt.NDArray[np.float64], npt.NDArray[np.float64]
+]:
+    """Per GPU of ``snap``: the free memory slices the demand mix cannot use, and the free memory slices (both
+    0 on a GPU that is unhealthy or not in MIG mode); summed over any set of GPUs they give its rate."""
+    key = weights_key(weights) or weights_key(UNIFORM_SHAPES)
+    table = _stacked(snap.model_list, key)
+    idx = (np.asarray(snap.model_idx, dtype=np.intp) << 8) | np.asarray(snap.busy)
+    ok = np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool)
+    out = np.where(ok[:, None], table[idx], 0.0)
+    return out[:, 0].astype(np.float64), out[:, 1].astype(np.float64)
+
+
 FGD_SCALE = 1_000_000
 """FGD scores are compared as integers: the change of unusable slices times this."""
 FGD_OFFSET = 8 * FGD_SCALE + 1

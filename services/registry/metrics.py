@@ -1,0 +1,16 @@
+"""The node registry's Prometheus metrics: command results, nodes by state, the retention sweep."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+COMMANDS = Counter(
+    "migsched_commands_total",
+    "Executor command results as the node registry saw them, by kind and outcome (done, failed, timeout); "
+    "what was sent is migsched_messages_published_total",
+    ["kind", "outcome"],
+)
+NODES = Gauge("migsched_nodes", "Nodes by state (up, lost)", ["state"])
+JOBS_EXPIRED = Counter(
+    "migsched_jobs_expired_total", "Ended jobs deleted from Redis by the retention sweep (age or cap)"
+)
