@@ -172,7 +172,8 @@ class MigschedClient:
         """Publish one job (see ``job``); returns its id once JetStream has stored it."""
         msg = self.job(**job)
         with _tracer.start_as_current_span(
-            "submit", kind=trace.SpanKind.PRODUCER, attributes={"migsched.job_id": msg.job_id}
+            "submit", context=telemetry.publisher_context(), kind=trace.SpanKind.PRODUCER,
+            attributes={"migsched.job_id": msg.job_id},
         ):
             await self._bus().publish(self._bus().subjects.jobs_submit, msg)
         return msg.job_id
@@ -183,7 +184,8 @@ class MigschedClient:
         items, ids = [], []
         for msg in jobs:
             span = _tracer.start_span(
-                "submit", kind=trace.SpanKind.PRODUCER, attributes={"migsched.job_id": msg.job_id}
+                "submit", context=telemetry.publisher_context(), kind=trace.SpanKind.PRODUCER,
+                attributes={"migsched.job_id": msg.job_id},
             )
             items.append(Outgoing(bus.subjects.jobs_submit, msg, trace.set_span_in_context(span)))
             ids.append(msg.job_id)

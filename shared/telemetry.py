@@ -10,8 +10,10 @@ W3C ``traceparent`` is the propagation format (the OpenTelemetry default).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, MutableMapping
+import random
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -67,6 +69,17 @@ def setup(
     return provider
 
 
+def publisher_context() -> otel_context.Context | None:
+    """Where a publisher's root span (a job's submit) starts: the caller's context when it holds a span, or when
+    this process records (the SDK then starts a new trace: None); otherwise a new random trace id, so that the
+    job's trace begins at its publisher even in a process that exports nothing, and every hop joins it."""
+    if recording() or trace.get_current_span().get_span_context().is_valid:
+        return None
+    sc = SpanContext(random.getrandbits(128) or 1, random.getrandbits(64) or 1, is_remote=False,
+                     trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.set_span_in_context(NonRecordingSpan(sc), _EMPTY)
+
+
 def shutdown() -> None:
     if _installed is not None:
         _installed.shutdown()
@@ -87,6 +100,26 @@ def recording() -> bool:
 
 def tracer(name: str = "migsched") -> trace.Tracer:
     return trace.get_tracer(name)
+
+
+_MAX_LINKS = 64
+
+
+@contextlib.contextmanager
+def step(name: str, contexts: Sequence[otel_context.Context | None],
+         attributes: Mapping[str, str | int | float | bool] | None = None) -> Iterator[None]:
+    """A span for one step taken for several messages at once (a batch's commit): the child of the first
+    message's context, linked to the others' (so each job's trace finds it), and current while the step runs,
+    so that what it calls (a Redis round trip) nests under it. Nothing when spans are not recorded, or when no
+    message carries a context (a step of no job's story starts no trace of its own)."""
+    ctxs = [c for c in contexts if c is not None] if recording() else []
+    if not ctxs:
+        yield
+        return
+    links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in ctxs[1:_MAX_LINKS + 1]]
+    with tracer("migsched").start_as_current_span(name, context=ctxs[0], links=links,
+                                                  attributes={"migsched.messages": len(ctxs), **(attributes or {})}):
+        yield
 
 
 def inject(headers: MutableMapping[str, str], ctx: otel_context.Context | None = None) -> None:

@@ -14,6 +14,7 @@ import click
 import msgspec
 
 from migsched import endpoints
+from shared import telemetry
 from shared.client import ClientError, MigschedClient, WaitTimeout, demand_of
 
 
@@ -136,4 +137,10 @@ def command(
             click.echo(f"{state}: {reason}")
             return 1
 
-    sys.exit(asyncio.run(run()))
+    # the job's trace starts here: its submit span goes to MIGSCHED_OTLP_ENDPOINT when that is set
+    telemetry.setup("migsched-cli")
+    try:
+        code = asyncio.run(run())
+    finally:
+        telemetry.shutdown()  # flushes the submit span before the process ends
+    sys.exit(code)

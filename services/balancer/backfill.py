@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import msgspec
 
@@ -19,7 +20,7 @@ from services.balancer.pipeline import Pipeline
 from services.balancer.preempting import fair_order
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
-from services.balancer.waiting import Waiting
+from services.balancer.waiting import Waiting, trace_wait
 from shared import telemetry
 from shared.events import JobSubmit
 from shared.ports import StateStore, TransitionBatch
@@ -100,7 +101,7 @@ class Backfill:
                 except msgspec.DecodeError:
                     expired.settle(jid, "rejected", "stored spec unreadable", now, ("pending",))
                     continue
-            if self._out_of_patience(sub, preempted, now, expired):
+            if self._out_of_patience(sub, ctx, preempted, now, expired):
                 continue
             # the job's own trace continues from the queue (its traceparent was stored with it)
             cands.append(Candidate(submit=sub, spec=spec, ctx=ctx, from_queue=True, attempt=attempts))
@@ -108,12 +109,13 @@ class Backfill:
             await expired.run()
         return cands
 
-    def _out_of_patience(self, sub: JobSubmit, preempted: bool, now: float, expired: TransitionBatch) -> bool:
+    def _out_of_patience(self, sub: JobSubmit, ctx: Any, preempted: bool, now: float,
+                         expired: TransitionBatch) -> bool:
         # a preempted job keeps its submit time for its place in the queue, not to run out of patience
         if preempted or sub.patience_s is None or now - sub.submitted_at <= sub.patience_s:
             return False
         expired.settle(sub.job_id, "rejected", f"waited longer than its patience {sub.patience_s:g}s", now,
                        ("pending",))
         self.metrics.outcome["rejected"].inc()
-        self.waiting.left(sub.job_id)
+        trace_wait(ctx, sub, self.waiting.left(sub.job_id), now, "rejected: waited longer than its patience")
         return True

@@ -22,8 +22,9 @@ from services.balancer.dispatch import Dispatcher
 from services.balancer.preempting import record_preemptions
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
-from services.balancer.waiting import Waiting
+from services.balancer.waiting import Waiting, trace_wait
 from services.common.metric_cache import child
+from shared import telemetry
 from shared.bus import Outgoing
 from shared.events import Placed
 from shared.policy.placement import CannotPlace
@@ -66,7 +67,10 @@ class Pipeline:
             batch = self.state.batch()
             memo = RoundMemo()
             decided = [d for c in todo if (d := self.decider.decide(c, batch, now, memo)) is not None]
-            results = await batch.run() if len(batch) else []
+            results: list[Any] = []
+            if len(batch):
+                with telemetry.step("balancer commit", [d.cand.ctx for d in decided]):
+                    results = await batch.run()
             r = RoundResult()
             for d in decided:
                 self._settle(d, results, now, r)
@@ -83,17 +87,21 @@ class Pipeline:
         c, dec = d.cand, d.dec
         if isinstance(dec, CannotPlace):
             self.metrics.outcome["pending"].inc()
-            self.waiting.queued(c.submit, c.spec, c.ctx)
+            self.waiting.queued(c.submit, c.spec, c.ctx, "; ".join(dec.reasons), now)
             if c.delivery is not None:
                 c.delivery.span.set_attribute("migsched.decision", dec.explain()[:1000])
             return
         res = results[d.idx]
         booking = d.booking
         assert booking is not None
-        self.waiting.left(c.submit.job_id)
+        wait = self.waiting.left(c.submit.job_id)
         if res.ok:
+            if c.from_queue or wait is not None:
+                trace_wait(c.ctx, c.submit, wait, now, "placed")
             self._placed(d, int(res.detail or 0), now, r)
             return
+        if wait is not None and res.status != "known":  # it goes on waiting (retried, or queued again)
+            self.waiting.waits[c.submit.job_id] = wait
         r.reload.update(placed_on(dec))  # also re-derives the quota charges of those GPUs' jobs
         if booking.booked:
             self.ledger.uncharge(c.submit.job_id)

@@ -118,11 +118,12 @@ class Balancer(Service):
             b.consumer(s.stream_jobs, "balancer-cancel", s.jobs_cancel, self.on_cancel),
             # every replica keeps its own mirror, so every replica must hear of every exit and capacity change;
             # the mirror is a cache of Redis, so these go unacknowledged: one message less per job, and an
-            # update the handler could not apply (it is not redelivered) reloads the mirror instead
+            # update the handler could not apply (it is not redelivered) reloads the mirror instead. They only
+            # feed the mirror, once per replica: no span each (a job's trace shows its exit where it is handled)
             b.consumer(s.stream_jobs, "balancer-exit", s.jobs_exit, self.on_exit, ephemeral=True, acks=False,
-                       lost=self._mirror_lost),
+                       lost=self._mirror_lost, traced=False),
             b.consumer(s.stream_sched, "balancer-capacity", s.sched_capacity, self.on_capacity, ephemeral=True,
-                       acks=False, lost=self._mirror_lost),
+                       acks=False, lost=self._mirror_lost, traced=False),
         ]
 
     def periodic(self) -> list[tuple[str, float, Any]]:

@@ -37,6 +37,7 @@ from services.common.service import Context
 from services.registry import metrics as m
 from services.registry.commands import place_attempt, stop_command
 from services.registry.idle import IdleInstances
+from shared import telemetry
 from shared.bus import Delivery, Outgoing
 from shared.events import (
     CapacityChanged,
@@ -88,7 +89,10 @@ class Reports:
             elif isinstance(r, JobExited):
                 iid = r.instance_id or ""
                 after.append((d, b.release(r.job_id, r.exit, r.reason or f"exit {r.exit}", now, iid), "exit"))
-        results = await b.run() if len(b) else []
+        results: list[Any] = []
+        if len(b):
+            with telemetry.step("registry apply reports", [d.ctx for d in ds]):
+                results = await b.run()
         out: list[Outgoing] = []
         freed: list[str] = []
         left: list[tuple[Any, str, Any]] = []  # (GPU after the release, instance the job left, span)

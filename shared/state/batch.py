@@ -3,12 +3,15 @@ singly caps a hop near 2.5-3k events/s; one pipeline per fetched batch reaches ~
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
+from opentelemetry import trace
 from redis.exceptions import NoScriptError
 
+from shared import telemetry
 from shared.state.codec import _ENC, CancelResult, StateError, _s, decode_instances, decode_slots
 from shared.state.keys import Keys
 from shared.state.model import (
@@ -20,6 +23,8 @@ from shared.state.model import (
     StoredInstance,
 )
 from shared.state.roundtrip import RoundTrips
+
+_tracer = telemetry.tracer("migsched.state")
 
 
 class ScriptHost(Protocol):
@@ -273,9 +278,20 @@ class Batch:
     async def run(self) -> list[Any]:
         """One round trip: EVALSHA for every queued call (no SCRIPT EXISTS first, unlike redis-py's pipelined
         Script); the calls Redis answers NOSCRIPT (a restarted or flushed Redis) did not run, so they are
-        loaded and sent again, in their order."""
+        loaded and sent again, in their order. Under a recording span it is that span's child."""
         if not self._calls:
             return []
+        if telemetry.recording() and trace.get_current_span().is_recording():
+            scripts = Counter(name or "track_command" for name, *_ in self._calls)
+            with _tracer.start_as_current_span(
+                "redis " + " ".join(f"{n}x{c}" for n, c in sorted(scripts.items())), kind=trace.SpanKind.CLIENT,
+                attributes={"db.system": "redis", "db.operation.name": "EVALSHA",
+                            "migsched.transitions": len(self._calls)},
+            ):
+                return await self._run()
+        return await self._run()
+
+    async def _run(self) -> list[Any]:
         raw = await self.store.roundtrips.run(self.commands())
         missing = [n for n, v in enumerate(raw) if isinstance(v, NoScriptError)]
         if missing:

@@ -102,7 +102,6 @@ async def test_one_job_is_one_trace_across_every_service(
         "balancer-submit",  # which sends the place command itself
         f"executor-{NODE}",
         "registry-report",
-        "balancer-exit",
         "planner-exit",
     )
 
@@ -114,8 +113,18 @@ async def test_one_job_is_one_trace_across_every_service(
     with contextlib.suppress(asyncio.TimeoutError):
         await _wait_for(lambda: not missing(), timeout=10)
     assert missing() == [], consumers_of(trace_id)
-    names = {s.name for s in spans.get_finished_spans() if s.context.trace_id == trace_id}
-    assert {"executor place", "executor job exit"} <= names
+    mine = [s for s in spans.get_finished_spans() if s.context.trace_id == trace_id]
+    names = {s.name for s in mine}
+    assert {"executor place", "executor job exit", "balancer commit", "registry apply reports"} <= names
+    # each commit's Redis round trip is a child span of it, naming the transitions it ran
+    by_id = {s.context.span_id: s for s in mine}
+    redis = [s for s in mine if s.name.startswith("redis ")]
+    assert any("reserve" in s.name and by_id[s.parent.span_id].name == "balancer commit" for s in redis if s.parent)
+    assert any(s.parent and by_id[s.parent.span_id].name == "registry apply reports" for s in redis)
+    # the mirror feeds make no span
+    fed = {str(s.attributes.get("messaging.consumer.group.name", "")) for s in spans.get_finished_spans()
+           if s.attributes}
+    assert not [c for c in fed if c.startswith(("balancer-exit", "balancer-capacity"))]
     # and nothing of this job leaked into another trace
     other = [
         s
@@ -126,3 +135,30 @@ async def test_one_job_is_one_trace_across_every_service(
     # heartbeats came every 0.5 s throughout, and made no span
     assert not [s for s in spans.get_finished_spans()
                 if s.attributes and s.attributes.get("messaging.consumer.group.name") == "registry-heartbeat"]
+
+
+async def test_a_jobs_wait_in_the_queue_is_a_span_of_its_trace_with_the_reason(
+    spans: InMemorySpanExporter, stack: tuple[Stack, Executor], prefix: str, nats_url: str, redis_url: str
+) -> None:
+    _, executor = stack
+    await _wait_for(lambda: executor.book.models)
+    async with MigschedClient(nats_url, namespace=prefix, redis_url=redis_url) as client:
+        first = [await client.submit(profile="7g.40gb", duration_s=1.0) for _ in range(2)]  # both GPUs
+        await asyncio.sleep(0.3)
+        late = await client.submit(profile="7g.40gb", duration_s=0.2)  # waits for one of them
+        assert await client.wait(late, timeout=20) == "finished"
+        for j in first:
+            assert await client.wait(j, timeout=20) == "finished"
+    root = next(s for s in spans.get_finished_spans()
+                if s.name == "submit" and s.attributes and s.attributes.get("migsched.job_id") == late)
+    waits = [s for s in spans.get_finished_spans()
+             if s.name == "queue wait" and s.context.trace_id == root.context.trace_id]
+    assert len(waits) == 1
+    attrs = waits[0].attributes or {}
+    assert attrs["migsched.queue.outcome"] == "placed" and attrs["migsched.queue.decisions"] >= 1
+    assert "7g.40gb" in str(attrs["migsched.queue.reason"])
+    assert 0.3 < float(attrs["migsched.wait_s"]) < 10  # it waited for the first jobs' second, roughly
+    early = [dict(s.attributes or {}) for s in spans.get_finished_spans() if s.name == "queue wait"
+             and s.attributes and s.attributes.get("migsched.job_id") in first]
+    # placed at once, or waiting only for the balancer to hear of the node: nothing else made them wait
+    assert all(a["migsched.queue.reason"] == "no GPU in the cluster" for a in early), early

@@ -168,3 +168,33 @@ def test_an_executor_exports_valid_otlp_that_continues_the_commands_trace(
     assert place[0].trace_id.hex() == TRACE_ID and len(place[0].span_id) == 8
     assert place[0].start_time_unix_nano <= place[0].end_time_unix_nano
     assert any(s.name == "executor job exit" and s.trace_id.hex() == TRACE_ID for s in spans)
+
+
+def test_the_cli_submit_starts_the_jobs_trace_and_exports_its_span(
+    collector: Collector, prefix: str, nats_url: str
+) -> None:
+    env = {**os.environ, "MIGSCHED_OTLP_ENDPOINT": collector.url, "MIGSCHED_NAMESPACE": prefix,
+           "MIGSCHED_NATS_URL": nats_url}
+    out = subprocess.run(
+        [sys.executable, "-m", "migsched", "submit", "--profile", "1g.5gb", "--job-id", "cli-traced", "--anyway"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    spans = [s for _, _, body in collector.requests
+             for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+             for ss in rs.scope_spans for s in ss.spans]
+    submit = [s for s in spans if s.name == "submit"
+              and any(a.key == "migsched.job_id" and a.value.string_value == "cli-traced" for a in s.attributes)]
+    assert len(submit) == 1 and not submit[0].parent_span_id  # the root of the job's trace
+
+    async def stored_traceparent() -> str:
+        settings = load(Settings, env={}, nats_url=nats_url, namespace=prefix)
+        bus = await JetStreamBus.connect(settings)
+        try:
+            msg = await bus.js.get_last_msg(bus.subjects.stream_jobs, bus.subjects.jobs_submit)
+            return (msg.headers or {}).get("traceparent", "")
+        finally:
+            await bus.close()
+
+    tp = asyncio.run(stored_traceparent())
+    assert tp.split("-")[1:3] == [submit[0].trace_id.hex(), submit[0].span_id.hex()]
