@@ -24,6 +24,7 @@ VERBS: dict[str, str] = {
     "traces": "traces",
     "dlq": "dlq",
     "describe": "describe",
+    "dashboard": "dashboard",
 }
 
 
