@@ -11,9 +11,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from prometheus_client import start_http_server
-
-from services.common import stalls
+from services.common import health, stalls
 from shared import telemetry
 from shared.settings import load
 
@@ -82,14 +80,18 @@ async def _main(service_cls: Any, settings: Any) -> None:
         endpoint=settings.otlp_endpoint,
         sample_ratio=settings.trace_sample_ratio,
     )
-    if settings.metrics_port:  # a daemon thread serving this process's registry
-        start_http_server(settings.metrics_port)
+    probes = health.Probes()
+    if settings.metrics_port:  # a daemon thread serving the probes and this process's registry
+        health.serve(settings.metrics_port, probes)
+    ticking = asyncio.create_task(probes.keep_ticking())
     svc = await service_cls.create(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await svc.start()
+    probes.readiness = svc.readiness
     await stop.wait()
     await svc.stop()
+    ticking.cancel()
     telemetry.shutdown()

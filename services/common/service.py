@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.common import health
 from shared.bus import Consumer, JetStreamBus
 from shared.mig.geometry import Geometry, default_geometry, load_geometry
 from shared.ports import EventBus, StateStore
@@ -54,6 +55,7 @@ class Service:
         self._consumers: list[Consumer] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = asyncio.Event()
+        self._started = False
 
     def context(self) -> Context:
         return Context(self.settings, self.bus, self.state, self.geometry, self.log)
@@ -101,9 +103,15 @@ class Service:
                 self._tasks.append(
                     asyncio.create_task(self._every(name, every, fn), name=f"{self.name}:{name}")
                 )
+        self._started = True
         self.log.info(
             "%s started: %d consumers, namespace %r", self.name, len(self._consumers), self.settings.namespace
         )
+
+    def readiness(self) -> str | None:
+        """Why this service is not ready (``/readyz``), or None."""
+        return health.consumers_readiness(lambda: self._started, lambda: self._consumers, lambda: self._tasks,
+                                          self._stopping.is_set)()
 
     async def _every(self, name: str, every: float, fn: Callable[[], Awaitable[None]]) -> None:
         while not self._stopping.is_set():

@@ -28,6 +28,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from services.common import health
 from services.executor import nvml_codes
 from services.executor.backend import Backend, BackendError
 from services.executor.commands import Commands, lane_of
@@ -128,6 +129,12 @@ class Executor:
         log.info(
             "executor %s up: %d GPUs on the %s backend", self.node, len(self.book.models), self.backend.name
         )
+
+    def readiness(self) -> str | None:
+        """Why this node's executor is not ready (``/readyz``), or None."""
+        consumers = [self._consumer] if self._consumer is not None else []
+        return health.consumers_readiness(lambda: bool(consumers), lambda: consumers, lambda: self._tasks,
+                                          lambda: self.exits.stopping)()
 
     async def stop(self) -> None:
         self.exits.stopping = True
@@ -309,10 +316,18 @@ async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event
         endpoint=settings.otlp_endpoint or None,
         sample_ratio=settings.trace_sample_ratio,
     )
-    if settings.metrics_port:
-        from prometheus_client import start_http_server
+    probes = health.Probes()
+    if settings.metrics_port:  # the probes and this process's metrics
+        health.serve(settings.metrics_port, probes)
+    ticking = asyncio.create_task(probes.keep_ticking())
+    started: list[Executor] = []
 
-        start_http_server(settings.metrics_port)
+    def readiness() -> str | None:
+        if len(started) < len(nodes):
+            return f"{len(started)} of {len(nodes)} node(s) started"
+        return next((f"{e.node}: {why}" for e in started if (why := e.readiness()) is not None), None)
+
+    probes.readiness = readiness
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -327,19 +342,22 @@ async def serve(settings: ExecutorSettings | None = None, *, stop: asyncio.Event
         # a node that fails cancels the others (each closes what it opened): the process exits as one would
         async with asyncio.TaskGroup() as tg:
             for node in nodes:
-                tg.create_task(_serve_node(settings, node, stop, shared), name=f"executor-{node}")
+                tg.create_task(_serve_node(settings, node, stop, shared, started), name=f"executor-{node}")
     finally:
+        ticking.cancel()
         if shared is not None:
             await shared.close()
         telemetry.shutdown()
 
 
-async def _serve_node(settings: ExecutorSettings, node: str, stop: asyncio.Event, shared: EventBus | None) -> None:
+async def _serve_node(settings: ExecutorSettings, node: str, stop: asyncio.Event, shared: EventBus | None,
+                      started: list[Executor]) -> None:
     backend = build_backend(settings, node)
     bus = shared or await JetStreamBus.connect(settings, name=f"executor-{node}")
     executor = Executor(bus, backend, settings, node)
     try:
         await executor.start()
+        started.append(executor)
         await stop.wait()
     finally:
         await executor.stop()

@@ -1,5 +1,6 @@
 """The metrics a running stack exports, read from each process's endpoint as Prometheus would: the names and
-labels the dashboard and the alerts query, each process only its own, a dead letter counted by its reason."""
+labels the dashboard and the alerts query, each process only its own, a dead letter counted by its reason; and
+the liveness and readiness probes served beside them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import re
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -36,6 +38,13 @@ def scrape(port: int) -> Series:
         for s in fam.samples:
             out.setdefault(s.name, []).append((s.labels, s.value))
     return out
+
+
+def probe(port: int, path: str) -> str:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/{path}", timeout=5).read().decode()
+    except urllib.error.HTTPError as exc:
+        return f"{exc.code}: {exc.read().decode()}"
 
 
 def total(series: Series, name: str, **labels: str) -> float:
@@ -76,6 +85,9 @@ def test_a_running_stack_exports_what_the_dashboard_and_alerts_read(
     with running_stack(prefix, nats_url, redis_url, tmp_path, executors=1, gpus="A100-40GB:2", env=env) as stack:
         asyncio.run(_run(stack))
         scraped = {name: scrape(port) for name, port in stack.metrics_ports.items()}
+        probes = {name: [probe(port, p) for p in ("healthz", "readyz")] for name, port in stack.metrics_ports.items()}
+    # every process serves its probes beside its metrics: live, and ready once started
+    assert probes and all(answers == ["ok\n", "ok\n"] for answers in probes.values()), probes
     balancer, registry = scraped["balancer"], scraped["registry"]
     executor = next(v for k, v in scraped.items() if k.startswith("executor"))
     assert total(balancer, "migsched_decisions_total", outcome="placed") == 2
