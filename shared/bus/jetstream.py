@@ -13,6 +13,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 import nats
@@ -22,7 +23,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from opentelemetry import context as otel_context
 
-from shared import telemetry
+from shared import access, telemetry
 from shared.bus.consumer import Consumer, ConsumerSpec, Handler
 from shared.bus.errors import BusError, SubscriptionClosed
 from shared.bus.health import BusHealth
@@ -127,6 +128,9 @@ class JetStreamBus:
     async def connect(cls, settings: Settings, name: str = "migsched", **options: Any) -> JetStreamBus:
         servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
         health = BusHealth()
+        user = urlsplit(servers[0]).username if servers else None
+        if user and "inbox_prefix" not in options:  # replies only on the user's own inboxes (shared.access)
+            options["inbox_prefix"] = access.inbox_prefix(unquote(user))
         nc = await nats.connect(
             servers=servers,
             name=name,

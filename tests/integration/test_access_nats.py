@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import nats
 import nats.errors
@@ -25,8 +26,10 @@ from nats.js.api import ConsumerConfig, StreamConfig
 from load.generator import Generator, JobFactory, steady
 from load.recorder import Recorder
 from shared import access
-from shared.events import Subjects
+from shared.bus import JetStreamBus
+from shared.events import Demand, JobSubmit, Subjects
 from shared.localservers import LocalServer, start_nats
+from shared.settings import Settings, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -263,3 +266,19 @@ async def test_the_load_tools_need_no_more_than_the_publisher_and_audit_rights(l
     assert rec.lost() == {"command": 0, "running": 0, "exit": 0}
     for s in (pub, audit, balancer, registry, executor):
         await s.no_violation()
+
+
+async def test_a_bus_whose_url_names_a_user_takes_its_replies_on_that_users_inboxes(
+    secured: tuple[LocalServer, dict[str, str]], admin: Session
+) -> None:
+    server, secrets = secured
+    password = secrets[next(u.env_var("nats") for u in access.users() if u.name == "publisher")]
+    host = server.url.split("://", 1)[1]
+    settings = load(Settings, env={}, nats_url=f"nats://publisher:{quote(password, safe='')}@{host}")
+    bus = await JetStreamBus.connect(settings)
+    try:  # the JetStream acknowledgement comes back on _INBOX.publisher.>: nothing else is allowed
+        ack = await bus.publish(bus.subjects.jobs_submit, JobSubmit(
+            id="inbox-1", job_id="inbox-1", demand=Demand(profile="1g.5gb"), submitted_at=1.0))
+        assert ack.stream == "JOBS"
+    finally:
+        await bus.close()
