@@ -27,7 +27,11 @@ class Settings:
     """What every service (and the client, the CLI and the tests) needs to reach NATS and Redis."""
 
     nats_url: str = "nats://127.0.0.1:4222"
-    """NATS server(s), comma-separated."""
+    """NATS server(s), comma-separated; ``nats://user:password@host:port`` logs in (the replies then come on that
+    user's own inboxes, as the shipped permissions require)."""
+    nats_password_file: str = ""
+    """A file holding the password of the user ``nats_url`` names (a mounted Secret), instead of a password in
+    the URL."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis, the single source of truth: redis://, rediss:// or unix://, or redis+sentinel://host:port,...\
 /service for the primary that Sentinel names (failover without a restart)."""

@@ -12,8 +12,9 @@ import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 import nats
@@ -113,6 +114,18 @@ class PublishAcks:
                 del self.futures[token]
 
 
+def _read_secret(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise BusError(f"cannot read the NATS password file {path}: {exc}") from exc
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+
+
 class JetStreamBus:
     """The ``EventBus`` of one namespace on NATS JetStream. Create with ``await JetStreamBus.connect(settings)``."""
 
@@ -128,9 +141,12 @@ class JetStreamBus:
     async def connect(cls, settings: Settings, name: str = "migsched", **options: Any) -> JetStreamBus:
         servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
         health = BusHealth()
-        user = urlsplit(servers[0]).username if servers else None
+        user = unquote(urlsplit(servers[0]).username or "") if servers else ""
         if user and "inbox_prefix" not in options:  # replies only on the user's own inboxes (shared.access)
-            options["inbox_prefix"] = access.inbox_prefix(unquote(user))
+            options["inbox_prefix"] = access.inbox_prefix(user)
+        if user and settings.nats_password_file:  # the password from a file (a mounted Secret), not the URL
+            options["user"], options["password"] = user, _read_secret(settings.nats_password_file)
+            servers = [_without_userinfo(s) for s in servers]
         nc = await nats.connect(
             servers=servers,
             name=name,

@@ -282,3 +282,20 @@ async def test_a_bus_whose_url_names_a_user_takes_its_replies_on_that_users_inbo
         assert ack.stream == "JOBS"
     finally:
         await bus.close()
+
+
+async def test_a_password_file_logs_in_the_user_the_url_names(
+    secured: tuple[LocalServer, dict[str, str]], admin: Session, tmp_path: Path
+) -> None:
+    server, secrets = secured
+    secret = tmp_path / "publisher"  # as a Secret mounted into the pod
+    secret.write_text(secrets[next(u.env_var("nats") for u in access.users() if u.name == "publisher")] + "\n")
+    host = server.url.split("://", 1)[1]
+    settings = load(Settings, env={}, nats_url=f"nats://publisher@{host}", nats_password_file=str(secret))
+    bus = await JetStreamBus.connect(settings)
+    try:
+        ack = await bus.publish(bus.subjects.jobs_submit, JobSubmit(
+            id="file-1", job_id="file-1", demand=Demand(profile="1g.5gb"), submitted_at=1.0))
+        assert ack.stream == "JOBS"
+    finally:
+        await bus.close()
