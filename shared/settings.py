@@ -35,6 +35,12 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis, the single source of truth: redis://, rediss:// or unix://, or redis+sentinel://host:port,...\
 /service for the primary that Sentinel names (failover without a restart)."""
+    redis_wait_replicas: int = 0
+    """After each round trip of transitions, wait (Redis ``WAIT``) until this many replicas hold it before acting
+    on it: a failover then cannot lose a transition whose command went out. Fewer within
+    ``redis_wait_timeout_s`` is an outage (retried). 0: do not wait (replication stays asynchronous)."""
+    redis_wait_timeout_s: float = 1.0
+    """How long a round trip waits for ``redis_wait_replicas`` replicas."""
     namespace: str = ""
     """Isolates one deployment (or one test): '' uses the plain names (stream JOBS, subject jobs.submit,
     Redis keys ``{migsched:0}:...``); 'x' gives streams ``x_JOBS``, subjects ``x.jobs.submit`` and Redis keys

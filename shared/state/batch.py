@@ -12,6 +12,7 @@ from opentelemetry import trace
 from redis.exceptions import NoScriptError
 
 from shared import telemetry
+from shared.errors import Unavailable
 from shared.state.codec import _ENC, CancelResult, StateError, _s, decode_instances, decode_slots
 from shared.state.keys import Keys
 from shared.state.model import (
@@ -27,10 +28,16 @@ from shared.state.roundtrip import RoundTrips
 _tracer = telemetry.tracer("migsched.state")
 
 
+class NotReplicated(StateError, Unavailable):
+    """Transitions ran on the primary but too few replicas hold them yet (``MIGSCHED_REDIS_WAIT_REPLICAS``)."""
+
+
 class ScriptHost(Protocol):
     """What a batch needs of the store that runs it (``RedisState``): key names, loaded scripts, round trips."""
 
     roundtrips: RoundTrips
+    wait_replicas: int
+    wait_timeout_ms: int
 
     def keys(self, shard: int) -> Keys: ...
     def job_keys(self, job_id: str) -> Keys: ...
@@ -269,6 +276,20 @@ class Batch:
         """The Redis commands ``run()`` sends, in call order."""
         return [self._command(call) for call in self._calls]
 
+    async def _trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """One round trip; with ``wait_replicas``, a ``WAIT`` rides at its end (the same write, the same
+        connection, so it covers exactly these transitions) and too few replicas is an outage: the caller
+        retries (the transitions are idempotent) rather than act on a write a failover could lose."""
+        n = self.store.wait_replicas
+        if not n:
+            return await self.store.roundtrips.run(commands)
+        raw = await self.store.roundtrips.run([*commands, ("WAIT", n, self.store.wait_timeout_ms)])
+        acked = raw.pop()
+        if isinstance(acked, Exception) or int(acked) < n:
+            raise NotReplicated(f"{len(commands)} transition(s) reached {acked} of the {n} replica(s) asked for "
+                                f"within {self.store.wait_timeout_ms} ms")
+        return raw
+
     def _command(self, call: tuple[str, Sequence[str], Sequence[Any], Any]) -> tuple[Any, ...]:
         name, keys, args, _ = call
         if name:
@@ -292,11 +313,11 @@ class Batch:
         return await self._run()
 
     async def _run(self) -> list[Any]:
-        raw = await self.store.roundtrips.run(self.commands())
+        raw = await self._trip(self.commands())
         missing = [n for n, v in enumerate(raw) if isinstance(v, NoScriptError)]
         if missing:
             await self.store.load_scripts()
-            again = await self.store.roundtrips.run([self._command(self._calls[n]) for n in missing])
+            again = await self._trip([self._command(self._calls[n]) for n in missing])
             for n, v in zip(missing, again, strict=True):
                 raw[n] = v
         out: list[Any] = []

@@ -56,8 +56,12 @@ from shared.state.roundtrip import RoundTrips
 class RedisState(DerivedReads):
     """The store for one namespace. ``shards`` must be the same in every process of a deployment."""
 
-    def __init__(self, redis: aioredis.Redis, namespace: str = "", shards: int = 1) -> None:
+    def __init__(self, redis: aioredis.Redis, namespace: str = "", shards: int = 1, wait_replicas: int = 0,
+                 wait_timeout_s: float = 1.0) -> None:
         self.redis = redis
+        self.wait_replicas = wait_replicas
+        """Replicas every round trip of transitions must reach before its results are used (``Batch``)."""
+        self.wait_timeout_ms = max(1, round(wait_timeout_s * 1000))
         self.namespace = namespace
         self.shards = shards
         self._keys = [Keys(namespace, s) for s in range(shards)]
@@ -67,7 +71,8 @@ class RedisState(DerivedReads):
     @classmethod
     def from_settings(cls, settings: Any) -> RedisState:
         client = redis_client(settings.redis_url, decode_responses=False)
-        return cls(client, settings.namespace, settings.shards)
+        return cls(client, settings.namespace, settings.shards, getattr(settings, "redis_wait_replicas", 0),
+                   getattr(settings, "redis_wait_timeout_s", 1.0))
 
     async def close(self) -> None:
         await self.roundtrips.close()
