@@ -211,6 +211,7 @@ class Stack:
             nats_url=self.nats_url,
             redis_url=self.redis_url,
             namespace=self.config.namespace,
+            shards=int(self.config.env.get("MIGSCHED_SHARDS", "1")),  # where the services put the nodes
         )
         bus = await JetStreamBus.connect(st, name="migsched-up")
         state = RedisState.from_settings(st)

@@ -1,5 +1,6 @@
 """Replicated servers on loopback ports for tests and ``migsched up --ha``: a NATS cluster (JetStream R3) and a
-Redis primary with replicas behind Sentinel, started from the same binaries as ``localservers``."""
+Redis primary with replicas behind Sentinel, and a Redis Cluster, started from the same binaries as
+``localservers``."""
 
 from __future__ import annotations
 
@@ -216,4 +217,86 @@ def start_redis_sentinel(workdir: Path, down_after_ms: int = 1000) -> RedisSenti
     except BaseException:
         for s in (*sentinels, *data):
             s.stop()
+        raise
+
+
+@dataclass
+class RedisCluster:
+    """A Redis Cluster of primaries, each with replicas (``start_redis_cluster``)."""
+
+    nodes: list[LocalServer]
+
+    @property
+    def url(self) -> str:
+        """``MIGSCHED_REDIS_URL`` for the cluster: every node as a seed."""
+        return "redis+cluster://" + ",".join(urlparse(n.url).netloc for n in self.nodes)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+    def roles(self) -> dict[int, str]:
+        """Each node's role now (index in ``nodes`` -> master | slave), as the nodes themselves say."""
+        import redis as redis_sync
+
+        out = {}
+        for i, n in enumerate(self.nodes):
+            with contextlib.suppress(Exception):
+                r = redis_sync.Redis.from_url(n.url, socket_timeout=1.0, decode_responses=True)
+                try:
+                    out[i] = str(r.info("replication")["role"])
+                finally:
+                    r.close()
+        return out
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every node says the cluster is ok and every replica is in sync."""
+        import redis as redis_sync
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ok = 0
+            for n in self.nodes:
+                with contextlib.suppress(Exception):
+                    r = redis_sync.Redis.from_url(n.url, socket_timeout=1.0, decode_responses=True)
+                    try:
+                        info = r.execute_command("CLUSTER", "INFO")
+                        text = info if isinstance(info, str) else "\n".join(f"{k}:{v}" for k, v in info.items())
+                        repl = r.info("replication")
+                        synced = repl["role"] == "master" or repl.get("master_link_status") == "up"
+                        ok += "cluster_state:ok" in text and synced
+                    finally:
+                        r.close()
+            if ok == len(self.nodes):
+                return
+            time.sleep(0.2)
+        raise ServerError(f"the Redis Cluster was not ready within {timeout:.0f}s")
+
+
+def start_redis_cluster(workdir: Path, primaries: int = 3, replicas: int = 1,
+                        node_timeout_ms: int = 1000) -> RedisCluster:
+    """``primaries`` primaries sharing the 16,384 slots, each with ``replicas`` replicas, on loopback ports (AOF
+    on); a primary silent for ``node_timeout_ms`` is failed over to its replica."""
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise ServerError("redis-cli is needed to form a Redis Cluster (apt-get install redis-tools)")
+    nodes: list[LocalServer] = []
+    try:
+        count = primaries * (1 + replicas)
+        ports = free_ports(2 * count)  # each node's own and its cluster bus port (not port + 10000: past 65535)
+        for k in range(count):
+            d = workdir / f"node-{k}"
+            d.mkdir(parents=True, exist_ok=True)
+            nodes.append(start_redis(ports[k], d, appendonly=True, extra=(
+                "--cluster-enabled", "yes", "--cluster-config-file", str(d / "nodes.conf"),
+                "--cluster-port", str(ports[count + k]), "--cluster-node-timeout", str(node_timeout_ms))))
+        addresses = [urlparse(n.url).netloc for n in nodes]
+        subprocess.run([cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas),
+                        "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        rig = RedisCluster(nodes)
+        rig.wait_ready()
+        return rig
+    except BaseException:
+        for n in nodes:
+            n.stop()
         raise

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from services.common.testing import private_state
+from shared.localcluster import RedisCluster, start_redis_cluster
 from shared.localservers import LocalServer, resolve
 from shared.state import RedisState
 
@@ -25,6 +26,15 @@ def redis_server() -> Iterator[LocalServer]:
     server = resolve("redis")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A Redis Cluster of three primaries with a replica each, from the binaries, started once for the tests that
+    ask for it (and never faulted: a test that kills a node starts its own)."""
+    rig = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    yield rig
+    rig.stop()
 
 
 @pytest.fixture

@@ -295,12 +295,12 @@ class Namespace:
 
 
 @contextlib.asynccontextmanager
-async def private_state(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Any]:
+async def private_state(prefix: str, nats_url: str, redis_url: str, **settings: Any) -> AsyncIterator[Any]:
     """The store the services use (``RedisState``), on keys of the namespace ``prefix`` only; wiped and closed
-    afterwards."""
+    afterwards. ``settings``: others than the defaults (e.g. ``shards``)."""
     from shared.state import RedisState
 
-    state = RedisState.from_settings(make_settings(prefix, nats_url, redis_url))
+    state = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, **settings))
     try:
         yield state
     finally:

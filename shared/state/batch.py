@@ -23,7 +23,6 @@ from shared.state.model import (
     StoredGpu,
     StoredInstance,
 )
-from shared.state.roundtrip import RoundTrips
 
 _tracer = telemetry.tracer("migsched.state")
 
@@ -32,10 +31,17 @@ class NotReplicated(StateError, Unavailable):
     """Transitions ran on the primary but too few replicas hold them yet (``MIGSCHED_REDIS_WAIT_REPLICAS``)."""
 
 
+class Trips(Protocol):
+    """One Redis server's round trips (``RoundTrips``) or a cluster's (``ClusterRoundTrips``)."""
+
+    async def run(self, commands: Sequence[Sequence[Any]]) -> list[Any]: ...
+
+
 class ScriptHost(Protocol):
     """What a batch needs of the store that runs it (``RedisState``): key names, loaded scripts, round trips."""
 
-    roundtrips: RoundTrips
+    @property
+    def roundtrips(self) -> Trips: ...
     wait_replicas: int
     wait_timeout_ms: int
 

@@ -2,6 +2,8 @@
 
 - ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) and ``unix:///path?db=0`` as redis-py reads
   them;
+- ``redis+cluster://[user:password@]host:port[,host:port...]``: a Redis Cluster, any of its nodes as seeds. Each
+  shard's keys share a hash tag, so every transition runs in one slot (``cluster_roundtrip``).
 - ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``: the primary of ``service`` as the
   sentinels at those addresses name it. The credentials are the primary's (the sentinels themselves take none).
   A connection asks the sentinels again whenever it reconnects, and one still open to a primary that was demoted
@@ -16,12 +18,14 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 
 from shared.errors import MigschedError
 from shared.state.fastpack import _FastSend, connection_class
 
 SENTINEL_SCHEME = "redis+sentinel"
+CLUSTER_SCHEME = "redis+cluster"
 
 
 class RedisUrlError(MigschedError):
@@ -61,9 +65,26 @@ def sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, int, str | Non
 
 def redis_client(url: str, **options: Any) -> aioredis.Redis:
     """A client for ``url`` (see the module); ``options`` go to each connection (e.g. ``decode_responses``)."""
-    if urlparse(url).scheme != SENTINEL_SCHEME:
+    scheme = urlparse(url).scheme
+    if scheme == CLUSTER_SCHEME:
+        return cluster_client(url, **options)  # type: ignore[return-value]  # the same commands, routed by slot
+    if scheme != SENTINEL_SCHEME:
         return aioredis.from_url(url, connection_class=connection_class(url), **options)
     addresses, service, db, user, password = sentinel_parts(url)
     sentinel = Sentinel(addresses, socket_timeout=2.0)
     return sentinel.master_for(service, connection_class=HiredisSentinelConnection, db=db, username=user,
                                password=password, **options)
+
+
+def cluster_client(url: str, **options: Any) -> RedisCluster:
+    """A Redis Cluster client with every address of a ``redis+cluster://`` URL as a seed."""
+    parsed = urlparse(url)
+    seeds = []
+    for part in parsed.netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = part.rpartition(":")
+        if not host or not port.isdigit():
+            raise RedisUrlError(f"{url!r}: each cluster node is host:port, got {part!r}")
+        seeds.append(ClusterNode(host, int(port)))
+    user = unquote(parsed.username) if parsed.username else None
+    password = unquote(parsed.password) if parsed.password else None
+    return RedisCluster(startup_nodes=seeds, username=user, password=password, **options)

@@ -18,9 +18,11 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from shared.state.batch import Batch
 from shared.state.client import redis_client
+from shared.state.cluster_roundtrip import ClusterRoundTrips
 from shared.state.codec import (  # noqa: F401  (re-exported: callers import them from here)
     _ENC,
     _HIST,
@@ -66,7 +68,8 @@ class RedisState(DerivedReads):
         self.shards = shards
         self._keys = [Keys(namespace, s) for s in range(shards)]
         self._scripts: dict[str, Any] = {}
-        self.roundtrips = RoundTrips(redis)
+        self.roundtrips: RoundTrips | ClusterRoundTrips = (
+            ClusterRoundTrips(redis) if isinstance(redis, RedisCluster) else RoundTrips(redis))
 
     @classmethod
     def from_settings(cls, settings: Any) -> RedisState:
@@ -237,7 +240,10 @@ class RedisState(DerivedReads):
 
     async def history(self, job_id: str) -> list[HistoryEntry]:
         k = self.job_keys(job_id)
-        pipe = self.redis.pipeline(transaction=True)  # one instant: an entry is never seen twice or missed
+        # one instant (MULTI/EXEC): an entry is never seen twice or missed. redis-py's cluster transactions keep
+        # state across event loops and fail in the next one; there the two reads go as a plain pipeline (the
+        # list is only an older version's history, which nothing appends to any more)
+        pipe = self.redis.pipeline(transaction=not isinstance(self.redis, RedisCluster))
         pipe.hgetall(k.job(job_id))
         pipe.lrange(k.hist(job_id), 0, -1)
         job, legacy = await pipe.execute()

@@ -12,16 +12,22 @@ from services.common.testing import make_settings, private_state
 from shared.bus import JetStreamBus, MemoryBus
 from shared.state.memory_store import MemoryState
 
-STORES = [pytest.param("memory", marks=pytest.mark.unit), pytest.param("redis", marks=pytest.mark.integration)]
+STORES = [pytest.param("memory", marks=pytest.mark.unit), pytest.param("redis", marks=pytest.mark.integration),
+          pytest.param("redis-cluster", marks=[pytest.mark.integration, pytest.mark.ha])]
 
 
 @pytest.fixture(params=STORES)
 async def store(request: pytest.FixtureRequest, prefix: str) -> AsyncIterator[Any]:
-    """``MemoryState``, or ``RedisState`` on this test's own keys of the real Redis (wiped after the test)."""
+    """``MemoryState``, or ``RedisState`` on this test's own keys of the real Redis, or of a Redis Cluster (wiped
+    after the test)."""
     if request.param == "memory":
         yield MemoryState()
         return
-    async with private_state(prefix, request.getfixturevalue("nats_url"), request.getfixturevalue("redis_url")) as s:
+    # on the cluster each test's namespace hashes to its own slot, so the cases land on every primary in turn;
+    # a batch across shards on several primaries is tests/integration/test_redis_cluster.py's
+    url = (request.getfixturevalue("redis_cluster").url if request.param == "redis-cluster"
+           else request.getfixturevalue("redis_url"))
+    async with private_state(prefix, request.getfixturevalue("nats_url"), url) as s:
         yield s
 
 

@@ -71,12 +71,13 @@ def private_servers(workdir: Path) -> Servers:
 
 
 def make_stack(servers: Servers, namespace: str, run_dir: Path, env: dict[str, str] | None = None,
-               replicas: int = 1) -> Stack:
+               replicas: int = 1, nodes: int = 2, gpus: str = "A100-40GB:8", nodes_per_executor: int = 1) -> Stack:
     config = StackConfig(
         replicas=replicas,
         namespace=namespace,
-        executors=2,
-        gpus="A100-40GB:8",
+        executors=nodes,
+        nodes_per_executor=nodes_per_executor,
+        gpus=gpus,
         run_dir=run_dir,
         reconfig_latency_s=0.01,
         heartbeat_s=0.5,
@@ -93,7 +94,8 @@ def make_stack(servers: Servers, namespace: str, run_dir: Path, env: dict[str, s
 
 def settings_of(stack: Stack) -> Settings:
     return load(
-        Settings, env={}, nats_url=stack.nats_url, redis_url=stack.redis_url, namespace=stack.config.namespace
+        Settings, env={}, nats_url=stack.nats_url, redis_url=stack.redis_url, namespace=stack.config.namespace,
+        shards=int(stack.config.env.get("MIGSCHED_SHARDS", "1")),
     )
 
 

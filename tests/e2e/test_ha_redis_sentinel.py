@@ -6,7 +6,8 @@ The primary is killed with SIGKILL a third of the way into a steady load; the se
 within about a second and a half, and the old primary comes back later as the new one's replica. The services
 wait for one replica to hold each round trip of transitions before acting on it (``MIGSCHED_REDIS_WAIT_REPLICAS``),
 so nothing a command or an exit was sent for is lost with the primary; the audit after the load checks it: one
-terminal state per job, one completed exit per finished job, no slice double-booked. How long decisions paused is printed (`-s`), never asserted.
+terminal state per job, one completed exit per finished job, no slice double-booked. How long decisions paused is
+printed (`-s`), never asserted.
 """
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""The stack as processes on a Redis Cluster (three primaries, a replica each; ``MIGSCHED_REDIS_URL=
+redis+cluster://...``, four shards over six nodes): losing the primary of a shard under load fails over to its replica, every
+service follows, and every job is still accounted for exactly once.
+
+The primary is killed with SIGKILL a third of the way into a steady load, and started again once its replica has
+taken its slots over (it comes back as that node's replica). The services wait for a replica to hold every round
+trip of transitions (``MIGSCHED_REDIS_WAIT_REPLICAS=1``), so until the old primary is back the shard's writes are
+an outage the consumers wait out. How long decisions paused is printed (`-s`), never asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from fault_harness import (
+    Load,
+    Servers,
+    assert_accounted,
+    converge,
+    jobs_for,
+    make_stack,
+    placement_pause,
+    settings_of,
+)
+from redis.crc import key_slot
+
+from migsched.stack import Stack
+from shared.bus import JetStreamBus
+from shared.localcluster import RedisCluster, start_redis_cluster
+from shared.localservers import LocalServer, free_port, start_nats
+from shared.state import RedisState
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(180)]
+
+JOBS = 240
+RATE = 60.0
+SHARDS = 4
+NODES = 6
+"""gpu-node-0..5 fall in all four shards (a shard without nodes could never place the jobs that hash to it)."""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    rig = start_redis_cluster(tmp_path_factory.mktemp("cluster"))
+    yield rig
+    rig.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: RedisCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    nats = start_nats(free_port(), tmp_path_factory.mktemp("nats"))
+    servers = Servers(nats=nats, redis=LocalServer(url=cluster.url))
+    st = make_stack(servers, "c" + uuid.uuid4().hex[:8], tmp_path_factory.mktemp("cluster-run"),
+                    env={"MIGSCHED_REDIS_WAIT_REPLICAS": "1", "MIGSCHED_SHARDS": str(SHARDS)},
+                    nodes=NODES, gpus="A100-40GB:3", nodes_per_executor=3)
+    try:
+        asyncio.run(st.wait_ready(60))
+        yield st
+    finally:
+        st.stop(servers=False)
+        nats.stop()
+
+
+async def primary_of_shard(stack: Stack, shard: int) -> str:
+    state = RedisState.from_settings(settings_of(stack))
+    try:
+        await state.redis.initialize()  # type: ignore[union-attr]
+        node = state.redis.nodes_manager.get_node_from_slot(  # type: ignore[union-attr]
+            key_slot(state.keys(shard).tag.encode()))
+        return str(node.name)
+    finally:
+        await state.close()
+
+
+async def test_losing_a_redis_cluster_primary_fails_over_and_loses_no_job(cluster: RedisCluster, stack: Stack) -> None:
+    bus = await JetStreamBus.connect(settings_of(stack), name="cluster-load")
+    jobs = jobs_for("clu", JOBS)
+    load = Load(bus, jobs, RATE)
+    name = await primary_of_shard(stack, 0)
+    victim = next(n for n in cluster.nodes if n.url.split("//", 1)[1].split("/", 1)[0] == name)
+    try:
+        task = asyncio.create_task(load.run())
+        await load.until_published(0.3)
+        assert victim.proc is not None
+        victim.proc.kill()
+        await asyncio.to_thread(victim.proc.wait, 10)
+        t0 = time.monotonic()
+        while sum(r == "master" for r in cluster.roles().values()) < 3:
+            assert time.monotonic() - t0 < 30, "the cluster did not fail over"
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(victim.restart)  # back as the promoted node's replica
+        await asyncio.wait_for(task, 120)
+    finally:
+        await bus.close()
+    assert await primary_of_shard(stack, 0) != name, "shard 0 did not move to the promoted replica"
+    ids = [j.job_id for j in jobs]
+    out = await converge(stack, ids, timeout=90)
+    assert_accounted(out, ids)
+    pause = await placement_pause(stack, ids)
+    print(f"\nRedis Cluster primary {name} killed; longest pause between placements {pause:.2f} s")
