@@ -1,6 +1,6 @@
 """The stack as processes on a Redis Cluster (three primaries, a replica each; ``MIGSCHED_REDIS_URL=
-redis+cluster://...``, four shards over six nodes): losing the primary of a shard under load fails over to its replica, every
-service follows, and every job is still accounted for exactly once.
+redis+cluster://...``, four shards over six nodes): losing the primary of a shard under load fails over to its
+replica, every service follows, and every job is still accounted for exactly once.
 
 The primary is killed with SIGKILL a third of the way into a steady load, and started again once its replica has
 taken its slots over (it comes back as that node's replica). The services wait for a replica to hold every round
