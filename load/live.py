@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import redis as redis_sync
@@ -41,6 +42,7 @@ from load.cpu_watch import CpuWatch, cpu_seconds
 from load.scenarios import scenario
 from migsched.stack import Stack, StackConfig
 from services.common import stalls
+from shared.localcluster import start_nats_cluster, start_redis_sentinel
 from shared.localservers import free_port, start_nats, start_redis
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,6 +135,38 @@ def redis_pauses(url: str) -> str:
     return "\n".join(out)
 
 
+Servers = tuple[str, str, dict[str, int], Callable[[], None], str]
+"""NATS URL, Redis URL, each server's pid by name, how to stop them, and the URL of the Redis that holds the data."""
+
+
+def single_servers(work: Path, nats_procs: int) -> Servers:
+    nats = start_nats(free_port(), work / "nats", env={"GOMAXPROCS": str(nats_procs)} if nats_procs > 0 else None)
+    redis = start_redis(free_port(), work / "redis", appendonly=True)
+    pids = {name: s.proc.pid for name, s in (("nats-server", nats), ("redis-server", redis)) if s.proc}
+
+    def stop() -> None:
+        nats.stop()
+        redis.stop()
+
+    return nats.url, redis.url, pids, stop, redis.url
+
+
+def ha_servers(work: Path) -> Servers:
+    """A 3-server NATS cluster and a Sentinel-watched Redis primary with two replicas (``shared.localcluster``)."""
+    cluster = start_nats_cluster(3, work / "nats")
+    sentinel = start_redis_sentinel(work / "redis")
+    pids = {f"nats-server-{i}": s.proc.pid for i, s in enumerate(cluster.servers) if s.proc}
+    pids |= {f"redis-server-{i}": s.proc.pid for i, s in enumerate(sentinel.redis) if s.proc}
+    pids |= {f"redis-sentinel-{i}": s.proc.pid for i, s in enumerate(sentinel.sentinels) if s.proc}
+    primary = sentinel.redis[sentinel.primary()].url
+
+    def stop() -> None:
+        cluster.stop()
+        sentinel.stop()
+
+    return cluster.url, sentinel.url, pids, stop, primary
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m load.live", description=__doc__.splitlines()[0])
     ap.add_argument("name", help="a scenario of `python -m load scenarios`")
@@ -145,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nats-procs", type=int, default=1,
                     help="GOMAXPROCS of the private nats-server (0: the Go default, one per core)")
     ap.add_argument("--note", action="append", default=[])
+    ap.add_argument("--ha", action="store_true",
+                    help="a 3-server NATS cluster (R3 streams) and Redis behind Sentinel (WAIT 1) instead of one of "
+                         "each, and two replicas of each service")
     ap.add_argument("--skip", help="stages the recorder does not watch (see python -m load scenario --help)")
     ap.add_argument("--timelines", help="per-job stage instants as JSON (see python -m load scenario --help)")
     ap.add_argument("--final", help="the stage every job must reach (see python -m load scenario --help)")
@@ -159,10 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
     (work / "nats").mkdir()
     (work / "redis").mkdir()
-    nats = start_nats(free_port(), work / "nats",
-                      env={"GOMAXPROCS": str(args.nats_procs)} if args.nats_procs > 0 else None)
-    redis = start_redis(free_port(), work / "redis", appendonly=True)
-    watch_redis(redis.url)
+    servers_up = ha_servers(work) if args.ha else single_servers(work, args.nats_procs)
+    nats_url, redis_url, server_pids, stop_servers, data_redis = servers_up
+    watch_redis(data_redis)
     gpus = sc.gpus
     procs = max(1, math.ceil(gpus / 64))
     per = gpus // procs
@@ -174,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         for old in prof.glob("*.prof"):
             old.unlink()
         env["MIGSCHED_PROFILE"] = str(prof)
+    if args.ha:  # R3 streams, a replica holds every transition acted on, two of each service
+        env |= {"MIGSCHED_STREAM_REPLICAS": "3", "MIGSCHED_REDIS_WAIT_REPLICAS": "1"}
     config = StackConfig(
+        replicas=2 if args.ha else 1,
         namespace=ns,
         executors=procs,
         gpus=f"{sc.model}:{per}",
@@ -186,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics=False,
         env=env,
     )
-    os.environ["MIGSCHED_NATS_URL"] = nats.url
-    os.environ["MIGSCHED_REDIS_URL"] = redis.url
+    os.environ["MIGSCHED_NATS_URL"] = nats_url
+    os.environ["MIGSCHED_REDIS_URL"] = redis_url
     stack = Stack(config)
     rc = 1
     try:
@@ -201,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             "scenario",
             sc.name,
             "--nats",
-            nats.url,
+            nats_url.split(",")[0],  # a client learns the cluster's other servers from the first
             "--namespace",
             ns,
             "--rss",
@@ -225,11 +264,13 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--timelines", str(Path(args.timelines).resolve())]
         if args.final:
             cmd += ["--final", args.final]
+        servers_note = ("a 3-server NATS cluster (R3 streams) and a Redis primary with two replicas and three "
+                        "sentinels (WAIT 1), two replicas of each service" if args.ha else
+                        f"one nats-server (GOMAXPROCS {args.nats_procs or 'default'}) and one Redis")
         notes = [
             f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
             f"registry, migration-planner, {procs} sim executor(s) × {per} {sc.model} in "
-            f"{len(stack.executor_groups())} process(es); nats-server "
-            f"GOMAXPROCS {args.nats_procs or 'default'}. "
+            f"{len(stack.executor_groups())} process(es); {servers_note}. "
             f"Driver: `python -m load.live {' '.join(argv or sys.argv[1:])}`.",
             *args.note,
         ]
@@ -238,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print("+", " ".join(cmd), flush=True)
         procs_by_name = {p.name: p.popen.pid for p in stack.procs if p.popen is not None}
         # the servers share the two cores too: fewer messages or Redis calls per job show up there as well
-        servers = {name: s.proc.pid for name, s in (("nats-server", nats), ("redis-server", redis)) if s.proc}
+        servers = server_pids
         cpu0 = {name: cpu_seconds(pid) for name, pid in {**procs_by_name, **servers}.items()}
         # the harness imports for a second or so before it sends: the watches started after it miss nothing
         harness = subprocess.Popen(cmd, cwd=str(REPO))
@@ -259,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         print("CPU seconds while the scenario ran (servers):", flush=True)
         for name, pid in servers.items():
             print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
-        print(redis_pauses(redis.url), flush=True)
+        print(redis_pauses(data_redis), flush=True)
         print(f"nats-server JetStream store on disk: {disk_mib(work / 'nats'):.0f} MiB", flush=True)
         if watch.windows:
             print(f"CPU seconds per {args.cpu_window:g}-s window (and how busy all {watch.cores} cores were):",
@@ -269,8 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             print(watch.table("wait"), flush=True)
     finally:
         status = stack.stop(grace_s=20)
-        nats.stop()
-        redis.stop()
+        stop_servers()
         print("exit status:", status, flush=True)
         print(pauses(work / "run"), flush=True)
         # the servers' stores and the logs: ~100 MB a run, left behind by every run before
