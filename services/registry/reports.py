@@ -67,6 +67,22 @@ class Reports:
         self.on_registered = on_registered
 
     async def on_report(self, ds: list[Delivery]) -> None:
+        """A node's reports in the order it sent them: the transitions of the reports before a registration are
+        applied before it (an executor re-registers right after a placement refused for overlap, so that the
+        registration, which adopts the instance the state did not know, sees the refused slot freed)."""
+        run: list[Delivery] = []
+        for d in ds:
+            if d.data.__struct_config__.tag == "registered":
+                if run:
+                    await self._apply(run)
+                    run = []
+                await self.on_registered(d)
+            else:
+                run.append(d)
+        if run:
+            await self._apply(run)
+
+    async def _apply(self, ds: list[Delivery]) -> None:
         now = time.time()
         b = self.state.batch()
         after: list[tuple[Delivery, int, str]] = []
@@ -74,9 +90,7 @@ class Reports:
         for d in ds:
             r = d.data
             kind = r.__struct_config__.tag
-            if kind == "registered":
-                await self.on_registered(d)
-            elif kind == "drift":
+            if kind == "drift":
                 self.log.warning("drift on %s: %s", r.node, "; ".join(r.details))
             elif isinstance(r, CmdDone):
                 after.append((d, self._done(b, r, now), "done"))

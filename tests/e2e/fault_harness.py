@@ -13,6 +13,7 @@ import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,3 +303,22 @@ async def placement_pause(stack: Stack, ids: list[str]) -> float:
         await state.close()
     placed.sort()
     return max((b - a for a, b in itertools.pairwise(placed)), default=0.0)
+
+
+async def through_fault(stack: Stack, tag: str, fault: Callable[[Load], Awaitable[None]], jobs: int = 240,
+                        rate: float = 60.0, by_message_id: bool = False) -> tuple[Outcome, list[str], float]:
+    """A steady load of ``jobs`` at ``rate``/s, ``fault(load)`` a third of the way in (it kills and restarts
+    what it likes), then every job to its end: the outcome, the job ids, and the longest pause between two
+    placements while the load ran."""
+    bus = await JetStreamBus.connect(settings_of(stack), name=f"{tag}-load")
+    load = Load(bus, jobs_for(tag, jobs), rate)
+    try:
+        task = asyncio.create_task(load.run())
+        await load.until_published(0.3)
+        await fault(load)
+        await asyncio.wait_for(task, 120)
+    finally:
+        await bus.close()
+    ids = [j.job_id for j in load.jobs]
+    out = await converge(stack, ids, timeout=90, by_message_id=by_message_id)
+    return out, ids, await placement_pause(stack, ids)

@@ -16,26 +16,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fault_harness import (
-    Load,
-    Servers,
-    assert_accounted,
-    converge,
-    jobs_for,
-    make_stack,
-    placement_pause,
-    settings_of,
-)
+from fault_harness import Load, Servers, assert_accounted, make_stack, through_fault
 
 from migsched.stack import Stack
-from shared.bus import JetStreamBus
 from shared.localcluster import NatsCluster, start_nats_cluster
 from shared.localservers import LocalServer, free_port, start_redis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
-
-JOBS = 240
-RATE = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -63,29 +50,21 @@ def stack(cluster: NatsCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 async def test_losing_the_nats_server_a_service_is_connected_to_loses_no_job(
     cluster: NatsCluster, stack: Stack, client: str
 ) -> None:
-    tag = client.rsplit("-", 1)[1][:3]
-    bus = await JetStreamBus.connect(settings_of(stack), name=f"ha-load-{tag}")
-    jobs = jobs_for(tag, JOBS)
-    load = Load(bus, jobs, RATE)
     victim = cluster.servers[cluster.serving(client)]
-    try:
-        task = asyncio.create_task(load.run())
-        await load.until_published(0.3)
+    retried: list[int] = []
+
+    async def fault(load: Load) -> None:
         assert victim.proc is not None
         victim.proc.kill()
         await asyncio.to_thread(victim.proc.wait, 10)
         await load.until_published(0.7, timeout=60)  # the load goes on through the two servers left
         await asyncio.to_thread(victim.restart)
-        await asyncio.wait_for(task, 90)
-    finally:
-        await bus.close()
-    ids = [j.job_id for j in jobs]
-    out = await converge(stack, ids, timeout=90, by_message_id=True)
+        retried.append(len(load.errors))
+
+    out, ids, pause = await through_fault(stack, client.rsplit("-", 1)[1][:3], fault, by_message_id=True)
     # Every job finishes once, none runs twice, no slice is double-booked. A node may keep an instance the state
     # does not know after the server loss; its re-registration, sent with the first refusal, lets the state adopt
     # it before the job's retries run out.
     assert_accounted(out, ids)
-    moved_to = cluster.serving(client)
-    pause = await placement_pause(stack, ids)
-    print(f"\n{client}: its server killed; reconnected to server {moved_to}; longest pause between placements "
-          f"{pause:.2f} s; {len(load.errors)} load batch(es) retried")
+    print(f"\n{client}: its server killed; reconnected to server {cluster.serving(client)}; longest pause between "
+          f"placements {pause:.2f} s; {retried[0]} load batch(es) retried while it was down")

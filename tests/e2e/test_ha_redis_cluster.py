@@ -16,28 +16,16 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fault_harness import (
-    Load,
-    Servers,
-    assert_accounted,
-    converge,
-    jobs_for,
-    make_stack,
-    placement_pause,
-    settings_of,
-)
+from fault_harness import Load, Servers, assert_accounted, make_stack, settings_of, through_fault
 from redis.crc import key_slot
 
 from migsched.stack import Stack
-from shared.bus import JetStreamBus
 from shared.localcluster import RedisCluster, start_redis_cluster
 from shared.localservers import LocalServer, free_port, start_nats
 from shared.state import RedisState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(180)]
 
-JOBS = 240
-RATE = 60.0
 SHARDS = 4
 NODES = 6
 """gpu-node-0..5 fall in all four shards (a shard without nodes could never place the jobs that hash to it)."""
@@ -77,14 +65,10 @@ async def primary_of_shard(stack: Stack, shard: int) -> str:
 
 
 async def test_losing_a_redis_cluster_primary_fails_over_and_loses_no_job(cluster: RedisCluster, stack: Stack) -> None:
-    bus = await JetStreamBus.connect(settings_of(stack), name="cluster-load")
-    jobs = jobs_for("clu", JOBS)
-    load = Load(bus, jobs, RATE)
     name = await primary_of_shard(stack, 0)
     victim = next(n for n in cluster.nodes if n.url.split("//", 1)[1].split("/", 1)[0] == name)
-    try:
-        task = asyncio.create_task(load.run())
-        await load.until_published(0.3)
+
+    async def fault(_: Load) -> None:
         assert victim.proc is not None
         victim.proc.kill()
         await asyncio.to_thread(victim.proc.wait, 10)
@@ -93,12 +77,8 @@ async def test_losing_a_redis_cluster_primary_fails_over_and_loses_no_job(cluste
             assert time.monotonic() - t0 < 30, "the cluster did not fail over"
             await asyncio.sleep(0.2)
         await asyncio.to_thread(victim.restart)  # back as the promoted node's replica
-        await asyncio.wait_for(task, 120)
-    finally:
-        await bus.close()
+
+    out, ids, pause = await through_fault(stack, "clu", fault)
     assert await primary_of_shard(stack, 0) != name, "shard 0 did not move to the promoted replica"
-    ids = [j.job_id for j in jobs]
-    out = await converge(stack, ids, timeout=90)
     assert_accounted(out, ids)
-    pause = await placement_pause(stack, ids)
     print(f"\nRedis Cluster primary {name} killed; longest pause between placements {pause:.2f} s")

@@ -17,26 +17,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fault_harness import (
-    Load,
-    Servers,
-    assert_accounted,
-    converge,
-    jobs_for,
-    make_stack,
-    placement_pause,
-    settings_of,
-)
+from fault_harness import Load, Servers, assert_accounted, make_stack, through_fault
 
 from migsched.stack import Stack
-from shared.bus import JetStreamBus
 from shared.localcluster import RedisSentinel, start_redis_sentinel
 from shared.localservers import LocalServer, free_port, start_nats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
 
-JOBS = 240
-RATE = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -62,26 +50,18 @@ def stack(sentinel: RedisSentinel, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 async def test_losing_the_redis_primary_fails_over_and_loses_no_job(sentinel: RedisSentinel, stack: Stack) -> None:
-    bus = await JetStreamBus.connect(settings_of(stack), name="sentinel-load")
-    jobs = jobs_for("sen", JOBS)
-    load = Load(bus, jobs, RATE)
     before = sentinel.primary()
     victim = sentinel.redis[before]
-    try:
-        task = asyncio.create_task(load.run())
-        await load.until_published(0.3)
+
+    async def fault(load: Load) -> None:
         assert victim.proc is not None
         victim.proc.kill()
         await asyncio.to_thread(victim.proc.wait, 10)
         await load.until_published(0.7, timeout=60)
         await asyncio.to_thread(victim.restart)  # back as the new primary's replica (the sentinels see to it)
-        await asyncio.wait_for(task, 90)
-    finally:
-        await bus.close()
+
+    out, ids, pause = await through_fault(stack, "sen", fault)
     after = sentinel.primary()
     assert after != before, "the sentinels did not fail the primary over"
-    ids = [j.job_id for j in jobs]
-    out = await converge(stack, ids, timeout=90)
     assert_accounted(out, ids)
-    pause = await placement_pause(stack, ids)
     print(f"\nRedis primary {before} killed, {after} promoted; longest pause between placements {pause:.2f} s")
