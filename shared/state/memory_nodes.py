@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from shared.state.memory_slots import hold_for_stop, idle, names, vacate
@@ -40,6 +41,12 @@ def _evict(
                 store._requeue(sh, i.job, j.state, reason, now)
                 requeued.append(i.job)
     return out
+
+
+def _not_in_way(sh: Any, r: StoredInstance, i: StoredInstance) -> bool:
+    """False for a one-GPU reservation that the reported instance ``r`` overlaps (``register`` re-queues it)."""
+    j = sh.jobs.get(i.job) if i.job else None
+    return not (i.mask & r.mask) or i.state != "reserved" or not i.job or bool(j is not None and j.slots)
 
 
 def _free_gangs(store: Any, sh: Any, gangs: list[tuple[str, tuple[tuple[str, str], ...]]]) -> None:
@@ -134,6 +141,9 @@ def register(
         for r in reported:
             if r.id in by_id:
                 job = rjob.get(r.id)
+                # as node.lua: a one-GPU reservation in its way is re-queued and what the node has adopted
+                kept = _evict(store, sh, kept, functools.partial(_not_in_way, sh, r),
+                              f"node {node} holds {r.id} where the reservation is", now, requeued, gangs)
                 if any(i.mask & r.mask for i in kept):
                     drift.append(f"{g['id']}: reported {r.id} overlaps the state")
                     if job:

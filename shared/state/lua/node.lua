@@ -8,6 +8,8 @@
 --     still reports (a plain one, on a non-MIG GPU, while the node reports its job in 'jobs'); a busy instance
 --     it no longer reports is drift: its job is re-queued (a gang once, with all its slots freed); an
 --     unreported placing reservation is kept (its command may still be on its way).
+--     A reported instance the state does not know, where a one-GPU reservation is, is adopted and the
+--     reservation's job re-queued: the node would refuse its command for the overlap.
 --     A reported instance running a job the state does not hold there is never adopted idle: it is kept
 --     'retiring' with that job (occupied, never reused) and listed in 'stops' {job, gpu, instance} for the
 --     registry to stop; 'stopped' idles it once the job is gone.
@@ -132,6 +134,12 @@ if op == 'register' then
         if byid[r.id] then
           local job = r.job
           r.state = 'idle'; r.job = nil
+          -- a one-GPU reservation in its way cannot be made on this node (its command is refused for overlap):
+          -- re-queue its job and adopt what the node has, or the same slot is chosen again until the job fails
+          kept = evict(kept, function(i)
+            return bit.band(imask(i), imask(r)) == 0 or i.state ~= 'reserved' or not i.job
+              or redis.call('HGET', jk(i.job), 'slots')
+          end, 'node ' .. node .. ' holds ' .. r.id .. ' where the reservation is')
           local clash = false
           for _, i in ipairs(kept) do if bit.band(imask(i), imask(r)) ~= 0 then clash = true end end
           if clash then

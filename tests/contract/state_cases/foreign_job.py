@@ -105,7 +105,29 @@ async def a_re_registration_stops_an_unknown_job_on_an_idle_instance_but_keeps_t
     await clean(store)
 
 
+async def an_unknown_instance_where_a_reservation_is_re_queues_its_job_and_is_adopted(store: Any) -> None:
+    # the node's own instance at slice 0, which no registration reported: a 1g reservation there is doomed
+    await store.register_node("n1", [gpu()], NOW, "reg-1")
+    (g,) = await store.get_gpus(["n1/0"])
+    target = StoredInstance(id="n1/0:1g.5gb@0:j1", profile="1g.5gb", start=0, size=P1.memory_slices,
+                            compute=P1.compute_slices)
+    res = await store.reserve(
+        Reservation(job_id="j1", gpu_id="n1/0", expected_ver=g.ver, instance=target, action="create",
+                    max_count=P1.max_count, spec=b"{}", submitted_at=NOW), NOW)
+    assert res.ok
+    # the node re-registers (after refusing j1's command): its instance at 0 is adopted idle, j1 waits again
+    res2 = await store.register_node("n1", [gpu(s0=None)], NOW + 1, "reg-2")
+    assert res2["requeued"] == ["j1"] and res2["drift"] == []
+    (j,) = await store.jobs(["j1"])
+    assert j is not None and j.state == "pending" and j.reason == "node n1 holds n1/0:1g.5gb@0 where the reservation is"
+    assert [(i.id, i.state) for i in (await store.get_gpus(["n1/0"]))[0].instances] == [("n1/0:1g.5gb@0", "idle")]
+    # the refusal of the old attempt, arriving now, changes nothing
+    assert (await store.fail_placement("j1", "refused", NOW + 2, 3, "place:j1:0", 0))[0] == "noop"
+    await clean(store)
+
+
 CASES = [
     a_new_gpu_running_an_unknown_job_keeps_its_instance_until_the_job_is_stopped,
     a_re_registration_stops_an_unknown_job_on_an_idle_instance_but_keeps_the_states_own,
+    an_unknown_instance_where_a_reservation_is_re_queues_its_job_and_is_adopted,
 ]
