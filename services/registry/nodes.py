@@ -120,8 +120,10 @@ class Nodes:
     def stop_foreign(self, r: Registered, job: str, gpu: str, iid: str, now: float, d: Delivery) -> Outgoing:
         """A ``stop`` for a job the node runs where the state does not hold it (its instance stays occupied
         until the exit or the stop's confirmation, ``Reports``). One per registration: a redelivered
-        registration is a replay, and a later one that still finds the job sends another."""
-        cmd = stop_command(r.node, job, f"stop:{job}:{r.id}", gpu, iid, now, only_that_run=False)
+        registration is a replay, and a later one that still finds the job sends another. Only that run: by the
+        time the stop arrives the job may run here again, placed anew (a run the executor cannot name, adopted
+        from the driver, is stopped all the same)."""
+        cmd = stop_command(r.node, job, f"stop:{job}:{r.id}", gpu, iid, now, only_that_run=True)
         return Outgoing(self.subjects.cmd(r.node), cmd, d.ctx)
 
     async def on_heartbeat(self, ds: list[Delivery]) -> None:

@@ -1,0 +1,49 @@
+"""A registration that finds a job running where the state does not hold it stops that run only: by the time the
+stop arrives the job may run on the same node again, placed anew, and that run is not the stop's to end."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.executor.service import Executor
+from services.executor.sim_backend import SimBackend
+from services.registry.service import NodeRegistry
+from shared.bus import MemoryBus
+from shared.events import Command, GpuReport, Registered, now
+from shared.mig.geometry import default_geometry
+from shared.settings import RegistrySettings, load
+from shared.state.memory_store import MemoryState
+
+pytestmark = pytest.mark.unit
+
+
+class _Delivery:
+    ctx = None
+
+
+def test_the_stop_for_a_foreign_run_names_the_instance_it_was_found_on() -> None:
+    st = load(RegistrySettings, env={}, metrics_port=0)
+    reg = NodeRegistry(st, MemoryBus(st), MemoryState())
+    r = Registered(id="reg-1", node="n1", at=now(), gpus=(GpuReport(index=0, model="A100-40GB", uuid="GPU-0"),))
+    out = reg.nodes.stop_foreign(r, "j1", "n1/0", "n1/0:1g.5gb@0:j1", now(), _Delivery())  # type: ignore[arg-type]
+    cmd = out.msg
+    assert isinstance(cmd, Command) and cmd.kind == "stop"
+    assert (cmd.job_id, cmd.instance_id, cmd.src_instance_id) == ("j1", "n1/0:1g.5gb@0:j1", "n1/0:1g.5gb@0:j1")
+
+
+async def test_the_executor_leaves_a_newer_run_of_the_job_alone() -> None:
+    from services.executor.service import ExecutorSettings
+
+    st = load(ExecutorSettings, env={}, node="n1", metrics_port=0)
+    ex = Executor(MemoryBus(st), SimBackend(node="n1", models=["A100-40GB"], reconfig_latency_s=0.0), st, "n1")
+    p = default_geometry().model("A100-40GB").profile("1g.5gb")
+    info = await ex.backend.create_instance(0, p.profile_id, 1)
+    from services.executor.backend import WorkloadSpec
+
+    await ex.backend.start_workload("j1", info, WorkloadSpec(duration_s=60.0))
+    ex.book._remember("n1/0:1g.5gb@1:j1", info)  # what a place command that created it records
+    stop = Command(id="s1", cmd_id="s1", kind="stop", node="n1", gpu_id="n1/0", gpu_index=0, job_id="j1",
+                   instance_id="n1/0:1g.5gb@0:j1", src_instance_id="n1/0:1g.5gb@0:j1", at=now())
+    await ex.apply(stop, None)  # type: ignore[arg-type]
+    assert "j1" in ex.backend.running()  # its current run, on 1g@1, goes on
+    await ex.backend.close()
