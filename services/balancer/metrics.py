@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter as Tally
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -61,22 +61,26 @@ FRAG_RATE = Gauge("migsched_fragmentation_rate", "Share of the cluster's free me
                   "cannot use")
 
 
-def priority_class_of(sub: JobSubmit) -> str:
+ClassOf = Callable[[JobSubmit], str]
+"""The priority class a job runs in (with a tenancy file, the tenant's default when the job names none)."""
+
+
+def named_class(sub: JobSubmit) -> str:
     return sub.priority_class or "default"
 
 
-def placed(sub: JobSubmit, now: float) -> None:
+def placed(sub: JobSubmit, now: float, class_of: ClassOf = named_class) -> None:
     """A job was placed (its reservation committed) and its command is on its way."""
     wait = max(0.0, now - sub.submitted_at)
-    child(ADMISSION_WAIT, sub.tenant, priority_class_of(sub)).observe(wait)
+    child(ADMISSION_WAIT, sub.tenant, class_of(sub)).observe(wait)
     child(PLACEMENTS, sub.tenant).inc()
     SUBMIT_TO_COMMAND.observe(wait)
 
 
-def queue(pending: Sequence[JobSubmit], depth: int, now: float) -> None:
+def queue(pending: Sequence[JobSubmit], depth: int, now: float, class_of: ClassOf = named_class) -> None:
     """The pending jobs: per tenant and class, the oldest per tenant, and how many in all."""
     QUEUE_DEPTH.set(depth)
-    counts = Tally((s.tenant, priority_class_of(s)) for s in pending)
+    counts = Tally((s.tenant, class_of(s)) for s in pending)
     oldest: dict[str, float] = {}
     for s in pending:
         oldest[s.tenant] = max(oldest.get(s.tenant, 0.0), now - s.submitted_at)

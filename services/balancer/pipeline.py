@@ -117,7 +117,7 @@ class Pipeline:
         c, dec, booking = d.cand, d.dec, d.booking
         assert booking is not None and not isinstance(dec, CannotPlace)
         self.metrics.outcome["placed"].inc()
-        m.placed(c.submit, now)
+        m.placed(c.submit, now, self.ledger.class_name)
         self.placed += 1
         c.attempt = attempt
         victims = booking.victims

@@ -162,7 +162,7 @@ class Balancer(Service):
         async with self.lock:
             m.cluster(mm.snapshot() for mm in self.mirrors)
             m.tenants(self.ledger.usage(), self.ledger.tenancy.quotas)
-        m.queue(pending, await self.state.pending_count(), time.time())
+        m.queue(pending, await self.state.pending_count(), time.time(), self.ledger.class_name)
 
     async def _pending(self) -> list[JobSubmit]:
         """Every pending job's submit (up to ``_PENDING_SCAN`` per shard): the ones this replica queued from

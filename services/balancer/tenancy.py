@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from shared.errors import MigschedError
 from shared.policy.charges import instance_usage
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob, QueueEntry, order
@@ -59,6 +60,15 @@ class TenantLedger:
         else:
             log.error("tenancy file %s not reloaded (previous configuration kept): %s", self.path, r.error)
         return r
+
+    def class_name(self, sub: Any) -> str:
+        """The class ``sub`` runs in, for metrics: its own, or its tenant's default under a tenancy file."""
+        if not self.active:
+            return str(sub.priority_class or "default")
+        try:
+            return self.job_priority(sub.tenant, sub.priority_class, sub.priority)[0].name
+        except MigschedError:  # an unknown class: the job is rejected; count it under the name it gave
+            return str(sub.priority_class or "default")
 
     def job_priority(self, tenant: str, class_name: str | None, explicit: int) -> tuple[PriorityClass, int]:
         """The job's class and priority; raises UnknownPriorityClassError (a request error)."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prometheus_client import REGISTRY
 
 from services.balancer import metrics as m
+from services.balancer.tenancy import TenantLedger
 from shared.events import JobSubmit
 from shared.mig.geometry import default_geometry
 from shared.mig.tables import tables_for
@@ -92,3 +95,16 @@ def test_a_placement_records_the_wait_per_tenant_and_class() -> None:
                  le="60.0") == 0.0
     assert value("migsched_admission_wait_seconds_bucket", tenant="team-w", priority_class="default",
                  le="300.0") == before + 1
+
+
+def test_a_jobs_class_is_its_tenants_default_under_a_tenancy_file(tmp_path: Path) -> None:
+    f = tmp_path / "tenancy.toml"
+    f.write_text('[priority_classes.inference-low]\nvalue = 100\n\n[priority_classes.training-high]\nvalue = 1000\n\n'
+                 '[tenants.team-a]\npriority_class = "inference-low"\n')
+    ledger = TenantLedger(str(f), reserve_full=0)
+    assert ledger.class_name(submit("1", "team-a", 1.0)) == "inference-low"
+    assert ledger.class_name(submit("2", "team-a", 1.0, "training-high")) == "training-high"
+    assert ledger.class_name(submit("3", "team-a", 1.0, "no-such-class")) == "no-such-class"
+    assert TenantLedger("", reserve_full=0).class_name(submit("4", "team-b", 1.0)) == "default"
+    m.queue([submit("5", "team-a", 1.0)], 1, now=2.0, class_of=ledger.class_name)
+    assert value("migsched_pending_jobs", tenant="team-a", priority_class="inference-low") == 1.0
