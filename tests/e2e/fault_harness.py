@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 from stack_fixture import environ
 
 from migsched.stack import Proc, Stack, StackConfig
@@ -255,7 +256,14 @@ async def converge(stack: Stack, ids: list[str], timeout: float = 60.0, by_messa
 
 
 async def exits_on_stream(bus: JetStreamBus) -> list[JobExit]:
-    sub = await bus.js.pull_subscribe(bus.subjects.jobs_exit, durable=None, stream=bus.subjects.stream_jobs)
+    for attempt in range(5):  # on a NATS cluster just after a server loss, a consumer's creation may time out
+        try:
+            sub = await bus.js.pull_subscribe(bus.subjects.jobs_exit, durable=None, stream=bus.subjects.stream_jobs)
+            break
+        except nats.errors.TimeoutError:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(1.0)
     out: list[JobExit] = []
     dec = msgspec.json.Decoder(JobExit)
     try:
