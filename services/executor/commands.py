@@ -72,9 +72,12 @@ class Commands:
                     if not self._runs_on(job, cmd.src_instance_id):
                         continue  # moved within this node already (make-before-break in the backend)
                     self.runs.retired.add(job)
-                elif cmd.kind == "stop" and cmd.src_instance_id and not self._runs_on(job, cmd.src_instance_id):
+                elif cmd.kind == "stop" and (
+                        (cmd.src_instance_id and not self._runs_on(job, cmd.src_instance_id))
+                        or cmd.src_cmd_id not in (None, self.runs.started_by.get(job, cmd.src_cmd_id))):
                     # a stop of one run (one a place command applied late started): the job runs elsewhere
-                    # here (its current placement) or no more, and that is not this stop's to end
+                    # here, or was started again by a later command (its current placement, maybe on an instance
+                    # of the same id), or no more, and that is not this stop's to end
                     continue
                 await self.backend.stop_workload(job)
             await self._ops(cmd)
@@ -154,6 +157,7 @@ class Commands:
             await self.backend.start_workload(cmd.job_id, target, spec)
         self.runs.ctx[cmd.job_id] = ctx
         self.runs.instance[cmd.job_id] = (cmd.instance_id, target.gpu_index)
+        self.runs.started_by[cmd.job_id] = cmd.cmd_id
         if cmd.job_id not in self.runs.started or cmd.kind == "place":
             self.runs.started[cmd.job_id] = (time.monotonic(), cmd.duration_s)
         # a plain binding is no MIG instance to report (the registry knows its instance ids already)

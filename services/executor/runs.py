@@ -18,6 +18,8 @@ class Runs:
     """Job -> set once its place's ``cmd_done`` is out: an exit never overtakes its start report."""
     instance: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Job -> (instance id, GPU index) it runs on: its exit names it, so a late exit is recognised as stale."""
+    started_by: dict[str, str] = field(default_factory=dict)
+    """Job -> the id of the command that started its run here (a stop of another command's run leaves it)."""
     retired: set[str] = field(default_factory=set)
     """Jobs whose local copy was stopped by ``migrate_stop`` or a preemption: that stop is not an exit."""
 
@@ -25,3 +27,4 @@ class Runs:
         self.ctx.pop(job_id, None)
         self.started.pop(job_id, None)
         self.instance.pop(job_id, None)
+        self.started_by.pop(job_id, None)

@@ -13,10 +13,12 @@ def place_attempt(cmd_id: str, job_id: str) -> int | None:
 
 
 def stop_command(
-    node: str, job: str | None, cid: str, gpu: str | None, iid: str | None, now: float, *, only_that_run: bool
+    node: str, job: str | None, cid: str, gpu: str | None, iid: str | None, now: float, *, only_that_run: bool,
+    started_by: str | None = None,
 ) -> Command:
     """A ``stop`` of ``job`` on ``node`` for a run the state did not expect there; ``only_that_run``: the
-    executor ends the job only where it runs on ``iid`` (``src_instance_id``), not a current run elsewhere."""
+    executor ends the job only where it runs on ``iid`` (``src_instance_id``), not a current run elsewhere;
+    ``started_by``: only the run that command started (``src_cmd_id``)."""
     tail = gpu.rsplit("/", 1)[-1] if gpu else ""
     cid = cid[:200]
     return Command(
@@ -28,6 +30,7 @@ def stop_command(
         gpu_index=int(tail) if tail.isdigit() else None,
         instance_id=iid,
         src_instance_id=iid if only_that_run else None,
+        src_cmd_id=started_by,
         job_id=job,
         at=now,
     )

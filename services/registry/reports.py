@@ -238,7 +238,8 @@ class Reports:
             "node %s started %s for %s, which the state no longer expects; stopping that run", r.node, r.job_id,
             r.cmd_id,
         )
-        cmd = stop_command(r.node, r.job_id, f"stop:{r.job_id}:{r.cmd_id}", gpu, iid, now, only_that_run=True)
+        cmd = stop_command(r.node, r.job_id, f"stop:{r.job_id}:{r.cmd_id}", gpu, iid, now, only_that_run=True,
+                           started_by=r.cmd_id)
         return Outgoing(self.subjects.cmd(r.node), cmd, d.ctx)
 
     def _stop_target(self, d: Delivery, r: JobExited, stop: tuple[str, str, str], now: float) -> Outgoing:

@@ -56,3 +56,6 @@ class Command(Message, frozen=True, kw_only=True):
     """The job's submit time, carried for submit -> command latency measurement."""
     plain: Annotated[tuple[PlainSlot, ...], msgspec.Meta(max_length=64)] = ()
     """``place`` on non-MIG GPUs: every GPU (or the one share) the workload is bound to."""
+    src_cmd_id: MsgId | None = None
+    """``stop`` of the run one command started (a ``place`` applied late): a run of the job that a later command
+    started, even on an instance of the same id, is left alone."""

@@ -80,9 +80,8 @@ async def test_losing_a_redis_cluster_primary_fails_over_and_loses_no_job(cluste
 
     out, ids, pause = await through_fault(stack, "clu", fault)
     assert await primary_of_shard(stack, 0) != name, "shard 0 did not move to the promoted replica"
-    # Every job ends once, none runs twice, no slice is double-booked. A few may end cancelled: placements whose
-    # results the failover held back time out, their commands then run late, and the stop of such a late run,
-    # which names its instance, can end a newer placement of the job that reused that very instance.
-    assert_accounted(out, ids, all_finished=False)
-    assert out.states["finished"] >= len(ids) - 5, dict(out.states)
+    # Every job finishes once, none runs twice, no slice is double-booked. Placements whose results the failover
+    # held back time out and their commands run late; the stop of such a late run names the command that started
+    # it, so a newer placement of the job on an instance of the same id runs on.
+    assert_accounted(out, ids)
     print(f"\nRedis Cluster primary {name} killed; longest pause between placements {pause:.2f} s")

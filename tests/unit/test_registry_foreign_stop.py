@@ -47,3 +47,27 @@ async def test_the_executor_leaves_a_newer_run_of_the_job_alone() -> None:
     await ex.apply(stop, None)  # type: ignore[arg-type]
     assert "j1" in ex.backend.running()  # its current run, on 1g@1, goes on
     await ex.backend.close()
+
+
+async def test_a_stop_of_a_late_commands_run_leaves_a_later_placement_on_an_instance_of_the_same_id() -> None:
+    from services.executor.backend import WorkloadSpec
+    from services.executor.service import ExecutorSettings
+
+    st = load(ExecutorSettings, env={}, node="n1", metrics_port=0)
+    ex = Executor(MemoryBus(st), SimBackend(node="n1", models=["A100-40GB"], reconfig_latency_s=0.0), st, "n1")
+    p = default_geometry().model("A100-40GB").profile("1g.5gb")
+    info = await ex.backend.create_instance(0, p.profile_id, 2)
+    await ex.backend.start_workload("j1", info, WorkloadSpec(duration_s=60.0))
+    iid = "n1/0:1g.5gb@2:j1"  # the late run's instance, reused by the job's newest placement
+    ex.book._remember(iid, info)
+    ex.runs.started_by["j1"] = "place:j1:4"  # the newest placement started the run
+
+    def stop(of: str) -> Command:
+        return Command(id=f"stop:j1:{of}", cmd_id=f"stop:j1:{of}", kind="stop", node="n1", gpu_id="n1/0",
+                       gpu_index=0, job_id="j1", instance_id=iid, src_instance_id=iid, src_cmd_id=of, at=now())
+
+    await ex.apply(stop("place:j1:1"), None)  # type: ignore[arg-type]
+    assert "j1" in ex.backend.running()
+    await ex.apply(stop("place:j1:4"), None)  # type: ignore[arg-type]
+    assert "j1" not in ex.backend.running()
+    await ex.backend.close()
