@@ -44,7 +44,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
 def fragmentation(view: ClusterView, geometry: Geometry) -> float:
     """The cluster's fragmentation rate (share of free memory slices the uniform demand mix cannot use)."""
-    gpus = [_as_view(g) for g in view.gpus if g.model in {m.name for m in geometry.models}]
+    known = {m.name for m in geometry.models}
+    gpus = [_as_view(g) for g in view.gpus if g.model in known]
     return frag_rate(snapshot_of(geometry, gpus), UNIFORM_SHAPES) if gpus else 0.0
 
 
@@ -58,10 +59,11 @@ def page_data(view: ClusterView, geometry: Geometry, threshold: float, history: 
               decisions: Sequence[Decision]) -> dict[str, Any]:
     """What the page draws: plain JSON, every number the page shows computed here."""
     held = {gid: h.job_id for h in view.holds for gid in h.gpus}
+    models = {m.name: m for m in geometry.models}
     total = view.total_slices
     gpus = []
     for g in view.gpus:
-        model = geometry.model(g.model) if g.model in {m.name for m in geometry.models} else None
+        model = models.get(g.model)
         gpus.append({
             "id": g.id, "node": g.node, "model": g.model, "healthy": g.healthy,
             "slices": model.memory_slices if model else 8,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from shared.errors import MigschedError
 from shared.localservers import LocalServer, free_port, resolve
+from shared.settings import Settings, load
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEDULERS = ("balancer", "registry", "migration_planner")
@@ -199,20 +200,18 @@ class Stack:
             )
             raise StackError(f"stack process(es) died: {details}")
 
+    def client_settings(self) -> Settings:
+        """What a client of this stack needs: its servers, its namespace, and its shards (where the services put
+        the nodes and jobs)."""
+        return load(Settings, env={}, nats_url=self.nats_url, redis_url=self.redis_url,
+                    namespace=self.config.namespace, shards=int(self.config.env.get("MIGSCHED_SHARDS", "1")))
+
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until the balancer consumes ``jobs.submit`` and every executor's GPUs are registered."""
         from shared.bus import JetStreamBus
-        from shared.settings import Settings, load
         from shared.state import RedisState
 
-        st = load(
-            Settings,
-            env={},
-            nats_url=self.nats_url,
-            redis_url=self.redis_url,
-            namespace=self.config.namespace,
-            shards=int(self.config.env.get("MIGSCHED_SHARDS", "1")),  # where the services put the nodes
-        )
+        st = self.client_settings()
         bus = await JetStreamBus.connect(st, name="migsched-up")
         state = RedisState.from_settings(st)
         deadline = time.monotonic() + timeout

@@ -36,7 +36,11 @@ def write_schemas(directory: Path) -> list[Path]:
 def command(message: str | None, list_only: bool, directory: Path | None) -> None:
     """Print the JSON Schema (draft 2020-12) of MESSAGE (e.g. JobSubmit), or of all messages keyed by name."""
     if directory is not None:
-        for path in write_schemas(directory):
+        try:
+            paths = write_schemas(directory)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write the schemas into {directory}: {exc.strerror or exc}") from None
+        for path in paths:
             click.echo(str(path))
         return
     schemas = json_schemas()

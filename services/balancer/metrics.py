@@ -5,8 +5,8 @@ Named after the anchors operators know: Kueue's ``pending_workloads{cluster_queu
 ``admission_wait_time_seconds`` are ``migsched_pending_jobs{tenant,priority_class}`` and
 ``migsched_admission_wait_seconds``; KAI-Scheduler's ``queue_allocated_gpus`` and ``queue_fair_share_gpu`` are
 ``migsched_tenant_allocated{tenant,resource}`` and ``migsched_tenant_quota{tenant,resource,kind}``. The gauges
-are set at each full refresh of the mirror (``MIGSCHED_MIRROR_REFRESH_S``); counters and histograms as things
-happen. Every balancer replica exports the gauges (they agree): aggregate them with ``max``.
+are set at start and then every ``MIGSCHED_MIRROR_REFRESH_S``; counters and histograms as things happen. Every
+balancer replica exports the gauges (they agree): aggregate them with ``max``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.common.metric_cache import child
 from shared.events import JobSubmit
 from shared.mig.tables import popcount_table, tables_for
-from shared.policy.fragcost import UNIFORM_SHAPES, frag_by_gpu
+from shared.policy.fragcost import UNIFORM_SHAPES, frag_by_gpu, rate_of
 from shared.policy.quota import QuotaPolicy, Usage
 from shared.policy.snapshot import ClusterSnapshot
 
@@ -126,17 +126,20 @@ def cluster(snaps: Iterable[ClusterSnapshot]) -> None:
             node_free[g.node] = node_free.get(g.node, 0.0) + float(free[i])
     _replace(GPU_SLICES, slices)
     _replace(GPU_FRAGCOST, cost)
-    _replace(NODE_FRAG, {(n,): _rate(node_unusable[n], f) for n, f in node_free.items()})
-    FRAG_RATE.set(_rate(sum(node_unusable.values()), sum(node_free.values())))
+    _replace(NODE_FRAG, {(n,): rate_of(node_unusable[n], f) for n, f in node_free.items()})
+    FRAG_RATE.set(rate_of(sum(node_unusable.values()), sum(node_free.values())))
 
 
-def _rate(unusable: float, free: float) -> float:
-    return 0.0 if free <= 0 else min(1.0, max(0.0, unusable / free))
+_SHOWN: dict[Gauge, set[tuple[str, ...]]] = {}
+"""The label sets each gauge was last given."""
 
 
 def _replace(gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
     """Set the gauge to exactly these series: one that is gone (a tenant with nothing pending, a removed GPU)
-    is dropped rather than left at its last value."""
-    gauge.clear()
+    is dropped rather than left at its last value. The others are overwritten in place, so that a scrape in
+    between never sees them missing."""
     for labels, v in values.items():
         gauge.labels(*labels).set(v)
+    for labels in _SHOWN.get(gauge, set()) - values.keys():
+        gauge.remove(*labels)
+    _SHOWN[gauge] = set(values)

@@ -101,7 +101,7 @@ class Pipeline:
             self._placed(d, int(res.detail or 0), now, r)
             return
         if wait is not None and res.status != "known":  # it goes on waiting (retried, or queued again)
-            self.waiting.waits[c.submit.job_id] = wait
+            self.waiting.waits_on(c.submit.job_id, wait)
         r.reload.update(placed_on(dec))  # also re-derives the quota charges of those GPUs' jobs
         if booking.booked:
             self.ledger.uncharge(c.submit.job_id)

@@ -130,6 +130,8 @@ class Balancer(Service):
         st = self.settings
         return [
             ("mirror-refresh", st.mirror_refresh_s, self.refresh),
+            # not on every reload: a lost exit reloads the mirror at once, and the gauges read the whole queue
+            ("gauges", st.mirror_refresh_s, self.export_gauges),
             ("backfill", 0.02, self.backfiller.tick),
             ("backfill-sweep", 1.0, self._sweep),
             ("refresh-on-demand", 0.2, self._refresh_if_wanted),
@@ -148,12 +150,12 @@ class Balancer(Service):
 
     async def prepare(self) -> None:
         await self.refresh()
+        await self.export_gauges()
 
     async def refresh(self) -> None:
-        """Reload every shard's mirror from Redis (and publish the queue depth)."""
+        """Reload every shard's mirror from Redis."""
         async with self.lock:
             await self.shards.load(self.state)
-        await self.export_gauges()
         self.waiting.request(queue_grew=True)
 
     async def export_gauges(self) -> None:

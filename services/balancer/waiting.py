@@ -79,6 +79,10 @@ class Waiting:
         self.specs.pop(job_id, None)
         return self.waits.pop(job_id, None)
 
+    def waits_on(self, job_id: str, wait: Wait) -> None:
+        """``job_id``, which seemed to leave, waits on (its reservation lost a race): its wait goes on."""
+        self.waits[job_id] = wait
+
     def take_request(self) -> bool:
         """True once per requested pass, unless the queue is known to be empty."""
         if self.wanted.is_set() and self.maybe_nonempty:

@@ -65,26 +65,20 @@ class Probes:
         return app
 
 
-def consumers_readiness(started: Callable[[], bool], consumers: Callable[[], Iterable[Any]],
-                        tasks: Callable[[], Iterable[asyncio.Task[Any]]],
-                        stopping: Callable[[], bool]) -> Callable[[], str | None]:
-    """Readiness of a process that runs consumers and tasks: why it is not ready, or None."""
-
-    def readiness() -> str | None:
-        if not started():
-            return "starting"
-        cs = list(consumers())
-        if stopping():
-            return "stopping"
-        ended = [t.get_name() for t in list(tasks()) if t.done()]
-        if ended:
-            return f"task(s) ended: {', '.join(ended)}"
-        waiting = [c.durable for c in cs if getattr(c, "pause_s", 0.0) > 0]
-        if waiting:
-            return f"waiting out an outage of Redis or the bus: {', '.join(waiting)}"
-        return None
-
-    return readiness
+def consumers_readiness(started: bool, consumers: Iterable[Any], tasks: Iterable[asyncio.Task[Any]],
+                        stopping: bool) -> str | None:
+    """Why a process that runs consumers and tasks is not ready, or None."""
+    if not started:
+        return "starting"
+    if stopping:
+        return "stopping"
+    ended = [t.get_name() for t in list(tasks) if t.done()]
+    if ended:
+        return f"task(s) ended: {', '.join(ended)}"
+    waiting = [c.durable for c in list(consumers) if c.pause_s > 0]
+    if waiting:
+        return f"waiting out an outage of Redis or the bus: {', '.join(waiting)}"
+    return None
 
 
 class _Server(ThreadingMixIn, WSGIServer):

@@ -110,8 +110,7 @@ class Service:
 
     def readiness(self) -> str | None:
         """Why this service is not ready (``/readyz``), or None."""
-        return health.consumers_readiness(lambda: self._started, lambda: self._consumers, lambda: self._tasks,
-                                          self._stopping.is_set)()
+        return health.consumers_readiness(self._started, self._consumers, self._tasks, self._stopping.is_set())
 
     async def _every(self, name: str, every: float, fn: Callable[[], Awaitable[None]]) -> None:
         while not self._stopping.is_set():

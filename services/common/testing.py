@@ -306,3 +306,28 @@ async def private_state(prefix: str, nats_url: str, redis_url: str, **settings: 
     finally:
         await state.wipe()
         await state.close()
+
+
+@contextlib.asynccontextmanager
+async def with_sim_executor(prefix: str, nats_url: str, redis_url: str, node: str, gpus: str = "A100-40GB:1",
+                            planner: bool = False) -> AsyncIterator[Any]:
+    """The scheduling services in this process (``Stack``) and one real executor of ``node`` on simulated
+    ``gpus``, in the namespace ``prefix`` (its streams and keys removed afterwards); yields the ``Executor``."""
+    from services.executor.service import Executor, ExecutorSettings, build_backend
+
+    async with Namespace(make_settings(prefix, nats_url, redis_url)):
+        services = Stack(prefix, nats_url, redis_url, planner=planner)
+        await services.start()
+        st = load(ExecutorSettings, env={}, nats_url=nats_url, redis_url=redis_url, namespace=prefix,
+                  stream_storage="memory", node=node, executor_gpus=gpus, metrics_port=0,
+                  executor_reconfig_latency_s=0.001, heartbeat_s=0.5)
+        bus = await JetStreamBus.connect(st)
+        executor = Executor(bus, build_backend(st, node), st, node)
+        await executor.start()
+        try:
+            yield executor
+        finally:
+            await executor.stop()
+            await executor.backend.close()
+            await bus.close()
+            await services.stop()

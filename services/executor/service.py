@@ -133,8 +133,7 @@ class Executor:
     def readiness(self) -> str | None:
         """Why this node's executor is not ready (``/readyz``), or None."""
         consumers = [self._consumer] if self._consumer is not None else []
-        return health.consumers_readiness(lambda: bool(consumers), lambda: consumers, lambda: self._tasks,
-                                          lambda: self.exits.stopping)()
+        return health.consumers_readiness(bool(consumers), consumers, self._tasks, self.exits.stopping)
 
     async def stop(self) -> None:
         self.exits.stopping = True

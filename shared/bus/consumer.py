@@ -45,6 +45,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 
 from shared import telemetry
+from shared.bus.dead_letters import DEAD_LETTERS, reason_class
 from shared.bus.errors import SubscriptionClosed
 from shared.events import DecodeError, Subjects, decode
 from shared.settings import Settings
@@ -64,22 +65,6 @@ MESSAGES = Counter(
     "migsched_consumer_messages_total", "Messages a consumer settled, by outcome (ack, retry, dead, unacked).",
     ["consumer", "outcome"],
 )
-DEAD_LETTERS = Counter(
-    "migsched_dead_letters_total", "Messages a consumer dead-lettered, by reason (see ``reason_class``).",
-    ["consumer", "reason"],
-)
-_REASONS = (("undecodable", "undecodable"), ("malformed JSON", "malformed"), ("exceeds", "too_large"),
-            ("deliveries", "max_deliveries"), ("in a message on", "wrong_node"), ("unknown profile", "invalid"),
-            ("invalid", "invalid"))
-
-
-def reason_class(reason: str) -> str:
-    """A dead letter's reason as a label from a closed set: malformed, too_large, invalid, wrong_node,
-    undecodable (a decoder fault), max_deliveries (redelivered until the limit) or handler (the handler
-    refused it)."""
-    return next((label for word, label in _REASONS if word in reason), "handler")
-
-
 class Inbound(Protocol):
     """One message as a transport delivers it."""
 

@@ -136,25 +136,29 @@ def frag_rate_columns(
 ) -> float:
     """``frag_rate`` from the columns it reads (model index per GPU into ``model_list``, busy mask, usable),
     for a caller that keeps them itself (the simulator samples it without building a snapshot)."""
-    key = weights_key(weights) or weights_key(UNIFORM_SHAPES)
-    table = _stacked(model_list, key)
-    idx = (np.asarray(model_idx, dtype=np.intp) << 8) | np.asarray(busy)
-    unusable, free = table[idx[ok]].sum(axis=0)
-    if free <= 0:
-        return 0.0
-    return min(1.0, max(0.0, float(unusable / free)))
+    unusable, free = _per_gpu(model_list, model_idx, busy, weights)[ok].sum(axis=0)
+    return rate_of(float(unusable), float(free))
+
+
+def rate_of(unusable: float, free: float) -> float:
+    """The fragmentation rate of GPUs with these unusable and free memory slices in all (0 when none is free)."""
+    return 0.0 if free <= 0 else min(1.0, max(0.0, unusable / free))
+
+
+def _per_gpu(model_list: tuple[GpuModel, ...], model_idx: npt.NDArray[np.generic],
+             busy: npt.NDArray[np.generic], weights: Mapping[str, float]) -> npt.NDArray[np.float64]:
+    """Per GPU: (unusable free slices under the mix, free slices), one gather."""
+    table = _stacked(model_list, weights_key(weights) or weights_key(UNIFORM_SHAPES))
+    return table[(np.asarray(model_idx, dtype=np.intp) << 8) | np.asarray(busy)]
 
 
 def frag_by_gpu(snap: ClusterSnapshot, weights: Mapping[str, float]) -> tuple[
     npt.NDArray[np.float64], npt.NDArray[np.float64]
 ]:
     """Per GPU of ``snap``: the free memory slices the demand mix cannot use, and the free memory slices (both
-    0 on a GPU that is unhealthy or not in MIG mode); summed over any set of GPUs they give its rate."""
-    key = weights_key(weights) or weights_key(UNIFORM_SHAPES)
-    table = _stacked(snap.model_list, key)
-    idx = (np.asarray(snap.model_idx, dtype=np.intp) << 8) | np.asarray(snap.busy)
+    0 on a GPU that is unhealthy or not in MIG mode); summed over any set of GPUs, ``rate_of`` gives its rate."""
     ok = np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool)
-    out = np.where(ok[:, None], table[idx], 0.0)
+    out = np.where(ok[:, None], _per_gpu(snap.model_list, snap.model_idx, snap.busy, weights), 0.0)
     return out[:, 0].astype(np.float64), out[:, 1].astype(np.float64)
 
 

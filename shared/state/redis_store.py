@@ -74,8 +74,8 @@ class RedisState(DerivedReads):
     @classmethod
     def from_settings(cls, settings: Any) -> RedisState:
         client = redis_client(settings.redis_url, decode_responses=False)
-        return cls(client, settings.namespace, settings.shards, getattr(settings, "redis_wait_replicas", 0),
-                   getattr(settings, "redis_wait_timeout_s", 1.0))
+        return cls(client, settings.namespace, settings.shards, settings.redis_wait_replicas,
+                   settings.redis_wait_timeout_s)
 
     async def close(self) -> None:
         await self.roundtrips.close()

@@ -12,8 +12,9 @@ import itertools
 import random
 import signal
 import time
+import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from shared.bus import JetStreamBus, Outgoing
 from shared.events import Demand, JobExit, JobSubmit, now
 from shared.localservers import LocalServer, free_port, start_nats, start_redis
 from shared.mig.geometry import default_geometry
-from shared.settings import Settings, load
+from shared.settings import Settings
 from shared.state import TERMINAL_STATES, RedisState, Violation, audit
 
 GEO = default_geometry()
@@ -94,11 +95,23 @@ def make_stack(servers: Servers, namespace: str, run_dir: Path, env: dict[str, s
     return stack
 
 
+@contextlib.contextmanager
+def stack_on_redis(redis_url: str, tmp: Any, tag: str, **make: Any) -> Iterator[Stack]:
+    """The stack as processes on a private NATS and the Redis at ``redis_url`` (a Sentinel or Cluster rig), ready;
+    ``make``: ``make_stack``'s options."""
+    nats = start_nats(free_port(), tmp.mktemp("nats"))
+    st = make_stack(Servers(nats=nats, redis=LocalServer(url=redis_url)), tag[0] + uuid.uuid4().hex[:8],
+                    tmp.mktemp(f"{tag}-run"), **make)
+    try:
+        asyncio.run(st.wait_ready(60))
+        yield st
+    finally:
+        st.stop(servers=False)
+        nats.stop()
+
+
 def settings_of(stack: Stack) -> Settings:
-    return load(
-        Settings, env={}, nats_url=stack.nats_url, redis_url=stack.redis_url, namespace=stack.config.namespace,
-        shards=int(stack.config.env.get("MIGSCHED_SHARDS", "1")),
-    )
+    return stack.client_settings()
 
 
 def proc(stack: Stack, name: str) -> Proc:

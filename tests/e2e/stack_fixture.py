@@ -13,7 +13,7 @@ import msgspec
 from migsched.stack import Stack, StackConfig
 from shared.bus import JetStreamBus
 from shared.events import JobExit
-from shared.settings import Settings, load
+from shared.settings import Settings
 from shared.state import RedisState
 
 
@@ -79,9 +79,7 @@ def environ(values: dict[str, str]) -> Iterator[None]:
 
 
 def settings_of(stack: Stack) -> Settings:
-    return load(
-        Settings, env={}, nats_url=stack.nats_url, redis_url=stack.redis_url, namespace=stack.config.namespace
-    )
+    return stack.client_settings()
 
 
 async def forget(stack: Stack) -> None:

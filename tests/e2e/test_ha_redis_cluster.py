@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from fault_harness import Load, Servers, assert_accounted, make_stack, settings_of, through_fault
+from fault_harness import Load, assert_accounted, settings_of, stack_on_redis, through_fault
 from redis.crc import key_slot
 
 from migsched.stack import Stack
 from shared.localcluster import RedisCluster, start_redis_cluster
-from shared.localservers import LocalServer, free_port, start_nats
 from shared.state import RedisState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(180)]
@@ -40,17 +38,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
 
 @pytest.fixture(scope="module")
 def stack(cluster: RedisCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    nats = start_nats(free_port(), tmp_path_factory.mktemp("nats"))
-    servers = Servers(nats=nats, redis=LocalServer(url=cluster.url))
-    st = make_stack(servers, "c" + uuid.uuid4().hex[:8], tmp_path_factory.mktemp("cluster-run"),
-                    env={"MIGSCHED_REDIS_WAIT_REPLICAS": "1", "MIGSCHED_SHARDS": str(SHARDS)},
-                    nodes=NODES, gpus="A100-40GB:3", nodes_per_executor=3)
-    try:
-        asyncio.run(st.wait_ready(60))
+    env = {"MIGSCHED_REDIS_WAIT_REPLICAS": "1", "MIGSCHED_SHARDS": str(SHARDS)}
+    with stack_on_redis(cluster.url, tmp_path_factory, "cluster", env=env, nodes=NODES, gpus="A100-40GB:3",
+                        nodes_per_executor=3) as st:
         yield st
-    finally:
-        st.stop(servers=False)
-        nats.stop()
 
 
 async def primary_of_shard(stack: Stack, shard: int) -> str:

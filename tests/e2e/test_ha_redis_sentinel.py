@@ -13,15 +13,13 @@ printed (`-s`), never asserted.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from fault_harness import Load, Servers, assert_accounted, make_stack, through_fault
+from fault_harness import Load, assert_accounted, stack_on_redis, through_fault
 
 from migsched.stack import Stack
 from shared.localcluster import RedisSentinel, start_redis_sentinel
-from shared.localservers import LocalServer, free_port, start_nats
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
 
@@ -36,17 +34,9 @@ def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSentinel
 
 @pytest.fixture(scope="module")
 def stack(sentinel: RedisSentinel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    nats = start_nats(free_port(), tmp_path_factory.mktemp("nats"))
-    servers = Servers(nats=nats, redis=LocalServer(url=sentinel.url))
     # as in production: a transition is acted on only once a replica holds it, so the failover loses none
-    st = make_stack(servers, "r" + uuid.uuid4().hex[:8], tmp_path_factory.mktemp("sentinel-run"),
-                    env={"MIGSCHED_REDIS_WAIT_REPLICAS": "1"})
-    try:
-        asyncio.run(st.wait_ready(60))
+    with stack_on_redis(sentinel.url, tmp_path_factory, "sentinel", env={"MIGSCHED_REDIS_WAIT_REPLICAS": "1"}) as st:
         yield st
-    finally:
-        st.stop(servers=False)
-        nats.stop()
 
 
 async def test_losing_the_redis_primary_fails_over_and_loses_no_job(sentinel: RedisSentinel, stack: Stack) -> None:

@@ -72,7 +72,7 @@ async def _run(stack: Stack) -> None:
             if all(j is not None and j.state == "running" for j in jobs):
                 break
             await asyncio.sleep(0.1)
-        await asyncio.sleep(1.5)  # a mirror refresh (0.5 s here) sets the gauges
+        await asyncio.sleep(1.5)  # the gauges are set every 0.5 s here (MIGSCHED_MIRROR_REFRESH_S)
     finally:
         await state.close()
         await bus.close()

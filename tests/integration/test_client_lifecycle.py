@@ -9,11 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.common.testing import Namespace, Stack, make_settings
-from services.executor.service import Executor, ExecutorSettings, build_backend
-from shared.bus import JetStreamBus
+from services.common.testing import with_sim_executor
+from services.executor.service import Executor
 from shared.client import ClientError, MigschedClient, WaitTimeout
-from shared.settings import load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NODE = "client-node"
@@ -21,31 +19,8 @@ NODE = "client-node"
 
 @pytest.fixture
 async def cluster(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Executor]:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)):
-        services = Stack(prefix, nats_url, redis_url)
-        await services.start()
-        st = load(
-            ExecutorSettings,
-            env={},
-            nats_url=nats_url,
-            namespace=prefix,
-            stream_storage="memory",
-            node=NODE,
-            executor_gpus="A100-40GB:1",
-            metrics_port=0,
-            executor_reconfig_latency_s=0.001,
-            heartbeat_s=0.5,
-        )
-        bus = await JetStreamBus.connect(st)
-        executor = Executor(bus, build_backend(st, NODE), st, NODE)
-        await executor.start()
-        try:
-            yield executor
-        finally:
-            await executor.stop()
-            await executor.backend.close()
-            await bus.close()
-            await services.stop()
+    async with with_sim_executor(prefix, nats_url, redis_url, NODE) as executor:
+        yield executor
 
 
 async def test_a_submitted_job_runs_and_wait_returns_when_it_finishes(

@@ -11,12 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.common.testing import Namespace, Stack, make_settings
-from services.executor.service import Executor, ExecutorSettings, build_backend
-from shared.bus import JetStreamBus
+from services.common.testing import with_sim_executor
+from services.executor.service import Executor
 from shared.client import MigschedClient
 from shared.mig.geometry import default_geometry
-from shared.settings import load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NODE = "drift-node"
@@ -24,22 +22,8 @@ NODE = "drift-node"
 
 @pytest.fixture
 async def executor(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Executor]:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)):
-        services = Stack(prefix, nats_url, redis_url)
-        await services.start()
-        st = load(ExecutorSettings, env={}, nats_url=nats_url, redis_url=redis_url, namespace=prefix,
-                  stream_storage="memory", node=NODE, executor_gpus="A100-40GB:1", metrics_port=0,
-                  executor_reconfig_latency_s=0.001, heartbeat_s=0.5)
-        bus = await JetStreamBus.connect(st)
-        ex = Executor(bus, build_backend(st, NODE), st, NODE)
-        await ex.start()
-        try:
-            yield ex
-        finally:
-            await ex.stop()
-            await ex.backend.close()
-            await bus.close()
-            await services.stop()
+    async with with_sim_executor(prefix, nats_url, redis_url, NODE) as ex:
+        yield ex
 
 
 async def test_a_job_refused_for_an_instance_the_state_did_not_know_still_runs(

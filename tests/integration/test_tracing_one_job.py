@@ -14,11 +14,10 @@ from collections.abc import AsyncIterator
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.common.testing import Namespace, Stack, make_settings
-from services.executor.service import Executor, ExecutorSettings, build_backend
+from services.common.testing import with_sim_executor
+from services.executor.service import Executor
 from shared import telemetry
 from shared.client import MigschedClient
-from shared.settings import load
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NODE = "trace-node"
@@ -32,35 +31,9 @@ def spans() -> InMemorySpanExporter:
 
 
 @pytest.fixture
-async def stack(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[tuple[Stack, Executor]]:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)):
-        services = Stack(prefix, nats_url, redis_url, planner=True)
-        await services.start()
-        st = load(
-            ExecutorSettings,
-            env={},
-            nats_url=nats_url,
-            redis_url=redis_url,
-            namespace=prefix,
-            stream_storage="memory",
-            node=NODE,
-            executor_gpus="A100-40GB:2",
-            metrics_port=0,
-            executor_reconfig_latency_s=0.001,
-            heartbeat_s=0.5,
-        )
-        from shared.bus import JetStreamBus
-
-        bus = await JetStreamBus.connect(st)
-        executor = Executor(bus, build_backend(st, NODE), st, NODE)
-        await executor.start()
-        try:
-            yield services, executor
-        finally:
-            await executor.stop()
-            await executor.backend.close()
-            await bus.close()
-            await services.stop()
+async def stack(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Executor]:
+    async with with_sim_executor(prefix, nats_url, redis_url, NODE, "A100-40GB:2", planner=True) as executor:
+        yield executor
 
 
 async def _wait_for(pred: object, timeout: float = 15.0) -> None:
@@ -72,9 +45,9 @@ async def _wait_for(pred: object, timeout: float = 15.0) -> None:
 
 
 async def test_one_job_is_one_trace_across_every_service(
-    spans: InMemorySpanExporter, stack: tuple[Stack, Executor], prefix: str, nats_url: str, redis_url: str
+    spans: InMemorySpanExporter, stack: Executor, prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    _, executor = stack
+    executor = stack
     await _wait_for(lambda: executor.book.models)  # registered
     async with MigschedClient(nats_url, namespace=prefix, redis_url=redis_url) as client:
         await _wait_for(lambda: True)
@@ -138,9 +111,9 @@ async def test_one_job_is_one_trace_across_every_service(
 
 
 async def test_a_jobs_wait_in_the_queue_is_a_span_of_its_trace_with_the_reason(
-    spans: InMemorySpanExporter, stack: tuple[Stack, Executor], prefix: str, nats_url: str, redis_url: str
+    spans: InMemorySpanExporter, stack: Executor, prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    _, executor = stack
+    executor = stack
     await _wait_for(lambda: executor.book.models)
     async with MigschedClient(nats_url, namespace=prefix, redis_url=redis_url) as client:
         first = [await client.submit(profile="7g.40gb", duration_s=1.0) for _ in range(2)]  # both GPUs

@@ -109,3 +109,9 @@ def test_schema_write_puts_one_file_per_message_as_the_repository_keeps_them(tmp
     repo = Path(__file__).resolve().parents[2] / "schemas"
     for path in (tmp_path / "out").glob("*.json"):
         assert path.read_text() == (repo / path.name).read_text(), path.name
+
+
+def test_schema_write_into_a_path_that_is_a_file_says_so_and_exits_non_zero(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("x")
+    code, out = run("schema", "--write", str(tmp_path / "taken" / "sub"))
+    assert code == 1 and "cannot write the schemas into" in out

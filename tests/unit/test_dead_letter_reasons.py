@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from shared.bus.consumer import reason_class
+from shared.bus.dead_letters import reason_class
 from shared.events import DecodeError, decode
 
 pytestmark = pytest.mark.unit

@@ -67,7 +67,9 @@ async def test_a_service_is_ready_only_while_its_tasks_run_and_no_consumer_waits
     task = asyncio.create_task(asyncio.sleep(3600), name="balancer:backfill")
     tasks = [task]
     stopping = False
-    ready = consumers_readiness(lambda: True, lambda: consumers, lambda: tasks, lambda: stopping)
+    def ready() -> str | None:
+        return consumers_readiness(True, consumers, tasks, stopping)
+
     assert ready() is None
     consumers[1].pause_s = 0.5
     assert ready() == "waiting out an outage of Redis or the bus: balancer-cancel"
@@ -77,5 +79,5 @@ async def test_a_service_is_ready_only_while_its_tasks_run_and_no_consumer_waits
     assert ready() == "task(s) ended: balancer:backfill"
     stopping = True
     assert ready() == "stopping"
-    assert consumers_readiness(lambda: False, lambda: [], lambda: [], lambda: False)() == "starting"
-    assert consumers_readiness(lambda: True, lambda: [], lambda: [], lambda: False)() is None  # none to run
+    assert consumers_readiness(False, [], [], False) == "starting"
+    assert consumers_readiness(True, [], [], False) is None  # none to run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 from shared.state.client import HiredisSentinelConnection, RedisUrlError, redis_client, sentinel_parts
 
@@ -43,3 +44,20 @@ async def test_a_plain_url_gives_a_client_of_that_redis() -> None:
         assert client.connection_pool.connection_kwargs["db"] == 4
     finally:
         await client.aclose()
+
+
+async def test_a_cluster_url_gives_a_cluster_client_seeded_with_every_node_and_the_credentials() -> None:
+    c = redis_client("redis+cluster://u:p%40ss@10.0.0.1:7000,10.0.0.2:7001")
+    try:
+        assert isinstance(c, RedisCluster)
+        assert [(n.host, n.port) for n in c.nodes_manager.startup_nodes.values()] == [("10.0.0.1", 7000),
+                                                                                        ("10.0.0.2", 7001)]
+        assert (c.connection_kwargs["username"], c.connection_kwargs["password"]) == ("u", "p@ss")
+    finally:
+        await c.aclose()
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://", "redis+cluster://host", "redis+cluster://h:1,h:port"])
+def test_an_unreadable_cluster_url_is_refused_with_the_reason(url: str) -> None:
+    with pytest.raises(RedisUrlError, match="each cluster node is host:port"):
+        redis_client(url)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.executor.service import Executor
+from services.executor.backend import WorkloadSpec
+from services.executor.service import Executor, ExecutorSettings
 from services.executor.sim_backend import SimBackend
 from services.registry.service import NodeRegistry
 from shared.bus import MemoryBus
@@ -15,6 +16,7 @@ from shared.settings import RegistrySettings, load
 from shared.state.memory_store import MemoryState
 
 pytestmark = pytest.mark.unit
+P1 = default_geometry().model("A100-40GB").profile("1g.5gb")
 
 
 class _Delivery:
@@ -31,43 +33,34 @@ def test_the_stop_for_a_foreign_run_names_the_instance_it_was_found_on() -> None
     assert (cmd.job_id, cmd.instance_id, cmd.src_instance_id) == ("j1", "n1/0:1g.5gb@0:j1", "n1/0:1g.5gb@0:j1")
 
 
-async def test_the_executor_leaves_a_newer_run_of_the_job_alone() -> None:
-    from services.executor.service import ExecutorSettings
-
+async def running(start: int, started_by: str) -> tuple[Executor, str]:
+    """An executor of n1 whose job j1 runs on a 1g at ``start`` of GPU 0, started by command ``started_by``."""
     st = load(ExecutorSettings, env={}, node="n1", metrics_port=0)
     ex = Executor(MemoryBus(st), SimBackend(node="n1", models=["A100-40GB"], reconfig_latency_s=0.0), st, "n1")
-    p = default_geometry().model("A100-40GB").profile("1g.5gb")
-    info = await ex.backend.create_instance(0, p.profile_id, 1)
-    from services.executor.backend import WorkloadSpec
-
+    info = await ex.backend.create_instance(0, P1.profile_id, start)
     await ex.backend.start_workload("j1", info, WorkloadSpec(duration_s=60.0))
-    ex.book._remember("n1/0:1g.5gb@1:j1", info)  # what a place command that created it records
-    stop = Command(id="s1", cmd_id="s1", kind="stop", node="n1", gpu_id="n1/0", gpu_index=0, job_id="j1",
-                   instance_id="n1/0:1g.5gb@0:j1", src_instance_id="n1/0:1g.5gb@0:j1", at=now())
-    await ex.apply(stop, None)  # type: ignore[arg-type]
+    iid = f"n1/0:1g.5gb@{start}:j1"
+    ex.book._remember(iid, info)  # what the place command that created it records
+    ex.runs.started_by["j1"] = started_by
+    return ex, iid
+
+
+def stop(iid: str, of: str | None = None) -> Command:
+    return Command(id=f"stop:j1:{of}", cmd_id=f"stop:j1:{of}", kind="stop", node="n1", gpu_id="n1/0", gpu_index=0,
+                   job_id="j1", instance_id=iid, src_instance_id=iid, src_cmd_id=of, at=now())
+
+
+async def test_the_executor_leaves_a_newer_run_of_the_job_alone() -> None:
+    ex, _ = await running(1, "place:j1:2")
+    await ex.apply(stop("n1/0:1g.5gb@0:j1"), None)  # type: ignore[arg-type]  # the run found on 1g@0
     assert "j1" in ex.backend.running()  # its current run, on 1g@1, goes on
     await ex.backend.close()
 
 
 async def test_a_stop_of_a_late_commands_run_leaves_a_later_placement_on_an_instance_of_the_same_id() -> None:
-    from services.executor.backend import WorkloadSpec
-    from services.executor.service import ExecutorSettings
-
-    st = load(ExecutorSettings, env={}, node="n1", metrics_port=0)
-    ex = Executor(MemoryBus(st), SimBackend(node="n1", models=["A100-40GB"], reconfig_latency_s=0.0), st, "n1")
-    p = default_geometry().model("A100-40GB").profile("1g.5gb")
-    info = await ex.backend.create_instance(0, p.profile_id, 2)
-    await ex.backend.start_workload("j1", info, WorkloadSpec(duration_s=60.0))
-    iid = "n1/0:1g.5gb@2:j1"  # the late run's instance, reused by the job's newest placement
-    ex.book._remember(iid, info)
-    ex.runs.started_by["j1"] = "place:j1:4"  # the newest placement started the run
-
-    def stop(of: str) -> Command:
-        return Command(id=f"stop:j1:{of}", cmd_id=f"stop:j1:{of}", kind="stop", node="n1", gpu_id="n1/0",
-                       gpu_index=0, job_id="j1", instance_id=iid, src_instance_id=iid, src_cmd_id=of, at=now())
-
-    await ex.apply(stop("place:j1:1"), None)  # type: ignore[arg-type]
+    ex, iid = await running(2, "place:j1:4")  # the late run's instance, reused by the job's newest placement
+    await ex.apply(stop(iid, "place:j1:1"), None)  # type: ignore[arg-type]
     assert "j1" in ex.backend.running()
-    await ex.apply(stop("place:j1:4"), None)  # type: ignore[arg-type]
+    await ex.apply(stop(iid, "place:j1:4"), None)  # type: ignore[arg-type]
     assert "j1" not in ex.backend.running()
     await ex.backend.close()
