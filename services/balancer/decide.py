@@ -26,7 +26,7 @@ from shared.mig.geometry import Geometry
 from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
 from shared.policy.charges import slot_usages
-from shared.policy.gang import node_sizes, spans_nodes
+from shared.policy.gang import never_fits
 from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
 from shared.policy.preemption import Victim
 from shared.policy.registry import PlacementPolicy
@@ -101,10 +101,12 @@ class Decider:
         usage: dict[str, float] = {}
         t0 = time.perf_counter()
         dec: Placement | CannotPlace
-        too_big = bigger_than_every_node(mirror.view(), sub.job_id, sub.demand) if sub.demand.kind == "gpus" else None
-        if too_big is not None:  # decided before any policy or preemption spends work on it
-            dec = too_big
-        elif self.ledger.active:  # quota -> place (behind the reserve) -> preempt
+        too_big = bigger_than_shard(mirror.view(), sub.demand, shard, self.shards.count)
+        if too_big is not None:  # no set of nodes here could ever host it: rejected at once, with the reason
+            batch.settle(sub.job_id, "rejected", too_big, now, ("-", "pending"))
+            self.metrics.outcome["rejected"].inc()
+            return None
+        if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
             hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority)
             adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now)
             self.metrics.seconds.observe(time.perf_counter() - t0)
@@ -171,7 +173,8 @@ class Decider:
         r = Reservation(
             job_id=sub.job_id, gpu_id=first.gpu_id, expected_ver=first.expected_ver, instance=first.instance,
             action=first.action, destroy=first.destroy, max_count=first.max_count, extra=tuple(slots[1:]),
-            track=True, spec=c.spec, prio=c.priority, submitted_at=sub.submitted_at,
+            span=len({s.node for s in dec.slots}) > 1, track=True, spec=c.spec, prio=c.priority,
+            submitted_at=sub.submitted_at,
             reason=dec.explain(runners_up=3)[:1000], traceparent=c.traceparent,
             tenant=sub.tenant if self.ledger.active else "", usage=usage,
             victims=tuple(Eviction(job_id=v.job_id, instance_id=v.instance_ids[0],
@@ -196,25 +199,27 @@ def placed_on(dec: Placement) -> list[str]:
     return [s.gpu_id for s in dec.slots]
 
 
-def bigger_than_every_node(snap: ClusterSnapshot, job_id: str, demand: Demand) -> CannotPlace | None:
-    """A gang bigger than every node waits in the live stack with this reason: the state store's reservation and
-    the executors' launch take one node's GPUs (the simulator places such a gang across nodes)."""
-    if not spans_nodes(snap, demand):
+def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, shards: int) -> str | None:
+    """Why a gang can never run here: it needs more GPUs than its shard (a scheduling cell: one Lua script
+    reserves a gang, so it runs within one shard) has ever registered, lost nodes' GPUs included; None when it
+    could, or while no node has registered yet (nothing is known of the cluster)."""
+    if demand.kind != "gpus" or len(snap) == 0:
         return None
-    largest = int(node_sizes(snap).max())
-    why = (f"needs {demand.gpus} GPUs on one node; the largest node has {largest} "
-           "(the live stack runs a gang on one node)")
-    return CannotPlace(job_id=job_id, policy="balancer", reasons=(why,))
+    why = never_fits(demand, len(snap))
+    if why is None or shards == 1:
+        return why
+    return f"needs {demand.gpus} GPUs; its shard {shard} has {len(snap)} (a gang runs within one shard)"
 
 
 def mig_gang_refused(dec: Placement) -> CannotPlace:
     """``gpus: n > 1`` that only fits on n entirely free MIG GPUs: CUDA enumerates one MIG device per process,
-    so a gang bound to n MIG instances would see one GPU. It waits for n plain (non-MIG) GPUs on one node."""
+    and a place command creates one MIG instance, so the live stack binds gangs to plain GPUs only. It waits for n
+    plain (non-MIG) GPUs."""
     return CannotPlace(
         job_id=dec.job_id,
         policy=dec.policy,
         reasons=(
             f"{len(dec.slots)} whole GPUs fit only as MIG instances ({dec.slot.profile} on node {dec.slot.node}); "
-            "a process sees one MIG device, so a gang waits for non-MIG GPUs",
+            "a gang runs on non-MIG GPUs in the live stack, so it waits for them",
         ),
     )

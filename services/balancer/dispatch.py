@@ -15,9 +15,9 @@ from typing import Any
 from services.balancer.candidate import Candidate
 from services.balancer.preempting import wire_priority
 from services.common import metrics as m
-from services.common.place_command import place_cmd_id, place_command
+from services.common.place_command import place_cmd_id, place_commands
 from shared.bus import Outgoing
-from shared.events import Command, JobInfo, Placed, Subjects, wire_gpu
+from shared.events import JobInfo, Placed, Subjects, wire_gpu
 from shared.mig.geometry import Geometry
 from shared.policy.placement import Placement
 from shared.ports import EventBus, StateStore
@@ -56,16 +56,18 @@ class Dispatcher:
             ),
         )
 
-    def command(self, placed: Placed, c: Candidate, now: float) -> Outgoing | None:
-        """The executor's ``place`` command for a committed placement; None for one that cannot be planned."""
-        cmd = place_command(placed, self.geometry, now)
-        if not isinstance(cmd, Command):
-            self.log.error("placement of %s cannot be planned: %s", placed.job_id, cmd.reason)
+    def commands(self, placed: Placed, c: Candidate, now: float, master_addr: str = "") -> list[Outgoing] | None:
+        """The executors' ``place`` commands for a committed placement (one per member node of a gang across
+        nodes); None for one that cannot be planned."""
+        cmds = place_commands(placed, self.geometry, now, master_addr)
+        if not isinstance(cmds, list):
+            self.log.error("placement of %s cannot be planned: %s", placed.job_id, cmds.reason)
             return None
-        m.count_reconfigurations(cmd.ops)
+        for cmd in cmds:
+            m.count_reconfigurations(cmd.ops)
         if c.delivery is not None:
-            c.delivery.span.set_attribute("migsched.ops", len(cmd.ops))
-        return Outgoing(self.subjects.cmd(cmd.node), cmd, c.ctx)
+            c.delivery.span.set_attribute("migsched.ops", sum(len(cmd.ops) for cmd in cmds))
+        return [Outgoing(self.subjects.cmd(cmd.node), cmd, c.ctx) for cmd in cmds]
 
     async def give_back(self, placed: list[Placed]) -> None:
         """Fail the placements no command could be planned for, by their command ids (the reservation tracked

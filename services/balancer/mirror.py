@@ -18,6 +18,7 @@ import numpy as np
 
 from shared.mig.geometry import Geometry
 from shared.policy.balancer import BalancerParams, place
+from shared.policy.gang import spans_nodes
 from shared.policy.live_placement import LivePlacer
 from shared.policy.partition import new_instance_id
 from shared.policy.placement import Decision, JobRequest, Slot
@@ -67,6 +68,8 @@ class Mirror:
             return policy(masked, job) if policy is not None else place(masked, job, params)
         if policy is not None:
             return policy(self.view(), job)
+        if spans_nodes(self.view(), job.demand):  # the placer keeps one node's GPUs: a gang across nodes is not
+            return place(self.view(), job, params)  # its to answer
         placer = self._placer
         if placer is None or placer.params != params:
             placer = self._placer = LivePlacer(self.geometry, self.view().gpus, params)

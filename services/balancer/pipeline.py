@@ -98,7 +98,7 @@ class Pipeline:
         if res.ok:
             if c.from_queue or wait is not None:
                 trace_wait(c.ctx, c.submit, wait, now, "placed")
-            self._placed(d, int(res.detail or 0), now, r)
+            self._placed(d, int(res.detail or 0), now, r, res.master_addr)
             return
         if wait is not None and res.status != "known":  # it goes on waiting (retried, or queued again)
             self.waiting.waits_on(c.submit.job_id, wait)
@@ -113,7 +113,7 @@ class Pipeline:
         self.log.debug("reservation of %s lost: %s %s", c.submit.job_id, res.status, res.detail)
         r.retry.append(c)
 
-    def _placed(self, d: Decided, attempt: int, now: float, r: RoundResult) -> None:
+    def _placed(self, d: Decided, attempt: int, now: float, r: RoundResult, master_addr: str = "") -> None:
         c, dec, booking = d.cand, d.dec, d.booking
         assert booking is not None and not isinstance(dec, CannotPlace)
         self.metrics.outcome["placed"].inc()
@@ -131,9 +131,9 @@ class Pipeline:
         placed = self.dispatcher.placed(c, dec, booking.gpu_before, booking.ver, now)
         if victims:
             placed = msgspec.structs.replace(placed, preempted=tuple(v.job_id for v in victims))
-        cmd = self.dispatcher.command(placed, c, now)
-        if cmd is not None:
-            r.out.append(cmd)
+        cmds = self.dispatcher.commands(placed, c, now, master_addr)
+        if cmds is not None:
+            r.out.extend(cmds)
         else:
             r.unplannable.append(placed)
         if c.delivery is not None:

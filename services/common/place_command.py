@@ -7,11 +7,14 @@ compare-and-set proved current, so planning reads nothing. The node registry rea
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Sequence
 from typing import Any
 
-from shared.events import Command, Placed, PlainSlot
+from shared.events import Command, GangLaunch, Placed, PlainSlot
 from shared.mig.geometry import Geometry
 from shared.policy.partition import PartitionPlan, PlanConflict, new_instance_id, plan_partition
+from shared.policy.placement import Slot
 from shared.state.model import PLAIN_PROFILES
 
 
@@ -19,9 +22,20 @@ def place_cmd_id(job_id: str, attempt: int) -> str:
     return f"place:{job_id}:{attempt}"
 
 
-def _place(p: Placed, cmd_id: str, now: float, **target: Any) -> Command:
-    """The fields every place command of ``p`` has; ``target``: where it runs (index, instance, ops or plain)."""
-    slot = p.placement.slot
+GANG_PORT_BASE = 29500
+GANG_PORTS = 2000
+
+
+def gang_port(job_id: str) -> int:
+    """A gang's ``MASTER_PORT``: torchrun's default 29500 plus a spread by job, so that two gangs whose first
+    members share a node rarely meet (a workload that sets ``MASTER_PORT`` itself keeps its own)."""
+    return GANG_PORT_BASE + zlib.crc32(job_id.encode()) % GANG_PORTS
+
+
+def _place(p: Placed, cmd_id: str, now: float, slot: Slot | None = None, **target: Any) -> Command:
+    """The fields every place command of ``p`` has; ``target``: where it runs (index, instance, ops or plain);
+    ``slot``: the first slot on the command's node (default: the placement's first)."""
+    slot = slot or p.placement.slot
     return Command(
         id=cmd_id,
         cmd_id=cmd_id,
@@ -38,30 +52,61 @@ def _place(p: Placed, cmd_id: str, now: float, **target: Any) -> Command:
     )
 
 
-def _plain_place_command(p: Placed, cmd_id: str, now: float) -> Command:
-    """A placement on non-MIG GPUs (every slot of a gang, or one share): no ops, the workload bound to the
-    GPUs. The instance ids are the ones the balancer reserved (``new_instance_id`` of each slot)."""
-    slots = tuple(
+def _plain_slots(p: Placed, slots: Sequence[Slot]) -> tuple[PlainSlot, ...]:
+    """The bindings of non-MIG slots; the instance ids are the ones the balancer reserved (``new_instance_id``
+    of each slot)."""
+    return tuple(
         PlainSlot(
             gpu_index=int(s.gpu_id.rsplit("/", 1)[1]),
             instance_id=new_instance_id(s.gpu_id, s.profile, s.start, p.job_id),
             profile="shared" if s.profile == "shared" else "gpu",
             replica=s.start if s.profile == "shared" else 0,
         )
-        for s in p.placement.slots
+        for s in slots
     )
-    return _place(p, cmd_id, now, gpu_index=slots[0].gpu_index, instance_id=slots[0].instance_id, plain=slots)
 
 
-def place_command(p: Placed, geometry: Geometry, now: float) -> Command | PlanConflict:
-    """The ``place`` command of ``p`` (MIG: destroy the idle instances in the way, create the instance at the
-    exact placement, start the workload), or the conflict that forbids it (cannot happen after a
-    compare-and-set on this view; a caller never acts on it but fails the placement)."""
+def members(p: Placed) -> dict[str, list[Slot]]:
+    """A placement's slots by node, nodes in rank order (the slots come in rank order)."""
+    out: dict[str, list[Slot]] = {}
+    for s in p.placement.slots:
+        out.setdefault(s.node, []).append(s)
+    return out
+
+
+def _plain_place_commands(p: Placed, cmd_id: str, now: float, master_addr: str) -> list[Command]:
+    """A placement on non-MIG GPUs: no ops, the workload bound to the GPUs. One share or one whole GPU is one
+    command; a gang (``gpus: n``, n > 1) is one command per member node, each with its part's ``GangLaunch``
+    (ids ``<cmd_id>/<node rank>`` when it spans nodes, as the reservation tracked them)."""
+    by_node = members(p)
+    if len(p.placement.slots) == 1:
+        slots = _plain_slots(p, p.placement.slots)
+        return [_place(p, cmd_id, now, gpu_index=slots[0].gpu_index, instance_id=slots[0].instance_id,
+                       plain=slots)]
+    hosts = tuple(by_node)
+    launch = p.job.workload.launch or "per-gpu"
+    out, rank = [], 0
+    for k, node_slots in enumerate(by_node.values()):
+        slots = _plain_slots(p, node_slots)
+        gang = GangLaunch(launch=launch, world_size=len(p.placement.slots), first_rank=rank, node_rank=k,
+                          hosts=hosts, master_addr=master_addr or hosts[0], master_port=gang_port(p.job_id))
+        cid = f"{cmd_id}/{k}" if len(hosts) > 1 else cmd_id
+        out.append(_place(p, cid, now, node_slots[0], gpu_index=slots[0].gpu_index,
+                          instance_id=slots[0].instance_id, plain=slots, gang=gang))
+        rank += len(node_slots)
+    return out
+
+
+def place_commands(p: Placed, geometry: Geometry, now: float, master_addr: str = "") -> list[Command] | PlanConflict:
+    """The ``place`` commands of ``p``: one, or one per member node of a gang across nodes (MIG: destroy the
+    idle instances in the way, create the instance at the exact placement, start the workload), or the
+    conflict that forbids it (cannot happen after a compare-and-set on this view; a caller never acts on it but
+    fails the placement). ``master_addr``: the first member node's declared address (a gang's rendezvous)."""
     cmd_id = place_cmd_id(p.job_id, p.attempt)
     slot = p.placement.slot
     if slot.profile in PLAIN_PROFILES:
-        return _plain_place_command(p, cmd_id, now)
+        return _plain_place_commands(p, cmd_id, now, master_addr)
     plan = plan_partition(p.gpu, geometry.model(slot.model), slot, p.job_id)
     if not isinstance(plan, PartitionPlan):
         return plan
-    return _place(p, cmd_id, now, gpu_index=p.gpu.index, ops=plan.ops, instance_id=plan.instance_id)
+    return [_place(p, cmd_id, now, gpu_index=p.gpu.index, ops=plan.ops, instance_id=plan.instance_id)]

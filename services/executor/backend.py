@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from services.executor.launch import Proc
 from shared.errors import MigschedError
 
 
@@ -91,6 +92,10 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
     run_as: str | None = None
     duration_s: float | None = None
     """Simulated run time (sim backend) or a hint."""
+    procs: tuple[Proc, ...] = ()
+    """A gang's part (``services.executor.launch``): the processes to start, each on its own GPUs with its own
+    variables, as one run that ends when all have ended (the first failure stops the others). Empty: one
+    process on the whole binding."""
 
 
 class WorkloadExit(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,6 +17,7 @@ from opentelemetry import context as otel_context
 from services.executor.backend import Backend, BackendError, InstanceInfo, WorkloadError, WorkloadSpec
 from services.executor.exits import ExitReports
 from services.executor.instances import InstanceBook, gpu_index_of, report, undo
+from services.executor.launch import gang_procs
 from services.executor.plain import plain_target
 from services.executor.registration import Registration
 from services.executor.runs import Runs
@@ -145,6 +146,7 @@ class Commands:
             env=cmd.workload.env,
             run_as=cmd.workload.run_as,
             duration_s=self._remaining(cmd),
+            procs=gang_procs(cmd.gang, [p.gpu_index for p in cmd.plain]) if cmd.gang and cmd.plain else (),
         )
         if cmd.kind == "migrate_start" and cmd.job_id in self.backend.running():
             await self._move(cmd.job_id, target, spec)

@@ -29,12 +29,19 @@ class ExecutorSettings(Settings):
     consumer, subjects, heartbeats and GPUs (``executor_gpus`` each), as separate processes would have, over one
     shared NATS connection; a bench of many nodes on a few cores then spends no CPU on an event loop and a socket
     per node. Overrides ``node``."""
+    node_addr: str = ""
+    """The address other nodes reach this node's workloads at (a host name or IP): a gang whose first member is
+    here gets it as ``MASTER_ADDR``. Empty uses the host name."""
     executor_backend: str = "sim"
     """``sim`` (simulated GPUs) or ``nvml`` (real MIG through NVML)."""
     executor_gpus: str = "A100-40GB:8"
     """GPUs as MODEL[:COUNT[:MODE]],... in index order; MODE is mig (default), whole (not in MIG mode: whole-GPU
     jobs) or shared=N (not in MIG mode, time-sliced into N shares). sim: the simulated GPUs; nvml: a cross-check
     of the models, and the replicas of GPUs that NVML reports not in MIG mode (NVML decides the mode)."""
+    executor_sim_workloads: str = "sleep"
+    """sim backend: ``sleep`` (a workload "runs" for its duration hint) or ``process`` (its argv runs as a real
+    process, with the environment and the simulated GPUs' UUIDs an NVML node would give it: a launch script,
+    a gang's rendezvous included, can be tried on CPUs)."""
     executor_reconfig_latency_s: float = 0.15
     """Simulated duration of one GPU-instance create or destroy (divided by the speed-up)."""
     executor_speedup: float = 1.0
@@ -148,6 +155,8 @@ def build_backend(settings: ExecutorSettings, node: str) -> Backend:
             reconfig_latency_s=settings.executor_reconfig_latency_s,
             speedup=settings.executor_speedup,
             mig_disabled=[i for i, g in enumerate(specs) if not g.mig],
+            workloads=_sim_workloads(settings.executor_sim_workloads),
+            env_allowlist=_allowlist(settings),
         )
     if kind == "nvml":
         return make_backend(
@@ -156,10 +165,20 @@ def build_backend(settings: ExecutorSettings, node: str) -> Backend:
             models=parse_gpus(settings.executor_gpus),
             state_dir=settings.executor_state_dir,
             confirm_s=settings.executor_confirm_s,
-            env_allowlist=tuple(p.strip() for p in settings.executor_env_allowlist.split(",") if p.strip()),
+            env_allowlist=_allowlist(settings),
             destroy_foreign=settings.executor_destroy_foreign,
             in_use_retry_s=settings.executor_in_use_retry_s,
             stop_grace_s=settings.executor_stop_grace_s,
             keep_logs=settings.executor_keep_logs,
         )
     raise ExecutorError(f"MIGSCHED_EXECUTOR_BACKEND={kind!r}: expected sim or nvml")
+
+
+def _allowlist(settings: ExecutorSettings) -> tuple[str, ...]:
+    return tuple(p.strip() for p in settings.executor_env_allowlist.split(",") if p.strip())
+
+
+def _sim_workloads(value: str) -> str:
+    if value not in ("sleep", "process"):
+        raise ExecutorError(f"MIGSCHED_EXECUTOR_SIM_WORKLOADS={value!r}: expected sleep or process")
+    return value

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -15,8 +16,8 @@ from services.executor.backend import GpuInfo, InstanceInfo, InUseError, Workloa
 from services.executor.nvml_errors import error_for_code
 from services.executor.nvml_state import StateStore
 from services.executor.plain import check_plain
-from services.executor.process import ProcessRun, launch, log_path
-from services.executor.workload import JobTable
+from services.executor.process import ProcessRun, launch, launch_group, log_path
+from services.executor.workload import GroupRun, JobTable
 
 if TYPE_CHECKING:
     from services.executor.nvml_discovery import NodeGpu
@@ -55,7 +56,18 @@ class NvmlWorkloads:
             f"find GI {instance.gi_id} on GPU {instance.gpu_index} for a workload",
         )
 
-    async def _launch(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> ProcessRun:
+    def _log(self, job_id: str) -> Path:
+        self._serial += 1
+        return log_path(self._store.log_dir, job_id, self._serial)
+
+    async def _launch(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> ProcessRun | GroupRun:
+        if spec.procs:  # a gang's part started per GPU (or per node): several processes, one run
+            group, dropped = await launch_group(job_id, instance, spec, logs=lambda: self._log(job_id),
+                                                allowlist=self._allowlist, keep_log=self._keep_logs,
+                                                grace_s=self._grace)
+            if dropped:
+                log.warning("job %s: environment variables not in the allowlist were dropped: %s", job_id, dropped)
+            return group
         self._serial += 1
         run, dropped = await launch(
             job_id,
@@ -96,7 +108,7 @@ class NvmlWorkloads:
                 f"move target GPU {current.gpu_index} GI {current.gi_id} is busy with job {busy}"
             )
 
-        async def start() -> ProcessRun:
+        async def start() -> ProcessRun | GroupRun:
             return await self._launch(job_id, current, spec)
 
         wait = self._confirm_s if confirm_s is None else confirm_s

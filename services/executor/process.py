@@ -15,11 +15,14 @@ import os
 import pwd
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import msgspec
+
 from services.executor.backend import InstanceInfo, PermissionDeniedError, WorkloadError, WorkloadSpec
-from services.executor.workload import Run, RunResult
+from services.executor.launch import proc_env
+from services.executor.workload import GroupRun, Run, RunResult
 
 DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_*", "TZ", "TMPDIR", "USER", "LOGNAME")
 """Variables a workload may get (shell-style patterns), from the executor's environment or the job spec."""
@@ -37,16 +40,19 @@ def build_env(
     mig_uuid: str,
     job_id: str,
     base: Mapping[str, str] | None = None,
+    gang_env: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """The workload's environment and the names dropped because the allowlist does not cover them.
 
     ``CUDA_VISIBLE_DEVICES`` is always the instance's MIG UUID (or, on GPUs not in MIG mode, the ``GPU-`` UUIDs
-    of the whole GPUs or the shared GPU): a job can never pick another device.
+    of the whole GPUs or the shared GPU): a job can never pick another device. ``gang_env``: the variables of a
+    gang's process (``services.executor.launch``), set by the executor, so never filtered.
     """
     source = os.environ if base is None else base
     env = {k: v for k, v in source.items() if _allowed(k, allowlist)}
     dropped = sorted(k for k in spec_env if not _allowed(k, allowlist) or k == "CUDA_VISIBLE_DEVICES")
     env.update({k: v for k, v in spec_env.items() if k not in dropped})
+    env.update(gang_env or {})
     env["CUDA_VISIBLE_DEVICES"] = mig_uuid
     env["MIGSCHED_JOB_ID"] = job_id
     return env, dropped
@@ -196,6 +202,7 @@ async def launch(
     log: Path,
     allowlist: Sequence[str],
     keep_log: bool = False,
+    gang_env: Mapping[str, str] | None = None,
 ) -> tuple[ProcessRun, list[str]]:
     """Start ``spec.argv`` on ``instance`` (never through a shell); returns the run and dropped env names."""
     want = "GPU-" if instance.plain else "MIG-"
@@ -205,7 +212,7 @@ async def launch(
         )
     argv = check_argv(spec.argv)
     user = resolve_user(spec.run_as)
-    env, dropped = build_env(spec.env, allowlist=allowlist, mig_uuid=instance.uuid, job_id=job_id)
+    env, dropped = build_env(spec.env, allowlist=allowlist, mig_uuid=instance.uuid, job_id=job_id, gang_env=gang_env)
     extra: dict[str, object] = {}
     if user is not None:
         env["HOME"], env["USER"], env["LOGNAME"] = user.pw_dir, user.pw_name, user.pw_name
@@ -235,3 +242,31 @@ async def launch(
         except PermissionError as exc:
             raise WorkloadError(f"job {job_id}: cannot execute {argv[0]!r}: {exc.strerror}") from None
     return ProcessRun(instance, proc, log, keep_log), dropped
+
+
+async def launch_group(
+    job_id: str,
+    instance: InstanceInfo,
+    spec: WorkloadSpec,
+    *,
+    logs: Callable[[], Path],
+    allowlist: Sequence[str],
+    keep_log: bool = False,
+    grace_s: float = 10.0,
+) -> tuple[GroupRun, list[str]]:
+    """A gang's part (``spec.procs``): one process per ``Proc``, each seeing only its GPUs (their ``GPU-`` UUIDs
+    from the plain binding ``instance``) and given its variables, as one ``GroupRun``. A process that cannot
+    start stops those started before it."""
+    uuids = dict(zip(instance.gpus, instance.uuid.split(","), strict=True))
+    runs: list[Run] = []
+    dropped: list[str] = []
+    try:
+        for proc in spec.procs:
+            part = msgspec.structs.replace(instance, uuid=",".join(uuids[g] for g in proc.gpus), gpus=proc.gpus)
+            run, dropped = await launch(job_id, part, spec, log=logs(), allowlist=allowlist, keep_log=keep_log,
+                                        gang_env=proc_env(spec.env, proc))
+            runs.append(run)
+    except BaseException:
+        await asyncio.gather(*(r.stop(0.0) for r in runs))
+        raise
+    return GroupRun(instance, runs, grace_s), dropped

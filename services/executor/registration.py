@@ -9,16 +9,20 @@ reported as exits of kind ``lost``.
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Sequence
 from typing import Any
 
 from services.executor.backend import Backend, InstanceInfo
-from services.executor.config import parse_gpu_specs
+from services.executor.config import ExecutorError, parse_gpu_specs
 from services.executor.instances import InstanceBook, report
 from shared.bus import Outgoing
 from shared.events import Drift, GpuReport, Registered, new_id, now
 from shared.mig.geometry import default_geometry
 from shared.ports import EventBus
+
+_ADDR = re.compile(r"[A-Za-z0-9.:_-]+")
 
 
 class Registration:
@@ -29,6 +33,11 @@ class Registration:
         self.book = book
         self.node = node
         self.settings = settings
+        self.addr = settings.node_addr or socket.gethostname()
+        if not _ADDR.fullmatch(self.addr) or len(self.addr) > 253:
+            raise ExecutorError(
+                f"MIGSCHED_NODE_ADDR={self.addr!r} is not a host name or IP address (letters, digits, . : _ -)"
+            )
 
     async def register(self) -> None:
         """Report every GPU with the instances found on it (adopted, never torn down) and any drift."""
@@ -90,7 +99,8 @@ class Registration:
             Outgoing(
                 self.subjects.node_report(self.node),
                 Registered(
-                    id=new_id("reg"), node=self.node, at=at, gpus=tuple(reports), backend=self.backend.name
+                    id=new_id("reg"), node=self.node, at=at, gpus=tuple(reports), backend=self.backend.name,
+                    addr=self.addr,
                 ),
             )
         ]

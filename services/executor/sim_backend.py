@@ -8,8 +8,12 @@ operation takes ``reconfig_latency_s / speedup`` (asyncio sleep, one at a time p
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import msgspec
 
 from services.executor import nvml_codes
 from services.executor.backend import (
@@ -23,7 +27,8 @@ from services.executor.backend import (
     WorkloadSpec,
 )
 from services.executor.nvml_errors import error_for_code, not_mig_error
-from services.executor.workload import JobTable, SleepRun
+from services.executor.process import DEFAULT_ENV_ALLOWLIST, launch, launch_group, log_path
+from services.executor.workload import JobTable, Run, SleepRun
 from shared.errors import UnknownModelError
 from shared.mig.geometry import Geometry, GpuModel, default_geometry
 from shared.mig.occupancy import span
@@ -51,6 +56,9 @@ class SimBackend:
         speedup: float = 1.0,
         geometry: Geometry | None = None,
         mig_disabled: Sequence[int] = (),
+        workloads: str = "sleep",
+        env_allowlist: Sequence[str] = DEFAULT_ENV_ALLOWLIST,
+        log_dir: Path | None = None,
     ) -> None:
         if speedup <= 0:
             raise ValueError("speedup must be > 0")
@@ -67,6 +75,10 @@ class SimBackend:
         self._jobs = JobTable()
         self._faults: dict[str, list[int]] = {"create": [], "destroy": []}
         self._serial = 0
+        self._processes = workloads == "process"
+        """Run each workload's argv as a real process (``MIGSCHED_EXECUTOR_SIM_WORKLOADS=process``)."""
+        self._allowlist = tuple(env_allowlist)
+        self._log_dir = log_dir or Path(tempfile.gettempdir()) / "migsched-sim-logs" / node
         self.reconciliation = Reconciliation()
 
     # ---- fault knobs (tests and chaos runs) ----
@@ -203,7 +215,29 @@ class SimBackend:
         self._check_instance(instance)
         if self._jobs.check_can_start(job_id, instance):
             return
-        self._jobs.add(job_id, SleepRun(instance, self._duration(spec)))
+        self._jobs.add(job_id, await self._run(job_id, instance, spec))
+
+    async def _run(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> Run:
+        """A timer for the duration hint, or (process mode) the workload's argv as real processes bound to the
+        simulated GPUs' UUIDs (a MIG instance's UUID is made up from its place)."""
+        if not self._processes:
+            return SleepRun(instance, self._duration(spec))
+        bound = instance
+        if instance.plain:
+            bound = msgspec.structs.replace(instance, uuid=",".join(self.gpu_uuid(i) for i in instance.gpus))
+        elif not instance.uuid.startswith("MIG-"):
+            bound = msgspec.structs.replace(
+                instance, uuid="MIG-" + str(uuid.uuid5(_NS, f"{self.node}/{instance.gpu_index}/{instance.gi_id}")))
+
+        def log() -> Path:
+            self._serial += 1
+            return log_path(self._log_dir, job_id, self._serial)
+
+        if spec.procs:
+            group, _ = await launch_group(job_id, bound, spec, logs=log, allowlist=self._allowlist, grace_s=1.0)
+            return group
+        run, _ = await launch(job_id, bound, spec, log=log(), allowlist=self._allowlist)
+        return run
 
     async def move_workload(
         self, job_id: str, target: InstanceInfo, spec: WorkloadSpec, *, confirm_s: float | None = None
@@ -215,8 +249,8 @@ class SimBackend:
         if busy is not None:
             raise InUseError(f"move target GPU {target.gpu_index} GI {target.gi_id} is busy with job {busy}")
 
-        async def start() -> SleepRun:
-            return SleepRun(target, self._duration(spec))
+        async def start() -> Run:
+            return await self._run(job_id, target, spec)
 
         await self._jobs.move(
             job_id, start, confirm_s=confirm_s if confirm_s is not None else 0.0, grace_s=0.0

@@ -70,6 +70,41 @@ class SleepRun(Run):
         self._task.cancel()
 
 
+class GroupRun(Run):
+    """A gang's part started per GPU: several processes, one run. It ends once every process has ended; the
+    first one that fails stops the others, and its status (and output) is the run's."""
+
+    def __init__(self, instance: InstanceInfo, runs: list[Run], grace_s: float) -> None:
+        super().__init__(instance)
+        self.runs = runs
+        self._task = asyncio.get_running_loop().create_task(self._watch(grace_s))
+
+    async def _watch(self, grace_s: float) -> None:
+        waits = {asyncio.ensure_future(r.wait()): r for r in self.runs}
+        failed: RunResult | None = None
+        last = RunResult(status=0)
+        while waits:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for f in done:
+                del waits[f]
+                last = f.result()
+                if last.status != 0 and failed is None:
+                    failed = last
+                    await asyncio.gather(*(r.stop(grace_s) for r in waits.values()))
+        self._finish(failed or last)
+
+    async def stop(self, grace_s: float) -> None:
+        if self.done.done():
+            return
+        self.stopped = True
+        await asyncio.gather(*(r.stop(grace_s) for r in self.runs))
+
+    def cancel(self) -> None:
+        for r in self.runs:
+            r.cancel()
+        self._task.cancel()
+
+
 def _reason(run: Run, result: RunResult) -> str:
     if run.stopped:
         return "stopped"

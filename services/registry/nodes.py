@@ -23,7 +23,7 @@ from typing import Any
 from services.common.metric_cache import child
 from services.common.service import Context
 from services.registry import metrics as m
-from services.registry.commands import place_attempt, stop_command
+from services.registry.commands import member_stops, place_attempt, stop_command
 from services.registry.liveness import LivenessWatch, overdue
 from shared.bus import Delivery, Outgoing
 from shared.errors import UnknownModelError
@@ -88,7 +88,7 @@ class Nodes:
             )
         if not gpus:
             return
-        res = await self.state.register_node(r.node, gpus, now, r.id)
+        res = await self.state.register_node(r.node, gpus, now, r.id, r.addr)
         if res.get("replay"):
             self.log.info("node %s: registration %s already applied (redelivered); nothing changed", r.node, r.id)
         self.node_state[r.node] = "up"
@@ -98,7 +98,11 @@ class Nodes:
             self.log.warning("node %s: re-queued %s", r.node, ", ".join(res["requeued"]))
         d.span.set_attribute("migsched.gpus", len(gpus))
         stops = res.get("stops") or ()
-        out = [self.stop_foreign(r, job, gpu, iid, now, d) for job, gpu, iid in stops]
+        out = [self.stop_foreign(r, job, gpu, iid, now, d) for job, gpu, iid, *_ in stops if not _]
+        # a gang across nodes re-queued from this node: its parts on the other nodes (named fourth) stop
+        out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx)
+                   for job, gpu, iid, *member in stops if member
+                   for c in member_stops(job, [(member[0], gpu, iid)], now))
         if stops:
             self.log.warning(
                 "node %s runs job(s) the state does not hold there; stopping %s", r.node, ", ".join(s[0] for s in stops)
@@ -181,6 +185,12 @@ class Nodes:
             if st == "up" and overdue(float(h.get("last_seen", "0") or 0), now, timeout, heard_from):
                 res = await self.state.node_lost(node, now, f"node {node} missed heartbeats for {timeout:g}s")
                 self.log.warning("node %s lost; re-queued %d job(s)", node, len(res["requeued"]))
+                stops = res.get("stops") or ()
+                if stops:  # the other nodes of gangs across nodes that ran a part there
+                    await self.bus.publish_batch([
+                        Outgoing(self.subjects.cmd(c.node), c)
+                        for job, gpu, iid, member in stops for c in member_stops(job, [(member, gpu, iid)], now)
+                    ])
                 st = "lost"
                 await self.bus.publish(
                     self.subjects.sched_capacity,
@@ -221,9 +231,12 @@ class Nodes:
 
     async def placement_failed(self, job_id: str, why: str, cmd_id: str) -> None:
         now = time.time()
-        status, new_state, gpu = await self.state.fail_placement(
+        status, new_state, gpu, stops = await self.state.fail_placement(
             job_id, why, now, self.settings.max_attempts, cmd_id, place_attempt(cmd_id, job_id)
         )
+        if stops:  # the members of a gang across nodes that started already
+            await self.bus.publish_batch([Outgoing(self.subjects.cmd(c.node), c)
+                                          for c in member_stops(job_id, stops, now)])
         if status == "ok":
             self.log.info("placement of %s failed (%s): job now %s", job_id, why, new_state)
             await self.bus.publish(

@@ -9,7 +9,9 @@
 - ``job_started`` (executors before the cmd_done of a place became the start report): mark running, a no-op
   after the cmd_done.
 - ``job_exit``: release (the first release frees the slices), re-publish as ``jobs.exit`` for the balancer and
-  the migration planner, then keep or destroy the instance the job left (``idle``). An exit
+  the migration planner, then keep or destroy the instance the job left (``idle``). Each node of a gang across
+  nodes reports its own part's exit: a part that completed while others run frees its GPUs (a capacity signal,
+  no ``jobs.exit``); any other end of a part ends the job and sends every other member node a ``stop``. An exit
   naming another instance than the job's current one (a late message from before a re-queue) is stale and
   ignored. An exit during a move whose ops may not have run gives back the idle instances the move had
   removed from its target's way (``given_back``, held ``retiring``): each gets a ``destroy_idle``.
@@ -35,7 +37,7 @@ from services.common import metrics as common
 from services.common.metric_cache import child
 from services.common.service import Context
 from services.registry import metrics as m
-from services.registry.commands import place_attempt, stop_command
+from services.registry.commands import member_stops, place_attempt, stop_command
 from services.registry.idle import IdleInstances
 from shared import telemetry
 from shared.bus import Delivery, Outgoing
@@ -122,8 +124,14 @@ class Reports:
             if what == "done" and r.command == "place" and res == "stop":
                 out.append(self._stop_late(d, r, now))
                 continue
+            if what == "exit" and res.status == "member":  # one node of a gang across nodes completed its part
+                freed.extend(g for g, _ in res.slots)
+                continue
             if what == "exit":
                 out.extend(self._exit_out(d, r, res, now))
+                if res.status == "ok" and res.stops:  # the other nodes of a gang across nodes stop their parts
+                    out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx)
+                               for c in member_stops(r.job_id, res.stops, now))
                 if res.status == "ok" and res.stop:
                     out.append(self._stop_target(d, r, res.stop, now))
                 if res.status == "ok" and res.given_back:  # the move's ops may not have run: destroy them
@@ -141,6 +149,8 @@ class Reports:
                 freed.append(_gpu_of(r))
             elif what == "failed" and r.command == "place" and res[0] == "ok":
                 freed.extend(g for g in res[2].split(",") if g)  # a gang frees several GPUs
+                out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx)  # members of a gang that started
+                           for c in member_stops(r.job_id, res.stops, now))
                 missing = _MISSING.search(r.error)
                 if missing and res[2]:  # a reused instance the node lacks: forget it, or it is reused (and
                     gone.instance("drop", r.node, res[2].split(",")[0], missing.group(1), now)  # fails) again

@@ -22,6 +22,22 @@ class PlainSlot(msgspec.Struct, frozen=True, kw_only=True):
     replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] = 0
 
 
+class GangLaunch(msgspec.Struct, frozen=True, kw_only=True):
+    """A gang's part on the node a ``place`` command goes to: how to start it, and the rendezvous every part
+    shares. Ranks run node by node in ``hosts`` order, GPUs in ``plain`` order within a node."""
+
+    launch: Literal["per-gpu", "per-node"] = "per-gpu"
+    world_size: Annotated[int, msgspec.Meta(ge=1, le=4096)]
+    first_rank: Annotated[int, msgspec.Meta(ge=0, le=4095)]
+    """The global rank of this node's first GPU."""
+    node_rank: Annotated[int, msgspec.Meta(ge=0, le=4095)]
+    hosts: Annotated[tuple[NodeName, ...], msgspec.Meta(min_length=1, max_length=4096)]
+    """Every member node, in rank order (``MIGSCHED_GANG_HOSTS``)."""
+    master_addr: Annotated[str, msgspec.Meta(min_length=1, max_length=253)]
+    """The first member's address, as its executor declared it at registration (its node name if none)."""
+    master_port: Annotated[int, msgspec.Meta(ge=1024, le=65535)]
+
+
 class Command(Message, frozen=True, kw_only=True):
     """``cmd.<node>``: one idempotent order for one executor. ``id`` == ``cmd_id``; replaying a command
     whose ops are done must be harmless (each op names its target instance).
@@ -56,6 +72,8 @@ class Command(Message, frozen=True, kw_only=True):
     """The job's submit time, carried for submit -> command latency measurement."""
     plain: Annotated[tuple[PlainSlot, ...], msgspec.Meta(max_length=64)] = ()
     """``place`` on non-MIG GPUs: every GPU (or the one share) the workload is bound to."""
+    gang: GangLaunch | None = None
+    """``place`` of a gang (``gpus: n``, n > 1): this node's part and the environment of its processes."""
     src_cmd_id: MsgId | None = None
     """``stop`` of the run one command started (a ``place`` applied late): a run of the job that a later command
     started, even on an instance of the same id, is left alone."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -37,6 +37,11 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     run_as: (
         Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-z_][a-z0-9_-]*$")] | None
     ) = None
+    launch: Literal["per-gpu", "per-node"] | None = None
+    """How a gang (``gpus: n``, n > 1) starts on each of its nodes: ``per-gpu`` (the default) once per GPU, each
+    process seeing its one GPU; ``per-node`` once per node with all of that node's GPUs. Either way each process
+    gets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``NNODES``,
+    ``MASTER_ADDR``, ``MASTER_PORT`` and ``MIGSCHED_GANG_HOSTS``. Other jobs ignore it."""
 
 
 class JobSubmit(Message, frozen=True, kw_only=True):

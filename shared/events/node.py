@@ -61,6 +61,9 @@ class _Report(Message, frozen=True, kw_only=True, tag_field="kind"):
 class Registered(_Report, frozen=True, kw_only=True, tag="registered"):
     gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(min_length=1, max_length=64)]
     backend: Annotated[str, msgspec.Meta(max_length=32)] = "sim"
+    addr: Annotated[str, msgspec.Meta(max_length=253, pattern=r"^[A-Za-z0-9.:_-]*$")] = ""
+    """Where the node's workloads can be reached (``MIGSCHED_NODE_ADDR``): a gang whose first member is here
+    gets it as ``MASTER_ADDR``."""
 
 
 class CmdDone(_Report, frozen=True, kw_only=True, tag="cmd_done"):

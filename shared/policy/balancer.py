@@ -273,6 +273,12 @@ def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None 
     """The migsched balancer: one decision for one job over one snapshot."""
     params = params or BalancerParams()
     if job.demand.kind == "gpus":
+        # the one rule for gangs bigger than every node (imported here: it builds its slots with this module's)
+        from shared.policy.gang import place_across, spans_nodes
+
+        if spans_nodes(snap, job.demand):
+            return place_across(snap, job, "balancer")
+    if job.demand.kind == "gpus":
         # plain (non-MIG) GPUs first: true whole GPUs with peer-to-peer; then entirely free MIG GPUs
         plain = place_plain_gpus(snap, job)
         if isinstance(plain, Placement):

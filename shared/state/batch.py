@@ -13,10 +13,11 @@ from redis.exceptions import NoScriptError
 
 from shared import telemetry
 from shared.errors import Unavailable
-from shared.state.codec import _ENC, CancelResult, StateError, _s, decode_instances, decode_slots
+from shared.state.codec import _ENC, CancelResult, StateError, _s, decode_instances, decode_slots, decode_stops
 from shared.state.keys import Keys
 from shared.state.model import (
     EXIT_TO_STATE,
+    PlacementFailure,
     ReleaseResult,
     Reservation,
     ReserveResult,
@@ -76,7 +77,8 @@ class Batch:
 
         def parse(v: Any) -> ReserveResult:
             return ReserveResult(
-                status=_s(v[0]), job_id=r.job_id, gpu_id=r.gpu_id, ver=int(v[1]), detail=_s(v[2])
+                status=_s(v[0]), job_id=r.job_id, gpu_id=r.gpu_id, ver=int(v[1]), detail=_s(v[2]),
+                master_addr=_s(v[3]) if len(v) > 3 else "",
             )
 
         return self._add("reserve", [k.gpus, k.gpu(r.gpu_id), k.job(r.job_id)], args, parse)
@@ -115,6 +117,9 @@ class Batch:
 
         def parse(v: Any) -> ReleaseResult:
             status = _s(v[0])
+            if status == "member":  # one node of a gang across nodes completed its part: its slots freed
+                return ReleaseResult(status=status, job_id=job_id, state=_s(v[1]), gpu_id=_s(v[2]),
+                                     node=_s(v[3]), instance_id=instance_id, slots=decode_slots(v[5]))
             if status != "ok" and len(v) <= 8:
                 return ReleaseResult(
                     status=status, job_id=job_id, state=_s(v[1]), gpu_id=_s(v[2]), node=_s(v[3])
@@ -141,6 +146,7 @@ class Batch:
                 slots=decode_slots(v[9]) if len(v) > 9 else (),
                 stop=(_s(v[10]), _s(v[11]), _s(v[12])) if len(v) > 12 and _s(v[10]) else None,
                 given_back=_s(v[13]) if len(v) > 13 else "",
+                stops=decode_stops(v[14]) if len(v) > 14 else (),
             )
 
         return self._add(
@@ -195,7 +201,7 @@ class Batch:
             "fail_placement",
             [k.gpus, k.job(job_id)],
             [job_id, reason, repr(now), max_attempts, cmd_id, "" if attempt is None else attempt],
-            lambda v: (_s(v[0]), _s(v[1]), _s(v[2])),
+            lambda v: PlacementFailure(_s(v[0]), _s(v[1]), _s(v[2]), decode_stops(v[3]) if len(v) > 3 else ()),
         )
 
     def cancel(self, job_id: str, reason: str, now: float) -> int:

@@ -57,7 +57,7 @@ def check_state(
         counts: Counter[str] = Counter()
         for i in g.instances:
             if i.profile in PLAIN_PROFILES or not g.mig:
-                if i.job and i.state != "idle":
+                if i.job and i.state not in ("idle", "retiring"):  # retiring: a part being stopped
                     holders[(g.id, i.id)] = i.job
                 continue  # checked by _plain_violations
             if i.mask & seen:
@@ -115,9 +115,10 @@ def check_state(
                 out.append(
                     Violation(kind="reservation", subject=j.job_id, detail=f"first slot is not {j.gpu} {j.inst}")
                 )
+            completed = _completed_parts(j.slots, holders, j.job_id)
             for gpu, inst in (*held, (j.mig_gpu, j.mig_inst)) if j.state == "migrating" else held:
                 named.add((gpu, inst))
-                if holders.get((gpu, inst)) != j.job_id:
+                if holders.get((gpu, inst)) != j.job_id and gpu.rpartition("/")[0] not in completed:
                     out.append(
                         Violation(
                             kind="reservation",
@@ -198,3 +199,15 @@ def _plain_violations(g: StoredGpu) -> list[Violation]:
         if not 0 <= i.start < g.replicas:
             bad(f"{i.id}: replica {i.start} outside 0..{g.replicas - 1}")
     return out
+
+
+def _completed_parts(slots: tuple[tuple[str, str], ...], holders: dict[tuple[str, str], str], job: str) -> set[str]:
+    """The member nodes of a gang across nodes whose part completed while others run: the job holds none of that
+    node's slots, and still holds some slot elsewhere (a node holding only some of its slots is a violation)."""
+    by_node: dict[str, list[bool]] = {}
+    for gpu, inst in slots:
+        by_node.setdefault(gpu.rpartition("/")[0], []).append(holders.get((gpu, inst)) == job)
+    if len(by_node) < 2:
+        return set()
+    gone = {n for n, held in by_node.items() if not any(held)}
+    return gone if len(gone) < len(by_node) else set()

@@ -122,6 +122,16 @@ def decode_slots(raw: Any) -> tuple[tuple[str, str], ...]:
     return tuple(_SLOTS.decode(raw))
 
 
+_STOPS = msgspec.json.Decoder(list[tuple[str, str, str]])
+
+
+def decode_stops(raw: Any) -> tuple[tuple[str, str, str], ...]:
+    """A transition's member stops: JSON ``[[node, gpu, instance], ...]`` ('' or an empty table: none)."""
+    if not raw or raw in (b"{}", b"[]", "{}", "[]"):
+        return ()
+    return tuple(_STOPS.decode(raw))
+
+
 class CancelResult(msgspec.Struct, frozen=True, kw_only=True):
     """``status``: cancelled | stop (the job is active: stop its workload on ``node``) | noop."""
 

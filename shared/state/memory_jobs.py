@@ -9,12 +9,13 @@ from collections.abc import Iterable
 
 from shared.state.codec import CancelResult
 from shared.state.memory_prelude import _ACTIVE, MemoryPrelude, _Shard
-from shared.state.memory_slots import give_back, hold_for_stop, names, vacate
+from shared.state.memory_slots import give_back, hold_for_stop, hold_members, inst_node, names, node_of, spans, vacate
 from shared.state.memory_slots import idle as _idle
 from shared.state.model import (
     EXIT_TO_STATE,
     TERMINAL_STATES,
     JobRecord,
+    PlacementFailure,
     ReleaseResult,
     StoredGpu,
     StoredInstance,
@@ -69,16 +70,44 @@ class JobTransitions(MemoryPrelude):
                         gpu=copy.deepcopy(g0),
                     )
             return ReleaseResult(status="noop", job_id=job, state=j.state if j else "")
-        if instance_id and instance_id not in (j.inst, j.mig_inst):
+        across = bool(instance_id) and spans(j.held())
+        if instance_id and instance_id not in (j.inst, j.mig_inst) and not (across and names(j, instance_id)):
             return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
         prev, gpu_id, node, slots = j.state, j.gpu, j.node, j.slots
+        stops: list[tuple[str, str, str]] = []
+        if across:  # see release.lua: one member node's exit
+            member = inst_node(instance_id)
+            mine, others = [], False
+            for gid, iid in j.held():
+                _, g = self._gpu(gid)
+                i = next((x for x in g.instances if x.id == iid), None) if g else None
+                if g is None or i is None or i.job != job:
+                    continue
+                if node_of(gid) == member:
+                    mine.append((g, gid, iid))
+                else:
+                    others = True
+            if not mine:
+                return ReleaseResult(status="noop", job_id=job, state=prev)
+            for g, _gid, iid in mine:
+                vacate(g.instances, iid, job, False)
+                self._save(sh, g)
+            freed = tuple((gid, iid) for _g, gid, iid in mine)
+            if others and EXIT_TO_STATE[kind] == "finished":
+                self._hist(sh, job, prev, prev, f"node {member} completed its part of the gang", now)
+                return ReleaseResult(status="member", job_id=job, state=prev, gpu_id=freed[0][0], node=member,
+                                     instance_id=instance_id, slots=freed)
+            if others:
+                stops = hold_members(self, sh, job, j.held(), member)
+            slots = freed
         profile = ""
         first: StoredGpu | None = None
         for n, (gid, iid) in enumerate(j.held()):
             _, g = self._gpu(gid)
             if g is None:
                 continue
-            left = vacate(g.instances, iid, job, False)
+            held = next((x for x in g.instances if x.id == iid), None)
+            left = vacate(g.instances, iid, job, False) if held is None or held.state != "retiring" else None
             if n == 0:
                 first, profile = g, left.profile if left else ""
             self._save(sh, g)
@@ -119,6 +148,7 @@ class JobTransitions(MemoryPrelude):
             slots=slots,
             stop=stop,
             given_back=given,
+            stops=tuple(stops),
         )
 
     def _t_mark_running(
@@ -139,7 +169,7 @@ class JobTransitions(MemoryPrelude):
         if j is not None and attempt is not None and attempt < j.attempts:
             active = j.state in _ACTIVE
             if not instance_id:
-                if not (active and j.node == node):
+                if not (active and (j.node == node or any(node_of(g) == node for g, _ in j.held()))):
                     return "stop"
             elif not (active and names(j, instance_id)):
                 seen = sh.late.setdefault(job, set())  # the job hash's 'late' field in Redis
@@ -152,15 +182,23 @@ class JobTransitions(MemoryPrelude):
         if instance_id and instance_id != j.inst:
             return "stale"
         held = []
+        across, waiting = spans(j.held()), False  # see mark_running.lua: a gang across nodes
         for gid, iid in j.held():
             _, g = self._gpu(gid)
             i = next((x for x in g.instances if x.id == iid), None) if g else None
-            if g is None or i is None or i.job != job:
+            mine = i is not None and i.job == job
+            if across and node_of(gid) != node:
+                waiting = waiting or (mine and i is not None and i.state == "reserved")
+                continue
+            if g is None or i is None or not mine:
                 return "gone"
             held.append((g, i))
         for g, i in held:
             i.state, i.started, i.created = "busy", now, False
             self._save(sh, g, bump=False)
+        if waiting:
+            self._hist(sh, job, "placing", "placing", f"node {node} started its part of the gang", now)
+            return "ok"
         self._state(sh, job, "placing", "running", "executor started the workload", now)
         return "ok"
 
@@ -198,27 +236,39 @@ class JobTransitions(MemoryPrelude):
         max_attempts: int,
         cmd_id: str = "",
         attempt: int | None = None,
-    ) -> tuple[str, str, str]:
+    ) -> PlacementFailure:
         sh = self._js(job)
         if cmd_id:
             sh.cmds.pop(cmd_id, None)
         j = sh.jobs.get(job)
         if j is None or j.state != "placing":
-            return ("noop", j.state if j else "", "")
+            return PlacementFailure("noop", j.state if j else "", "")
         if attempt is not None and attempt < j.attempts:  # an older command: not the current placement's
-            return ("noop", j.state, "")
+            return PlacementFailure("noop", j.state, "")
         gpu_id = ",".join(gid for gid, _ in j.held())  # a gang frees several GPUs
+        stops: list[tuple[str, str, str]] = []
+        if spans(j.held()):  # see fail_placement.lua: the members that started keep their part until stopped
+            started = set()
+            for gid, iid in j.held():
+                _, g = self._gpu(gid)
+                if g is not None and any(x.id == iid and x.job == job and x.state == "busy" for x in g.instances):
+                    started.add(node_of(gid))
+            keep = [(gid, iid) for gid, iid in j.held() if node_of(gid) in started]
+            if keep:
+                stops = hold_members(self, sh, job, keep, "")
         for gid, iid in j.held():
             _, g = self._gpu(gid)
             if g is not None:
+                if any(x.id == iid and x.state == "retiring" for x in g.instances):
+                    continue
                 vacate(g.instances, iid, job, True)
                 self._save(sh, g)
         if j.attempts + 1 >= max_attempts:
             j.attempts += 1
             self._state(sh, job, "placing", "failed", reason, now)
-            return ("ok", "failed", gpu_id)
+            return PlacementFailure("ok", "failed", gpu_id, tuple(stops))
         self._requeue(sh, job, "placing", reason, now)
-        return ("ok", "pending", gpu_id)
+        return PlacementFailure("ok", "pending", gpu_id, tuple(stops))
 
     def _t_cancel(self, job: str, reason: str, now: float) -> CancelResult:
         sh = self._js(job)

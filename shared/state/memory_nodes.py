@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from shared.state.memory_slots import hold_for_stop, idle, names, vacate
+from shared.state.memory_slots import hold_for_stop, hold_members, idle, names, spans, vacate
 from shared.state.model import PLAIN_PROFILES, StoredGpu, StoredInstance
 
-Stops = list[tuple[str, str, str]]
-"""(job, gpu id, instance id): jobs a registration found running where the state does not hold them."""
+Stops = list[tuple[str, ...]]
+"""(job, gpu id, instance id[, node]): jobs a registration found running where the state does not hold them
+(the node: another node's part of a gang across nodes re-queued from this one)."""
 
 
 def _stop_foreign(i: StoredInstance, job: str, gid: str, stops: Stops) -> None:
@@ -49,19 +50,25 @@ def _not_in_way(sh: Any, r: StoredInstance, i: StoredInstance) -> bool:
     return not (i.mask & r.mask) or i.state != "reserved" or not i.job or bool(j is not None and j.slots)
 
 
-def _free_gangs(store: Any, sh: Any, gangs: list[tuple[str, tuple[tuple[str, str], ...]]]) -> None:
-    """A re-queued gang leaves its instances on its other GPUs behind: free them (as ``free_gangs``)."""
+def _free_gangs(
+    store: Any, sh: Any, gangs: list[tuple[str, tuple[tuple[str, str], ...]]], node: str, stops: list[Any]
+) -> None:
+    """A re-queued gang leaves its instances on its other GPUs behind: free them (as ``free_gangs``). A gang
+    across nodes keeps its parts on the other nodes taken until each confirms a stop (listed in ``stops`` with
+    its node)."""
     for job, slots in gangs:
+        if spans(slots):
+            stops.extend((job, gid, iid, n) for n, gid, iid in hold_members(store, sh, job, slots, node))
         for gid, iid in slots:
             _, g = store._gpu(gid)
             i = next((x for x in g.instances if x.id == iid), None) if g else None
-            if g is not None and i is not None and i.job == job and i.state != "idle":
+            if g is not None and i is not None and i.job == job and i.state not in ("idle", "retiring"):
                 vacate(g.instances, iid, job, False)
                 store._save(sh, g)
 
 
 def register(
-    store: Any, sh: Any, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""
+    store: Any, sh: Any, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = ""
 ) -> dict[str, Any]:
     h = sh.nodes.get(node)
     if reg_id and h is not None and h.get("reg_id") == reg_id:  # redelivered: applied already
@@ -161,13 +168,14 @@ def register(
             int(g.get("replicas", 0)),
         )
         store._save(sh, cur, "claim")
-    _free_gangs(store, sh, gangs)
+    _free_gangs(store, sh, gangs, node, stops)
     sh.nodes[node] = {
         "state": "up",
         "last_seen": repr(now),
         "registered_at": repr(now),
         "gpus": ",".join(ids),
         "reg_id": reg_id,
+        "addr": addr,
     }
     return {"requeued": requeued, "drift": drift, "gpus": ids, "stops": [list(x) for x in stops]}
 
@@ -181,7 +189,10 @@ def stopped(store: Any, sh: Any, node: str, job: str) -> dict[str, Any]:
         g = sh.gpus.get(gid)
         hits = [i for i in g.instances if i.state == "retiring" and i.job == job] if g else []
         for i in hits:
-            idle(i)
+            if i.profile in PLAIN_PROFILES:  # a plain instance leaves with its job
+                g.instances.remove(i)
+            else:
+                idle(i)
         if g is not None and hits:
             store._save(sh, g)
             freed.append(gid)
@@ -201,7 +212,8 @@ def lost(store: Any, sh: Any, node: str, now: float, reason: str) -> dict[str, A
         g.healthy = False
         g.instances = []
         store._save(sh, g, "claim")
-    _free_gangs(store, sh, gangs)
+    stops: list[Any] = []
+    _free_gangs(store, sh, gangs, node, stops)
     h["state"] = "lost"
     h["lost_at"] = repr(now)
-    return {"requeued": requeued, "drift": [], "gpus": ids}
+    return {"requeued": requeued, "drift": [], "gpus": ids, "stops": [list(x) for x in stops]}

@@ -8,6 +8,8 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from shared.state.model import (
     PLAIN_PROFILES,
     JobRecord,
@@ -72,6 +74,42 @@ def vacate(insts: list[StoredInstance], instance_id: str, job: str, drop_created
     return i
 
 
+def node_of(gpu_id: str) -> str:
+    """The node of a GPU id ``<node>/<index>`` (``node_of`` in prelude.lua)."""
+    return gpu_id.rpartition("/")[0]
+
+
+def inst_node(instance_id: str) -> str:
+    """The node of an instance id ``<gpu id>:...``."""
+    return node_of(instance_id.partition(":")[0])
+
+
+def spans(slots: Iterable[tuple[str, str]]) -> bool:
+    """Whether a job's slots lie on several nodes (a gang across nodes)."""
+    return len({node_of(g) for g, _ in slots}) > 1
+
+
+def hold_members(
+    store: Any, sh: Any, job: str, slots: Iterable[tuple[str, str]], but: str
+) -> list[tuple[str, str, str]]:
+    """As ``hold_members`` in prelude.lua: a gang across nodes that must end keeps its instances on nodes other
+    than ``but`` taken (retiring with the job) until each node confirms a stop; one (node, gpu, instance) per
+    node to stop."""
+    stops: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for gid, iid in slots:
+        _, g = store._gpu(gid)
+        i = next((x for x in g.instances if x.id == iid), None) if g else None
+        if g is None or i is None or i.job != job or node_of(gid) == but:
+            continue
+        hold_for_stop(i, job)
+        store._save(sh, g, "claim")
+        if node_of(gid) not in seen:
+            seen.add(node_of(gid))
+            stops.append((node_of(gid), gid, iid))
+    return stops
+
+
 def names(j: JobRecord, instance_id: str) -> bool:
     """The job's record names the instance: one of its slots or its migration target."""
     return instance_id in (j.inst, j.mig_inst) or any(iid == instance_id for _, iid in j.slots)
@@ -110,7 +148,7 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
             return out("conflict", first.ver, f"{s.gpu_id} version {g.ver}")
         if not g.healthy:
             return out("unhealthy", first.ver, s.gpu_id)
-        if g.node != first.node:
+        if g.node != first.node and not r.span:
             return out("node", first.ver, f"{s.gpu_id} is on another node")
         claimed.add(s.gpu_id)
     assert first is not None
@@ -208,8 +246,17 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
     j.gpu, j.inst, j.node = r.gpu_id, new_ids[0][1], first.node
     j.slots = tuple(new_ids) if len(new_ids) > 1 else ()
     store._state(sh, r.job_id, prev, "placing", r.reason, now)
-    if r.track:
+    if r.track and r.span:  # one place command per member node: place:<job>:<attempt>/<node rank>
+        members: dict[str, str] = {}
+        for s in slots:
+            members.setdefault(work[s.gpu_id][0].node, s.gpu_id)
+        for k, (node, gid) in enumerate(members.items()):
+            sh.cmds[f"place:{r.job_id}:{j.attempts}/{k}"] = {
+                "node": node, "kind": "place", "job": r.job_id, "gpu": gid, "at": now,
+            }
+    elif r.track:
         sh.cmds[f"place:{r.job_id}:{j.attempts}"] = {
             "node": first.node, "kind": "place", "job": r.job_id, "gpu": r.gpu_id, "at": now,
         }
-    return out("ok", ver, str(j.attempts))
+    res = out("ok", ver, str(j.attempts))
+    return msgspec.structs.replace(res, master_addr=sh.nodes.get(first.node, {}).get("addr", ""))

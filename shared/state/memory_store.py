@@ -22,7 +22,7 @@ from shared.state.memory_migrate import MigrationTransitions
 from shared.state.memory_prelude import _Shard
 from shared.state.memory_reads import MemoryReads
 from shared.state.memory_slots import reserve as _reserve
-from shared.state.model import ReleaseResult, Reservation, ReserveResult, StoredInstance
+from shared.state.model import PlacementFailure, ReleaseResult, Reservation, ReserveResult, StoredInstance
 
 
 class MemoryBatch:
@@ -172,7 +172,7 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
         max_attempts: int = 3,
         cmd_id: str = "",
         attempt: int | None = None,
-    ) -> tuple[str, str, str]:
+    ) -> PlacementFailure:
         return self._t_fail_placement(job_id, reason, now, max_attempts, cmd_id, attempt)
 
     async def cancel(self, job_id: str, reason: str, now: float) -> CancelResult:
@@ -188,11 +188,11 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
         return self._t_expire(shard, before, limit, cap, settled)
 
     async def register_node(
-        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""
+        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = ""
     ) -> dict[str, Any]:
         from shared.state.memory_nodes import register
 
-        return register(self, self._ns(node), node, gpus, now, reg_id)
+        return register(self, self._ns(node), node, gpus, now, reg_id, addr)
 
     async def node_lost(self, node: str, now: float, reason: str) -> dict[str, Any]:
         from shared.state.memory_nodes import lost

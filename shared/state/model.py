@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
@@ -258,6 +258,10 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     ones removed) and the job re-queued with ``reason``."""
     extra: tuple[SlotReservation, ...] = ()
     """The other slots of a gang (``gpus: n`` on one node); the job record then lists all in ``slots``."""
+    span: bool = False
+    """The slots lie on several nodes (a gang across nodes); without it a reservation across nodes is refused
+    (``node``). With ``track``, one place command per member node is recorded,
+    ``place:<job>:<attempt>/<node rank>``."""
     track: bool = False
     """Also record the place command ``place:<job>:<attempt>`` in ``:cmds`` (node, job, GPU, ``at`` = ``now``)
     in the same transition: the balancer sends that command itself, so its time-out tracking costs no second
@@ -288,6 +292,8 @@ class ReserveResult(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
     """ok: the job's placement attempts so far (names its ``sched.placed`` message); else what stood in the
     way."""
+    master_addr: str = ""
+    """ok: the address the first slot's node declared at registration (a gang's rendezvous host); '' if none."""
 
     @property
     def ok(self) -> bool:
@@ -296,8 +302,9 @@ class ReserveResult(msgspec.Struct, frozen=True, kw_only=True):
 
 class ReleaseResult(msgspec.Struct, frozen=True, kw_only=True):
     """``status``: ok (slices freed now) | noop (already released or never placed) | stale (the exit names
-    another instance than the job's current one). ``gpu``: the GPU right after the release (ok), or as it is
-    now when an already released job's exit names its last instance (noop)."""
+    another instance than the job's current one) | member (one node of a gang across nodes completed its part
+    and others still run: its ``slots`` are freed, the job runs on). ``gpu``: the GPU right after the release
+    (ok), or as it is now when an already released job's exit names its last instance (noop)."""
 
     status: str
     job_id: str
@@ -313,10 +320,24 @@ class ReleaseResult(msgspec.Struct, frozen=True, kw_only=True):
     """(node, gpu id, instance id): the exit came from the source of a move to another node, whose target that
     node may run a copy of the job on; the target is kept retiring with the job until the node confirms a
     ``stop`` of that run (``node_stopped``), or drops it when its ``migrate_start`` failed."""
+    stops: tuple[tuple[str, str, str], ...] = ()
+    """(node, gpu id, instance id), one per other node of a gang across nodes that this exit ended: that node
+    still runs its part, held ``retiring`` until it confirms a ``stop`` (``node_stopped``)."""
     given_back: str = ""
     """``gpu|id,id``: the idle instances the job's move had removed from its target's way, back in the state
     ``retiring`` (the move's ops that destroy them may not have run): the registry sends each a
     ``destroy_idle``."""
+
+
+class PlacementFailure(NamedTuple):
+    """What ``fail_placement`` did: ``status`` ok | noop, the job's ``state`` after it, the GPUs freed
+    (comma-separated: a gang frees several), and the member stops of a gang across nodes whose parts started
+    already ((node, gpu id, instance id) per node, held ``retiring`` until each confirms a ``stop``)."""
+
+    status: str
+    state: str
+    gpus: str
+    stops: tuple[tuple[str, str, str], ...] = ()
 
 
 class Violation(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,6 +42,7 @@ from shared.state.model import (
     HistoryEntry,
     Hold,
     JobRecord,
+    PlacementFailure,
     ReleaseResult,
     Reservation,
     ReserveResult,
@@ -153,7 +154,7 @@ class RedisState(DerivedReads):
         max_attempts: int = 3,
         cmd_id: str = "",
         attempt: int | None = None,
-    ) -> tuple[str, str, str]:
+    ) -> PlacementFailure:
         return await self._one("fail_placement", job_id, reason, now, max_attempts, cmd_id, attempt)
 
     async def cancel(self, job_id: str, reason: str, now: float) -> CancelResult:
@@ -169,15 +170,16 @@ class RedisState(DerivedReads):
         return await self._one("expire", shard, before, limit, cap, settled)
 
     async def register_node(
-        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = ""
+        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = ""
     ) -> dict[str, Any]:
         """gpus: [{id, index, model, mig, healthy, uuid, instances: [StoredInstance-like dicts, with ``job``
         when the node runs one there]}] -> {requeued: [job ids], drift: [text], gpus: [ids], stops: [[job, gpu
         id, instance id]: jobs running where the state does not hold them, to be stopped]}, plus ``replay:
-        True`` (and nothing changed) when ``reg_id`` is the node's last applied registration."""
+        True`` (and nothing changed) when ``reg_id`` is the node's last applied registration. ``addr``: the address
+        the node's executor declares (a gang's rendezvous host when its first member is there)."""
         k = self.node_keys(node)
         raw = await self.script("node")(
-            [k.gpus, k.node(node)], ["register", node, repr(now), _ENC.encode(gpus), reg_id]
+            [k.gpus, k.node(node)], ["register", node, repr(now), _ENC.encode(gpus), reg_id, addr]
         )
         return _lists(msgspec.json.decode(raw))
 

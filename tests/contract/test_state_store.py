@@ -13,13 +13,21 @@ from typing import Any
 
 import pytest
 
-from tests.contract.state_cases import expiry, foreign_job, late_run, migration_exit, plain_state, reserve_track
+from tests.contract.state_cases import (
+    expiry,
+    foreign_job,
+    gang_across,
+    late_run,
+    migration_exit,
+    plain_state,
+    reserve_track,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
 Case = Callable[[Any], Awaitable[None]]
 SUITES = {"plain": plain_state, "expiry": expiry, "foreign": foreign_job, "late-run": late_run,
-          "move-exit": migration_exit, "reserve-track": reserve_track}
+          "move-exit": migration_exit, "reserve-track": reserve_track, "gang-across": gang_across}
 CASES: list[tuple[str, Case]] = [(f"{name}:{case.__name__}", case) for name, mod in SUITES.items()
                                  for case in mod.CASES]
 

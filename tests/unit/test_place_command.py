@@ -1,10 +1,11 @@
-"""``place_command``: one committed placement -> the executor's place command the balancer sends."""
+"""``place_commands``: one committed placement -> the executors' place commands the balancer sends (one per
+member node of a gang across nodes)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.common.place_command import place_cmd_id, place_command
+from services.common.place_command import gang_port, place_cmd_id, place_commands
 from shared.events import Command, JobInfo, Placed, Workload
 from shared.mig.geometry import default_geometry
 from shared.policy.gpu_view import GpuView, InstanceView
@@ -32,6 +33,15 @@ def _placed(gpu: GpuView, *slots: Slot, attempt: int = 2, preempted: tuple[str, 
         preempted=preempted,
         job=JobInfo(workload=Workload(argv=("python", "x.py")), duration_hint_s=30.0, submitted_at=99.5),
     )
+
+
+def place_command(p: Placed, geo: object, now: float) -> Command | PlanConflict:
+    """The one command of a placement on one node."""
+    cmds = place_commands(p, GEO, now)
+    if isinstance(cmds, PlanConflict):
+        return cmds
+    assert len(cmds) == 1
+    return cmds[0]
 
 
 def _idle(profile: str, start: int, size: int, compute: int, job: str | None = None) -> InstanceView:
@@ -82,3 +92,31 @@ def test_a_whole_gpu_gang_becomes_one_plain_command_binding_every_gpu() -> None:
         (0, "gpu", "n1/0:gpu@0:j1"), (3, "gpu", "n1/3:gpu@0:j1")]
     assert cmd.instance_id == "n1/0:gpu@0:j1" and cmd.gpu_index == 0
 
+    assert cmd.gang is not None and (cmd.gang.world_size, cmd.gang.first_rank, cmd.gang.hosts) == (2, 0, ("n1",))
+
+
+def _whole(node: str, index: int) -> Slot:
+    return Slot(gpu_id=f"{node}/{index}", node=node, model="A100-40GB", profile="gpu", start=0, size=8, compute=7,
+                action="create")
+
+
+def test_a_gang_across_nodes_becomes_one_command_per_member_node_with_its_ranks() -> None:
+    gpu = GpuView.build(id="a/0", node="a", index=0, model="A100-40GB", mig=False)
+    slots = (*(_whole("a", i) for i in range(4)), *(_whole("b", i) for i in (1, 2)), _whole("c", 7))
+    cmds = place_commands(_placed(gpu, *slots, attempt=3), GEO, 5.0, master_addr="10.0.0.1")
+    assert isinstance(cmds, list)
+    assert [(c.node, c.cmd_id, c.id) for c in cmds] == [
+        ("a", "place:j1:3/0", "place:j1:3/0"), ("b", "place:j1:3/1", "place:j1:3/1"), ("c", "place:j1:3/2", "place:j1:3/2")]
+    assert [[s.gpu_index for s in c.plain] for c in cmds] == [[0, 1, 2, 3], [1, 2], [7]]
+    assert [c.instance_id for c in cmds] == ["a/0:gpu@0:j1", "b/1:gpu@0:j1", "c/7:gpu@0:j1"]
+    gangs = [c.gang for c in cmds]
+    assert all(g is not None for g in gangs)
+    assert [(g.first_rank, g.node_rank) for g in gangs if g] == [(0, 0), (4, 1), (6, 2)]
+    assert {(g.world_size, g.hosts, g.master_addr, g.master_port, g.launch) for g in gangs if g} == {
+        (7, ("a", "b", "c"), "10.0.0.1", gang_port("j1"), "per-gpu")}
+
+
+def test_a_gang_whose_first_node_declared_no_address_meets_at_that_node_name() -> None:
+    gpu = GpuView.build(id="a/0", node="a", index=0, model="A100-40GB", mig=False)
+    cmds = place_commands(_placed(gpu, _whole("a", 0), _whole("b", 0)), GEO, 5.0)
+    assert isinstance(cmds, list) and {c.gang.master_addr for c in cmds if c.gang} == {"a"}

@@ -78,11 +78,17 @@ def test_a_whole_gpu_gang_takes_n_free_plain_gpus_on_the_tightest_node() -> None
     assert all(s.profile == WHOLE_PROFILE and s.size == 8 for s in d.slots)
 
 
-def test_a_gang_is_all_or_nothing_on_one_node() -> None:
+def test_a_gang_that_fits_on_a_node_never_spans_two() -> None:
+    snap = _snap(_plain("a0", "a", 0), _plain("a1", "a", 1, whole=True), _plain("b0", "b", 0))
+    d = place(snap, _job(Demand(kind="gpus", gpus=2)))
+    assert isinstance(d, CannotPlace)  # node a holds two GPUs: the gang waits for them, not for two nodes
+    assert "no node has 2 free plain" in d.reasons[0]
+
+
+def test_a_gang_bigger_than_every_node_spans_the_fewest_nodes() -> None:
     snap = _snap(_plain("a0", "a", 0), _plain("b0", "b", 0))
     d = place(snap, _job(Demand(kind="gpus", gpus=2)))
-    assert isinstance(d, CannotPlace)
-    assert "no node has 2 free plain" in d.reasons[0]
+    assert isinstance(d, Placement) and {s.node for s in d.slots} == {"a", "b"}
 
 
 def test_a_gang_prefers_dedicated_gpus_over_time_sliced_ones() -> None:
@@ -183,7 +189,9 @@ def test_in_mixed_clusters_every_placement_respects_each_gpus_sharing_mode(
         assert not g.mig and g.replicas >= 1 and shares_used(g) < g.replicas
         assert d.slot.start == free_replica(g)
     else:
-        assert len({g.node for g in gpus}) == 1 and len(gpus) == demand.gpus
+        largest = max(sum(1 for g in snap.gpus if g.node == n) for n in {g.node for g in snap.gpus})
+        assert len(gpus) == demand.gpus
+        assert len({g.node for g in gpus}) == (1 if demand.gpus <= largest else -(-demand.gpus // largest))
         assert len({g.mig for g in gpus}) == 1
         for g in gpus:
             assert (g.busy_mask == 0) if g.mig else is_free_plain(g)

@@ -33,13 +33,18 @@ local function hold_late(node, iid, raw)
   end
   save_gpu(key, insts, 'claim')
 end
+local slots = job_slots(f[2], f[3], f[4])
+local function member_of(node)
+  for _, sl in ipairs(slots) do if node_of(sl[1]) == node then return true end end
+  return false
+end
 local attempt = tonumber(ARGV[5] or '')
 if f[1] and attempt and attempt < tonumber(f[5] or '0') then
   local active = f[1] == 'placing' or f[1] == 'running' or f[1] == 'migrating'
   if ARGV[2] == '' then
     -- a plain binding reports no instance: one run per job per node, so on the node of the job's active
     -- placement it cannot be told from that one (left as before); elsewhere it is stopped
-    if not (active and f[6] == ARGV[6]) then return {'stop', f[1]} end
+    if not (active and (f[6] == ARGV[6] or member_of(ARGV[6]))) then return {'stop', f[1]} end
   elseif not (active and names(job, ARGV[2])) then
     -- once per command ('late' lists the attempts handled): a cmd_done redelivered after the node confirmed
     -- the stop must not hold the instance again, as the stop it sends again is the same message (dropped)
@@ -53,9 +58,20 @@ if f[1] and attempt and attempt < tonumber(f[5] or '0') then
 end
 if f[1] ~= 'placing' then return {'noop', f[1] or ''} end
 if ARGV[2] ~= '' and ARGV[2] ~= f[3] then return {'stale', f[1]} end
-local held = slot_insts(job, job_slots(f[2], f[3], f[4]))
-for _, e in ipairs(held) do if not e.i then return {'gone', f[1]} end end
+local held = slot_insts(job, slots)
+-- a gang across nodes: each member node starts its own slots (another member's may be gone already: it
+-- completed); the job runs once none is still reserved
+local across = spans(slots)
+local waiting = false
 for _, e in ipairs(held) do
+  if across and node_of(e.gid) ~= ARGV[6] then
+    if e.i and e.i.state == 'reserved' then waiting = true end
+    e.skip = true
+  elseif not e.i then
+    return {'gone', f[1]}
+  end
+end
+for _, e in ipairs(held) do if not e.skip then
   local was_idle = e.i.state == 'idle'
   e.i.state = 'busy'; e.i.started = tonumber(ARGV[3]); e.i.created = nil
   if was_idle then
@@ -65,6 +81,10 @@ for _, e in ipairs(held) do
     -- (save_gpu would read and rewrite both counters and rewrite the occupancy byte, all unchanged)
     redis.call('HSET', e.key, 'inst', encode_insts(e.insts))
   end
+end end
+if waiting then
+  hist(job, 'placing', 'placing', 'node ' .. ARGV[6] .. ' started its part of the gang', tonumber(ARGV[3]))
+  return {'ok', 'placing'}
 end
 set_state(job, 'placing', 'running', 'executor started the workload', tonumber(ARGV[3]))
 return {'ok', 'running'}

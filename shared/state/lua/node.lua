@@ -1,5 +1,5 @@
 -- node: registration and loss of one node. KEYS[2] node hash.
---   register ARGV: 'register', node, now, gpus_json, registration id ('' = none)
+--   register ARGV: 'register', node, now, gpus_json, registration id ('' = none), address ('' = none)
 --     A registration already applied (the same id, redelivered after a handler fault) changes nothing: replayed
 --     late, its stale instance list would drop instances created since and re-queue their jobs.
 --     gpus_json: [{id, index, model, mig, healthy, uuid, replicas, instances: [{id, profile, start, size,
@@ -12,9 +12,11 @@
 --     reservation's job re-queued: the node would refuse its command for the overlap.
 --     A reported instance running a job the state does not hold there is never adopted idle: it is kept
 --     'retiring' with that job (occupied, never reused) and listed in 'stops' {job, gpu, instance} for the
---     registry to stop; 'stopped' idles it once the job is gone.
+--     registry to stop; 'stopped' idles it once the job is gone. A stop on another node (a gang across nodes
+--     re-queued from this one) names that node fourth.
 --   lost ARGV: 'lost', node, now, reason
---     Every GPU of the node becomes unhealthy and empty; every job on it is re-queued.
+--     Every GPU of the node becomes unhealthy and empty; every job on it is re-queued. A gang across nodes keeps
+--     its parts on the other nodes taken: 'stops' {job, gpu, instance, node} lists one per node to stop.
 --   stopped ARGV: 'stopped', node, now, job
 --     The node stopped (or saw end) a job it ran unbeknown to the state (found by a registration, or started by
 --     a place command applied late, mark_running.lua): the instances kept 'retiring' for it become idle. Returns {gpus = the GPUs changed}.
@@ -75,11 +77,18 @@ local function free_moves()
     end
   end
 end
--- A re-queued gang leaves its instances on its other GPUs behind: free them (plain ones are removed).
+-- A re-queued gang leaves its instances on its other GPUs behind: free them (plain ones are removed). A gang
+-- across nodes runs its other parts on their own nodes: those stay taken until each node confirms a 'stop'
+-- (listed in 'stops' with their node).
 local function free_gangs()
   for _, gang in ipairs(gangs) do
+    if spans(gang[2]) then
+      for _, s in ipairs(hold_members(gang[1], gang[2], node)) do
+        table.insert(stops, {gang[1], s[2], s[3], s[1]})
+      end
+    end
     for _, e in ipairs(slot_insts(gang[1], gang[2])) do
-      if e.i and e.i.state ~= 'idle' then
+      if e.i and e.i.state ~= 'idle' and e.i.state ~= 'retiring' then
         vacate(e.insts, e.i.id, gang[1], false)
         save_gpu(e.key, e.insts, true)
       end
@@ -160,7 +169,7 @@ if op == 'register' then
   free_gangs()
   redis.call('SADD', NODES, node)
   redis.call('HSET', nkey, 'state', 'up', 'last_seen', now, 'registered_at', now, 'gpus', cjson.encode(ids),
-    'reg_id', reg_id)
+    'reg_id', reg_id, 'addr', ARGV[6] or '')
   return cjson.encode({requeued = requeued, drift = drift, gpus = ids, stops = stops})
 end
 if op == 'stopped' then
@@ -169,8 +178,12 @@ if op == 'stopped' then
     local key = gk(id)
     local insts = decode_insts(redis.call('HGET', key, 'inst'))
     local hit = false
-    for _, i in ipairs(insts) do
-      if i.state == 'retiring' and i.job == job then idle(i); hit = true end
+    for n = #insts, 1, -1 do
+      local i = insts[n]
+      if i.state == 'retiring' and i.job == job then
+        if is_plain(i) then table.remove(insts, n) else idle(i) end  -- a plain instance leaves with its job
+        hit = true
+      end
     end
     if hit then save_gpu(key, insts, true); table.insert(freed, id) end
   end
@@ -189,4 +202,4 @@ end
 free_moves()
 free_gangs()
 redis.call('HSET', nkey, 'state', 'lost', 'lost_at', now)
-return cjson.encode({requeued = requeued, drift = drift, gpus = ids})
+return cjson.encode({requeued = requeued, drift = drift, gpus = ids, stops = stops})

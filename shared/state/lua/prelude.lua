@@ -121,6 +121,15 @@ local function job_slots(gpu, inst, raw)
   if gpu and inst and gpu ~= '' then return {{gpu, inst}} end
   return {}
 end
+-- The node of a GPU id ('<node>/<index>') and of an instance id ('<gpu id>:...').
+local function node_of(gid) return string.match(gid or '', '^(.*)/[^/]*$') end
+local function inst_node(iid) return node_of(string.match(iid or '', '^([^:]+):')) end
+-- Whether a job's slots span several nodes (a gang across nodes: each member node runs its part and reports
+-- its start and its exit on its own).
+local function spans(slots)
+  for _, s in ipairs(slots) do if node_of(s[1]) ~= node_of(slots[1][1]) then return true end end
+  return false
+end
 -- Every slot of a job read once: {key, insts, i} with i nil when the GPU no longer holds the job there. The
 -- caller changes the tables and saves them, so a transition checks every slot before it writes any.
 local function slot_insts(job, slots)
@@ -130,7 +139,7 @@ local function slot_insts(job, slots)
     local insts = decode_insts(redis.call('HGET', key, 'inst'))
     local _, i = find(insts, s[2])
     if i and i.job ~= job then i = nil end
-    table.insert(out, {key = key, insts = insts, i = i})
+    table.insert(out, {key = key, gid = s[1], insts = insts, i = i})
   end
   return out
 end
@@ -141,6 +150,26 @@ local function vacate(insts, id, job, drop_created)
   if not i or i.job ~= job then return nil end
   if is_plain(i) or (drop_created and i.created) then table.remove(insts, n) else idle(i) end
   return i
+end
+-- A gang across nodes that must end: its instances still held on nodes other than 'but' stay taken (retiring
+-- with the job) until each node confirms the stop (node.lua 'stopped'). Saves the GPUs it changed; returns
+-- one {node, gpu, instance} per node to send a 'stop' to.
+local function hold_members(job, slots, but)
+  local stops, seen = {}, {}
+  for _, e in ipairs(slot_insts(job, slots)) do
+    if e.i then
+      local n = node_of(e.gid)
+      if n ~= but then
+        hold_for_stop(e.i, job)
+        save_gpu(e.key, e.insts, 'claim')
+        if not seen[n] then
+          seen[n] = true
+          table.insert(stops, {n, e.gid, e.i.id})
+        end
+      end
+    end
+  end
+  return stops
 end
 -- Whether the job's record names instance iid: one of its slots or its migration target (instance ids carry
 -- their GPU id, so the id alone is unique).

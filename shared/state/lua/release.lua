@@ -1,7 +1,8 @@
 -- release: a job left its instances (every slot of a gang). Idempotent: the first call frees them, later ones
 -- are no-ops. KEYS[2] job hash. ARGV: job_id, exit_kind, new_state, reason, now, instance_id ('' = any)
 -- Returns {status, state, gpu, node, profile, insts, ver, model, index, slots[, stop node, stop gpu, stop
--- instance, given back]} (see ReleaseResult).
+-- instance, given back[, member stops]]} (see ReleaseResult); {'member', state, gpu, node, '', freed slots}
+-- when one member of a gang across nodes completed and others still run.
 local job, jkey = ARGV[1], KEYS[2]
 local now = tonumber(ARGV[5])
 local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'node', 'slots')
@@ -17,12 +18,40 @@ if st ~= 'placing' and st ~= 'running' and st ~= 'migrating' then
   end
   return {'noop', st or '', '', '', '', ''}
 end
-if ARGV[6] ~= '' and ARGV[6] ~= f[3] and ARGV[6] ~= f[5] then
+local slots = job_slots(f[2], f[3], f[7])
+local across = ARGV[6] ~= '' and spans(slots)
+if ARGV[6] ~= '' and ARGV[6] ~= f[3] and ARGV[6] ~= f[5] and not (across and names(job, ARGV[6])) then
   return {'stale', st, f[2], f[6] or '', '', ''}
 end
+-- A gang across nodes: each member node reports the exit of its own part (naming one of its instances). A
+-- member that completed frees its slots, and the job runs on until the last member ends ('member': nothing
+-- else changes). Any other end (a failure, a stop, a lost or preempted member) ends the job: the slots still
+-- held on the other nodes stay taken until each node confirms the 'stop' the registry sends it.
+local stops, freed_raw = {}, nil
+if across then
+  local node = inst_node(ARGV[6])
+  local mine, others = {}, false
+  for _, e in ipairs(slot_insts(job, slots)) do
+    if e.i and node_of(e.gid) == node then table.insert(mine, e)
+    elseif e.i then others = true end
+  end
+  if #mine == 0 then return {'noop', st, '', '', '', ''} end  -- this member's exit was applied already
+  local freed = {}
+  for _, e in ipairs(mine) do
+    vacate(e.insts, e.i.id, job, false)
+    save_gpu(e.key, e.insts, true)
+    table.insert(freed, {e.gid, e.i.id})
+  end
+  if others and ARGV[3] == 'finished' then
+    hist(job, st, st, 'node ' .. node .. ' completed its part of the gang', now)
+    return {'member', st, freed[1][1], node, '', cjson.encode(freed)}
+  end
+  if others then stops = hold_members(job, slots, node) end
+  freed_raw = cjson.encode(freed)
+end
 local profile, ver = '', 0
-for n, e in ipairs(slot_insts(job, job_slots(f[2], f[3], f[7]))) do
-  local i = e.i and vacate(e.insts, e.i.id, job, false)
+for n, e in ipairs(slot_insts(job, slots)) do
+  local i = e.i and e.i.state ~= 'retiring' and vacate(e.insts, e.i.id, job, false)
   if n == 1 and i then profile = i.profile end
   local v = save_gpu(e.key, e.insts, true)
   if n == 1 then ver = v end
@@ -71,9 +100,10 @@ else
   set_state(job, st, ARGV[3], ARGV[4], now)
 end
 local gm = redis.call('HMGET', gk(f[2]), 'inst', 'model', 'index')
-local res = {'ok', ARGV[3], f[2], f[6] or '', profile, gm[1], ver, gm[2] or '', gm[3] or '0', f[7] or ''}
-if stop or given ~= '' then
+local res = {'ok', ARGV[3], f[2], f[6] or '', profile, gm[1], ver, gm[2] or '', gm[3] or '0', freed_raw or f[7] or ''}
+if stop or given ~= '' or #stops > 0 then
   table.insert(res, stop and stop[1] or ''); table.insert(res, stop and stop[2] or '')
   table.insert(res, stop and stop[3] or ''); table.insert(res, given)
 end
+if #stops > 0 then table.insert(res, cjson.encode(stops)) end
 return res

@@ -34,7 +34,7 @@ for _, s in ipairs(slots) do
   first = first or g
   if g.ver ~= s.expected_ver then return {'conflict', first.ver, s.gpu_id .. ' version ' .. g.ver} end
   if not g.healthy then return {'unhealthy', first.ver, s.gpu_id} end
-  if g.node ~= first.node then return {'node', first.ver, s.gpu_id .. ' is on another node'} end
+  if g.node ~= first.node and not r.span then return {'node', first.ver, s.gpu_id .. ' is on another node'} end
   g.claim = true
 end
 -- preemption in the same transition: every victim must still run on the instance the decision saw; all its
@@ -127,8 +127,21 @@ if #new_ids > 1 then add('slots', cjson.encode(new_ids)) end
 if r.tenant and r.tenant ~= '' then add('tenant', r.tenant, 'usage', cjson.encode(r.usage or {})) end
 redis.call('HSET', jkey, unpack(fields))
 set_state(job, st or '', 'placing', r.reason, now)
-if r.track then  -- the balancer sends the place command itself: track it for the command time-out sweep
+if r.track and r.span then
+  -- a gang across nodes: one place command per member node, 'place:<job>:<attempt>/<node rank>', each tracked
+  local k, seen = -1, {}
+  for _, s in ipairs(slots) do
+    local n = gpus[s.gpu_id].node
+    if not seen[n] then
+      k = k + 1
+      seen[n] = true
+      redis.call('HSET', CMDS, 'place:' .. job .. ':' .. attempts .. '/' .. k,
+        cjson.encode({node = n, kind = 'place', job = job, gpu = s.gpu_id, at = now}))
+    end
+  end
+elseif r.track then  -- the balancer sends the place command itself: track it for the command time-out sweep
   redis.call('HSET', CMDS, 'place:' .. job .. ':' .. attempts,
     cjson.encode({node = first.node, kind = 'place', job = job, gpu = r.gpu_id, at = now}))
 end
-return {'ok', ver, attempts}
+-- the first member's address (its executor's declared MIGSCHED_NODE_ADDR): a gang's rendezvous host
+return {'ok', ver, attempts, redis.call('HGET', nk(first.node), 'addr') or ''}

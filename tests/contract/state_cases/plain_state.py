@@ -141,7 +141,7 @@ async def release_frees_every_gpu_of_the_gang_once(store: Any) -> None:
 async def a_failed_placement_frees_every_gpu(store: Any) -> None:
     await setup(store)
     await gang(store, "g1")
-    status, new_state, gpus = await store.fail_placement("g1", "NVML", NOW + 1, max_attempts=3)
+    status, new_state, gpus, _ = await store.fail_placement("g1", "NVML", NOW + 1, max_attempts=3)
     assert (status, new_state, gpus) == ("ok", "pending", "n1/0,n1/1")
     assert [g.instances for g in await store.get_gpus(["n1/0", "n1/1"])] == [[], []]
     assert (await store.job("g1")).slots == ()
