@@ -220,6 +220,6 @@ def mig_gang_refused(dec: Placement) -> CannotPlace:
         policy=dec.policy,
         reasons=(
             f"{len(dec.slots)} whole GPUs fit only as MIG instances ({dec.slot.profile} on node {dec.slot.node}); "
-            "a gang runs on non-MIG GPUs in the live stack, so it waits for them",
+            "a gang waits for non-MIG GPUs (the live stack binds a gang to whole plain GPUs)",
         ),
     )

@@ -60,6 +60,7 @@ class Pipeline:
         out: list[Outgoing] = []
         unplannable: list[Placed] = []
         todo = cands
+        await self._catch_up(cands)
         for _round in range(self.max_rounds):
             if not todo:
                 break
@@ -82,6 +83,19 @@ class Pipeline:
             await self._requeue_losers(todo)
         await self.dispatcher.give_back(unplannable)
         return out
+
+    async def _catch_up(self, cands: list[Candidate]) -> None:
+        """A gang bigger than its shard's mirror is judged on the shard as Redis holds it now: a node that just
+        registered may not be in the mirror yet, and a gang is rejected for its size only if the shard, every
+        GPU ever registered there, is too small (one read per such shard and batch; such gangs are rare)."""
+        short: set[int] = set()
+        for c in cands:
+            shard = self.shards.of_job(c.submit.job_id)
+            if c.submit.demand.kind == "gpus" and c.submit.demand.gpus > len(self.shards.mirrors[shard].vers):
+                short.add(shard)
+        for shard in short:
+            known = self.shards.mirrors[shard].vers
+            await self.shards.reload(self.state, {g for g in await self.state.gpu_ids(shard) if g not in known})
 
     def _settle(self, d: Decided, results: list[Any], now: float, r: RoundResult) -> None:
         c, dec = d.cand, d.dec

@@ -38,6 +38,7 @@ async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> b
 class Env:
     def __init__(self, ns: Namespace, stack: Stack, ex: ScriptedExecutor) -> None:
         self.ns, self.stack, self.ex = ns, stack, ex
+        self.nodes = [ex]
 
     async def submit(self, *subs: JobSubmit) -> None:
         for s in subs:
@@ -239,24 +240,74 @@ async def two_plain_nodes(prefix: str, nats_url: str, redis_url: str) -> AsyncIt
         for ex in nodes:
             await ex.start()
         assert await until(lambda: _mirror_has(stack, 4))
-        yield Env(ns, stack, nodes[0])
+        env = Env(ns, stack, nodes[0])
+        env.nodes = nodes
+        yield env
         for ex in nodes:
             await ex.stop()
         await stack.stop()
 
 
-async def test_a_gang_bigger_than_every_node_waits_with_its_reason_and_reserves_nothing(two_plain_nodes: Env) -> None:
+async def test_a_gang_bigger_than_every_node_runs_across_nodes_once_every_member_started(
+    two_plain_nodes: Env,
+) -> None:
     e = two_plain_nodes
+    n1, n2 = e.nodes
+    n2.auto_ack = False  # n2 holds its command: the gang must wait for it
     await e.submit(submit("big", Demand(kind="gpus", gpus=3)))
-
-    async def says_why() -> bool:
-        job = await e.ns.state.job("big")
-        return job is not None and job.state == "pending" and "the live stack runs a gang on one node" in job.reason
-
-    assert await until(says_why)  # all four GPUs are free: the placement spans both nodes, and is refused
-    await e.submit(submit("two", Demand(kind="gpus", gpus=2)))
-    assert await until(e.all_in(["two"], "running"))  # nothing of the first was reserved
-    assert await until(e.all_in(["big"], "pending"))
-    gpus = await e.ns.state.get_gpus([f"{n}/{i}" for n in ("n1", "n2") for i in range(2)])
-    assert not any(i.job == "big" for g in gpus for i in g.instances)
+    assert await n2.wait_for(lambda: bool(n2.commands("place")))
+    assert await until(lambda: _started_on(e, "big", n1))
+    assert await e.states(["big"]) == {"big": "placing"}  # one member started, the other not yet
+    (c1,) = [c for c in n1.commands("place") if c.job_id == "big"]
+    (c2,) = n2.commands("place")
+    assert c1.gang is not None and c2.gang is not None
+    parts = sorted([(c1.gang.node_rank, c1.gang.first_rank, len(c1.plain), c1.node),
+                    (c2.gang.node_rank, c2.gang.first_rank, len(c2.plain), c2.node)])
+    assert parts[0][:2] == (0, 0) and parts[1][:2] == (1, parts[0][2]) and parts[0][2] + parts[1][2] == 3
+    assert c1.gang.world_size == 3 and c1.gang.hosts == c2.gang.hosts and len(c1.gang.hosts) == 2
+    assert c1.cmd_id != c2.cmd_id and {c1.cmd_id[-2:], c2.cmd_id[-2:]} == {"/0", "/1"}
+    await e.ns.bus.publish_batch(n2.reply(c2))
+    assert await until(e.all_in(["big"], "running"))
     await e.clean()
+    await n1.exit(["big"])  # one part completed: its GPUs free, the job runs on
+    assert await until(lambda: _holds_none_on(e, "big", "n1"))
+    assert await e.states(["big"]) == {"big": "running"}
+    await e.clean()
+    await n2.exit(["big"])
+    assert await until(e.all_in(["big"], "finished"))
+    await e.clean()
+
+
+async def test_the_first_failed_member_stops_the_other_parts_and_fails_the_gang(two_plain_nodes: Env) -> None:
+    e = two_plain_nodes
+    n1, n2 = e.nodes
+    await e.submit(submit("big", Demand(kind="gpus", gpus=4)))
+    assert await until(e.all_in(["big"], "running"))
+    await n1.exit(["big"], kind="failed")
+    assert await until(e.all_in(["big"], "failed"))
+    assert await n2.wait_for(lambda: any(c.job_id == "big" for c in n2.commands("stop")))
+    assert await until(lambda: _holds_none_on(e, "big", "n2"))  # the stop's confirmation freed its GPUs
+    await e.clean()
+    await e.submit(submit("after", Demand(kind="gpus", gpus=4)))  # the whole cluster is free again
+    assert await until(e.all_in(["after"], "running"))
+
+
+async def test_a_gang_bigger_than_the_cluster_is_rejected_at_submit_with_its_reason(two_plain_nodes: Env) -> None:
+    e = two_plain_nodes
+    await e.submit(submit("huge", Demand(kind="gpus", gpus=5)))
+    assert await until(e.all_in(["huge"], "rejected"))
+    job = await e.ns.state.job("huge")
+    assert job is not None and "needs 5 GPUs; the cluster has 4" in job.reason
+    gpus = await e.ns.state.get_gpus([f"{n}/{i}" for n in ("n1", "n2") for i in range(2)])
+    assert not any(g.instances for g in gpus)
+    await e.clean()
+
+
+async def _started_on(e: Env, job: str, ex: ScriptedExecutor) -> bool:
+    gpus = await e.ns.state.get_gpus([f"{ex.node}/{i}" for i in range(ex.gpus)])
+    return any(i.job == job and i.state == "busy" for g in gpus if g for i in g.instances)
+
+
+async def _holds_none_on(e: Env, job: str, node: str) -> bool:
+    gpus = await e.ns.state.get_gpus([f"{node}/{i}" for i in range(2)])
+    return not any(i.job == job for g in gpus if g for i in g.instances)

@@ -106,7 +106,8 @@ def test_a_gang_across_nodes_becomes_one_command_per_member_node_with_its_ranks(
     cmds = place_commands(_placed(gpu, *slots, attempt=3), GEO, 5.0, master_addr="10.0.0.1")
     assert isinstance(cmds, list)
     assert [(c.node, c.cmd_id, c.id) for c in cmds] == [
-        ("a", "place:j1:3/0", "place:j1:3/0"), ("b", "place:j1:3/1", "place:j1:3/1"), ("c", "place:j1:3/2", "place:j1:3/2")]
+        ("a", "place:j1:3/0", "place:j1:3/0"), ("b", "place:j1:3/1", "place:j1:3/1"),
+        ("c", "place:j1:3/2", "place:j1:3/2")]
     assert [[s.gpu_index for s in c.plain] for c in cmds] == [[0, 1, 2, 3], [1, 2], [7]]
     assert [c.instance_id for c in cmds] == ["a/0:gpu@0:j1", "b/1:gpu@0:j1", "c/7:gpu@0:j1"]
     gangs = [c.gang for c in cmds]
