@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.balancer.candidate import Candidate
 from services.balancer.preempting import wire_priority
 from services.common import metrics as m
-from services.common.place_command import place_cmd_id, place_commands
+from services.common.place_command import place_cmd_id, place_commands, victim_stops
 from shared.bus import Outgoing
 from shared.events import JobInfo, Placed, Subjects, wire_gpu
 from shared.mig.geometry import Geometry
 from shared.policy.placement import Placement
+from shared.policy.preemption import Victim
 from shared.ports import EventBus, StateStore
 
 
@@ -67,6 +68,11 @@ class Dispatcher:
             m.count_reconfigurations(cmd.ops)
         if c.delivery is not None:
             c.delivery.span.set_attribute("migsched.ops", sum(len(cmd.ops) for cmd in cmds))
+        return [Outgoing(self.subjects.cmd(cmd.node), cmd, c.ctx) for cmd in cmds]
+
+    def victim_stops(self, placed: Placed, victims: Sequence[Victim], c: Candidate, now: float) -> list[Outgoing]:
+        """Stops of preempted gangs' parts on nodes outside the placement (``victim_stops``)."""
+        cmds = victim_stops(placed, [(v.job_id, v.gpu_ids, v.instance_ids) for v in victims], now)
         return [Outgoing(self.subjects.cmd(cmd.node), cmd, c.ctx) for cmd in cmds]
 
     async def give_back(self, placed: list[Placed]) -> None:

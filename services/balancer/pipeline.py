@@ -148,6 +148,8 @@ class Pipeline:
         cmds = self.dispatcher.commands(placed, c, now, master_addr)
         if cmds is not None:
             r.out.extend(cmds)
+            if victims:  # a victim gang's parts on nodes that no place command goes to
+                r.out.extend(self.dispatcher.victim_stops(placed, victims, c, now))
         else:
             r.unplannable.append(placed)
         if c.delivery is not None:

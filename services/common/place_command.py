@@ -110,3 +110,24 @@ def place_commands(p: Placed, geometry: Geometry, now: float, master_addr: str =
     if not isinstance(plan, PartitionPlan):
         return plan
     return [_place(p, cmd_id, now, gpu_index=p.gpu.index, ops=plan.ops, instance_id=plan.instance_id)]
+
+
+def victim_stops(p: Placed, victims: Sequence[tuple[str, Sequence[str], Sequence[str]]], now: float) -> list[Command]:
+    """A ``stop`` for each preempted job on each of its nodes that none of ``p``'s place commands goes to (a
+    victim gang across nodes): the place commands stop the victims on their own nodes (``stop_jobs``).
+    ``victims``: (job id, its GPU ids, its instance ids), one instance per GPU."""
+    placed = {s.node for s in p.placement.slots}
+    out: list[Command] = []
+    for job, gpus, insts in victims:
+        firsts: dict[str, tuple[str, str]] = {}
+        for gpu, iid in zip(gpus, insts, strict=False):
+            firsts.setdefault(gpu.rpartition("/")[0], (gpu, iid))
+        for node, (gpu, iid) in firsts.items():
+            if node in placed:
+                continue
+            cid = f"stop:{job}:preempted:{p.job_id}:{p.attempt}:{node}"[:200]  # one stream: an id per node
+            tail = gpu.rpartition("/")[2]
+            out.append(Command(id=cid, cmd_id=cid, kind="stop", node=node, gpu_id=gpu,
+                               gpu_index=int(tail) if tail.isdigit() else None, instance_id=iid,
+                               src_instance_id=iid, job_id=job, at=now))
+    return out

@@ -198,12 +198,12 @@ async def test_a_job_waiting_past_its_patience_is_rejected(env) -> None:  # type
     assert [h.to for h in hist] == ["pending", "rejected"] and "patience" in hist[-1].reason
 
 
-async def test_a_gang_no_node_can_hold_waits_with_its_reason(env) -> None:  # type: ignore[no-untyped-def]
+async def test_a_gang_bigger_than_the_cluster_is_rejected_with_its_reason(env) -> None:  # type: ignore[no-untyped-def]
     ns, _stack, _ex = env
     two = JobSubmit(id="s-two", job_id="two", demand=Demand(kind="gpus", gpus=2), submitted_at=now())
     await ns.bus.publish(ns.bus.subjects.jobs_submit, two)
-    assert await until(lambda: _is(ns, "two", "pending"))
-    assert "needs 2 GPUs on one node; the largest node has 1" in (await ns.state.job("two")).reason  # type: ignore[union-attr]
+    assert await until(lambda: _is(ns, "two", "rejected"))
+    assert "needs 2 GPUs; the cluster has 1" in (await ns.state.job("two")).reason  # type: ignore[union-attr]
 
 
 async def test_the_command_the_balancer_sends_is_tracked_until_the_executor_confirms_it(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from shared.bus import Outgoing
 from shared.events import Demand, JobSubmit, now
 from shared.mig.geometry import default_geometry
 from shared.state import audit
@@ -311,3 +312,88 @@ async def _started_on(e: Env, job: str, ex: ScriptedExecutor) -> bool:
 async def _holds_none_on(e: Env, job: str, node: str) -> bool:
     gpus = await e.ns.state.get_gpus([f"{node}/{i}" for i in range(2)])
     return not any(i.job == job for g in gpus if g for i in g.instances)
+
+
+async def test_two_balancers_racing_a_16_gpu_gang_and_small_jobs_never_double_book(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        a, b = Stack(prefix, nats_url, redis_url, batch=4), Stack(prefix, nats_url, redis_url, batch=4)
+        await a.start()
+        await b.start()
+        nodes = [ScriptedExecutor(ns.bus, f"n{i}", gpus=4, plain=dict.fromkeys(range(4), 0)) for i in range(4)]
+        for ex in nodes:
+            await ex.start()
+        assert await until(lambda: _mirror_has(a, 16)) and await until(lambda: _mirror_has(b, 16))
+        smalls = [f"s{i}" for i in range(24)]
+        subs = [submit(j, Demand(kind="gpus", gpus=1 + i % 2)) for i, j in enumerate(smalls)]
+        subs.insert(6, submit("gang", Demand(kind="gpus", gpus=16)))
+        await ns.bus.publish_batch([Outgoing(ns.bus.subjects.jobs_submit, x) for x in subs])
+        everyone = ["gang", *smalls]
+
+        async def settled() -> bool:
+            st = await Env(ns, a, nodes[0]).states(everyone)
+            return len(st) == len(everyone) and "placing" not in st.values()
+
+        assert await until(settled, 20)
+        assert [str(v) for v in await audit(ns.state, GEO)] == []
+        gpus = await ns.state.get_gpus([f"n{i}/{k}" for i in range(4) for k in range(4)])
+        assert all(len(g.instances) <= 1 for g in gpus if g)  # a whole GPU holds one job at most
+
+        async def gang_runs() -> bool:  # small jobs end; the gang's reservation lets it start once all is free
+            for ex in nodes:
+                done = [j for j in ex.running if j != "gang"]
+                if done:
+                    await ex.exit(done)
+            return (await Env(ns, a, nodes[0]).states(["gang"])) == {"gang": "running"}
+
+        assert await until(gang_runs, 30)
+        assert [str(v) for v in await audit(ns.state, GEO)] == []
+        for ex in nodes:
+            await ex.stop()
+        await b.stop()
+        await a.stop()
+
+
+GANG_TENANCY = """
+[priority_classes.low]
+value = 10
+preemption = "PreemptLowerPriority"
+
+[priority_classes.high]
+value = 900
+preemption = "PreemptLowerPriority"
+
+[tenants.team]
+priority_class = "low"
+
+[tenants.urgent]
+priority_class = "high"
+"""
+
+
+async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_every_node(
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
+        await stack.start()
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
+        for ex in nodes:
+            await ex.start()
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: _mirror_has(stack, 4))
+        await e.submit(submit("gang", Demand(kind="gpus", gpus=4), tenant="team"))
+        assert await until(e.all_in(["gang"], "running"))
+        await e.submit(submit("hi", Demand(kind="gpus", gpus=2), tenant="urgent"))
+        assert await until(e.all_in(["hi"], "running"))
+        assert (await e.states(["gang"])) == {"gang": "pending"}  # re-queued, whole
+        (hi,) = [c for ex in nodes for c in ex.commands("place") if c.job_id == "hi"]
+        other = next(ex for ex in nodes if ex.node != hi.node)
+        assert hi.stop_jobs == ("gang",)  # stopped where the urgent job goes, by its place command
+        assert any(c.job_id == "gang" for c in other.commands("stop"))  # and by a stop on the other node
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()

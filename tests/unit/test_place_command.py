@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.place_command import gang_port, place_cmd_id, place_commands
+from services.common.place_command import gang_port, place_cmd_id, place_commands, victim_stops
 from shared.events import Command, JobInfo, Placed, Workload
 from shared.mig.geometry import default_geometry
 from shared.policy.gpu_view import GpuView, InstanceView
@@ -121,3 +121,14 @@ def test_a_gang_whose_first_node_declared_no_address_meets_at_that_node_name() -
     gpu = GpuView.build(id="a/0", node="a", index=0, model="A100-40GB", mig=False)
     cmds = place_commands(_placed(gpu, _whole("a", 0), _whole("b", 0)), GEO, 5.0)
     assert isinstance(cmds, list) and {c.gang.master_addr for c in cmds if c.gang} == {"a"}
+
+
+def test_a_preempted_gang_is_stopped_on_its_nodes_that_no_place_command_reaches() -> None:
+    gpu = GpuView.build(id="a/0", node="a", index=0, model="A100-40GB", mig=False)
+    p = _placed(gpu, _whole("a", 0), _whole("a", 1), preempted=("victim",))
+    victim = ("victim", ("a/0", "b/2", "b/3", "c/0"), ("a/0:gpu@0:victim", "b/2:gpu@0:victim", "b/3:gpu@0:victim",
+                                                      "c/0:gpu@0:victim"))
+    stops = victim_stops(p, [victim], 9.0)
+    assert [(s.kind, s.node, s.job_id, s.gpu_index, s.src_instance_id) for s in stops] == [
+        ("stop", "b", "victim", 2, "b/2:gpu@0:victim"), ("stop", "c", "victim", 0, "c/0:gpu@0:victim")]
+    assert len({s.cmd_id for s in stops}) == 2  # the command stream dedupes by id: each node's stop its own
