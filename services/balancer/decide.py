@@ -26,12 +26,13 @@ from shared.mig.geometry import Geometry
 from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
 from shared.policy.charges import slot_usages
-from shared.policy.gang import never_fits
+from shared.policy.gang import never_fits, usable_whole
 from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
 from shared.policy.preemption import Victim
 from shared.policy.registry import PlacementPolicy
 from shared.policy.request import Demand
 from shared.policy.snapshot import ClusterSnapshot
+from shared.policy.topology import domains, place_within
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation
 from shared.state.model import PLAIN_PROFILES
@@ -63,7 +64,7 @@ class RoundMemo:
     """Within a round the mirror only loses room, so a demand that cannot be placed stays so (and a tenancy hold
     stays a hold, the book only grows): each is decided once per round."""
 
-    no_room: dict[tuple[int, Any, frozenset[str]], CannotPlace] = field(default_factory=dict)
+    no_room: dict[tuple[int, Any, frozenset[str], Any], CannotPlace] = field(default_factory=dict)
     held: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
 
@@ -93,7 +94,7 @@ class Decider:
         holds = self.shards.holds[shard]
         blocked = (frozenset(holds.blocked(sub.job_id, sub.duration_hint_s, now))
                    if self.reserves and not self.ledger.active else frozenset())
-        known = memo.no_room.get((shard, sub.demand, blocked))
+        known = memo.no_room.get((shard, sub.demand, blocked, sub.topology))
         if known is not None:
             return self._queue(c, known, batch, now)
         klass: Any = None
@@ -128,12 +129,15 @@ class Decider:
             req = JobRequest(job_id=sub.job_id, demand=sub.demand, tenant=sub.tenant, priority=sub.priority,
                              latency_sensitive=sub.latency_sensitive, migratable=sub.migratable,
                              duration_hint_s=sub.duration_hint_s, now=now)
-            dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
+            if sub.topology is not None and sub.demand.kind == "gpus":
+                dec = self._within(shard, req, blocked, sub.topology.level, sub.topology.mode == "required")
+            else:
+                dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
             self.metrics.seconds.observe(time.perf_counter() - t0)
         if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
             dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)
         if isinstance(dec, CannotPlace):
-            memo.no_room[(shard, sub.demand, blocked)] = dec
+            memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
             if c.from_queue and self.reserves and not self.ledger.active:
                 gpus_held = holds.consider(mirror.view(), sub, now)
                 if gpus_held is not None:
@@ -141,6 +145,26 @@ class Decider:
             return self._queue(c, dec, batch, now)
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
+
+    def _within(self, shard: int, req: JobRequest, blocked: frozenset[str], level: str, required: bool) -> Any:
+        """A gang kept within one ``level`` domain (``shared.policy.topology``): the policy's decision on each
+        domain's nodes alone, the best of them, else (a preference) on every node."""
+        mirror = self.shards.mirrors[shard]
+        view = mirror.view()
+        doms = domains(self.shards.labels, level, {g.node for g in view.gpus})
+        free: dict[str, int] = {}
+        for g in view.gpus:
+            for name, nodes in doms.items():
+                if g.node in nodes and g.healthy and g.id not in blocked and usable_whole(g):
+                    free[name] = free.get(name, 0) + 1
+
+        def place(nodes: set[str] | None) -> Any:
+            if nodes is None:
+                return mirror.decide(req, self.params, self.policy, blocked)
+            outside = {g.id for g in view.gpus if g.node not in nodes}
+            return mirror.decide(req, self.params, self.policy, blocked | outside)
+
+        return place_within(req.job_id, level, required, doms, free, place)
 
     @staticmethod
     def _queue(c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:

@@ -206,7 +206,7 @@ class Balancer(Service):
         stale: set[str] = set()
         for d in ds:
             e = d.data
-            mirror = self.mirrors[self.shards.of_node(e.node)]
+            mirror = self.mirrors[self.shards.of_job(e.job_id)]  # a job's GPUs are all in its shard
             slots = [(s.gpu_id, s.instance_id) for s in e.slots] or [(e.gpu_id, e.instance_id)]
             missed = [g for g, i in slots if not mirror.release(g, i, e.job_id)]
             if len(missed) < len(slots):

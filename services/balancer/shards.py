@@ -6,6 +6,8 @@ with tenancy the quota charges of the GPUs read are derived again.
 
 from __future__ import annotations
 
+import msgspec
+
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
 from services.balancer.tenancy import TenantLedger
@@ -22,9 +24,8 @@ class Shards:
         self.ledger = ledger
         self.mirrors = [Mirror(geometry) for _ in range(count)]
         self.holds = [Holds(hold) for _ in range(count)]
-
-    def of_node(self, node: str) -> int:
-        return shard_of(node, self.count)
+        self.labels: dict[str, dict[str, str]] = {}
+        """Node -> the topology labels it registered with (gangs within a block or rack)."""
 
     def of_job(self, job_id: str) -> int:
         return shard_of(job_id, self.count)
@@ -34,10 +35,8 @@ class Shards:
 
     async def load(self, state: StateStore) -> None:
         """Every shard's mirror from Redis. Call under the balancer's lock."""
-        gpus = await state.load_gpus()
-        by_shard: list[list[StoredGpu]] = [[] for _ in range(self.count)]
-        for g in gpus:
-            by_shard[self.of_node(g.node)].append(g)
+        await self.load_labels(state)
+        by_shard: list[list[StoredGpu]] = [await state.load_gpus(shard) for shard in range(self.count)]
         for shard, found in enumerate(by_shard):
             mirror = self.mirrors[shard]
             if mirror.holds_exactly([g.id for g in found]):
@@ -53,16 +52,30 @@ class Shards:
         if self.ledger.active:
             self.ledger.rebuild(mm.snapshot() for mm in self.mirrors)
 
+    async def load_labels(self, state: StateStore) -> None:
+        self.labels = {n: _labels(h.get("labels", "")) for n, h in (await state.nodes()).items()}
+
     async def reload(self, state: StateStore, gpu_ids: set[str]) -> None:
         """The named GPUs from Redis. Call under the balancer's lock."""
         if not gpu_ids:
             return
+        if any(g.rpartition("/")[0] not in self.labels for g in gpu_ids):  # a node registered since
+            await self.load_labels(state)
         touched: dict[int, list[str]] = {}
         for g in await state.get_gpus(sorted(gpu_ids)):
             if g is not None:
-                shard = self.of_node(g.node)
+                shard = state.node_shard(g.node)  # located by get_gpus: a node's block may name its shard
                 self.mirrors[shard].put(g)
                 touched.setdefault(shard, []).append(g.id)
         if self.ledger.active:
             for shard, ids in touched.items():
                 self.ledger.reloaded(self.mirrors[shard].snapshot(), ids)
+
+
+def _labels(raw: str) -> dict[str, str]:
+    """A node record's ``labels`` (JSON object); {} when absent or unreadable (an older registration)."""
+    try:
+        got = msgspec.json.decode(raw or "{}")
+    except msgspec.DecodeError:
+        return {}
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}

@@ -43,8 +43,10 @@ class ScriptedExecutor:
         auto_ack: bool = True,
         batch: int = 256,
         plain: Mapping[int, int] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.bus = bus
+        self.labels = dict(labels or {})
         self.plain = dict(plain or {})
         self.node = node
         self.gpus = gpus
@@ -92,7 +94,8 @@ class ScriptedExecutor:
         )
         await self.bus.publish(
             self.bus.subjects.node_report(self.node),
-            Registered(id=new_id("reg"), node=self.node, at=time.time(), gpus=gpus),
+            Registered(id=new_id("reg"), node=self.node, at=time.time(), gpus=gpus, labels=self.labels,
+                       addr=f"{self.node}.local"),
         )
 
     async def heartbeat(self) -> None:

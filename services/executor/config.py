@@ -29,6 +29,9 @@ class ExecutorSettings(Settings):
     consumer, subjects, heartbeats and GPUs (``executor_gpus`` each), as separate processes would have, over one
     shared NATS connection; a bench of many nodes on a few cores then spends no CPU on an event loop and a socket
     per node. Overrides ``node``."""
+    node_labels: str = ""
+    """This node's topology labels, ``key=value,...`` (e.g. ``block=b1,rack=r07``): a gang may ask to stay
+    within one ``block`` or ``rack``, and with several shards a node's ``block`` is its shard."""
     node_addr: str = ""
     """The address other nodes reach this node's workloads at (a host name or IP): a gang whose first member is
     here gets it as ``MASTER_ADDR``. Empty uses the host name."""
@@ -182,3 +185,21 @@ def _sim_workloads(value: str) -> str:
     if value not in ("sleep", "process"):
         raise ExecutorError(f"MIGSCHED_EXECUTOR_SIM_WORKLOADS={value!r}: expected sleep or process")
     return value
+
+
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
+
+
+def parse_labels(spec: str) -> dict[str, str]:
+    """``block=b1,rack=r07`` -> ``{"block": "b1", "rack": "r07"}``; ExecutorError for a malformed entry."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not _LABEL.fullmatch(key) or len(value) > 256:
+            raise ExecutorError(f"MIGSCHED_NODE_LABELS={spec!r}: {part!r} is not key=value (a key of letters, "
+                                "digits, . _ / -; a value of at most 256 characters)")
+        out[key] = value
+    if len(out) > 32:
+        raise ExecutorError(f"MIGSCHED_NODE_LABELS={spec!r}: at most 32 labels")
+    return out

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.executor.backend import Backend, InstanceInfo
-from services.executor.config import ExecutorError, parse_gpu_specs
+from services.executor.config import ExecutorError, parse_gpu_specs, parse_labels
 from services.executor.instances import InstanceBook, report
 from shared.bus import Outgoing
 from shared.events import Drift, GpuReport, Registered, new_id, now
@@ -33,6 +33,7 @@ class Registration:
         self.book = book
         self.node = node
         self.settings = settings
+        self.labels = parse_labels(settings.node_labels)
         self.addr = settings.node_addr or socket.gethostname()
         if not _ADDR.fullmatch(self.addr) or len(self.addr) > 253:
             raise ExecutorError(
@@ -100,7 +101,7 @@ class Registration:
                 self.subjects.node_report(self.node),
                 Registered(
                     id=new_id("reg"), node=self.node, at=at, gpus=tuple(reports), backend=self.backend.name,
-                    addr=self.addr,
+                    addr=self.addr, labels=self.labels,
                 ),
             )
         ]

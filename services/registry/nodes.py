@@ -88,7 +88,7 @@ class Nodes:
             )
         if not gpus:
             return
-        res = await self.state.register_node(r.node, gpus, now, r.id, r.addr)
+        res = await self.state.register_node(r.node, gpus, now, r.id, r.addr, r.labels)
         if res.get("replay"):
             self.log.info("node %s: registration %s already applied (redelivered); nothing changed", r.node, r.id)
         self.node_state[r.node] = "up"

@@ -85,6 +85,7 @@ class Reports:
             await self._apply(run)
 
     async def _apply(self, ds: list[Delivery]) -> None:
+        await self.state.locate(d.data.node for d in ds)  # a node's block may name its shard
         now = time.time()
         b = self.state.batch()
         after: list[tuple[Delivery, int, str]] = []

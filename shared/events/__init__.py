@@ -65,7 +65,7 @@ from shared.events.fields import (
     Tenant,
     Timestamp,
 )
-from shared.events.jobs import JobCancel, JobExit, JobSubmit, SlotRef, Workload
+from shared.events.jobs import JobCancel, JobExit, JobSubmit, SlotRef, Topology, Workload
 from shared.events.node import (
     CmdDone,
     CmdFailed,
@@ -141,6 +141,7 @@ __all__ = [
     "Subjects",
     "Tenant",
     "Timestamp",
+    "Topology",
     "Workload",
     "check_demand",
     "decode",

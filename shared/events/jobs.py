@@ -44,6 +44,15 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ``MASTER_ADDR``, ``MASTER_PORT`` and ``MIGSCHED_GANG_HOSTS``. Other jobs ignore it."""
 
 
+class Topology(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Keep a gang within one topology domain: the nodes that share the value of the ``level`` label they
+    declared at registration (``MIGSCHED_NODE_LABELS``). ``required``: wait until one domain holds it (nodes
+    without the label are in none); ``preferred``: one domain if any holds it now, else across domains."""
+
+    level: Literal["block", "rack"]
+    mode: Literal["required", "preferred"] = "preferred"
+
+
 class JobSubmit(Message, frozen=True, kw_only=True):
     """``jobs.submit``: one job. ``id`` dedupes the message; ``job_id`` is the job (re-submitting a known job
     is a no-op)."""
@@ -62,6 +71,8 @@ class JobSubmit(Message, frozen=True, kw_only=True):
     # a msgspec field (ruff cannot see that ``Message`` is a Struct): the default is copied per instance
     labels: Annotated[dict[Label, LabelValue], msgspec.Meta(max_length=64)] = {}  # noqa: RUF012
     submitted_at: Timestamp
+    topology: Topology | None = None
+    """A gang (``gpus: n``) within one block or rack of nodes; other jobs ignore it."""
 
 
 class JobCancel(Message, frozen=True, kw_only=True):

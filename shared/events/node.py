@@ -13,6 +13,8 @@ from shared.events.fields import (
     ExitKind,
     InstanceId,
     JobId,
+    Label,
+    LabelValue,
     MsgId,
     NodeName,
     ProfileName,
@@ -61,6 +63,9 @@ class _Report(Message, frozen=True, kw_only=True, tag_field="kind"):
 class Registered(_Report, frozen=True, kw_only=True, tag="registered"):
     gpus: Annotated[tuple[GpuReport, ...], msgspec.Meta(min_length=1, max_length=64)]
     backend: Annotated[str, msgspec.Meta(max_length=32)] = "sim"
+    labels: Annotated[dict[Label, LabelValue], msgspec.Meta(max_length=32)] = {}  # noqa: RUF012
+    """The node's topology labels (``MIGSCHED_NODE_LABELS``): ``block`` and ``rack`` group nodes for gangs, and
+    ``block`` names the node's shard when there are several."""
     addr: Annotated[str, msgspec.Meta(max_length=253, pattern=r"^[A-Za-z0-9.:_-]*$")] = ""
     """Where the node's workloads can be reached (``MIGSCHED_NODE_ADDR``): a gang whose first member is here
     gets it as ``MASTER_ADDR``."""

@@ -85,6 +85,11 @@ def place_across(snap: ClusterSnapshot, job: JobRequest, policy: str) -> Decisio
                        reasons=(f"needs {n} free GPUs across nodes; " + "; ".join(tried),))
 
 
+def usable_whole(gpu: GpuView) -> bool:
+    """A GPU a gang member could take now: a plain one with no job, or a MIG one with nothing busy on it."""
+    return is_free_plain(gpu) if not gpu.mig else gpu.busy_mask == 0
+
+
 def _free_plain(snap: ClusterSnapshot) -> npt.NDArray[np.intp]:
     healthy = np.asarray(snap.healthy, dtype=bool) & ~np.asarray(snap.mig, dtype=bool)
     return np.array([p for p in np.flatnonzero(healthy).tolist() if is_free_plain(snap.gpus[p])], dtype=np.intp)

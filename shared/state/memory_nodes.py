@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from typing import Any
 
 from shared.state.memory_slots import hold_for_stop, hold_members, idle, names, spans, vacate
@@ -68,7 +69,8 @@ def _free_gangs(
 
 
 def register(
-    store: Any, sh: Any, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = ""
+    store: Any, sh: Any, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = "",
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     h = sh.nodes.get(node)
     if reg_id and h is not None and h.get("reg_id") == reg_id:  # redelivered: applied already
@@ -176,6 +178,7 @@ def register(
         "gpus": ",".join(ids),
         "reg_id": reg_id,
         "addr": addr,
+        "labels": json.dumps(labels or {}, sort_keys=True),
     }
     return {"requeued": requeued, "drift": drift, "gpus": ids, "stops": [list(x) for x in stops]}
 

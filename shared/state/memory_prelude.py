@@ -4,6 +4,7 @@ occupancy bit, revision and compare-and-set version), move a job's state with it
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from shared.state.model import HISTORY_MAX, TERMINAL_STATES, HistoryEntry, JobRecord, StoredGpu, prio_score, shard_of
@@ -40,7 +41,17 @@ class MemoryPrelude:
         return self._s[shard_of(job, self.shards)]
 
     def _ns(self, node: str) -> _Shard:
-        return self._s[shard_of(node, self.shards)]
+        return self._s[self.node_shard(node)]
+
+    def node_shard(self, node: str) -> int:
+        """As ``RedisState.node_shard``: the shard the node registered in (its block's), else its name's."""
+        for s, sh in enumerate(self._s):
+            if node in sh.nodes:
+                return s
+        return shard_of(node, self.shards)
+
+    async def locate(self, nodes: Iterable[str]) -> None:
+        """Nothing to learn: every node's shard is at hand (``RedisState.locate``)."""
 
     # --- helpers mirroring prelude.lua ----------------------------------------------------------------------
     def _save(self, sh: _Shard, g: StoredGpu, bump: bool | str = True) -> int:

@@ -13,7 +13,7 @@ single-transition shortcuts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.state.codec import CancelResult
@@ -22,7 +22,14 @@ from shared.state.memory_migrate import MigrationTransitions
 from shared.state.memory_prelude import _Shard
 from shared.state.memory_reads import MemoryReads
 from shared.state.memory_slots import reserve as _reserve
-from shared.state.model import PlacementFailure, ReleaseResult, Reservation, ReserveResult, StoredInstance
+from shared.state.model import (
+    PlacementFailure,
+    ReleaseResult,
+    Reservation,
+    ReserveResult,
+    StoredInstance,
+    node_shard,
+)
 
 
 class MemoryBatch:
@@ -188,11 +195,14 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
         return self._t_expire(shard, before, limit, cap, settled)
 
     async def register_node(
-        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = ""
+        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = "",
+        labels: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         from shared.state.memory_nodes import register
 
-        return register(self, self._ns(node), node, gpus, now, reg_id, addr)
+        known = any(node in sh.nodes for sh in self._s)
+        sh = self._ns(node) if known else self._s[node_shard(node, labels or {}, self.shards)]
+        return register(self, sh, node, gpus, now, reg_id, addr, dict(labels or {}))
 
     async def node_lost(self, node: str, now: float, reason: str) -> dict[str, Any]:
         from shared.state.memory_nodes import lost

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
 import msgspec
@@ -352,6 +352,12 @@ class Violation(msgspec.Struct, frozen=True, kw_only=True):
 def shard_of(name: str, shards: int) -> int:
     """A node's or a job's shard (scheduling cell): stable across processes and restarts."""
     return 0 if shards <= 1 else zlib.crc32(name.encode()) % shards
+
+
+def node_shard(node: str, labels: Mapping[str, str], shards: int) -> int:
+    """A new node's shard: its ``block`` label's (a block's nodes share one shard, so a gang within a block fits
+    in one Lua script), else its name's. A node keeps the shard of its first registration."""
+    return shard_of(labels.get("block") or node, shards)
 
 
 def gpu_id_of(node: str, index: int) -> str:

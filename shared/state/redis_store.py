@@ -13,7 +13,7 @@ Single transitions have a shortcut each (``await state.release(...)``). Reads: `
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -50,6 +50,7 @@ from shared.state.model import (
     StoredInstance,
     decode_holds,
     encode_holds,
+    node_shard,
     shard_of,
 )
 from shared.state.reads import DerivedReads
@@ -68,6 +69,8 @@ class RedisState(DerivedReads):
         self.namespace = namespace
         self.shards = shards
         self._keys = [Keys(namespace, s) for s in range(shards)]
+        self._node_shard: dict[str, int] = {}
+        """Node -> shard, as learnt (``locate``, ``nodes``, registrations): a node keeps its first shard."""
         self._scripts: dict[str, Any] = {}
         self.roundtrips: RoundTrips | ClusterRoundTrips = (
             ClusterRoundTrips(redis) if isinstance(redis, RedisCluster) else RoundTrips(redis))
@@ -103,7 +106,27 @@ class RedisState(DerivedReads):
         return self._keys[shard_of(job_id, self.shards)]
 
     def node_keys(self, node: str) -> Keys:
-        return self._keys[shard_of(node, self.shards)]
+        return self._keys[self.node_shard(node)]
+
+    def node_shard(self, node: str) -> int:
+        """The node's shard as this process knows it (``locate``): its block's when it registered with one,
+        else its name's."""
+        got = self._node_shard.get(node)
+        return shard_of(node, self.shards) if got is None else got
+
+    async def locate(self, nodes: Iterable[str]) -> None:
+        """Learn the shard of every node not known here yet (one read of each shard's node set): a node whose
+        ``block`` label chose its shard cannot be told by its name. Unregistered nodes stay unknown."""
+        missing = sorted({n for n in nodes if n not in self._node_shard})
+        if self.shards <= 1 or not missing:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for s in range(self.shards):
+            pipe.smismember(self.keys(s).nodes, missing)
+        for s, hits in enumerate(await pipe.execute()):
+            for n, hit in zip(missing, hits, strict=True):
+                if hit:
+                    self._node_shard.setdefault(n, s)
 
     def batch(self) -> Batch:
         return Batch(self)
@@ -170,20 +193,26 @@ class RedisState(DerivedReads):
         return await self._one("expire", shard, before, limit, cap, settled)
 
     async def register_node(
-        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = ""
+        self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = "",
+        labels: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """gpus: [{id, index, model, mig, healthy, uuid, instances: [StoredInstance-like dicts, with ``job``
         when the node runs one there]}] -> {requeued: [job ids], drift: [text], gpus: [ids], stops: [[job, gpu
         id, instance id]: jobs running where the state does not hold them, to be stopped]}, plus ``replay:
         True`` (and nothing changed) when ``reg_id`` is the node's last applied registration. ``addr``: the address
-        the node's executor declares (a gang's rendezvous host when its first member is there)."""
+        the node's executor declares (a gang's rendezvous host when its first member is there); ``labels``: its
+        topology labels (a new node's shard is its ``block``'s, ``node_shard``)."""
+        await self.locate([node])
+        self._node_shard.setdefault(node, node_shard(node, labels or {}, self.shards))
         k = self.node_keys(node)
         raw = await self.script("node")(
-            [k.gpus, k.node(node)], ["register", node, repr(now), _ENC.encode(gpus), reg_id, addr]
+            [k.gpus, k.node(node)],
+            ["register", node, repr(now), _ENC.encode(gpus), reg_id, addr, _ENC.encode(labels or {})],
         )
         return _lists(msgspec.json.decode(raw))
 
     async def node_lost(self, node: str, now: float, reason: str) -> dict[str, Any]:
+        await self.locate([node])
         k = self.node_keys(node)
         raw = await self.script("node")([k.gpus, k.node(node)], ["lost", node, repr(now), reason])
         return _lists(msgspec.json.decode(raw))
@@ -191,14 +220,19 @@ class RedisState(DerivedReads):
     async def node_stopped(self, node: str, job_id: str, now: float) -> dict[str, Any]:
         """The node no longer runs ``job_id``: instances a registration kept ``retiring`` for it (it ran there
         unbeknown to the state) become idle -> {gpus: [ids changed]}."""
+        await self.locate([node])
         k = self.node_keys(node)
         raw = await self.script("node")([k.gpus, k.node(node)], ["stopped", node, repr(now), job_id])
         return _lists(msgspec.json.decode(raw))
 
     async def heartbeat(self, nodes: Iterable[tuple[str, float]]) -> None:
-        """Record last-seen times (not a GPU transition: a plain pipelined HSET)."""
+        """Record last-seen times (not a GPU transition: a plain pipelined HSET) of registered nodes."""
+        nodes = list(nodes)
+        await self.locate(n for n, _ in nodes)
         pipe = self.redis.pipeline(transaction=False)
         for node, at in nodes:
+            if self.shards > 1 and node not in self._node_shard:
+                continue  # not registered: writing under its name's shard would make a node record there
             pipe.hset(self.node_keys(node).node(node), "last_seen", repr(at))
         await pipe.execute()
 
@@ -212,6 +246,7 @@ class RedisState(DerivedReads):
 
     async def get_gpus(self, gpu_ids: Sequence[str]) -> list[StoredGpu | None]:
         """GPUs by id, one round trip. A GPU id ``node/index`` names its shard through the node."""
+        await self.locate(g.rsplit("/", 1)[0] for g in gpu_ids)
         pipe = self.redis.pipeline(transaction=False)
         for g in gpu_ids:
             pipe.hgetall(self.node_keys(g.rsplit("/", 1)[0]).gpu(g))
@@ -278,6 +313,7 @@ class RedisState(DerivedReads):
                 pipe.hgetall(self.keys(s).node(n))
             for n, h in zip(names, await pipe.execute(), strict=True):
                 out[n] = {_s(k): _s(v) for k, v in h.items()}
+                self._node_shard.setdefault(n, s)
         return out
 
     async def commands(self, shard: int = 0) -> dict[str, dict[str, Any]]:

@@ -14,9 +14,9 @@ import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.bus import Outgoing
-from shared.events import Demand, JobSubmit, now
+from shared.events import Demand, JobSubmit, Topology, now
 from shared.mig.geometry import default_geometry
-from shared.state import audit
+from shared.state import RedisState, audit, shard_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 GEO = default_geometry()
@@ -397,3 +397,78 @@ async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_eve
         for ex in nodes:
             await ex.stop()
         await stack.stop()
+
+
+async def _labelled_nodes(ns: Namespace, spec: dict[str, str]) -> list[ScriptedExecutor]:
+    nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}, labels={"block": b}) for n, b in spec.items()]
+    for ex in nodes:
+        await ex.start()
+    return nodes
+
+
+async def test_a_gang_that_requires_one_block_lands_in_one_or_waits_with_its_reason(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        nodes = await _labelled_nodes(ns, {"n1": "b1", "n2": "b2", "n3": "b2"})
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: _mirror_has(stack, 6))
+        block = Topology(level="block", mode="required")
+        four = JobSubmit(id="s-four", job_id="four", demand=Demand(kind="gpus", gpus=4), topology=block,
+                         submitted_at=now())
+        await e.submit(four)
+        assert await until(e.all_in(["four"], "running"))
+        job = await e.ns.state.job("four")
+        assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n2", "n3"}  # only b2 holds 4
+        three = JobSubmit(id="s-three", job_id="three", demand=Demand(kind="gpus", gpus=3), topology=block,
+                          submitted_at=now())
+        await e.submit(three)
+        assert await until(e.all_in(["three"], "pending"))
+        job = await e.ns.state.job("three")
+        assert job is not None and "no block holds the gang now" in job.reason
+        loose = JobSubmit(id="s-loose", job_id="loose", demand=Demand(kind="gpus", gpus=2),
+                          topology=Topology(level="rack"), submitted_at=now())  # no rack labels: anywhere
+        await e.submit(loose)
+        assert await until(e.all_in(["loose"], "running"))
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
+
+
+async def test_with_several_shards_a_blocks_nodes_share_its_shard_and_a_gang_fits_in_one_script(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    blocks = {"n1": "b1", "n2": "b1", "n3": "b2", "n4": "b2"}
+    async with Namespace(make_settings(prefix, nats_url, redis_url, shards=4)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, shards=4)
+        await stack.start()
+        nodes = await _labelled_nodes(ns, blocks)
+        assert await until(lambda: _mirrors_hold(stack, 8))
+        fresh = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=4))
+        try:
+            await fresh.nodes()  # another process learns where each node lives from the shards themselves
+            for node, block in blocks.items():
+                assert fresh.node_shard(node) == shard_of(block, 4)
+            for ex in nodes:  # heartbeats land on the node records in their block's shard
+                await ex.heartbeat()
+            seen = await fresh.nodes()
+            assert sorted(seen) == sorted(blocks) and all(h.get("state") == "up" for h in seen.values())
+        finally:
+            await fresh.close()
+        # a gang of four in the shard of b1's nodes (the job's shard is its id's)
+        job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 4) == shard_of("b1", 4))
+        await Env(ns, stack, nodes[0]).submit(submit(job_id, Demand(kind="gpus", gpus=4)))
+        assert await until(Env(ns, stack, nodes[0]).all_in([job_id], "running"))
+        job = await ns.state.job(job_id)
+        assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n1", "n2"}
+        assert [str(v) for v in await audit(ns.state, GEO)] == []
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
+
+
+async def _mirrors_hold(stack: Stack, n: int) -> bool:
+    return sum(len(m) for m in stack.balancer.mirrors) >= n

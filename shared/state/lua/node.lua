@@ -1,5 +1,6 @@
 -- node: registration and loss of one node. KEYS[2] node hash.
---   register ARGV: 'register', node, now, gpus_json, registration id ('' = none), address ('' = none)
+--   register ARGV: 'register', node, now, gpus_json, registration id ('' = none), address ('' = none), labels
+--     (JSON object)
 --     A registration already applied (the same id, redelivered after a handler fault) changes nothing: replayed
 --     late, its stale instance list would drop instances created since and re-queue their jobs.
 --     gpus_json: [{id, index, model, mig, healthy, uuid, replicas, instances: [{id, profile, start, size,
@@ -169,7 +170,7 @@ if op == 'register' then
   free_gangs()
   redis.call('SADD', NODES, node)
   redis.call('HSET', nkey, 'state', 'up', 'last_seen', now, 'registered_at', now, 'gpus', cjson.encode(ids),
-    'reg_id', reg_id, 'addr', ARGV[6] or '')
+    'reg_id', reg_id, 'addr', ARGV[6] or '', 'labels', ARGV[7] or '{}')
   return cjson.encode({requeued = requeued, drift = drift, gpus = ids, stops = stops})
 end
 if op == 'stopped' then

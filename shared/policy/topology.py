@@ -1,0 +1,54 @@
+"""Gangs within one topology domain: the nodes that share a ``block`` or ``rack`` label.
+
+A gang with a topology preference or requirement is placed in each domain alone (every other node's GPUs look
+unusable to the policy), and the best of those placements wins: the fewest nodes, then the domain with the fewest
+free GPUs that still holds it (the tightest fit, as Kueue's topology-aware scheduling does). A requirement waits
+when no domain holds the gang now; a preference then places it across domains by the policy's own rule. A node
+without the label is in no domain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+
+import msgspec
+
+from shared.policy.placement import CannotPlace, Decision, Placement
+
+
+def domains(labels: Mapping[str, Mapping[str, str]], level: str, nodes: Collection[str]) -> dict[str, set[str]]:
+    """Domain (the ``level`` label's value) -> its nodes, among ``nodes``."""
+    out: dict[str, set[str]] = {}
+    for node in nodes:
+        value = labels.get(node, {}).get(level)
+        if value:
+            out.setdefault(value, set()).add(node)
+    return out
+
+
+def place_within(
+    job_id: str,
+    level: str,
+    required: bool,
+    doms: Mapping[str, set[str]],
+    free: Mapping[str, int],
+    place: Callable[[set[str] | None], Decision],
+) -> Decision:
+    """The gang in one domain (``place(nodes)``: the policy's decision on those nodes only; ``place(None)``: on
+    every node), chosen by the module's rule; ``free``: the usable GPUs of each domain now."""
+    best: tuple[tuple[int, int, str], Placement] | None = None
+    for name, nodes in doms.items():
+        dec = place(nodes)
+        if isinstance(dec, Placement):
+            key = (len({s.node for s in dec.slots}), free.get(name, 0), name)
+            if best is None or key < best[0]:
+                best = (key, dec)
+    if best is not None:
+        key, dec = best
+        why = f"within {level} {key[2]} ({key[0]} node(s); {key[1]} free GPU(s) there before)"
+        return msgspec.structs.replace(dec, reasons=(why, *dec.reasons))
+    if not required:
+        return place(None)
+    what = f"{len(doms)} {level}(s)" if doms else f"no node with a {level} label"
+    return CannotPlace(job_id=job_id, policy="topology",
+                       reasons=(f"no {level} holds the gang now ({what}; topology: {level} required)",))

@@ -1,0 +1,55 @@
+"""Gangs within one topology domain (``shared.policy.topology``): the domains of the nodes' labels, and the
+choice among the placements each domain alone allows."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.policy.placement import CannotPlace, Placement, Slot
+from shared.policy.topology import domains, place_within
+
+pytestmark = pytest.mark.unit
+LABELS = {"a": {"block": "b1", "rack": "r1"}, "b": {"block": "b1", "rack": "r2"}, "c": {"block": "b2"}, "d": {}}
+
+
+def _placed(*nodes: str) -> Placement:
+    slots = tuple(Slot(gpu_id=f"{n}/0", node=n, model="A100-40GB", profile="gpu", start=0, size=8, compute=7,
+                       action="create") for n in nodes)
+    return Placement(job_id="g", policy="test", slots=slots, tier="lazy", frag_before=0.0, frag_after=0.0)
+
+
+def test_a_domain_is_the_nodes_sharing_a_label_value_and_unlabelled_nodes_are_in_none() -> None:
+    assert domains(LABELS, "block", "abcd") == {"b1": {"a", "b"}, "b2": {"c"}}
+    assert domains(LABELS, "rack", "abcd") == {"r1": {"a"}, "r2": {"b"}}
+
+
+def test_the_domain_needing_the_fewest_nodes_wins_then_the_tightest() -> None:
+    answers = {"b1": _placed("a", "b"), "b2": _placed("c"), "b3": _placed("e")}
+    doms = {"b1": {"a", "b"}, "b2": {"c"}, "b3": {"e"}}
+    tried: list[set[str] | None] = []
+
+    def place(nodes: set[str] | None) -> Placement | CannotPlace:
+        tried.append(nodes)
+        return next(answers[d] for d, ns in doms.items() if ns == nodes)
+
+    dec = place_within("g", "block", True, doms, {"b1": 9, "b2": 6, "b3": 4}, place)
+    assert isinstance(dec, Placement) and dec.slots[0].node == "e"  # one node each in b2 and b3: b3 is tighter
+    assert dec.reasons[0].startswith("within block b3") and None not in tried
+
+
+def test_a_requirement_waits_when_no_domain_holds_the_gang_and_a_preference_spans_domains() -> None:
+    doms = {"b1": {"a", "b"}, "b2": {"c"}}
+    no = CannotPlace(job_id="g", policy="test", reasons=("no room",))
+
+    def place(nodes: set[str] | None) -> Placement | CannotPlace:
+        return _placed("a", "c") if nodes is None else no
+
+    waits = place_within("g", "block", True, doms, {}, place)
+    assert isinstance(waits, CannotPlace) and "no block holds the gang now" in waits.reasons[0]
+    spans = place_within("g", "block", False, doms, {}, place)
+    assert isinstance(spans, Placement) and {s.node for s in spans.slots} == {"a", "c"}
+
+
+def test_a_requirement_with_no_labelled_node_says_so() -> None:
+    dec = place_within("g", "rack", True, {}, {}, lambda nodes: _placed("a"))
+    assert isinstance(dec, CannotPlace) and "no node with a rack label" in dec.reasons[0]
