@@ -19,7 +19,7 @@ from services.executor import nvml_ops
 from services.executor.backend import InstanceInfo, Reconciliation
 from services.executor.nvml_state import OwnedInstance, StateStore
 from services.executor.process import AdoptedRun
-from services.executor.workload import JobTable
+from services.executor.workload import GroupRun, JobTable, Run
 from shared.mig.geometry import GpuModel
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ class NvmlAdoption:
     _jobs: JobTable
     _owned: set[OwnedInstance]
     _expected: tuple[str, ...]
+    _grace: float
     _poll_s: float
     reconciliation: Reconciliation
 
@@ -88,6 +89,14 @@ class NvmlAdoption:
             run = AdoptedRun(instance, rec.pid, rec.start_time, Path(rec.log), self._poll_s)
             run.gpu_uuid = rec.gpu_uuid
             (adopted if run.alive() and owner is not None else lost).append(rec.job_id)
+            if rec.more:  # a gang's part started per GPU: all its processes, one run again
+                parts: list[Run] = [run]
+                for p in rec.more:
+                    more = AdoptedRun(p.instance, p.pid, p.start_time, Path(p.log), self._poll_s)
+                    more.gpu_uuid = rec.gpu_uuid
+                    parts.append(more)
+                self._jobs.add(rec.job_id, GroupRun(instance, parts, self._grace))
+                continue
             self._jobs.add(rec.job_id, run)  # a lost one reports its exit (status unknown) at the first poll
         found = sorted(g.builtin.name if g.builtin else g.raw.name for g in self._gpus)
         if self._expected and sorted(self._expected) != found:

@@ -34,10 +34,10 @@ from services.executor.backend import (
 from services.executor.nvml_adopt import NvmlAdoption
 from services.executor.nvml_discovery import NodeGpu, build_model, compare, match_builtin, read_gpu
 from services.executor.nvml_errors import error_for_code, not_mig_error, translate
-from services.executor.nvml_state import JobRecord, OwnedInstance, StateFile, StateStore
+from services.executor.nvml_state import JobRecord, OwnedInstance, PartProcess, StateFile, StateStore
 from services.executor.nvml_workloads import NvmlWorkloads
 from services.executor.process import DEFAULT_ENV_ALLOWLIST, AdoptedRun, ProcessRun
-from services.executor.workload import JobTable
+from services.executor.workload import GroupRun, JobTable
 from shared.errors import GeometryError, MigschedError, UnknownModelError
 from shared.mig.geometry import Geometry, GpuModel, default_geometry
 
@@ -170,17 +170,23 @@ class NvmlBackend(NvmlAdoption, NvmlWorkloads):
     def _save(self) -> None:
         jobs = []
         for job_id, run in self._jobs.runs().items():
-            if isinstance(run, (ProcessRun, AdoptedRun)):
-                jobs.append(
-                    JobRecord(
-                        job_id=job_id,
-                        gpu_uuid=run.gpu_uuid or self._gpus[run.instance.gpu_index].raw.uuid,
-                        instance=run.instance,
-                        pid=run.pid,
-                        start_time=run.start_time,
-                        log=str(run.log),
-                    )
+            procs = [r for r in run.runs if isinstance(r, (ProcessRun, AdoptedRun))] if isinstance(
+                run, GroupRun) else [run] if isinstance(run, (ProcessRun, AdoptedRun)) else []
+            if not procs:
+                continue
+            first = procs[0]
+            jobs.append(
+                JobRecord(
+                    job_id=job_id,
+                    gpu_uuid=first.gpu_uuid or self._gpus[run.instance.gpu_index].raw.uuid,
+                    instance=run.instance,
+                    pid=first.pid,
+                    start_time=first.start_time,
+                    log=str(first.log),
+                    more=[PartProcess(instance=p.instance, pid=p.pid, start_time=p.start_time, log=str(p.log))
+                          for p in procs[1:]],
                 )
+            )
         owned = sorted(self._owned, key=lambda o: (o.gpu_uuid, o.gi_id))
         self._store.save(StateFile(node=self.node, instances=owned, jobs=jobs))
 

@@ -23,6 +23,15 @@ class OwnedInstance(msgspec.Struct, frozen=True, kw_only=True):
     start: int
 
 
+class PartProcess(msgspec.Struct, frozen=True, kw_only=True):
+    """One more process of a gang's part started per GPU (the first is the record's own ``pid``)."""
+
+    instance: InstanceInfo
+    pid: int
+    start_time: int
+    log: str
+
+
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     job_id: str
     gpu_uuid: str
@@ -31,6 +40,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     start_time: int
     """Kernel start time of ``pid``: a recycled pid is never mistaken for the job."""
     log: str
+    more: list[PartProcess] = []
+    """A gang's part started per GPU: its other processes, adopted together as one run."""
 
 
 class StateFile(msgspec.Struct, kw_only=True):

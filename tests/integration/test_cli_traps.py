@@ -166,7 +166,7 @@ async def test_describe_shows_why_a_job_waits_and_every_transition_with_its_reas
 ) -> None:
     cli, _ = live
     assert (await cli("submit", "--profile", "1g", "--job-id", "here", "--tenant", "team-a")).exit_code == 0
-    assert (await cli("submit", "--gpus", "3", "--job-id", "waits")).exit_code == 0
+    assert (await cli("submit", "--profile", "7g", "--job-id", "waits")).exit_code == 0  # the 1g is in the way
     assert await until(lambda: _is(cli, "here", "running"))
     assert await until(lambda: _is(cli, "waits", "pending"))
     placed = await cli("describe", "here")
@@ -177,7 +177,7 @@ async def test_describe_shows_why_a_job_waits_and_every_transition_with_its_reas
     pending = (await cli("describe", "waits")).stdout
     assert "job waits: pending" in pending and "why it waits: cannot place" in pending
     as_json = json.loads((await cli("describe", "waits", "--json")).stdout)
-    assert as_json["record"]["state"] == "pending" and as_json["spec"]["demand"]["gpus"] == 3
+    assert as_json["record"]["state"] == "pending" and "7g" in as_json["spec"]["demand"]["profile"]
     assert [h["to"] for h in as_json["history"]][:1] == ["pending"]
     unknown = await cli("describe", "nobody")
     assert unknown.exit_code == 1 and "unknown job: nobody" in unknown.stderr

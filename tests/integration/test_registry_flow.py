@@ -263,7 +263,7 @@ async def test_a_placement_whose_plan_conflicts_is_never_sent_but_failed_and_its
                         placement=Placement(job_id="clash", policy="test", slots=(slot,), tier="lazy",
                                             frag_before=0.0, frag_after=0.0))
         # nothing is sent for it
-        assert stack.balancer.dispatcher.command(placed, _candidate(spec), time.time()) is None
+        assert stack.balancer.dispatcher.commands(placed, _candidate(spec), time.time()) is None
         await stack.balancer.dispatcher.give_back([placed])
         ok = await until(is_(ns, "clash", "running"))  # re-queued, then placed again by the balancer
         assert ok, (await ns.state.job("clash"), await ns.state.history("clash"), await ns.state.commands(0))

@@ -16,6 +16,7 @@ import pytest
 from services.executor.backend import (
     BackendError,
     BackendUnavailableError,
+    InstanceInfo,
     InsufficientResourcesError,
     InUseError,
     NotMigModeError,
@@ -28,6 +29,7 @@ from services.executor.nvml_errors import error_for_code
 from services.executor.nvml_fake import FakeGpu, FakeNvml
 from services.executor.nvml_state import StateStore
 from services.executor.process import proc_start_time
+from services.executor.workload import GroupRun
 from shared.mig.geometry import default_geometry
 
 pytestmark = pytest.mark.unit
@@ -276,3 +278,31 @@ async def test_an_old_driver_without_the_v2_profile_call_is_read_with_v1(tmp_pat
     assert model.profile_by_id(P3G).placements == (0, 4)
     assert model.profile_by_id(P1G).name == "1g.5gb"  # named from slices and memory when NVML gives no name
     await b.close()
+
+
+async def test_a_restarted_backend_adopts_a_gang_part_started_per_gpu_as_one_run(tmp_path: Path) -> None:
+    from services.executor.launch import gang_procs
+    from shared.events import GangLaunch
+
+    fake = FakeNvml([FakeGpu("A100-40GB", mig_current=0), FakeGpu("A100-40GB", mig_current=0)])
+    first = backend(fake, tmp_path)
+    gpus = await first.discover()
+    binding = InstanceInfo(gpu_index=0, gi_id=2048, ci_id=None, profile_id=0, profile="gpu", start=0, size=0,
+                           uuid=",".join(g.uuid for g in gpus), gpus=(0, 1))
+    gang = GangLaunch(world_size=4, first_rank=2, node_rank=1, hosts=("a", "n1"), master_addr="a", master_port=29501)
+    spec = msgspec.structs.replace(forever(), procs=gang_procs(gang, [0, 1]))
+    await first.start_workload("g", binding, spec)
+    await first.close()  # the executor goes away; both processes stay
+
+    second = backend(fake, tmp_path)
+    await second.discover()
+    assert second.reconciliation.adopted_jobs == ("g",)
+    run = second._jobs.get("g")
+    assert isinstance(run, GroupRun) and len(run.runs) == 2
+    pids = [r.pid for r in run.runs]  # type: ignore[attr-defined]
+    await second.stop_workload("g")  # one stop ends the whole part
+    done = await asyncio.wait_for(second.next_exit(), 20)
+    assert (done.job_id, done.reason) == ("g", "stopped")
+    for pid in pids:
+        await wait_gone(pid)
+    await second.close()
