@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from nats.js.errors import NotFoundError
 from opentelemetry import trace
@@ -25,7 +25,7 @@ from opentelemetry import trace
 from shared import telemetry
 from shared.bus import JetStreamBus, Outgoing
 from shared.errors import MigschedError
-from shared.events import JobCancel, JobExit, JobSubmit, Workload, check_demand, decode, new_id, now
+from shared.events import JobCancel, JobExit, JobSubmit, Topology, Workload, check_demand, decode, new_id, now
 from shared.policy.request import Demand
 from shared.settings import Settings, load
 from shared.state.model import EXIT_TO_STATE, TERMINAL_STATES
@@ -147,10 +147,12 @@ class MigschedClient:
         labels: Mapping[str, str] | None = None,
         priority_class: str | None = None,
         submitted_at: float | None = None,
+        topology: Topology | None = None,
+        launch: Literal["per-gpu", "per-node"] | None = None,
         **kind: Any,
     ) -> JobSubmit:
         """A ``JobSubmit``; ``kind`` is ``profile=``, ``compute_slices=`` + ``memory_gb=``, ``gpus=`` or
-        ``shared=True`` when no ``demand`` is given."""
+        ``shared=True`` when no ``demand`` is given; ``topology`` and ``launch`` for a gang."""
         jid = job_id or new_id("job")
         return JobSubmit(
             id=f"submit-{jid}",
@@ -163,9 +165,10 @@ class MigschedClient:
             migratable=migratable,
             duration_hint_s=duration_s,
             patience_s=patience_s,
-            workload=Workload(argv=tuple(argv), env=dict(env or {})),
+            workload=Workload(argv=tuple(argv), env=dict(env or {}), launch=launch),
             labels=dict(labels or {}),
             submitted_at=submitted_at if submitted_at is not None else now(),
+            topology=topology,
         )
 
     async def submit(self, **job: Any) -> str:

@@ -16,6 +16,7 @@ import msgspec
 from migsched import endpoints
 from shared import telemetry
 from shared.client import ClientError, MigschedClient, WaitTimeout, demand_of
+from shared.events import Topology
 
 
 @click.command("submit", context_settings={"ignore_unknown_options": False})
@@ -30,7 +31,12 @@ from shared.client import ClientError, MigschedClient, WaitTimeout, demand_of
     type=click.FloatRange(min=0, min_open=True),
     help="Memory in GB (with --compute): the smallest fitting profile on each model.",
 )
-@click.option("--gpus", type=click.IntRange(1, 64), help="N whole GPUs on one node.")
+@click.option("--gpus", type=click.IntRange(1, 4096),
+              help="N whole GPUs: on one node when one holds them, else across the fewest nodes.")
+@click.option("--topology", type=click.Choice(["block", "rack", "block:required", "rack:required"]),
+              help="Keep a gang within one block or rack of nodes (preferred; :required waits for one).")
+@click.option("--launch", type=click.Choice(["per-gpu", "per-node"]),
+              help="How a gang starts on each node: once per GPU (the default) or once per node.")
 @click.option("--shared", is_flag=True, help="A time-sliced share of a non-MIG GPU.")
 @click.option("--tenant", default="default", show_default=True)
 @click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True)
@@ -64,6 +70,8 @@ def command(
     compute_slices: int | None,
     memory_gb: float | None,
     gpus: int | None,
+    topology: str | None,
+    launch: str | None,
     shared: bool,
     tenant: str,
     priority: int,
@@ -93,6 +101,8 @@ def command(
             migratable=not no_migrate,
             patience_s=patience_s,
             argv=argv,
+            topology=_topology(topology),
+            launch=launch,  # type: ignore[arg-type]  # click.Choice gives one of the two
         )
     except (ClientError, msgspec.ValidationError) as exc:
         raise click.UsageError(str(exc)) from None
@@ -120,6 +130,8 @@ def command(
                 migratable=not no_migrate,
                 patience_s=patience_s,
                 argv=argv,
+                topology=msg.topology,
+                launch=msg.workload.launch,
             )
             click.echo(jid)
             if wait_s is None:
@@ -144,3 +156,10 @@ def command(
     finally:
         telemetry.shutdown()  # flushes the submit span before the process ends
     sys.exit(code)
+
+
+def _topology(choice: str | None) -> Topology | None:
+    if choice is None:
+        return None
+    level, _, required = choice.partition(":")
+    return Topology(level=level, mode="required" if required else "preferred")  # type: ignore[arg-type]

@@ -206,3 +206,21 @@ async def test_quota_show_reads_each_tenants_usage_live_from_the_cluster(
         finally:
             await ex.stop()
             await stack.stop()
+
+
+async def test_submit_carries_a_gangs_topology_and_launch_and_a_gang_too_big_is_rejected(
+    live: tuple[Cli, ScriptedExecutor],
+) -> None:
+    cli, _ = live
+    res = await cli("submit", "--gpus", "2", "--topology", "block:required", "--launch", "per-node", "--job-id",
+                    "big", "--wait", "10", "--", "train.py")
+    assert res.exit_code == 1 and "rejected: needs 2 GPUs; the cluster has 1" in res.stdout
+
+
+def test_a_gangs_topology_and_launch_reach_the_submit_message() -> None:
+    from migsched.commands.submit import _topology
+    from shared.client import MigschedClient
+
+    msg = MigschedClient.job(job_id="g", gpus=64, topology=_topology("rack:required"), launch="per-node")
+    assert (msg.topology.level, msg.topology.mode) == ("rack", "required")  # type: ignore[union-attr]
+    assert msg.workload.launch == "per-node" and _topology("block").mode == "preferred"  # type: ignore[union-attr]
