@@ -7,8 +7,10 @@ the
 sim executor runs it for) is ``duration / S``, and its patience ``patience / S``. Outcomes read back from the
 stack are multiplied by ``S`` again (``livekpis``), so they compare with the simulator's virtual-time KPIs.
 
-The live stack places one MIG instance per job, so gang jobs (``n`` whole GPUs) are left out of a replay by
-default and counted in ``Replay.skipped``.
+A replay compares the live stack with the simulator on MIG GPUs. There the simulator gives a gang (``n`` whole
+GPUs) full-size MIG instances, while the live stack runs gangs on non-MIG GPUs only (one process per GPU, one MIG
+instance per place command), so gangs and time-sliced shares are left out of a replay and counted in
+``Replay.skipped``.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def load(
 
 
 def single_instance(workload: Workload) -> tuple[Workload, dict[str, int]]:
-    """The jobs the live stack can place (one MIG instance each) and a count of the rest."""
+    """The jobs a replay on MIG GPUs compares (one MIG instance each) and a count of the rest."""
     keep = tuple(j for j in workload.jobs if j.demand.kind == "mig")
     skipped = {
         "gang (n whole GPUs)": sum(1 for j in workload.jobs if j.demand.kind == "gpus"),

@@ -59,7 +59,7 @@ class Env:
         assert [str(v) for v in await audit(self.ns.state, GEO)] == []
 
 
-TENANCY = """
+CLASSES = """
 [priority_classes.low]
 value = 10
 preemption = "PreemptLowerPriority"
@@ -68,12 +68,17 @@ preemption = "PreemptLowerPriority"
 value = 900
 preemption = "PreemptLowerPriority"
 
+[tenants.urgent]
+priority_class = "high"
+"""
+TENANCY = CLASSES + """
 [tenants.team]
 priority_class = "low"
 quota = { "nvidia.com/gpu" = 2, "nvidia.com/gpu.shared" = 4 }
-
-[tenants.urgent]
-priority_class = "high"
+"""
+GANG_TENANCY = CLASSES + """
+[tenants.team]
+priority_class = "low"
 """
 
 
@@ -354,22 +359,6 @@ async def test_two_balancers_racing_a_16_gpu_gang_and_small_jobs_never_double_bo
         await b.stop()
         await a.stop()
 
-
-GANG_TENANCY = """
-[priority_classes.low]
-value = 10
-preemption = "PreemptLowerPriority"
-
-[priority_classes.high]
-value = 900
-preemption = "PreemptLowerPriority"
-
-[tenants.team]
-priority_class = "low"
-
-[tenants.urgent]
-priority_class = "high"
-"""
 
 
 async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_every_node(
