@@ -7,10 +7,9 @@ the
 sim executor runs it for) is ``duration / S``, and its patience ``patience / S``. Outcomes read back from the
 stack are multiplied by ``S`` again (``livekpis``), so they compare with the simulator's virtual-time KPIs.
 
-A replay compares the live stack with the simulator on MIG GPUs. There the simulator gives a gang (``n`` whole
-GPUs) full-size MIG instances, while the live stack runs gangs on non-MIG GPUs only (one process per GPU, one MIG
-instance per place command), so gangs and time-sliced shares are left out of a replay and counted in
-``Replay.skipped``.
+A replay compares the live stack's MIG placements with the simulator's; gangs (``n`` whole GPUs, one process per
+GPU) and time-sliced shares are left out of it and counted in ``Replay.skipped`` (their live placement is tested
+on its own).
 """
 
 from __future__ import annotations

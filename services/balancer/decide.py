@@ -47,6 +47,8 @@ class Booking:
     ver: int
     victims: tuple[Victim, ...]
     booked: bool
+    views: dict[str, Any] = field(default_factory=dict)
+    """A gang on MIG GPUs: every GPU as the commands plan from it (the first is ``gpu_before``)."""
 
 
 @dataclass(slots=True)
@@ -134,8 +136,6 @@ class Decider:
             else:
                 dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
             self.metrics.seconds.observe(time.perf_counter() - t0)
-        if isinstance(dec, Placement) and len(dec.slots) > 1 and dec.slot.profile not in PLAIN_PROFILES:
-            dec = mig_gang_refused(dec)  # waits for plain GPUs (see mig_gang_refused)
         if isinstance(dec, CannotPlace):
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
             if c.from_queue and self.reserves and not self.ledger.active:
@@ -183,10 +183,15 @@ class Decider:
         mirror = self.shards.mirrors[shard]
         # the command is planned from this view: preempted jobs' instances show idle in it
         gpu_before = placed_view(mirror.get(dec.slot.gpu_id), victims)
+        gang = len(dec.slots) > 1
+        views = ({s.gpu_id: placed_view(mirror.get(s.gpu_id), victims) for s in dec.slots}
+                 if gang and dec.slot.profile not in PLAIN_PROFILES else {})
         victim_jobs = {v.job_id for v in victims}
         slots: list[SlotReservation] = []
         for s in dec.slots:
-            inst = reservation_instance(s, sub.job_id, c.priority, sub.tenant, sub.latency_sensitive, sub.migratable,
+            # a gang's member never moves alone (its instance is not migratable)
+            inst = reservation_instance(s, sub.job_id, c.priority, sub.tenant, sub.latency_sensitive,
+                                        sub.migratable and not gang,
                                         now + sub.duration_hint_s if sub.duration_hint_s else 0.0)
             if klass is not None:
                 inst.pre = klass.preemptible
@@ -211,7 +216,8 @@ class Decider:
                                         {s.gpu_id: u for s, u in zip(dec.slots, split, strict=True)})
             for v in victims:
                 self.ledger.uncharge(v.job_id)
-        return Decided(c, dec, batch.reserve(r, now), Booking(gpu_before, first.expected_ver, victims, booked))
+        return Decided(c, dec, batch.reserve(r, now),
+                       Booking(gpu_before, first.expected_ver, victims, booked, views))
 
     def _max_count(self, slot: Slot) -> int:
         if slot.profile in PLAIN_PROFILES:
@@ -233,17 +239,3 @@ def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, shards:
     if why is None or shards == 1:
         return why
     return f"needs {demand.gpus} GPUs; its shard {shard} has {len(snap)} (a gang runs within one shard)"
-
-
-def mig_gang_refused(dec: Placement) -> CannotPlace:
-    """``gpus: n > 1`` that only fits on n entirely free MIG GPUs: CUDA enumerates one MIG device per process,
-    and a place command creates one MIG instance, so the live stack binds gangs to plain GPUs only. It waits for n
-    plain (non-MIG) GPUs."""
-    return CannotPlace(
-        job_id=dec.job_id,
-        policy=dec.policy,
-        reasons=(
-            f"{len(dec.slots)} whole GPUs fit only as MIG instances ({dec.slot.profile} on node {dec.slot.node}); "
-            "a gang waits for non-MIG GPUs (the live stack binds a gang to whole plain GPUs)",
-        ),
-    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from services.balancer.candidate import Candidate
@@ -57,10 +57,11 @@ class Dispatcher:
             ),
         )
 
-    def commands(self, placed: Placed, c: Candidate, now: float, master_addr: str = "") -> list[Outgoing] | None:
+    def commands(self, placed: Placed, c: Candidate, now: float, master_addr: str = "",
+                 views: Mapping[str, Any] | None = None) -> list[Outgoing] | None:
         """The executors' ``place`` commands for a committed placement (one per member node of a gang across
-        nodes); None for one that cannot be planned."""
-        cmds = place_commands(placed, self.geometry, now, master_addr)
+        nodes; ``views``: a MIG gang's GPUs as planned from); None for one that cannot be planned."""
+        cmds = place_commands(placed, self.geometry, now, master_addr, views)
         if not isinstance(cmds, list):
             self.log.error("placement of %s cannot be planned: %s", placed.job_id, cmds.reason)
             return None

@@ -145,7 +145,7 @@ class Pipeline:
         placed = self.dispatcher.placed(c, dec, booking.gpu_before, booking.ver, now)
         if victims:
             placed = msgspec.structs.replace(placed, preempted=tuple(v.job_id for v in victims))
-        cmds = self.dispatcher.commands(placed, c, now, master_addr)
+        cmds = self.dispatcher.commands(placed, c, now, master_addr, booking.views)
         if cmds is not None:
             r.out.extend(cmds)
             if victims:  # a victim gang's parts on nodes that no place command goes to

@@ -26,7 +26,7 @@ import msgspec
 from services.balancer import metrics as m
 from services.balancer.backfill import Backfill
 from services.balancer.candidate import Candidate
-from services.balancer.decide import Decider, DecisionMetrics, mig_gang_refused, placed_on
+from services.balancer.decide import Decider, DecisionMetrics, placed_on
 from services.balancer.dispatch import Dispatcher
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
@@ -43,7 +43,7 @@ from shared.policy.reservation import ReservationParams
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings
 
-__all__ = ["Balancer", "Candidate", "mig_gang_refused", "placed_on"]
+__all__ = ["Balancer", "Candidate", "placed_on"]
 
 _SUBMIT = msgspec.json.Decoder(JobSubmit)
 _PENDING_SCAN = 50_000

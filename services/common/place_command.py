@@ -8,12 +8,13 @@ compare-and-set proved current, so planning reads nothing. The node registry rea
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.events import Command, GangLaunch, Placed, PlainSlot
+from shared.events import Command, GangLaunch, MigMember, Placed, PlainSlot
 from shared.mig.geometry import Geometry
-from shared.policy.partition import PartitionPlan, PlanConflict, new_instance_id, plan_partition
+from shared.policy.gpu_view import GpuView
+from shared.policy.partition import MigOp, PartitionPlan, PlanConflict, new_instance_id, plan_partition
 from shared.policy.placement import Slot
 from shared.state.model import PLAIN_PROFILES
 
@@ -84,12 +85,10 @@ def _plain_place_commands(p: Placed, cmd_id: str, now: float, master_addr: str) 
         return [_place(p, cmd_id, now, gpu_index=slots[0].gpu_index, instance_id=slots[0].instance_id,
                        plain=slots)]
     hosts = tuple(by_node)
-    launch = p.job.workload.launch or "per-gpu"
     out, rank = [], 0
     for k, node_slots in enumerate(by_node.values()):
         slots = _plain_slots(p, node_slots)
-        gang = GangLaunch(launch=launch, world_size=len(p.placement.slots), first_rank=rank, node_rank=k,
-                          hosts=hosts, master_addr=master_addr or hosts[0], master_port=gang_port(p.job_id))
+        gang = _gang_launch(p, hosts, k, rank, master_addr)
         cid = f"{cmd_id}/{k}" if len(hosts) > 1 else cmd_id
         out.append(_place(p, cid, now, node_slots[0], gpu_index=slots[0].gpu_index,
                           instance_id=slots[0].instance_id, plain=slots, gang=gang))
@@ -97,7 +96,39 @@ def _plain_place_commands(p: Placed, cmd_id: str, now: float, master_addr: str) 
     return out
 
 
-def place_commands(p: Placed, geometry: Geometry, now: float, master_addr: str = "") -> list[Command] | PlanConflict:
+def _gang_launch(p: Placed, hosts: tuple[str, ...], k: int, rank: int, master_addr: str) -> GangLaunch:
+    return GangLaunch(launch=p.job.workload.launch or "per-gpu", world_size=len(p.placement.slots), first_rank=rank,
+                      node_rank=k, hosts=hosts, master_addr=master_addr or hosts[0], master_port=gang_port(p.job_id))
+
+
+def _mig_gang_commands(p: Placed, geometry: Geometry, cmd_id: str, now: float, master_addr: str,
+                       views: Mapping[str, GpuView]) -> list[Command] | PlanConflict:
+    """A gang on full-size MIG instances: one command per member node, whose ``ops`` make every member of that
+    node (GPU by GPU, each planned from its own view) and whose ``mig_members`` name them in rank order."""
+    by_node = members(p)
+    hosts = tuple(by_node)
+    out, rank = [], 0
+    for k, node_slots in enumerate(by_node.values()):
+        ops: list[MigOp] = []
+        mig: list[MigMember] = []
+        for s in node_slots:
+            view = views.get(s.gpu_id)
+            if view is None:
+                return PlanConflict(gpu_id=s.gpu_id, reason="no view of the GPU to plan the gang member from")
+            plan = plan_partition(view, geometry.model(s.model), s, p.job_id)
+            if not isinstance(plan, PartitionPlan):
+                return plan
+            ops.extend(plan.ops)
+            mig.append(MigMember(gpu_index=view.index, instance_id=plan.instance_id))
+        cid = f"{cmd_id}/{k}" if len(hosts) > 1 else cmd_id
+        out.append(_place(p, cid, now, node_slots[0], gpu_index=mig[0].gpu_index, instance_id=mig[0].instance_id,
+                          ops=tuple(ops), mig_members=tuple(mig), gang=_gang_launch(p, hosts, k, rank, master_addr)))
+        rank += len(node_slots)
+    return out
+
+
+def place_commands(p: Placed, geometry: Geometry, now: float, master_addr: str = "",
+                   views: Mapping[str, GpuView] | None = None) -> list[Command] | PlanConflict:
     """The ``place`` commands of ``p``: one, or one per member node of a gang across nodes (MIG: destroy the
     idle instances in the way, create the instance at the exact placement, start the workload), or the
     conflict that forbids it (cannot happen after a compare-and-set on this view; a caller never acts on it but
@@ -106,6 +137,8 @@ def place_commands(p: Placed, geometry: Geometry, now: float, master_addr: str =
     slot = p.placement.slot
     if slot.profile in PLAIN_PROFILES:
         return _plain_place_commands(p, cmd_id, now, master_addr)
+    if len(p.placement.slots) > 1:
+        return _mig_gang_commands(p, geometry, cmd_id, now, master_addr, views or {})
     plan = plan_partition(p.gpu, geometry.model(slot.model), slot, p.job_id)
     if not isinstance(plan, PartitionPlan):
         return plan

@@ -92,6 +92,9 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
     run_as: str | None = None
     duration_s: float | None = None
     """Simulated run time (sim backend) or a hint."""
+    bindings: tuple[InstanceInfo, ...] = ()
+    """A gang on MIG GPUs: each process's own instance (``procs`` in order; its MIG device). Empty: the processes
+    share the binding the workload is started on (plain GPUs, one each by index)."""
     procs: tuple[Proc, ...] = ()
     """A gang's part (``services.executor.launch``): the processes to start, each on its own GPUs with its own
     variables, as one run that ends when all have ended (the first failure stops the others). Empty: one

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -17,12 +19,13 @@ from opentelemetry import context as otel_context
 from services.executor.backend import Backend, BackendError, InstanceInfo, WorkloadError, WorkloadSpec
 from services.executor.exits import ExitReports
 from services.executor.instances import InstanceBook, gpu_index_of, report, undo
-from services.executor.launch import gang_procs
+from services.executor.launch import Proc, gang_procs
 from services.executor.plain import plain_target
 from services.executor.registration import Registration
 from services.executor.runs import Runs
 from shared.errors import MigschedError
 from shared.events import CmdDone, Command, now
+from shared.policy.partition import MigOp
 
 
 def lane_of(cmd: Command, backend: Backend) -> int:
@@ -39,7 +42,8 @@ def lane_of(cmd: Command, backend: Backend) -> int:
 
 class Commands:
     def __init__(self, backend: Backend, book: InstanceBook, node: str, settings: Any, metrics: Any, runs: Runs,
-                 exits: ExitReports, registration: Registration) -> None:
+                 exits: ExitReports, registration: Registration,
+                 gpu_locks: Mapping[int, asyncio.Lock] | None = None) -> None:
         self.backend = backend
         self.book = book
         self.node = node
@@ -48,6 +52,9 @@ class Commands:
         self.runs = runs
         self.exits = exits
         self.registration = registration
+        self.gpu_locks: Mapping[int, asyncio.Lock] = gpu_locks if gpu_locks is not None else defaultdict(asyncio.Lock)
+        """Each GPU's lane lock (the caller holds the command's own lane): a gang's command on MIG GPUs takes its
+        other GPUs' too while it changes them."""
 
     async def apply(self, cmd: Command, ctx: otel_context.Context) -> list[Any]:
         """Carry out one command; the reports to publish (raises MigschedError when it cannot be done)."""
@@ -130,10 +137,14 @@ class Commands:
         if cmd.kind == "place":
             await self._stop_preempted(cmd)
         changed = 0
+        bindings: tuple[InstanceInfo, ...] = ()
         if cmd.plain:  # whole GPU(s) or a time-sliced share: no MIG operation, bound to the GPUs themselves
             if cmd.kind != "place" or cmd.ops:
                 raise WorkloadError(f"{cmd.cmd_id}: plain GPU slots come only in a place command without ops")
             target = plain_target(cmd, await self.backend.discover())
+        elif cmd.mig_members:  # a gang on full-size MIG instances: one per GPU, one process each
+            changed, bindings = await self._members(cmd, created)
+            target = bindings[0]
         else:
             changed = await self._ops(cmd, created)
             lane = lane_of(cmd, self.backend)
@@ -146,7 +157,8 @@ class Commands:
             env=cmd.workload.env,
             run_as=cmd.workload.run_as,
             duration_s=self._remaining(cmd),
-            procs=gang_procs(cmd.gang, [p.gpu_index for p in cmd.plain]) if cmd.gang and cmd.plain else (),
+            procs=self._procs(cmd),
+            bindings=bindings,
         )
         if cmd.kind == "migrate_start" and cmd.job_id in self.backend.running():
             await self._move(cmd.job_id, target, spec)
@@ -178,6 +190,41 @@ class Commands:
         # A place's cmd_done is its start report: the registry marks the job running on it (an executor no
         # longer sends job_started, which only repeated it: one report, one Lua call and one publish per job).
         return [done]
+
+    @staticmethod
+    def _procs(cmd: Command) -> tuple[Proc, ...]:
+        """A gang's processes on this node (``services.executor.launch``); none for any other job."""
+        if cmd.gang is None or not (cmd.plain or cmd.mig_members):
+            return ()
+        if cmd.mig_members and cmd.gang.launch == "per-node":
+            raise WorkloadError(f"{cmd.cmd_id}: launch per-node needs non-MIG GPUs (a process sees one MIG device)")
+        return gang_procs(cmd.gang, [m.gpu_index for m in (cmd.mig_members or cmd.plain)])
+
+    async def _members(self, cmd: Command, created: list[InstanceInfo]) -> tuple[int, tuple[InstanceInfo, ...]]:
+        """Make a MIG gang's members on this node: each GPU's ops under that GPU's lane lock (the command's own
+        lane is held by the caller), then every member instance as the backend sees it."""
+        by_gpu: dict[int, list[MigOp]] = {}
+        for op in cmd.ops:
+            index = gpu_index_of(op.gpu_id)
+            if index is None:
+                raise WorkloadError(f"{cmd.cmd_id}: op on {op.gpu_id}, which names no GPU of this node")
+            by_gpu.setdefault(index, []).append(op)
+        lane = lane_of(cmd, self.backend)
+        changed = 0
+        for index in sorted(by_gpu):
+            busy = {(index, gi) for gi in self.backend.jobs_on(index)}
+            if index == lane:
+                changed += await self.book.apply(index, by_gpu[index], busy, created)
+                continue
+            async with self.gpu_locks[index]:
+                changed += await self.book.apply(index, by_gpu[index], busy, created)
+        found = []
+        for m in cmd.mig_members:
+            info = await self.book.find(m.gpu_index, m.instance_id)
+            if info is None:
+                raise WorkloadError(f"instance {m.instance_id} does not exist on GPU {m.gpu_index} of {self.node}")
+            found.append(info)
+        return changed, tuple(found)
 
     async def _stop_preempted(self, cmd: Command) -> None:
         """A placement that preempted jobs: stop their workloads before the ops destroy or reuse their

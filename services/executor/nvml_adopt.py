@@ -93,7 +93,7 @@ class NvmlAdoption:
                 parts: list[Run] = [run]
                 for p in rec.more:
                     more = AdoptedRun(p.instance, p.pid, p.start_time, Path(p.log), self._poll_s)
-                    more.gpu_uuid = rec.gpu_uuid
+                    more.gpu_uuid = p.gpu_uuid or rec.gpu_uuid
                     parts.append(more)
                 self._jobs.add(rec.job_id, GroupRun(instance, parts, self._grace))
                 continue

@@ -183,7 +183,8 @@ class NvmlBackend(NvmlAdoption, NvmlWorkloads):
                     pid=first.pid,
                     start_time=first.start_time,
                     log=str(first.log),
-                    more=[PartProcess(instance=p.instance, pid=p.pid, start_time=p.start_time, log=str(p.log))
+                    more=[PartProcess(instance=p.instance, pid=p.pid, start_time=p.start_time, log=str(p.log),
+                                      gpu_uuid=p.gpu_uuid or self._gpus[p.instance.gpu_index].raw.uuid)
                           for p in procs[1:]],
                 )
             )

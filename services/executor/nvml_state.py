@@ -30,6 +30,8 @@ class PartProcess(msgspec.Struct, frozen=True, kw_only=True):
     pid: int
     start_time: int
     log: str
+    gpu_uuid: str = ""
+    """Its GPU (a gang on MIG GPUs has a member on each); '' for the record's own."""
 
 
 class JobRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -255,14 +255,18 @@ async def launch_group(
     grace_s: float = 10.0,
 ) -> tuple[GroupRun, list[str]]:
     """A gang's part (``spec.procs``): one process per ``Proc``, each seeing only its GPUs (their ``GPU-`` UUIDs
-    from the plain binding ``instance``) and given its variables, as one ``GroupRun``. A process that cannot
+    from the plain binding ``instance``, or its own MIG instance of ``spec.bindings``) and given its variables,
+    as one ``GroupRun``. A process that cannot
     start stops those started before it."""
-    uuids = dict(zip(instance.gpus, instance.uuid.split(","), strict=True))
+    uuids = dict(zip(instance.gpus, instance.uuid.split(","), strict=True)) if instance.plain else {}
+    if spec.bindings and len(spec.bindings) != len(spec.procs):
+        raise WorkloadError(f"job {job_id}: {len(spec.procs)} processes for {len(spec.bindings)} MIG instances")
     runs: list[Run] = []
     dropped: list[str] = []
     try:
-        for proc in spec.procs:
-            part = msgspec.structs.replace(instance, uuid=",".join(uuids[g] for g in proc.gpus), gpus=proc.gpus)
+        for n, proc in enumerate(spec.procs):
+            part = spec.bindings[n] if spec.bindings else msgspec.structs.replace(
+                instance, uuid=",".join(uuids[g] for g in proc.gpus), gpus=proc.gpus)
             run, dropped = await launch(job_id, part, spec, log=logs(), allowlist=allowlist, keep_log=keep_log,
                                         gang_env=proc_env(spec.env, proc))
             runs.append(run)

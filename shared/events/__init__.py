@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from shared.errors import MigschedError
 from shared.events.codec import EXTERNAL, MAX_MESSAGE_BYTES, check_demand, decode, encode, json_schemas
-from shared.events.commands import Command, GangLaunch, PlainSlot
+from shared.events.commands import Command, GangLaunch, MigMember, PlainSlot
 from shared.events.envelope import SCHEMA_VERSION, DecodeError, Message, new_id, now
 from shared.events.fields import (
     Arg,
@@ -120,6 +120,7 @@ __all__ = [
     "Label",
     "LabelValue",
     "Message",
+    "MigMember",
     "MigOp",
     "MigrateOrder",
     "MigschedError",

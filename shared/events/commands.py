@@ -22,6 +22,14 @@ class PlainSlot(msgspec.Struct, frozen=True, kw_only=True):
     replica: Annotated[int, msgspec.Meta(ge=0, le=1023)] = 0
 
 
+class MigMember(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``place`` of a gang on full-size MIG instances: one member GPU and the instance its process runs on
+    (created by the command's ``ops``, or reused)."""
+
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, le=1023)]
+    instance_id: InstanceId
+
+
 class GangLaunch(msgspec.Struct, frozen=True, kw_only=True):
     """A gang's part on the node a ``place`` command goes to: how to start it, and the rendezvous every part
     shares. Ranks run node by node in ``hosts`` order, GPUs in ``plain`` order within a node."""
@@ -72,6 +80,9 @@ class Command(Message, frozen=True, kw_only=True):
     """The job's submit time, carried for submit -> command latency measurement."""
     plain: Annotated[tuple[PlainSlot, ...], msgspec.Meta(max_length=64)] = ()
     """``place`` on non-MIG GPUs: every GPU (or the one share) the workload is bound to."""
+    mig_members: Annotated[tuple[MigMember, ...], msgspec.Meta(max_length=64)] = ()
+    """``place`` of a gang on MIG GPUs: every member on this node, in rank order (``ops`` make them on each
+    GPU; each process sees its one MIG device)."""
     gang: GangLaunch | None = None
     """``place`` of a gang (``gpus: n``, n > 1): this node's part and the environment of its processes."""
     src_cmd_id: MsgId | None = None

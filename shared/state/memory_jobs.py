@@ -179,10 +179,10 @@ class JobTransitions(MemoryPrelude):
                 return "stop"
         if j is None or j.state != "placing":
             return "noop"
-        if instance_id and instance_id != j.inst:
+        across, waiting = spans(j.held()), False  # see mark_running.lua: a gang across nodes
+        if instance_id and instance_id != j.inst and not (across and names(j, instance_id)):
             return "stale"
         held = []
-        across, waiting = spans(j.held()), False  # see mark_running.lua: a gang across nodes
         for gid, iid in j.held():
             _, g = self._gpu(gid)
             i = next((x for x in g.instances if x.id == iid), None) if g else None

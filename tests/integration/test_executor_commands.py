@@ -8,6 +8,7 @@ plain NATS subscription (JetStream publishes are delivered to core subscribers t
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -386,3 +387,42 @@ async def test_moving_a_job_that_already_ended_still_destroys_the_idle_instances
     assert isinstance(failed, CmdFailed) and "ended" in failed.error
     # no target, and the idle instance in its way is gone, as it is from the state
     assert {(i.profile, i.start) for i in await rig.executor.backend.list_instances(0)} == {("2g.10gb", 0)}
+
+
+async def test_a_gang_on_mig_gpus_makes_a_full_size_instance_on_each_and_one_run(rig: Rig) -> None:
+    from shared.events import GangLaunch, MigMember
+
+    iids = [f"{NODE}/{g}:7g.40gb@0:gm" for g in (0, 1)]
+    cmd = Command(
+        id="cg", cmd_id="cg", kind="place", node=NODE, gpu_id=f"{NODE}/0", gpu_index=0, job_id="gm",
+        instance_id=iids[0], ops=(*create_ops(0, "7g.40gb", 0, iids[0]), *create_ops(1, "7g.40gb", 0, iids[1])),
+        mig_members=(MigMember(gpu_index=0, instance_id=iids[0]), MigMember(gpu_index=1, instance_id=iids[1])),
+        gang=GangLaunch(world_size=4, first_rank=2, node_rank=1, hosts=("a", NODE), master_addr="a",
+                        master_port=29600),
+        duration_s=0.3, at=time.time(),
+    )
+    await rig.send(cmd)
+    done = await rig.watch.until(is_done("cg"))
+    assert isinstance(done, CmdDone) and done.instance is not None and done.instance.instance_id == iids[0]
+    for g in (0, 1):
+        assert [(i.profile, i.start) for i in await rig.executor.backend.list_instances(g)] == [("7g.40gb", 0)]
+    exited = await rig.watch.until(lambda m: isinstance(m, JobExited) and m.job_id == "gm")
+    assert exited.exit == "completed" and exited.instance_id == iids[0]
+
+
+async def test_a_mig_gang_asked_to_launch_per_node_is_refused_and_leaves_no_instance(rig: Rig) -> None:
+    from shared.events import GangLaunch, MigMember
+
+    iid = f"{NODE}/1:7g.40gb@0:pn"
+    cmd = Command(
+        id="cp", cmd_id="cp", kind="place", node=NODE, gpu_id=f"{NODE}/1", gpu_index=1, job_id="pn",
+        instance_id=iid, ops=create_ops(1, "7g.40gb", 0, iid),
+        mig_members=(MigMember(gpu_index=1, instance_id=iid),),
+        gang=GangLaunch(launch="per-node", world_size=2, first_rank=0, node_rank=0, hosts=(NODE, "b"),
+                        master_addr=NODE, master_port=29601),
+        at=time.time(),
+    )
+    await rig.send(cmd)
+    failed = await rig.watch.until(lambda m: isinstance(m, CmdFailed) and m.cmd_id == "cp")
+    assert "per-node needs non-MIG GPUs" in failed.error
+    assert list(await rig.executor.backend.list_instances(1)) == []

@@ -187,17 +187,53 @@ async def test_in_a_mixed_cluster_each_request_lands_on_its_own_kind_of_gpu(mixe
     await e.clean()
 
 
-async def test_a_gang_that_fits_only_on_mig_gpus_waits_for_plain_ones(mig_pair_node: Env) -> None:
+async def test_a_gang_that_fits_only_on_mig_gpus_runs_on_a_full_size_instance_of_each(mig_pair_node: Env) -> None:
     e = mig_pair_node  # GPUs 0, 1 MIG and empty; GPU 2 whole-only
     await e.submit(submit("g2", Demand(kind="gpus", gpus=2)))
-    assert await until(e.all_in(["g2"], "pending"))
-    job = await e.ns.state.job("g2")
-    assert job is not None and "waits for non-MIG GPUs" in job.reason
+    assert await until(e.all_in(["g2"], "running"))
+    (gang,) = e.ex.commands("place")
+    assert [(m.gpu_index, m.instance_id) for m in gang.mig_members] == [
+        (0, "n1/0:7g.40gb@0:g2"), (1, "n1/1:7g.40gb@0:g2")]
+    assert [(op.kind, op.gpu_id) for op in gang.ops if op.kind == "create_gi"] == [
+        ("create_gi", "n1/0"), ("create_gi", "n1/1")]
+    assert gang.gang is not None and gang.gang.world_size == 2 and gang.plain == ()
     await e.submit(submit("one", Demand(kind="gpus", gpus=1)))
     assert await until(e.all_in(["one"], "running"))
     assert (await e.ns.state.job("one")).gpu == "n1/2"  # type: ignore[union-attr]
-    (cmd,) = e.ex.commands("place")
+    cmd = e.ex.commands("place")[-1]
     assert [s.gpu_index for s in cmd.plain] == [2] and cmd.ops == ()
+    await e.ex.exit(["g2"])
+    assert await until(e.all_in(["g2"], "finished"))
+    await e.clean()
+
+
+async def test_a_gang_across_mig_nodes_runs_on_full_size_instances_once_every_member_started(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=2) for n in ("n1", "n2")]  # MIG GPUs only
+        for ex in nodes:
+            await ex.start()
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: _mirror_has(stack, 4))
+        await e.submit(submit("mg", Demand(kind="gpus", gpus=3)))
+        assert await until(e.all_in(["mg"], "running"))
+        cmds = [c for ex in nodes for c in ex.commands("place") if c.job_id == "mg"]
+        assert sorted(len(c.mig_members) for c in cmds) == [1, 2] and all(c.gang for c in cmds)
+        job = await ns.state.job("mg")
+        assert job is not None and len(job.slots) == 3
+        gpus = await ns.state.get_gpus([g for g, _ in job.slots])
+        assert all(g and [(i.profile, i.state, i.mig) for i in g.instances] == [("7g.40gb", "busy", False)]
+                   for g in gpus)  # a member never moves on its own
+        for ex in nodes:
+            await ex.exit(["mg"])
+        assert await until(e.all_in(["mg"], "finished"))
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
     await e.clean()
 
 

@@ -132,3 +132,24 @@ def test_a_preempted_gang_is_stopped_on_its_nodes_that_no_place_command_reaches(
     assert [(s.kind, s.node, s.job_id, s.gpu_index, s.src_instance_id) for s in stops] == [
         ("stop", "b", "victim", 2, "b/2:gpu@0:victim"), ("stop", "c", "victim", 0, "c/0:gpu@0:victim")]
     assert len({s.cmd_id for s in stops}) == 2  # the command stream dedupes by id: each node's stop its own
+
+
+def test_a_gang_on_mig_gpus_plans_each_member_from_its_own_gpu() -> None:
+    a0 = GpuView.build(id="a/0", node="a", index=0, model="A100-40GB", instances=(
+        InstanceView(id="a/0:3g.20gb@4:old", profile="3g.20gb", start=4, size=4, compute=3),))
+    a1 = GpuView.build(id="a/1", node="a", index=1, model="A100-40GB")
+    b0 = GpuView.build(id="b/0", node="b", index=0, model="A100-40GB")
+    slots = tuple(Slot(gpu_id=g.id, node=g.node, model="A100-40GB", profile="7g.40gb", start=0, size=8, compute=7,
+                       action="create", destroy=tuple(i.id for i in g.instances)) for g in (a0, a1, b0))
+    cmds = place_commands(_placed(a0, *slots, attempt=1), GEO, 5.0, "10.0.0.9",
+                          {g.id: g for g in (a0, a1, b0)})
+    assert isinstance(cmds, list) and [c.cmd_id for c in cmds] == ["place:j1:1/0", "place:j1:1/1"]
+    first, second = cmds
+    assert [(m.gpu_index, m.instance_id) for m in first.mig_members] == [
+        (0, "a/0:7g.40gb@0:j1"), (1, "a/1:7g.40gb@0:j1")]
+    assert [(op.kind, op.gpu_id) for op in first.ops] == [
+        ("destroy_ci", "a/0"), ("destroy_gi", "a/0"), ("create_gi", "a/0"), ("create_ci", "a/0"),
+        ("create_gi", "a/1"), ("create_ci", "a/1")]
+    assert second.node == "b" and second.gang is not None and second.gang.first_rank == 2
+    missing = place_commands(_placed(a0, *slots), GEO, 5.0, "", {a0.id: a0})
+    assert isinstance(missing, PlanConflict) and missing.gpu_id == "a/1"

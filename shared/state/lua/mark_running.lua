@@ -57,11 +57,11 @@ if f[1] and attempt and attempt < tonumber(f[5] or '0') then
   end
 end
 if f[1] ~= 'placing' then return {'noop', f[1] or ''} end
-if ARGV[2] ~= '' and ARGV[2] ~= f[3] then return {'stale', f[1]} end
+local across = spans(slots)
+if ARGV[2] ~= '' and ARGV[2] ~= f[3] and not (across and names(job, ARGV[2])) then return {'stale', f[1]} end
 local held = slot_insts(job, slots)
 -- a gang across nodes: each member node starts its own slots (another member's may be gone already: it
 -- completed); the job runs once none is still reserved
-local across = spans(slots)
 local waiting = false
 for _, e in ipairs(held) do
   if across and node_of(e.gid) ~= ARGV[6] then
