@@ -497,3 +497,30 @@ async def test_with_several_shards_a_blocks_nodes_share_its_shard_and_a_gang_fit
 
 async def _mirrors_hold(stack: Stack, n: int) -> bool:
     return sum(len(m) for m in stack.balancer.mirrors) >= n
+
+
+async def test_an_urgent_gang_preempts_the_cheapest_jobs_on_several_nodes(
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
+        await stack.start()
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
+        for ex in nodes:
+            await ex.start()
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: _mirror_has(stack, 4))
+        small = [f"w{i}" for i in range(4)]
+        await e.submit(*(submit(j, Demand(kind="gpus", gpus=1), tenant="team") for j in small))
+        assert await until(e.all_in(small, "running"))
+        await e.submit(submit("urgent-gang", Demand(kind="gpus", gpus=3), tenant="urgent"))
+        assert await until(e.all_in(["urgent-gang"], "running"))
+        states = await e.states(small)
+        assert sorted(states.values()) == ["pending", "pending", "pending", "running"]  # the fewest victims
+        job = await ns.state.job("urgent-gang")
+        assert job is not None and len({g.rpartition("/")[0] for g, _ in job.slots}) == 2
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
