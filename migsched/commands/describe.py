@@ -52,9 +52,11 @@ def render(info: dict[str, Any], now: float) -> str:
             + (f", patience {spec.patience_s:g} s" if spec.patience_s else "")
         )
     lines.append(f"  attempts {rec.attempts}, preempted {rec.preempted}")
-    held = rec.held()
-    if held:
-        lines.append(f"  holds on {rec.node or '?'}: " + ", ".join(f"{g} ({i})" for g, i in held))
+    by_node: dict[str, list[str]] = {}
+    for g, i in rec.held():
+        by_node.setdefault(g.rpartition("/")[0] or rec.node or "?", []).append(f"{g} ({i})")
+    for node, gpus in by_node.items():  # a gang across nodes: a line per member node, in rank order
+        lines.append(f"  holds on {node}: " + ", ".join(gpus))
     if rec.state == "pending":
         lines.append(f"  why it waits: {rec.reason or 'not decided yet'}")
     for h in info["holds"]:

@@ -115,3 +115,13 @@ def test_schema_write_into_a_path_that_is_a_file_says_so_and_exits_non_zero(tmp_
     (tmp_path / "taken").write_text("x")
     code, out = run("schema", "--write", str(tmp_path / "taken" / "sub"))
     assert code == 1 and "cannot write the schemas into" in out
+
+
+def test_describe_lists_a_gang_across_nodes_node_by_node() -> None:
+    from migsched.commands.describe import render
+    from shared.state import JobRecord
+
+    slots = (("a/0", "a/0:gpu@0:g"), ("a/1", "a/1:gpu@0:g"), ("b/3", "b/3:gpu@0:g"))
+    rec = JobRecord(job_id="g", state="running", gpu="a/0", inst="a/0:gpu@0:g", node="a", slots=slots)
+    text = render({"record": rec, "spec": None, "history": [], "holds": []}, 0.0)
+    assert "holds on a: a/0 (a/0:gpu@0:g), a/1 (a/1:gpu@0:g)" in text and "holds on b: b/3 (b/3:gpu@0:g)" in text
