@@ -1,0 +1,103 @@
+"""What the integration tests of whole GPUs, shares and gangs share: a scripted cluster on the live services
+(real NATS and Redis), its jobs' states and the audit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from shared.events import Demand, JobSubmit, now
+from shared.mig.geometry import default_geometry
+from shared.state import audit
+
+GEO = default_geometry()
+
+
+def submit(job: str, demand: Demand, tenant: str = "default") -> JobSubmit:
+    return JobSubmit(id=f"s-{job}", job_id=job, demand=demand, tenant=tenant, submitted_at=now())
+
+
+async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await pred():
+            return True
+        await asyncio.sleep(0.05)
+    return bool(await pred())
+
+
+class Env:
+    def __init__(self, ns: Namespace, stack: Stack, ex: ScriptedExecutor) -> None:
+        self.ns, self.stack, self.ex = ns, stack, ex
+        self.nodes = [ex]
+
+    async def submit(self, *subs: JobSubmit) -> None:
+        for s in subs:
+            await self.ns.bus.publish(self.ns.bus.subjects.jobs_submit, s)
+
+    async def states(self, jobs: list[str]) -> dict[str, str]:
+        return {j.job_id: j.state for j in await self.ns.state.jobs(jobs) if j is not None}
+
+    def all_in(self, jobs: list[str], state: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            got = await self.states(jobs)
+            return len(got) == len(jobs) and set(got.values()) == {state}
+
+        return check
+
+    async def clean(self) -> None:
+        assert [str(v) for v in await audit(self.ns.state, GEO)] == []
+
+
+CLASSES = """
+[priority_classes.low]
+value = 10
+preemption = "PreemptLowerPriority"
+
+[priority_classes.high]
+value = 900
+preemption = "PreemptLowerPriority"
+
+[tenants.urgent]
+priority_class = "high"
+"""
+TENANCY = CLASSES + """
+[tenants.team]
+priority_class = "low"
+quota = { "nvidia.com/gpu" = 2, "nvidia.com/gpu.shared" = 4 }
+"""
+GANG_TENANCY = CLASSES + """
+[tenants.team]
+priority_class = "low"
+"""
+
+
+def env_of(gpus: int, plain: dict[int, int], tenancy: bool = False) -> Callable[..., Any]:
+    @pytest.fixture
+    async def fixture(prefix: str, nats_url: str, redis_url: str, tmp_path: Path) -> AsyncIterator[Env]:
+        extra: dict[str, Any] = {}
+        if tenancy:
+            (tmp_path / "tenancy.toml").write_text(TENANCY)
+            extra = {"tenancy_file": str(tmp_path / "tenancy.toml")}
+        async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+            stack = Stack(prefix, nats_url, redis_url, **extra)
+            await stack.start()
+            ex = ScriptedExecutor(ns.bus, "n1", gpus=gpus, plain=plain)
+            await ex.start()
+            e = Env(ns, stack, ex)
+            assert await until(lambda: mirror_has(stack, gpus))
+            yield e
+            await ex.stop()
+            await stack.stop()
+
+    return fixture
+
+
+async def mirror_has(stack: Stack, n: int) -> bool:
+    return len(stack.balancer.mirrors[0]) >= n

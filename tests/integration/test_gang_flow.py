@@ -1,0 +1,301 @@
+"""Gangs across nodes through the live services on real NATS + Redis, with scripted executors: one reservation
+over every node, running once every member started, a completed part freeing its GPUs, the first failure or a
+preemption stopping the other parts, rejection of a gang bigger than the cluster, two balancers racing, MIG
+members, topology domains and shards by block."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from plain_cluster import GANG_TENANCY, GEO, Env, mirror_has, submit, until
+
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from shared.bus import Outgoing
+from shared.events import Demand, JobSubmit, Topology, now
+from shared.state import RedisState, audit, shard_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+async def test_a_gang_across_mig_nodes_runs_on_full_size_instances_once_every_member_started(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=2) for n in ("n1", "n2")]  # MIG GPUs only
+        for ex in nodes:
+            await ex.start()
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: mirror_has(stack, 4))
+        await e.submit(submit("mg", Demand(kind="gpus", gpus=3)))
+        assert await until(e.all_in(["mg"], "running"))
+        cmds = [c for ex in nodes for c in ex.commands("place") if c.job_id == "mg"]
+        assert sorted(len(c.mig_members) for c in cmds) == [1, 2] and all(c.gang for c in cmds)
+        job = await ns.state.job("mg")
+        assert job is not None and len(job.slots) == 3
+        gpus = await ns.state.get_gpus([g for g, _ in job.slots])
+        assert all(g and [(i.profile, i.state, i.mig) for i in g.instances] == [("7g.40gb", "busy", False)]
+                   for g in gpus)  # a member never moves on its own
+        for ex in nodes:
+            await ex.exit(["mg"])
+        assert await until(e.all_in(["mg"], "finished"))
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
+    await e.clean()
+
+
+@pytest.fixture
+async def two_plain_nodes(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Env]:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
+        for ex in nodes:
+            await ex.start()
+        assert await until(lambda: mirror_has(stack, 4))
+        env = Env(ns, stack, nodes[0])
+        env.nodes = nodes
+        yield env
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
+
+
+async def test_a_gang_bigger_than_every_node_runs_across_nodes_once_every_member_started(
+    two_plain_nodes: Env,
+) -> None:
+    e = two_plain_nodes
+    n1, n2 = e.nodes
+    n2.auto_ack = False  # n2 holds its command: the gang must wait for it
+    await e.submit(submit("big", Demand(kind="gpus", gpus=3)))
+    assert await n2.wait_for(lambda: bool(n2.commands("place")))
+    assert await until(lambda: _started_on(e, "big", n1))
+    assert await e.states(["big"]) == {"big": "placing"}  # one member started, the other not yet
+    (c1,) = [c for c in n1.commands("place") if c.job_id == "big"]
+    (c2,) = n2.commands("place")
+    assert c1.gang is not None and c2.gang is not None
+    parts = sorted([(c1.gang.node_rank, c1.gang.first_rank, len(c1.plain), c1.node),
+                    (c2.gang.node_rank, c2.gang.first_rank, len(c2.plain), c2.node)])
+    assert parts[0][:2] == (0, 0) and parts[1][:2] == (1, parts[0][2]) and parts[0][2] + parts[1][2] == 3
+    assert c1.gang.world_size == 3 and c1.gang.hosts == c2.gang.hosts and len(c1.gang.hosts) == 2
+    assert c1.cmd_id != c2.cmd_id and {c1.cmd_id[-2:], c2.cmd_id[-2:]} == {"/0", "/1"}
+    await e.ns.bus.publish_batch(n2.reply(c2))
+    assert await until(e.all_in(["big"], "running"))
+    await e.clean()
+    await n1.exit(["big"])  # one part completed: its GPUs free, the job runs on
+    assert await until(lambda: _holds_none_on(e, "big", "n1"))
+    assert await e.states(["big"]) == {"big": "running"}
+    await e.clean()
+    await n2.exit(["big"])
+    assert await until(e.all_in(["big"], "finished"))
+    await e.clean()
+
+
+async def test_the_first_failed_member_stops_the_other_parts_and_fails_the_gang(two_plain_nodes: Env) -> None:
+    e = two_plain_nodes
+    n1, n2 = e.nodes
+    await e.submit(submit("big", Demand(kind="gpus", gpus=4)))
+    assert await until(e.all_in(["big"], "running"))
+    await n1.exit(["big"], kind="failed")
+    assert await until(e.all_in(["big"], "failed"))
+    assert await n2.wait_for(lambda: any(c.job_id == "big" for c in n2.commands("stop")))
+    assert await until(lambda: _holds_none_on(e, "big", "n2"))  # the stop's confirmation freed its GPUs
+    await e.clean()
+    await e.submit(submit("after", Demand(kind="gpus", gpus=4)))  # the whole cluster is free again
+    assert await until(e.all_in(["after"], "running"))
+
+
+async def test_a_gang_bigger_than_the_cluster_is_rejected_at_submit_with_its_reason(two_plain_nodes: Env) -> None:
+    e = two_plain_nodes
+    await e.submit(submit("huge", Demand(kind="gpus", gpus=5)))
+    assert await until(e.all_in(["huge"], "rejected"))
+    job = await e.ns.state.job("huge")
+    assert job is not None and "needs 5 GPUs; the cluster has 4" in job.reason
+    gpus = await e.ns.state.get_gpus([f"{n}/{i}" for n in ("n1", "n2") for i in range(2)])
+    assert not any(g.instances for g in gpus)
+    await e.clean()
+
+
+async def _started_on(e: Env, job: str, ex: ScriptedExecutor) -> bool:
+    gpus = await e.ns.state.get_gpus([f"{ex.node}/{i}" for i in range(ex.gpus)])
+    return any(i.job == job and i.state == "busy" for g in gpus if g for i in g.instances)
+
+
+async def _holds_none_on(e: Env, job: str, node: str) -> bool:
+    gpus = await e.ns.state.get_gpus([f"{node}/{i}" for i in range(2)])
+    return not any(i.job == job for g in gpus if g for i in g.instances)
+
+
+async def test_two_balancers_racing_a_16_gpu_gang_and_small_jobs_never_double_book(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        a, b = Stack(prefix, nats_url, redis_url, batch=4), Stack(prefix, nats_url, redis_url, batch=4)
+        await a.start()
+        await b.start()
+        nodes = [ScriptedExecutor(ns.bus, f"n{i}", gpus=4, plain=dict.fromkeys(range(4), 0)) for i in range(4)]
+        for ex in nodes:
+            await ex.start()
+        assert await until(lambda: mirror_has(a, 16)) and await until(lambda: mirror_has(b, 16))
+        smalls = [f"s{i}" for i in range(24)]
+        subs = [submit(j, Demand(kind="gpus", gpus=1 + i % 2)) for i, j in enumerate(smalls)]
+        subs.insert(6, submit("gang", Demand(kind="gpus", gpus=16)))
+        await ns.bus.publish_batch([Outgoing(ns.bus.subjects.jobs_submit, x) for x in subs])
+        everyone = ["gang", *smalls]
+
+        async def settled() -> bool:
+            st = await Env(ns, a, nodes[0]).states(everyone)
+            return len(st) == len(everyone) and "placing" not in st.values()
+
+        assert await until(settled, 20)
+        assert [str(v) for v in await audit(ns.state, GEO)] == []
+        gpus = await ns.state.get_gpus([f"n{i}/{k}" for i in range(4) for k in range(4)])
+        assert all(len(g.instances) <= 1 for g in gpus if g)  # a whole GPU holds one job at most
+
+        async def gang_runs() -> bool:  # small jobs end; the gang's reservation lets it start once all is free
+            for ex in nodes:
+                done = [j for j in ex.running if j != "gang"]
+                if done:
+                    await ex.exit(done)
+            return (await Env(ns, a, nodes[0]).states(["gang"])) == {"gang": "running"}
+
+        assert await until(gang_runs, 30)
+        assert [str(v) for v in await audit(ns.state, GEO)] == []
+        for ex in nodes:
+            await ex.stop()
+        await b.stop()
+        await a.stop()
+
+
+async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_every_node(
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
+        await stack.start()
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
+        for ex in nodes:
+            await ex.start()
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: mirror_has(stack, 4))
+        await e.submit(submit("gang", Demand(kind="gpus", gpus=4), tenant="team"))
+        assert await until(e.all_in(["gang"], "running"))
+        await e.submit(submit("hi", Demand(kind="gpus", gpus=2), tenant="urgent"))
+        assert await until(e.all_in(["hi"], "running"))
+        assert (await e.states(["gang"])) == {"gang": "pending"}  # re-queued, whole
+        (hi,) = [c for ex in nodes for c in ex.commands("place") if c.job_id == "hi"]
+        other = next(ex for ex in nodes if ex.node != hi.node)
+        assert hi.stop_jobs == ("gang",)  # stopped where the urgent job goes, by its place command
+        assert any(c.job_id == "gang" for c in other.commands("stop"))  # and by a stop on the other node
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
+
+
+async def _labelled_nodes(ns: Namespace, spec: dict[str, str]) -> list[ScriptedExecutor]:
+    nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}, labels={"block": b}) for n, b in spec.items()]
+    for ex in nodes:
+        await ex.start()
+    return nodes
+
+
+async def test_a_gang_that_requires_one_block_lands_in_one_or_waits_with_its_reason(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        nodes = await _labelled_nodes(ns, {"n1": "b1", "n2": "b2", "n3": "b2"})
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: mirror_has(stack, 6))
+        block = Topology(level="block", mode="required")
+        four = JobSubmit(id="s-four", job_id="four", demand=Demand(kind="gpus", gpus=4), topology=block,
+                         submitted_at=now())
+        await e.submit(four)
+        assert await until(e.all_in(["four"], "running"))
+        job = await e.ns.state.job("four")
+        assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n2", "n3"}  # only b2 holds 4
+        three = JobSubmit(id="s-three", job_id="three", demand=Demand(kind="gpus", gpus=3), topology=block,
+                          submitted_at=now())
+        await e.submit(three)
+        assert await until(e.all_in(["three"], "pending"))
+        job = await e.ns.state.job("three")
+        assert job is not None and "no block holds the gang now" in job.reason
+        loose = JobSubmit(id="s-loose", job_id="loose", demand=Demand(kind="gpus", gpus=2),
+                          topology=Topology(level="rack"), submitted_at=now())  # no rack labels: anywhere
+        await e.submit(loose)
+        assert await until(e.all_in(["loose"], "running"))
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
+
+
+async def test_with_several_shards_a_blocks_nodes_share_its_shard_and_a_gang_fits_in_one_script(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    blocks = {"n1": "b1", "n2": "b1", "n3": "b2", "n4": "b2"}
+    async with Namespace(make_settings(prefix, nats_url, redis_url, shards=4)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, shards=4)
+        await stack.start()
+        nodes = await _labelled_nodes(ns, blocks)
+        assert await until(lambda: _mirrors_hold(stack, 8))
+        fresh = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=4))
+        try:
+            await fresh.nodes()  # another process learns where each node lives from the shards themselves
+            for node, block in blocks.items():
+                assert fresh.node_shard(node) == shard_of(block, 4)
+            for ex in nodes:  # heartbeats land on the node records in their block's shard
+                await ex.heartbeat()
+            seen = await fresh.nodes()
+            assert sorted(seen) == sorted(blocks) and all(h.get("state") == "up" for h in seen.values())
+        finally:
+            await fresh.close()
+        # a gang of four in the shard of b1's nodes (the job's shard is its id's)
+        job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 4) == shard_of("b1", 4))
+        await Env(ns, stack, nodes[0]).submit(submit(job_id, Demand(kind="gpus", gpus=4)))
+        assert await until(Env(ns, stack, nodes[0]).all_in([job_id], "running"))
+        job = await ns.state.job(job_id)
+        assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n1", "n2"}
+        assert [str(v) for v in await audit(ns.state, GEO)] == []
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
+
+
+async def _mirrors_hold(stack: Stack, n: int) -> bool:
+    return sum(len(m) for m in stack.balancer.mirrors) >= n
+
+
+async def test_an_urgent_gang_preempts_the_cheapest_jobs_on_several_nodes(
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
+        await stack.start()
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
+        for ex in nodes:
+            await ex.start()
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: mirror_has(stack, 4))
+        small = [f"w{i}" for i in range(4)]
+        await e.submit(*(submit(j, Demand(kind="gpus", gpus=1), tenant="team") for j in small))
+        assert await until(e.all_in(small, "running"))
+        await e.submit(submit("urgent-gang", Demand(kind="gpus", gpus=3), tenant="urgent"))
+        assert await until(e.all_in(["urgent-gang"], "running"))
+        states = await e.states(small)
+        assert sorted(states.values()) == ["pending", "pending", "pending", "running"]  # the fewest victims
+        job = await ns.state.job("urgent-gang")
+        assert job is not None and len({g.rpartition("/")[0] for g, _ in job.slots}) == 2
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
