@@ -105,6 +105,10 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
 @click.option("--limit", type=int, default=None, help="replay only the first N jobs")
 @click.option("--cluster", "clusters", multiple=True, help="MODEL:COUNT, repeatable (default A100-40GB:48)")
 @click.option("--gpus-per-node", type=int, default=8, show_default=True)
+@click.option("--block-nodes", type=click.IntRange(min=0), default=0, show_default=True,
+              help="every N nodes form a topology block (0: no blocks)")
+@click.option("--gang-topology", type=click.Choice(["block", "block:required"]), default=None,
+              help="keep every gang (gpus > 1) within one block: preferred, or required")
 @click.option(
     "--nodes-file",
     type=click.Path(dir_okay=False),
@@ -225,13 +229,14 @@ def _run(o: dict[str, Any]) -> None:
     from shared.sim import experiment, report
     from shared.sim.cluster import load_nodes_file, parse_cluster
     from shared.sim.fluid import NAME as FLUID
-    from shared.sim.workloads.spec import WorkloadSpec, build
+    from shared.sim.workloads.spec import WorkloadSpec, build, within_blocks
 
     geo = default_geometry()
     if o["nodes_file"]:
         cluster = load_nodes_file(str(o["nodes_file"]), geo, o["nodes_model"])
     else:
-        cluster = parse_cluster(list(o["clusters"]) or ["A100-40GB:48"], geo, int(o["gpus_per_node"]))
+        cluster = parse_cluster(list(o["clusters"]) or ["A100-40GB:48"], geo, int(o["gpus_per_node"]),
+                                int(o["block_nodes"]))
     seed = int(o["seed"])
     workload = build(
         WorkloadSpec(
@@ -242,6 +247,8 @@ def _run(o: dict[str, Any]) -> None:
         cluster,
         geo,
     )
+    if o["gang_topology"]:
+        workload = within_blocks(workload, required=o["gang_topology"] == "block:required")
     patience = float(o["patience"])
     cfg = _config(o, seed, patience)
     names = list(o["policies"])

@@ -26,13 +26,13 @@ from shared.mig.geometry import Geometry
 from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
 from shared.policy.charges import slot_usages
-from shared.policy.gang import never_fits, usable_whole
+from shared.policy.gang import never_fits
 from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
 from shared.policy.preemption import Victim
 from shared.policy.registry import PlacementPolicy
 from shared.policy.request import Demand
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.topology import domains, place_within
+from shared.policy.topology import domains
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation
 from shared.state.model import PLAIN_PROFILES
@@ -131,10 +131,12 @@ class Decider:
             req = JobRequest(job_id=sub.job_id, demand=sub.demand, tenant=sub.tenant, priority=sub.priority,
                              latency_sensitive=sub.latency_sensitive, migratable=sub.migratable,
                              duration_hint_s=sub.duration_hint_s, now=now)
-            if sub.topology is not None and sub.demand.kind == "gpus":
-                dec = self._within(shard, req, blocked, sub.topology.level, sub.topology.mode == "required")
-            else:
-                dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
+            if sub.topology is not None and sub.demand.kind == "gpus":  # the nodes of each block (or rack)
+                doms = domains(self.shards.labels, sub.topology.level, {g.node for g in mirror.view().gpus})
+                req = msgspec.structs.replace(
+                    req, domains=tuple((d, tuple(sorted(ns))) for d, ns in sorted(doms.items())),
+                    domain_level=sub.topology.level, domain_required=sub.topology.mode == "required")
+            dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
             self.metrics.seconds.observe(time.perf_counter() - t0)
         if isinstance(dec, CannotPlace):
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
@@ -145,26 +147,6 @@ class Decider:
             return self._queue(c, dec, batch, now)
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
-
-    def _within(self, shard: int, req: JobRequest, blocked: frozenset[str], level: str, required: bool) -> Any:
-        """A gang kept within one ``level`` domain (``shared.policy.topology``): the policy's decision on each
-        domain's nodes alone, the best of them, else (a preference) on every node."""
-        mirror = self.shards.mirrors[shard]
-        view = mirror.view()
-        doms = domains(self.shards.labels, level, {g.node for g in view.gpus})
-        free: dict[str, int] = {}
-        for g in view.gpus:
-            for name, nodes in doms.items():
-                if g.node in nodes and g.healthy and g.id not in blocked and usable_whole(g):
-                    free[name] = free.get(name, 0) + 1
-
-        def place(nodes: set[str] | None) -> Any:
-            if nodes is None:
-                return mirror.decide(req, self.params, self.policy, blocked)
-            outside = {g.id for g in view.gpus if g.node not in nodes}
-            return mirror.decide(req, self.params, self.policy, blocked | outside)
-
-        return place_within(req.job_id, level, required, doms, free, place)
 
     @staticmethod
     def _queue(c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:

@@ -25,6 +25,13 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     """How long the job expects to run; None = it gave no hint (time-aware policies then only pack)."""
     now: float | None = None
     """The decision's clock, handed in by the caller (policies read no clock); None = unknown."""
+    domains: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """A gang kept within one topology domain: each domain's name and nodes, resolved by the caller from the
+    nodes' labels (``shared.policy.topology``); empty = anywhere."""
+    domain_level: str = ""
+    """The label the domains are of (``block``, ``rack``), for the reasons."""
+    domain_required: bool = False
+    """Wait for one domain to hold the gang (True) or place it across domains when none does (False)."""
 
 
 class Slot(msgspec.Struct, frozen=True, kw_only=True):

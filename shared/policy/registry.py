@@ -27,6 +27,7 @@ from shared.policy.baseline_slots import PlacementPolicy, UnknownPolicyError
 from shared.policy.gang import place_across, spans_nodes
 from shared.policy.placement import Decision, JobRequest
 from shared.policy.snapshot import ClusterSnapshot
+from shared.policy.topology import within_domains
 
 __all__ = ["DEFAULT_POLICY", "PlacementPolicy", "PolicySpec", "UnknownPolicyError", "get_policy", "policy_names",
            "register"]
@@ -138,10 +139,15 @@ def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
 
 
 def _with_gangs(name: str, policy: PlacementPolicy) -> PlacementPolicy:
-    @functools.wraps(policy)  # keeps what the engine reads off a policy (``balancer_params``)
-    def placed(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+    def anywhere(snap: ClusterSnapshot, job: JobRequest) -> Decision:
         if spans_nodes(snap, job.demand):
             return place_across(snap, job, name)
         return policy(snap, job)
+
+    @functools.wraps(policy)  # keeps what the engine reads off a policy (``balancer_params``)
+    def placed(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        if job.domains and job.demand.kind == "gpus":
+            return within_domains(snap, job, anywhere)
+        return anywhere(snap, job)
 
     return placed

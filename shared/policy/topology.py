@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 
 import msgspec
+import numpy as np
 
-from shared.policy.placement import CannotPlace, Decision, Placement
+from shared.policy.gang import usable_whole
+from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement
+from shared.policy.snapshot import ClusterSnapshot
 
 
 def domains(labels: Mapping[str, Mapping[str, str]], level: str, nodes: Collection[str]) -> dict[str, set[str]]:
@@ -52,3 +55,28 @@ def place_within(
     what = f"{len(doms)} {level}(s)" if doms else f"no node with a {level} label"
     return CannotPlace(job_id=job_id, policy="topology",
                        reasons=(f"no {level} holds the gang now ({what}; topology: {level} required)",))
+
+
+def within_domains(snap: ClusterSnapshot, job: JobRequest, policy: Callable[[ClusterSnapshot, JobRequest], Decision],
+                   ) -> Decision:
+    """``place_within`` on a snapshot: each of ``job.domains`` alone is the snapshot with every other node's GPUs
+    unusable, decided by ``policy`` (the simulator and the balancer alike: the registry's wrapper, or the mirror
+    for the seeds' balancer)."""
+    doms = {name: set(nodes) for name, nodes in job.domains}
+    healthy = np.asarray(snap.healthy, dtype=bool)
+    node_of = [g.node for g in snap.gpus]
+    free: dict[str, int] = {}
+    for p, g in enumerate(snap.gpus):
+        if healthy[p] and usable_whole(g):
+            for name, nodes in doms.items():
+                if g.node in nodes:
+                    free[name] = free.get(name, 0) + 1
+    plain = msgspec.structs.replace(job, domains=())
+
+    def place(nodes: set[str] | None) -> Decision:
+        if nodes is None:
+            return policy(snap, plain)
+        inside = np.fromiter((n in nodes for n in node_of), dtype=bool, count=len(node_of))
+        return policy(snap.with_columns(healthy=healthy & inside), plain)
+
+    return place_within(job.job_id, job.domain_level or "domain", job.domain_required, doms, free, place)

@@ -40,14 +40,14 @@ def schedule(sim: SimRun) -> None:
                 failed[memo] = version
                 continue
         job = jobs[i]
-        if placer is not None and placer.handles(job.demand):
+        if placer is not None and job.within_block is None and placer.handles(job.demand):
             got = placer.place(job.demand)
             if got is None:
                 failed[memo] = version
                 continue
             slots: tuple[Slot, ...] = got
         else:
-            decision = sim.policy(sim.cluster.snapshot(), job.request(sim.hint(i), sim.now))
+            decision = sim.policy(sim.cluster.snapshot(), job.request(sim.hint(i), sim.now, sim.blocks))
             if isinstance(decision, CannotPlace):
                 failed[memo] = version
                 continue

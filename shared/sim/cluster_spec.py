@@ -18,6 +18,8 @@ class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     model: str
     gpus: int
+    block: str = ""
+    """The node's topology block ('' = none): a gang may have to stay within one."""
 
 
 class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,6 +29,14 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
     def gpu_count(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
+    def blocks(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Each topology block and its nodes (a ``JobRequest``'s ``domains``)."""
+        out: dict[str, list[str]] = {}
+        for n in self.nodes:
+            if n.block:
+                out.setdefault(n.block, []).append(n.name)
+        return tuple((b, tuple(ns)) for b, ns in out.items())
+
     def label(self) -> str:
         counts: dict[str, int] = {}
         for n in self.nodes:
@@ -34,10 +44,10 @@ class ClusterSpec(msgspec.Struct, frozen=True, kw_only=True):
         return " + ".join(f"{c}x {m}" for m, c in counts.items())
 
 
-def parse_cluster(specs: Sequence[str], geometry: Geometry, gpus_per_node: int = 8) -> ClusterSpec:
-    """``["A100-40GB:48", "H100-80GB:16"]`` -> nodes of ``gpus_per_node`` GPUs (the last node of a model
-    may be
-    smaller)."""
+def parse_cluster(specs: Sequence[str], geometry: Geometry, gpus_per_node: int = 8,
+                  block_nodes: int = 0) -> ClusterSpec:
+    """``["A100-40GB:48", "H100-80GB:16"]`` -> nodes of ``gpus_per_node`` GPUs (the last node of a model may be
+    smaller); ``block_nodes`` > 0: every that many nodes, in order, form a topology block ``b<k>``."""
     if gpus_per_node < 1:
         raise ClusterSpecError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     nodes: list[NodeSpec] = []
@@ -56,7 +66,8 @@ def parse_cluster(specs: Sequence[str], geometry: Geometry, gpus_per_node: int =
         model = _model(geometry, name, spec)
         while count > 0:
             n = min(gpus_per_node, count)
-            nodes.append(NodeSpec(name=f"node-{len(nodes):04d}", model=model.name, gpus=n))
+            block = f"b{len(nodes) // block_nodes}" if block_nodes > 0 else ""
+            nodes.append(NodeSpec(name=f"node-{len(nodes):04d}", model=model.name, gpus=n, block=block))
             count -= n
     if not nodes:
         raise ClusterSpecError("the cluster has no GPUs; give --cluster MODEL:COUNT or --nodes-file")
@@ -71,7 +82,8 @@ def _model(geometry: Geometry, name: str, where: str) -> GpuModel:
 
 
 def load_nodes_file(path: str | Path, geometry: Geometry, model_override: str | None = None) -> ClusterSpec:
-    """A CSV with a node name column (``node`` or ``sn``), a GPU count (``gpus`` or ``gpu``) and ``model``.
+    """A CSV with a node name column (``node`` or ``sn``), a GPU count (``gpus`` or ``gpu``) and ``model``, and
+    optionally the node's topology ``block``.
 
     ``model_override`` maps every node to one MIG model (the openb node list names non-MIG models such as
     P100).
@@ -104,7 +116,7 @@ def load_nodes_file(path: str | Path, geometry: Geometry, model_override: str | 
         if n <= 0:
             continue
         model = _model(geometry, model_override or row["model"], f"{p}:{i}")
-        nodes.append(NodeSpec(name=row[name_col], model=model.name, gpus=n))
+        nodes.append(NodeSpec(name=row[name_col], model=model.name, gpus=n, block=row.get("block") or ""))
     if not nodes:
         raise ClusterSpecError(f"nodes file {p} lists no GPUs")
     return ClusterSpec(nodes=tuple(nodes))

@@ -62,6 +62,8 @@ class Simulator:
         self.cfg = config or SimConfig()
         self.geometry = geometry or default_geometry()
         self.cluster = SimCluster(self.geometry, cluster)
+        self.blocks = cluster.blocks()
+        """The cluster's topology blocks: the domains of a gang kept within one."""
         self.hook, self.progress = hook, progress
         self.jobs = workload.jobs
         n = len(self.jobs)
@@ -86,7 +88,7 @@ class Simulator:
         self.profiles: dict[tuple[str, str], tuple[int, ...]] = {}
         """(shape, model) -> the slice masks of the profile's placements (none: no such profile)."""
         self.failed: dict[tuple[str, int], int] = {}
-        self.memo_keys = [(j.demand.label(), j.gpus) for j in self.jobs]
+        self.memo_keys = [(j.demand.label() + _within(j), j.gpus) for j in self.jobs]
         """Per job, the demand its failures are remembered under (see _schedule)."""
         self.pressure: dict[str, dict[int, float]] = {}
         self.gpu_free_at: dict[str, float] = {}
@@ -423,3 +425,8 @@ class Simulator:
     def check(self) -> None:
         """Invariants at an event boundary (see invariants.py)."""
         invariants.check(self)
+
+
+def _within(job: SimJob) -> str:
+    """A gang kept within one block fails apart from the same demand anywhere (its own memo key)."""
+    return "" if job.within_block is None else ("@block!" if job.within_block else "@block")

@@ -35,8 +35,13 @@ class SimJob(msgspec.Struct, frozen=True, kw_only=True):
     wclass: str = "inference"
     patience: float | None = None
     """Seconds the job waits in the queue before it is rejected; None = the run's default."""
+    within_block: bool | None = None
+    """A gang kept within one topology block of the cluster: True required, False preferred, None anywhere."""
 
-    def request(self, hint_s: float | None = None, now: float | None = None) -> JobRequest:
+    def request(self, hint_s: float | None = None, now: float | None = None,
+                blocks: tuple[tuple[str, tuple[str, ...]], ...] = ()) -> JobRequest:
+        """What the policy sees; ``blocks``: the cluster's blocks, for a job kept within one."""
+        within = self.within_block is not None and self.demand.kind == "gpus"
         return JobRequest(
             duration_hint_s=hint_s,
             now=now,
@@ -46,6 +51,9 @@ class SimJob(msgspec.Struct, frozen=True, kw_only=True):
             priority=self.priority,
             latency_sensitive=self.latency_sensitive,
             migratable=self.migratable,
+            domains=blocks if within else (),
+            domain_level="block" if within else "",
+            domain_required=bool(within and self.within_block),
         )
 
     @property

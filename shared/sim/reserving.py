@@ -56,13 +56,13 @@ def schedule(sim: SimRun) -> None:
         skip = seen is not None and (seen == version or not _may_fit(sim, i, seen))
         slots: tuple[Slot, ...] | None = None
         if not skip:
-            if not blocked and placer is not None and placer.handles(job.demand):
+            if not blocked and placer is not None and job.within_block is None and placer.handles(job.demand):
                 slots = placer.place(job.demand)
             else:
                 snap = sim.cluster.snapshot()
                 if blocked:
                     snap = _masked(snap, frozenset(g for r in blocked for g in r.gpus))
-                decision = sim.policy(snap, job.request(h, now))
+                decision = sim.policy(snap, job.request(h, now, sim.blocks))
                 slots = None if isinstance(decision, CannotPlace) else decision.slots
             if slots is None and not blocked:
                 failed[memo] = version

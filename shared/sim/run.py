@@ -69,6 +69,7 @@ class SimRun(Protocol):
     freed: list[str]
     failed: dict[tuple[str, int], int]
     memo_keys: list[tuple[str, int]]
+    blocks: tuple[tuple[str, tuple[str, ...]], ...]
     profiles: dict[tuple[str, str], tuple[int, ...]]
     placer: PlacementIndex | None
 

@@ -53,3 +53,61 @@ def test_a_requirement_waits_when_no_domain_holds_the_gang_and_a_preference_span
 def test_a_requirement_with_no_labelled_node_says_so() -> None:
     dec = place_within("g", "rack", True, {}, {}, lambda nodes: _placed("a"))
     assert isinstance(dec, CannotPlace) and "no node with a rack label" in dec.reasons[0]
+
+
+def _blocks_snapshot() -> tuple[object, tuple[tuple[str, tuple[str, ...]], ...]]:
+    from shared.mig.geometry import default_geometry
+    from shared.policy.snapshot import snapshot_of
+    from shared.sim.cluster import parse_cluster
+    from shared.sim.cluster_spec import gpu_views
+
+    spec = parse_cluster(["A100-40GB:16"], default_geometry(), gpus_per_node=2, block_nodes=2)  # 4 GPUs a block
+    return snapshot_of(default_geometry(), gpu_views(spec)), spec.blocks()
+
+
+@pytest.mark.parametrize("name", ["migsched", "first-fit", "fgd", "paper"])
+def test_every_policy_keeps_a_gang_within_one_block_when_asked(name: str) -> None:
+    from shared.policy.placement import JobRequest
+    from shared.policy.registry import get_policy
+    from shared.policy.request import Demand
+
+    snap, blocks = _blocks_snapshot()
+    _, policy = get_policy(name)
+    node_block = {n: b for b, ns in blocks for n in ns}
+
+    def ask(gpus: int, required: bool) -> object:
+        return policy(snap, JobRequest(job_id="g", demand=Demand(kind="gpus", gpus=gpus), domains=blocks,  # type: ignore[arg-type]
+                                       domain_level="block", domain_required=required))
+
+    four = ask(4, True)
+    assert isinstance(four, Placement) and len({node_block[s.node] for s in four.slots}) == 1
+    six = ask(6, True)  # no block has six GPUs
+    assert isinstance(six, CannotPlace) and "no block holds the gang now" in six.reasons[0]
+    spread = ask(6, False)
+    assert isinstance(spread, Placement) and len(spread.slots) == 6
+    assert len({node_block[s.node] for s in spread.slots}) == 2
+
+
+def test_the_simulator_rejects_a_gang_that_requires_a_block_none_has_and_runs_it_when_preferred() -> None:
+    import math
+
+    from shared.mig.geometry import default_geometry
+    from shared.policy.registry import get_policy
+    from shared.policy.request import Demand
+    from shared.sim.cluster import parse_cluster
+    from shared.sim.config import InterferenceParams, SimConfig
+    from shared.sim.engine import Simulator
+    from shared.sim.jobs import SimJob, Workload
+    from shared.sim.workloads.spec import within_blocks
+
+    geo = default_geometry()
+    jobs = (SimJob(id="six", arrival=1.0, duration=60.0, demand=Demand(kind="gpus", gpus=6), shape="7g",
+                   patience=600.0),
+            SimJob(id="four", arrival=2.0, duration=60.0, demand=Demand(kind="gpus", gpus=4), shape="7g"))
+    spec, policy = get_policy("migsched")
+    cfg = SimConfig(interference=InterferenceParams(beta=0.0), patience_s=math.inf, check_invariants=True)
+    cluster = parse_cluster(["A100-40GB:16"], geo, gpus_per_node=2, block_nodes=2)
+    for required, rejected in ((True, 1), (False, 0)):
+        wl = within_blocks(Workload(name="w", jobs=jobs), required=required)
+        k = Simulator(wl, cluster, spec, policy, cfg).run().kpis
+        assert (k.rejected, k.completed) == (rejected, 2 - rejected)

@@ -66,3 +66,10 @@ def build(spec: WorkloadSpec, cluster: ClusterSpec, geometry: Geometry) -> Workl
     if spec.limit and kind != "openb":
         wl = msgspec.structs.replace(wl, jobs=wl.jobs[: spec.limit])
     return wl
+
+
+def within_blocks(workload: Workload, required: bool) -> Workload:
+    """Every gang (``gpus: n``, n > 1) of ``workload`` kept within one topology block: required, or preferred."""
+    jobs = tuple(msgspec.structs.replace(j, within_block=required) if j.demand.kind == "gpus" and j.gpus > 1 else j
+                 for j in workload.jobs)
+    return msgspec.structs.replace(workload, jobs=jobs)
