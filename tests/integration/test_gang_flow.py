@@ -172,9 +172,9 @@ async def test_two_balancers_racing_a_16_gpu_gang_and_small_jobs_never_double_bo
         await a.stop()
 
 
-async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_every_node(
-    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
-) -> None:
+@pytest.fixture
+async def tenant_pair(prefix: str, nats_url: str, redis_url: str, tmp_path: Path) -> AsyncIterator[Env]:
+    """Two nodes of two whole GPUs under a tenancy file: a low-priority ``team`` and an ``urgent`` tenant."""
     (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
         stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
@@ -183,20 +183,27 @@ async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_eve
         for ex in nodes:
             await ex.start()
         e = Env(ns, stack, nodes[0])
+        e.nodes = nodes
         assert await until(lambda: mirror_has(stack, 4))
-        await e.submit(submit("gang", Demand(kind="gpus", gpus=4), tenant="team"))
-        assert await until(e.all_in(["gang"], "running"))
-        await e.submit(submit("hi", Demand(kind="gpus", gpus=2), tenant="urgent"))
-        assert await until(e.all_in(["hi"], "running"))
-        assert (await e.states(["gang"])) == {"gang": "pending"}  # re-queued, whole
-        (hi,) = [c for ex in nodes for c in ex.commands("place") if c.job_id == "hi"]
-        other = next(ex for ex in nodes if ex.node != hi.node)
-        assert hi.stop_jobs == ("gang",)  # stopped where the urgent job goes, by its place command
-        assert any(c.job_id == "gang" for c in other.commands("stop"))  # and by a stop on the other node
-        await e.clean()
+        yield e
         for ex in nodes:
             await ex.stop()
         await stack.stop()
+
+
+async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_every_node(tenant_pair: Env) -> None:
+    e = tenant_pair
+    nodes = e.nodes
+    await e.submit(submit("gang", Demand(kind="gpus", gpus=4), tenant="team"))
+    assert await until(e.all_in(["gang"], "running"))
+    await e.submit(submit("hi", Demand(kind="gpus", gpus=2), tenant="urgent"))
+    assert await until(e.all_in(["hi"], "running"))
+    assert (await e.states(["gang"])) == {"gang": "pending"}  # re-queued, whole
+    (hi,) = [c for ex in nodes for c in ex.commands("place") if c.job_id == "hi"]
+    other = next(ex for ex in nodes if ex.node != hi.node)
+    assert hi.stop_jobs == ("gang",)  # stopped where the urgent job goes, by its place command
+    assert any(c.job_id == "gang" for c in other.commands("stop"))  # and by a stop on the other node
+    await e.clean()
 
 
 async def _labelled_nodes(ns: Namespace, spec: dict[str, str]) -> list[ScriptedExecutor]:
@@ -274,28 +281,15 @@ async def _mirrors_hold(stack: Stack, n: int) -> bool:
     return sum(len(m) for m in stack.balancer.mirrors) >= n
 
 
-async def test_an_urgent_gang_preempts_the_cheapest_jobs_on_several_nodes(
-    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
-) -> None:
-    (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
-        await stack.start()
-        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
-        for ex in nodes:
-            await ex.start()
-        e = Env(ns, stack, nodes[0])
-        assert await until(lambda: mirror_has(stack, 4))
-        small = [f"w{i}" for i in range(4)]
-        await e.submit(*(submit(j, Demand(kind="gpus", gpus=1), tenant="team") for j in small))
-        assert await until(e.all_in(small, "running"))
-        await e.submit(submit("urgent-gang", Demand(kind="gpus", gpus=3), tenant="urgent"))
-        assert await until(e.all_in(["urgent-gang"], "running"))
-        states = await e.states(small)
-        assert sorted(states.values()) == ["pending", "pending", "pending", "running"]  # the fewest victims
-        job = await ns.state.job("urgent-gang")
-        assert job is not None and len({g.rpartition("/")[0] for g, _ in job.slots}) == 2
-        await e.clean()
-        for ex in nodes:
-            await ex.stop()
-        await stack.stop()
+async def test_an_urgent_gang_preempts_the_cheapest_jobs_on_several_nodes(tenant_pair: Env) -> None:
+    e = tenant_pair
+    small = [f"w{i}" for i in range(4)]
+    await e.submit(*(submit(j, Demand(kind="gpus", gpus=1), tenant="team") for j in small))
+    assert await until(e.all_in(small, "running"))
+    await e.submit(submit("urgent-gang", Demand(kind="gpus", gpus=3), tenant="urgent"))
+    assert await until(e.all_in(["urgent-gang"], "running"))
+    states = await e.states(small)
+    assert sorted(states.values()) == ["pending", "pending", "pending", "running"]  # the fewest victims
+    job = await e.ns.state.job("urgent-gang")
+    assert job is not None and len({g.rpartition("/")[0] for g, _ in job.slots}) == 2
+    await e.clean()
