@@ -32,7 +32,7 @@ from shared.policy.preemption import Victim
 from shared.policy.registry import PlacementPolicy
 from shared.policy.request import Demand
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.topology import domains
+from shared.policy.topology import domains, never_within
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation
 from shared.state.model import PLAIN_PROFILES
@@ -105,6 +105,8 @@ class Decider:
         t0 = time.perf_counter()
         dec: Placement | CannotPlace
         too_big = bigger_than_shard(mirror.view(), sub.demand, shard, self.shards.count)
+        if too_big is None and sub.topology is not None and sub.topology.mode == "required":
+            too_big = self._never_within(mirror.view(), sub.demand, sub.topology.level)
         if too_big is not None:  # no set of nodes here could ever host it: rejected at once, with the reason
             batch.settle(sub.job_id, "rejected", too_big, now, ("-", "pending"))
             self.metrics.outcome["rejected"].inc()
@@ -147,6 +149,18 @@ class Decider:
             return self._queue(c, dec, batch, now)
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
+
+    def _never_within(self, snap: ClusterSnapshot, demand: Demand, level: str) -> str | None:
+        """Why a gang that requires one ``level`` domain can never run here (its GPUs ever registered, lost
+        nodes' included); None while no node has registered yet."""
+        if demand.kind != "gpus" or len(snap) == 0:
+            return None
+        sizes: dict[str, int] = {}
+        for g in snap.gpus:
+            d = self.shards.labels.get(g.node, {}).get(level)
+            if d:
+                sizes[d] = sizes.get(d, 0) + 1
+        return never_within(demand.gpus, level, sizes)
 
     @staticmethod
     def _queue(c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:

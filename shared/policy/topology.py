@@ -29,6 +29,17 @@ def domains(labels: Mapping[str, Mapping[str, str]], level: str, nodes: Collecti
     return out
 
 
+def never_within(gpus: int, level: str, sizes: Mapping[str, int]) -> str | None:
+    """Why a gang that requires one ``level`` domain can never run: it needs more GPUs than every domain has
+    (``sizes``: each domain's GPUs); None when some domain could hold it."""
+    largest = max(sizes.values(), default=0)
+    if gpus <= largest:
+        return None
+    if not sizes:
+        return f"needs {gpus} GPUs within one {level}; no node has a {level} label"
+    return f"needs {gpus} GPUs within one {level}; the largest {level} has {largest}"
+
+
 def place_within(
     job_id: str,
     level: str,

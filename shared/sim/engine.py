@@ -28,6 +28,7 @@ from shared.policy.placement_index import PlacementIndex
 from shared.policy.reservation import Reservation, ReservationParams
 from shared.policy.retention import RecentDemand
 from shared.policy.snapshot import InstanceView
+from shared.policy.topology import never_within
 from shared.policy.unblock import UnblockParams
 from shared.sim import backfill, invariants, moves, release, reserving
 from shared.sim import events as ev
@@ -64,6 +65,8 @@ class Simulator:
         self.cluster = SimCluster(self.geometry, cluster)
         self.blocks = cluster.blocks()
         """The cluster's topology blocks: the domains of a gang kept within one."""
+        sizes = {n.name: n.gpus for n in cluster.nodes}
+        self.block_gpus = {b: sum(sizes[n] for n in ns) for b, ns in self.blocks}
         self.hook, self.progress = hook, progress
         self.jobs = workload.jobs
         n = len(self.jobs)
@@ -244,6 +247,8 @@ class Simulator:
         self.state[i] = QUEUED
         self.out.live += 1
         why = never_fits(job.demand, self.gpu_total)
+        if why is None and job.within_block and job.demand.kind == "gpus":
+            why = never_within(job.demand.gpus, "block", self.block_gpus)
         if why is not None:  # rejected at once: waiting could never help
             self.refused[why] = self.refused.get(why, 0) + 1
             self._reject(i)

@@ -235,6 +235,12 @@ async def test_a_gang_that_requires_one_block_lands_in_one_or_waits_with_its_rea
         assert await until(e.all_in(["three"], "pending"))
         job = await e.ns.state.job("three")
         assert job is not None and "no block holds the gang now" in job.reason
+        five = JobSubmit(id="s-five", job_id="five", demand=Demand(kind="gpus", gpus=5), topology=block,
+                         submitted_at=now())
+        await e.submit(five)
+        assert await until(e.all_in(["five"], "rejected"))
+        job = await e.ns.state.job("five")
+        assert job is not None and "needs 5 GPUs within one block; the largest block has 4" in job.reason
         loose = JobSubmit(id="s-loose", job_id="loose", demand=Demand(kind="gpus", gpus=2),
                           topology=Topology(level="rack"), submitted_at=now())  # no rack labels: anywhere
         await e.submit(loose)

@@ -88,7 +88,7 @@ def test_every_policy_keeps_a_gang_within_one_block_when_asked(name: str) -> Non
     assert len({node_block[s.node] for s in spread.slots}) == 2
 
 
-def test_the_simulator_rejects_a_gang_that_requires_a_block_none_has_and_runs_it_when_preferred() -> None:
+def test_the_simulator_refuses_on_arrival_a_gang_that_requires_a_block_none_has_and_runs_it_when_preferred() -> None:
     import math
 
     from shared.mig.geometry import default_geometry
@@ -111,3 +111,4 @@ def test_the_simulator_rejects_a_gang_that_requires_a_block_none_has_and_runs_it
         wl = within_blocks(Workload(name="w", jobs=jobs), required=required)
         k = Simulator(wl, cluster, spec, policy, cfg).run().kpis
         assert (k.rejected, k.completed) == (rejected, 2 - rejected)
+        assert k.refused == ({"needs 6 GPUs within one block; the largest block has 4": 1} if required else {})
