@@ -259,4 +259,6 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
             "node": first.node, "kind": "place", "job": r.job_id, "gpu": r.gpu_id, "at": now,
         }
     res = out("ok", ver, str(j.attempts))
+    if len(slots) == 1:
+        return res
     return msgspec.structs.replace(res, master_addr=sh.nodes.get(first.node, {}).get("addr", ""))

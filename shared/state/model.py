@@ -293,7 +293,8 @@ class ReserveResult(msgspec.Struct, frozen=True, kw_only=True):
     """ok: the job's placement attempts so far (names its ``sched.placed`` message); else what stood in the
     way."""
     master_addr: str = ""
-    """ok: the address the first slot's node declared at registration (a gang's rendezvous host); '' if none."""
+    """ok, for a gang: the address the first slot's node declared at registration (its rendezvous host); ''
+    if none, and for a one-slot job."""
 
     @property
     def ok(self) -> bool:

@@ -143,5 +143,6 @@ elseif r.track then  -- the balancer sends the place command itself: track it fo
   redis.call('HSET', CMDS, 'place:' .. job .. ':' .. attempts,
     cjson.encode({node = first.node, kind = 'place', job = job, gpu = r.gpu_id, at = now}))
 end
--- the first member's address (its executor's declared MIGSCHED_NODE_ADDR): a gang's rendezvous host
-return {'ok', ver, attempts, redis.call('HGET', nk(first.node), 'addr') or ''}
+-- a gang: its first member's address (that executor's declared MIGSCHED_NODE_ADDR), the rendezvous host
+if #slots > 1 then return {'ok', ver, attempts, redis.call('HGET', nk(first.node), 'addr') or ''} end
+return {'ok', ver, attempts}
