@@ -112,8 +112,9 @@ class Decider:
             self.metrics.outcome["rejected"].inc()
             return None
         if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
-            hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority)
-            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now)
+            hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology)
+            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now,
+                                                 self._within(shard, sub))
             self.metrics.seconds.observe(time.perf_counter() - t0)
             if isinstance(adm, str):  # a request error (unknown priority class): never placeable
                 batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"))
@@ -133,11 +134,7 @@ class Decider:
             req = JobRequest(job_id=sub.job_id, demand=sub.demand, tenant=sub.tenant, priority=sub.priority,
                              latency_sensitive=sub.latency_sensitive, migratable=sub.migratable,
                              duration_hint_s=sub.duration_hint_s, now=now)
-            if sub.topology is not None and sub.demand.kind == "gpus":  # the nodes of each block (or rack)
-                doms = domains(self.shards.labels, sub.topology.level, {g.node for g in mirror.view().gpus})
-                req = msgspec.structs.replace(
-                    req, domains=tuple((d, tuple(sorted(ns))) for d, ns in sorted(doms.items())),
-                    domain_level=sub.topology.level, domain_required=sub.topology.mode == "required")
+            req = msgspec.structs.replace(req, **self._within(shard, sub))
             dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
             self.metrics.seconds.observe(time.perf_counter() - t0)
         if isinstance(dec, CannotPlace):
@@ -149,6 +146,16 @@ class Decider:
             return self._queue(c, dec, batch, now)
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
+
+    def _within(self, shard: int, sub: Any) -> dict[str, Any]:
+        """A gang's topology domains as ``JobRequest`` fields (the nodes of each block or rack of the shard);
+        none for any other job."""
+        if sub.topology is None or sub.demand.kind != "gpus":
+            return {}
+        nodes = {g.node for g in self.shards.mirrors[shard].view().gpus}
+        doms = domains(self.shards.labels, sub.topology.level, nodes)
+        return {"domains": tuple((d, tuple(sorted(ns))) for d, ns in sorted(doms.items())),
+                "domain_level": sub.topology.level, "domain_required": sub.topology.mode == "required"}
 
     def _never_within(self, snap: ClusterSnapshot, demand: Demand, level: str) -> str | None:
         """Why a gang that requires one ``level`` domain can never run here (its GPUs ever registered, lost

@@ -10,7 +10,7 @@ reserved with the compare-and-set on the GPU's version.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shared import telemetry
@@ -32,9 +32,11 @@ _tracer = telemetry.tracer("migsched.balancer")
 
 
 def admit_job(
-    ledger: TenantLedger, snap: ClusterSnapshot, c: Candidate, params: BalancerParams, now: float
+    ledger: TenantLedger, snap: ClusterSnapshot, c: Candidate, params: BalancerParams, now: float,
+    within: Mapping[str, Any] | None = None,
 ) -> tuple[PriorityClass, int, Admission] | str:
-    """One job's admission; a string is why the request can never be placed (it is rejected)."""
+    """One job's admission; a string is why the request can never be placed (it is rejected). ``within``: a
+    gang's topology domains (``JobRequest`` fields)."""
     sub = c.submit
     try:
         klass, prio = ledger.job_priority(sub.tenant, sub.priority_class, sub.priority)
@@ -47,6 +49,7 @@ def admit_job(
         priority=prio,
         latency_sensitive=sub.latency_sensitive,
         migratable=sub.migratable,
+        **(within or {}),
     )
     return klass, prio, decide(snap, ledger.book, req, klass, now, balancer=params, reserve=ledger.reserve)
 

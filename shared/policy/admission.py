@@ -23,11 +23,12 @@ import msgspec
 from shared.policy.balancer import BalancerParams
 from shared.policy.charges import placement_usage, request_usages
 from shared.policy.placement import CannotPlace, JobRequest, Placement
-from shared.policy.preemption import NoVictims, Victim, choose_victims
+from shared.policy.preemption import NoVictims, Victim, Victims, choose_victims
 from shared.policy.priority import PriorityClass
 from shared.policy.quota import QuotaBook, Wait, admit, admit_any
 from shared.policy.reserve import ReserveParams, hold_back, place_reserving
 from shared.policy.snapshot import ClusterSnapshot
+from shared.policy.topology import only
 
 HoldReason = Literal["quota", "capacity", "reserved capacity"]
 
@@ -81,7 +82,7 @@ def decide(
     if preempt:
         full = job.demand.kind == "gpus"
         space = snap if full else hold_back(snap, reserve.reserve_full)[0]
-        chosen = choose_victims(space, job, now, klass=klass, book=book, checkpoints=checkpoints)
+        chosen = _victims(space, job, now, klass, book, checkpoints)
         if not isinstance(chosen, NoVictims):
             return _charged(snap, book, job, chosen.placement, chosen.victims)
         extra = chosen.reasons
@@ -89,6 +90,23 @@ def decide(
         extra = ("preemption off",)
     return Hold(job_id=job.job_id, reason="reserved capacity" if reserved else "capacity",
                 detail=_first(placed), reasons=(*placed.reasons, *extra))
+
+
+def _victims(snap: ClusterSnapshot, job: JobRequest, now: float, klass: PriorityClass, book: QuotaBook,
+             checkpoints: Mapping[str, float] | None) -> Victims | NoVictims:
+    """``choose_victims``; for a gang that requires one topology domain, the cheapest victims within one."""
+    if not (job.domains and job.domain_required):
+        return choose_victims(snap, job, now, klass=klass, book=book, checkpoints=checkpoints)
+    plain = msgspec.structs.replace(job, domains=())
+    best: Victims | None = None
+    reasons: list[str] = []
+    for name, nodes in job.domains:
+        got = choose_victims(only(snap, nodes), plain, now, klass=klass, book=book, checkpoints=checkpoints)
+        if isinstance(got, NoVictims):
+            reasons.extend(f"{job.domain_level} {name}: {r}" for r in got.reasons[:1])
+        elif best is None or got.lost_work_s < best.lost_work_s:
+            best = got
+    return best if best is not None else NoVictims(job_id=job.job_id, reasons=tuple(reasons) or ("no domain",))
 
 
 def _first(d: CannotPlace) -> str:

@@ -273,9 +273,13 @@ def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None 
     """The migsched balancer: one decision for one job over one snapshot."""
     params = params or BalancerParams()
     if job.demand.kind == "gpus":
-        # the one rule for gangs bigger than every node (imported here: it builds its slots with this module's)
+        # the one rule for gangs bigger than every node, and for gangs kept within a topology domain (imported
+        # here: they build their slots with this module's)
         from shared.policy.gang import place_across, spans_nodes
+        from shared.policy.topology import within_domains
 
+        if job.domains:
+            return within_domains(snap, job, lambda s, j: place(s, j, params))
         if spans_nodes(snap, job.demand):
             return place_across(snap, job, "balancer")
     if job.demand.kind == "gpus":

@@ -68,6 +68,12 @@ def place_within(
                        reasons=(f"no {level} holds the gang now ({what}; topology: {level} required)",))
 
 
+def only(snap: ClusterSnapshot, nodes: Collection[str]) -> ClusterSnapshot:
+    """The snapshot with the GPUs of every node outside ``nodes`` unusable."""
+    inside = np.fromiter((g.node in nodes for g in snap.gpus), dtype=bool, count=len(snap.gpus))
+    return snap.with_columns(healthy=np.asarray(snap.healthy, dtype=bool) & inside)
+
+
 def within_domains(snap: ClusterSnapshot, job: JobRequest, policy: Callable[[ClusterSnapshot, JobRequest], Decision],
                    ) -> Decision:
     """``place_within`` on a snapshot: each of ``job.domains`` alone is the snapshot with every other node's GPUs
@@ -75,7 +81,6 @@ def within_domains(snap: ClusterSnapshot, job: JobRequest, policy: Callable[[Clu
     for the seeds' balancer)."""
     doms = {name: set(nodes) for name, nodes in job.domains}
     healthy = np.asarray(snap.healthy, dtype=bool)
-    node_of = [g.node for g in snap.gpus]
     free: dict[str, int] = {}
     for p, g in enumerate(snap.gpus):
         if healthy[p] and usable_whole(g):
@@ -85,9 +90,6 @@ def within_domains(snap: ClusterSnapshot, job: JobRequest, policy: Callable[[Clu
     plain = msgspec.structs.replace(job, domains=())
 
     def place(nodes: set[str] | None) -> Decision:
-        if nodes is None:
-            return policy(snap, plain)
-        inside = np.fromiter((n in nodes for n in node_of), dtype=bool, count=len(node_of))
-        return policy(snap.with_columns(healthy=healthy & inside), plain)
+        return policy(snap, plain) if nodes is None else policy(only(snap, nodes), plain)
 
     return place_within(job.job_id, job.domain_level or "domain", job.domain_required, doms, free, place)

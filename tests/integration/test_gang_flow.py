@@ -299,3 +299,37 @@ async def test_an_urgent_gang_preempts_the_cheapest_jobs_on_several_nodes(tenant
     job = await e.ns.state.job("urgent-gang")
     assert job is not None and len({g.rpartition("/")[0] for g, _ in job.slots}) == 2
     await e.clean()
+
+
+async def test_an_urgent_gang_that_requires_one_block_preempts_within_one(
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
+        await stack.start()
+        blocks = {"n1": "b1", "n2": "b2", "n3": "b1", "n4": "b2"}
+        nodes = [ScriptedExecutor(ns.bus, n, gpus=1, plain={0: 0}, labels={"block": b}) for n, b in blocks.items()]
+        for ex in nodes:
+            await ex.start()
+        e = Env(ns, stack, nodes[0])
+        assert await until(lambda: mirror_has(stack, 4))
+        where: dict[str, str] = {}
+        for i in range(4):  # one at a time: the later a job started, the less work its preemption loses
+            await e.submit(submit(f"w{i}", Demand(kind="gpus", gpus=1), tenant="team"))
+            assert await until(e.all_in([f"w{i}"], "running"))
+            job = await ns.state.job(f"w{i}")
+            assert job is not None
+            where[f"w{i}"] = job.node
+        # the two cheapest victims (w2, w3) are in different blocks: only preemption within one block is legal
+        assert blocks[where["w2"]] != blocks[where["w3"]]
+        urgent = JobSubmit(id="s-u", job_id="u", tenant="urgent", demand=Demand(kind="gpus", gpus=2),
+                           topology=Topology(level="block", mode="required"), submitted_at=now())
+        await e.submit(urgent)
+        assert await until(e.all_in(["u"], "running"))
+        job = await ns.state.job("u")
+        assert job is not None and len({blocks[g.rpartition("/")[0]] for g, _ in job.slots}) == 1
+        await e.clean()
+        for ex in nodes:
+            await ex.stop()
+        await stack.stop()
