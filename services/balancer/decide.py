@@ -140,7 +140,9 @@ class Decider:
         if isinstance(dec, CannotPlace):
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
             if c.from_queue and self.reserves and not self.ledger.active:
-                gpus_held = holds.consider(mirror.view(), sub, now)
+                within = self._within(shard, sub)
+                gpus_held = holds.consider(mirror.view(), sub, now, within.get("domains", ()),
+                                           within.get("domain_required", False))
                 if gpus_held is not None:
                     dec = msgspec.structs.replace(dec, reasons=(f"reserved: {gpus_held.explain()}", *dec.reasons))
             return self._queue(c, dec, batch, now)

@@ -10,9 +10,10 @@ the queue and the cluster, it needs no recovery: a restarted balancer plans the 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from shared.events import JobSubmit
-from shared.policy.reservation import Reservation, ReservationParams, may_use, plan, whole_gpus
+from shared.policy.reservation import Reservation, ReservationParams, may_use, plan, plan_within, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
 
 
@@ -41,8 +42,10 @@ class Holds:
         """The held GPUs this job may not use (none of its own hold)."""
         return {g for r in self.active if r.job_id != job_id and not may_use(hint_s, now, r.start) for g in r.gpus}
 
-    def consider(self, snap: ClusterSnapshot, sub: JobSubmit, now: float) -> Reservation | None:
-        """During a pass: a hold for a large job that could not be placed, if one is due and possible."""
+    def consider(self, snap: ClusterSnapshot, sub: JobSubmit, now: float,
+                 domains: Sequence[tuple[str, Sequence[str]]] = (), required: bool = False) -> Reservation | None:
+        """During a pass: a hold for a large job that could not be placed, if one is due and possible;
+        ``domains``: a gang kept within one topology domain is held within one (``plan_within``)."""
         if self._next is None or len(self._next) >= self.params.max_held:
             return None
         if self._attempts >= 2 * self.params.max_held or now - sub.submitted_at < self.params.after_s:
@@ -53,7 +56,8 @@ class Holds:
         self._attempts += 1
         deadline = sub.submitted_at + sub.patience_s if sub.patience_s is not None else math.inf
         taken = {g for r in self._next for g in r.gpus}
-        r = plan(snap, sub.job_id, need, now, deadline, taken)
+        r = (plan_within(snap, sub.job_id, need, now, deadline, domains, required, taken) if domains
+             else plan(snap, sub.job_id, need, now, deadline, taken))
         if r is not None:
             self._next.append(r)
         return r

@@ -12,7 +12,7 @@ The rule is pure: the caller hands in the snapshot (and with it the expected end
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import msgspec
 import numpy as np
@@ -21,6 +21,7 @@ import numpy.typing as npt
 from shared.policy.gang import choose_nodes, node_sizes
 from shared.policy.request import Demand, full_profile, resolve_profile
 from shared.policy.snapshot import ClusterSnapshot
+from shared.policy.topology import only
 
 
 class ReservationParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +65,28 @@ def may_use(hint_s: float | None, now: float, held_until: float) -> bool:
     """Whether a job that would start now may take a GPU held until ``held_until``: only if its hint says it
     ends by then."""
     return hint_s is not None and now + hint_s <= held_until
+
+
+def plan_within(
+    snap: ClusterSnapshot,
+    job_id: str,
+    need: int,
+    now: float,
+    deadline: float,
+    domains: Sequence[tuple[str, Sequence[str]]],
+    required: bool,
+    taken: Collection[str] = (),
+) -> Reservation | None:
+    """``plan`` for a gang kept within one topology domain: each domain alone, the earliest start winning (ties:
+    the first domain); with none, a ``required`` gang gets no hold and a preferred one is held anywhere."""
+    best: Reservation | None = None
+    for _name, nodes in domains:
+        r = plan(only(snap, nodes), job_id, need, now, deadline, taken)
+        if r is not None and (best is None or r.start < best.start):
+            best = r
+    if best is None and not required:
+        return plan(snap, job_id, need, now, deadline, taken)
+    return best
 
 
 def plan(

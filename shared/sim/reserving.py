@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shared.policy.placement import CannotPlace, Slot
-from shared.policy.reservation import Reservation, may_use, plan, whole_gpus
+from shared.policy.reservation import Reservation, may_use, plan, plan_within, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
 from shared.policy.unblock import plan_unblock
 from shared.sim.backfill import may_fit_since
@@ -83,7 +83,10 @@ def schedule(sim: SimRun) -> None:
             continue
         attempts += 1
         patience = job.patience if job.patience is not None else sim.cfg.patience_s
-        r = plan(sim.cluster.snapshot(), job.id, need, now, job.arrival + patience, taken)
+        snap = sim.cluster.snapshot()
+        r = (plan_within(snap, job.id, need, now, job.arrival + patience, sim.blocks, bool(job.within_block), taken)
+             if job.within_block is not None and job.demand.kind == "gpus"
+             else plan(snap, job.id, need, now, job.arrival + patience, taken))
         if sim.unblocks and (r is None or r.start - now > sim.unblock_params.min_left_s):
             pin = _unblock(sim, i, taken)
             if pin is not None:

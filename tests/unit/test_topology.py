@@ -112,3 +112,17 @@ def test_the_simulator_refuses_on_arrival_a_gang_that_requires_a_block_none_has_
         k = Simulator(wl, cluster, spec, policy, cfg).run().kpis
         assert (k.rejected, k.completed) == (rejected, 2 - rejected)
         assert k.refused == ({"needs 6 GPUs within one block; the largest block has 4": 1} if required else {})
+
+
+def test_a_hold_for_a_gang_kept_within_a_block_is_made_within_one() -> None:
+    from shared.policy.reservation import plan_within
+
+    snap, blocks = _blocks_snapshot()
+    node_block = {n: b for b, ns in blocks for n in ns}
+    taken = {g.id for g in snap.gpus if node_block[g.node] == "b0"}  # b0 is held for another job
+    four = plan_within(snap, "g", 4, 0.0, 3600.0, blocks, True, taken)
+    assert four is not None and len({node_block[g.rpartition("/")[0]] for g in four.gpus}) == 1
+    assert not set(four.gpus) & taken
+    assert plan_within(snap, "g", 6, 0.0, 3600.0, blocks, True) is None  # no block has six
+    anywhere = plan_within(snap, "g", 6, 0.0, 3600.0, blocks, False)
+    assert anywhere is not None and len(anywhere.gpus) == 6
