@@ -110,6 +110,22 @@ async def test_the_first_failed_member_stops_the_other_parts_and_fails_the_gang(
     assert await until(e.all_in(["after"], "running"))
 
 
+async def test_a_member_node_that_comes_back_without_its_part_stops_the_others_and_re_queues_the_gang(
+    two_plain_nodes: Env,
+) -> None:
+    e = two_plain_nodes
+    n1, n2 = e.nodes
+    await e.submit(submit("big", Demand(kind="gpus", gpus=4)))
+    assert await until(e.all_in(["big"], "running"))
+    n2.running.clear()  # n2 restarted and lost the run
+    await n2.register()
+    assert await n1.wait_for(lambda: any(c.job_id == "big" for c in n1.commands("stop")))
+    history = await e.ns.state.history("big")
+    assert any(h.prev == "running" and h.to == "pending" for h in history)
+    assert await until(e.all_in(["big"], "running"))  # placed again once n1's part confirmed its stop
+    await e.clean()
+
+
 async def test_a_gang_bigger_than_the_cluster_is_rejected_at_submit_with_its_reason(two_plain_nodes: Env) -> None:
     e = two_plain_nodes
     await e.submit(submit("huge", Demand(kind="gpus", gpus=5)))

@@ -181,6 +181,19 @@ async def a_member_that_completes_before_another_starts_leaves_the_gang_placing(
     await clean(store)
 
 
+async def a_member_that_re_registers_without_its_part_re_queues_the_gang_and_stops_the_others(store: Any) -> None:
+    await setup(store)
+    await reserve(store)
+    await started(store)
+    res = await store.register_node("b", node_gpus("b"), NOW + 10, "reg-b-2", "b.example")  # b lost the run
+    assert res["requeued"] == ["g"]
+    assert [list(x) for x in res["stops"]] == [["g", "a/0", "a/0:gpu@0:g", "a"]]  # a's part, named with its node
+    assert (await store.job("g")).state == "pending"
+    h = await holders(store)
+    assert h["a/0"] == [("g", "retiring")] and h["b/0"] == []
+    await clean(store)
+
+
 CASES = [
     a_gang_across_nodes_reserves_every_gpu_in_one_step_and_tracks_a_command_per_node,
     without_span_a_reservation_across_nodes_is_refused_and_nothing_is_held,
@@ -191,4 +204,5 @@ CASES = [
     a_lost_member_re_queues_the_gang_and_holds_its_other_parts,
     a_failed_placement_holds_the_members_that_started_and_frees_the_rest,
     a_member_that_completes_before_another_starts_leaves_the_gang_placing,
+    a_member_that_re_registers_without_its_part_re_queues_the_gang_and_stops_the_others,
 ]
