@@ -10,6 +10,7 @@ larger waiting jobs.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from services.balancer.preempting import admit_job, placed_view
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.common.metric_cache import child
+from shared.events import JobSubmit
 from shared.mig.geometry import Geometry
 from shared.policy.admission import Hold, Start
 from shared.policy.balancer import BalancerParams
@@ -104,17 +106,17 @@ class Decider:
         usage: dict[str, float] = {}
         t0 = time.perf_counter()
         dec: Placement | CannotPlace
+        within = self._within(shard, sub)
         too_big = bigger_than_shard(mirror.view(), sub.demand, shard, self.shards.count)
-        if too_big is None and sub.topology is not None and sub.topology.mode == "required":
-            too_big = self._never_within(mirror.view(), sub.demand, sub.topology.level)
+        if too_big is None and within.get("domain_required"):
+            too_big = never_within_shard(mirror.view(), sub.demand.gpus, within)
         if too_big is not None:  # no set of nodes here could ever host it: rejected at once, with the reason
             batch.settle(sub.job_id, "rejected", too_big, now, ("-", "pending"))
             self.metrics.outcome["rejected"].inc()
             return None
         if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
             hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology)
-            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now,
-                                                 self._within(shard, sub))
+            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now, within)
             self.metrics.seconds.observe(time.perf_counter() - t0)
             if isinstance(adm, str):  # a request error (unknown priority class): never placeable
                 batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"))
@@ -134,13 +136,12 @@ class Decider:
             req = JobRequest(job_id=sub.job_id, demand=sub.demand, tenant=sub.tenant, priority=sub.priority,
                              latency_sensitive=sub.latency_sensitive, migratable=sub.migratable,
                              duration_hint_s=sub.duration_hint_s, now=now)
-            req = msgspec.structs.replace(req, **self._within(shard, sub))
+            req = msgspec.structs.replace(req, **within)
             dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
             self.metrics.seconds.observe(time.perf_counter() - t0)
         if isinstance(dec, CannotPlace):
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
             if c.from_queue and self.reserves and not self.ledger.active:
-                within = self._within(shard, sub)
                 gpus_held = holds.consider(mirror.view(), sub, now, within.get("domains", ()),
                                            within.get("domain_required", False))
                 if gpus_held is not None:
@@ -149,7 +150,7 @@ class Decider:
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
 
-    def _within(self, shard: int, sub: Any) -> dict[str, Any]:
+    def _within(self, shard: int, sub: JobSubmit) -> dict[str, Any]:
         """A gang's topology domains as ``JobRequest`` fields (the nodes of each block or rack of the shard);
         none for any other job."""
         if sub.topology is None or sub.demand.kind != "gpus":
@@ -158,18 +159,6 @@ class Decider:
         doms = domains(self.shards.labels, sub.topology.level, nodes)
         return {"domains": tuple((d, tuple(sorted(ns))) for d, ns in sorted(doms.items())),
                 "domain_level": sub.topology.level, "domain_required": sub.topology.mode == "required"}
-
-    def _never_within(self, snap: ClusterSnapshot, demand: Demand, level: str) -> str | None:
-        """Why a gang that requires one ``level`` domain can never run here (its GPUs ever registered, lost
-        nodes' included); None while no node has registered yet."""
-        if demand.kind != "gpus" or len(snap) == 0:
-            return None
-        sizes: dict[str, int] = {}
-        for g in snap.gpus:
-            d = self.shards.labels.get(g.node, {}).get(level)
-            if d:
-                sizes[d] = sizes.get(d, 0) + 1
-        return never_within(demand.gpus, level, sizes)
 
     @staticmethod
     def _queue(c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:
@@ -244,3 +233,13 @@ def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, shards:
     if why is None or shards == 1:
         return why
     return f"needs {demand.gpus} GPUs; its shard {shard} has {len(snap)} (a gang runs within one shard)"
+
+
+def never_within_shard(snap: ClusterSnapshot, gpus: int, within: dict[str, Any]) -> str | None:
+    """Why a gang that requires one topology domain (``within``: its ``JobRequest`` domain fields) can never run
+    here: every domain has fewer GPUs, lost nodes' included; None while no node has registered yet."""
+    if len(snap) == 0:
+        return None
+    domain_of = {n: d for d, nodes in within["domains"] for n in nodes}
+    sizes = Counter(domain_of[g.node] for g in snap.gpus if g.node in domain_of)
+    return never_within(gpus, within["domain_level"], sizes)

@@ -24,7 +24,6 @@ from shared.policy.partition import new_instance_id
 from shared.policy.placement import Decision, JobRequest, Slot
 from shared.policy.registry import PlacementPolicy
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
-from shared.policy.topology import within_domains
 from shared.state import StoredGpu, StoredInstance
 from shared.state.model import PLAIN_PROFILES
 
@@ -61,20 +60,17 @@ class Mirror:
         blocked: Collection[str] = (),
     ) -> Decision:
         """``policy(self.view(), job)``; without one, ``balancer.place(self.view(), job, params)``, through the
-        placer where it can answer. GPUs in ``blocked`` (held for another job) look unusable to the policy."""
+        placer where it can answer. GPUs in ``blocked`` (held for another job) look unusable to the policy. A gang
+        kept within a topology domain or spanning nodes is the policy's own rule to apply (the placer keeps one
+        node's GPUs)."""
+        view = self.view()
         if blocked:
-            view = self.view()
             healthy = np.array([g.healthy and g.id not in blocked for g in view.gpus], dtype=bool)
-            masked = view.with_columns(healthy=healthy)
-            if policy is None and job.domains:
-                return within_domains(masked, job, lambda s, j: place(s, j, params))
-            return policy(masked, job) if policy is not None else place(masked, job, params)
-        if policy is not None:  # a registry policy keeps a gang within its domains itself
-            return policy(self.view(), job)
-        if job.domains:
-            return within_domains(self.view(), job, lambda s, j: place(s, j, params))
-        if spans_nodes(self.view(), job.demand):  # the placer keeps one node's GPUs: a gang across nodes is not
-            return place(self.view(), job, params)  # its to answer
+            view = view.with_columns(healthy=healthy)
+        if policy is not None:
+            return policy(view, job)
+        if blocked or job.domains or spans_nodes(view, job.demand):
+            return place(view, job, params)
         placer = self._placer
         if placer is None or placer.params != params:
             placer = self._placer = LivePlacer(self.geometry, self.view().gpus, params)

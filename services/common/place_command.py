@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.common.stop_command import stop_command
 from shared.events import Command, GangLaunch, MigMember, Placed, PlainSlot
 from shared.mig.geometry import Geometry
 from shared.policy.gpu_view import GpuView
@@ -158,9 +159,6 @@ def victim_stops(p: Placed, victims: Sequence[tuple[str, Sequence[str], Sequence
         for node, (gpu, iid) in firsts.items():
             if node in placed:
                 continue
-            cid = f"stop:{job}:preempted:{p.job_id}:{p.attempt}:{node}"[:200]  # one stream: an id per node
-            tail = gpu.rpartition("/")[2]
-            out.append(Command(id=cid, cmd_id=cid, kind="stop", node=node, gpu_id=gpu,
-                               gpu_index=int(tail) if tail.isdigit() else None, instance_id=iid,
-                               src_instance_id=iid, job_id=job, at=now))
+            cid = f"stop:{job}:preempted:{p.job_id}:{p.attempt}:{node}"  # one stream: an id per node
+            out.append(stop_command(node, job, cid, gpu, iid, now, only_that_run=True))
     return out

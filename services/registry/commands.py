@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from services.common.stop_command import stop_command
 from shared.events import Command
 
 
@@ -28,25 +29,7 @@ def member_stops(job: str, stops: Iterable[Sequence[str]], now: float) -> list[C
     ]
 
 
-def stop_command(
-    node: str, job: str | None, cid: str, gpu: str | None, iid: str | None, now: float, *, only_that_run: bool,
-    started_by: str | None = None,
-) -> Command:
-    """A ``stop`` of ``job`` on ``node`` for a run the state did not expect there; ``only_that_run``: the
-    executor ends the job only where it runs on ``iid`` (``src_instance_id``), not a current run elsewhere;
-    ``started_by``: only the run that command started (``src_cmd_id``)."""
-    tail = gpu.rsplit("/", 1)[-1] if gpu else ""
-    cid = cid[:200]
-    return Command(
-        id=cid,
-        cmd_id=cid,
-        kind="stop",
-        node=node,
-        gpu_id=gpu,
-        gpu_index=int(tail) if tail.isdigit() else None,
-        instance_id=iid,
-        src_instance_id=iid if only_that_run else None,
-        src_cmd_id=started_by,
-        job_id=job,
-        at=now,
-    )
+def part_stops(stops: Iterable[Sequence[str]], now: float) -> list[Command]:
+    """``member_stops`` of the gangs a node's loss or registration re-queued: ``node.lua`` lists each other
+    node's part as (job, gpu id, instance id, node)."""
+    return [c for job, gpu, iid, node in stops for c in member_stops(job, [(node, gpu, iid)], now)]

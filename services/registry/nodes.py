@@ -22,8 +22,9 @@ from typing import Any
 
 from services.common.metric_cache import child
 from services.common.service import Context
+from services.common.stop_command import stop_command
 from services.registry import metrics as m
-from services.registry.commands import member_stops, place_attempt, stop_command
+from services.registry.commands import member_stops, part_stops, place_attempt
 from services.registry.liveness import LivenessWatch, overdue
 from shared.bus import Delivery, Outgoing
 from shared.errors import UnknownModelError
@@ -98,15 +99,13 @@ class Nodes:
             self.log.warning("node %s: re-queued %s", r.node, ", ".join(res["requeued"]))
         d.span.set_attribute("migsched.gpus", len(gpus))
         stops = res.get("stops") or ()
-        out = [self.stop_foreign(r, job, gpu, iid, now, d) for job, gpu, iid, *_ in stops if not _]
-        # a gang across nodes re-queued from this node: its parts on the other nodes (named fourth) stop
-        out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx)
-                   for job, gpu, iid, *member in stops if member
-                   for c in member_stops(job, [(member[0], gpu, iid)], now))
-        if stops:
-            self.log.warning(
-                "node %s runs job(s) the state does not hold there; stopping %s", r.node, ", ".join(s[0] for s in stops)
-            )
+        foreign = [s for s in stops if len(s) == 3]
+        parts = [s for s in stops if len(s) == 4]  # a gang re-queued from this node: its parts on other nodes
+        out = [self.stop_foreign(r, job, gpu, iid, now, d) for job, gpu, iid in foreign]
+        out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx) for c in part_stops(parts, now))
+        if foreign:
+            self.log.warning("node %s runs job(s) the state does not hold there; stopping %s", r.node,
+                             ", ".join(s[0] for s in foreign))
         out.append(
             Outgoing(
                 self.subjects.sched_capacity,
@@ -185,12 +184,9 @@ class Nodes:
             if st == "up" and overdue(float(h.get("last_seen", "0") or 0), now, timeout, heard_from):
                 res = await self.state.node_lost(node, now, f"node {node} missed heartbeats for {timeout:g}s")
                 self.log.warning("node %s lost; re-queued %d job(s)", node, len(res["requeued"]))
-                stops = res.get("stops") or ()
-                if stops:  # the other nodes of gangs across nodes that ran a part there
-                    await self.bus.publish_batch([
-                        Outgoing(self.subjects.cmd(c.node), c)
-                        for job, gpu, iid, member in stops for c in member_stops(job, [(member, gpu, iid)], now)
-                    ])
+                stops = part_stops(res.get("stops") or (), now)  # gangs that ran a part there: the other parts
+                if stops:
+                    await self.bus.publish_batch([Outgoing(self.subjects.cmd(c.node), c) for c in stops])
                 st = "lost"
                 await self.bus.publish(
                     self.subjects.sched_capacity,

@@ -36,8 +36,9 @@ from typing import Any
 from services.common import metrics as common
 from services.common.metric_cache import child
 from services.common.service import Context
+from services.common.stop_command import stop_command
 from services.registry import metrics as m
-from services.registry.commands import member_stops, place_attempt, stop_command
+from services.registry.commands import member_stops, place_attempt
 from services.registry.idle import IdleInstances
 from shared import telemetry
 from shared.bus import Delivery, Outgoing

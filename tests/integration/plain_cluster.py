@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,29 @@ priority_class = "low"
 """
 
 
+@contextlib.asynccontextmanager
+async def scripted_cluster(
+    prefix: str, nats_url: str, redis_url: str, nodes: Mapping[str, Mapping[str, Any]], **stack: Any
+) -> AsyncIterator[Env]:
+    """The services (``stack``: their settings, e.g. ``tenancy_file``, ``shards``) and one scripted executor per
+    node (``nodes``: name -> ``ScriptedExecutor`` options), once the balancer's mirror holds every GPU; the first
+    node is ``Env.ex``, all of them ``Env.nodes``."""
+    settings = {k: v for k, v in stack.items() if k == "shards"}
+    async with Namespace(make_settings(prefix, nats_url, redis_url, **settings)) as ns:
+        services = Stack(prefix, nats_url, redis_url, **stack)
+        await services.start()
+        executors = [ScriptedExecutor(ns.bus, name, **opts) for name, opts in nodes.items()]
+        for ex in executors:
+            await ex.start()
+        e = Env(ns, services, executors[0])
+        e.nodes = executors
+        assert await until(lambda: mirror_has(services, sum(ex.gpus for ex in executors)))
+        yield e
+        for ex in executors:
+            await ex.stop()
+        await services.stop()
+
+
 def env_of(gpus: int, plain: dict[int, int], tenancy: bool = False) -> Callable[..., Any]:
     @pytest.fixture
     async def fixture(prefix: str, nats_url: str, redis_url: str, tmp_path: Path) -> AsyncIterator[Env]:
@@ -85,19 +109,13 @@ def env_of(gpus: int, plain: dict[int, int], tenancy: bool = False) -> Callable[
         if tenancy:
             (tmp_path / "tenancy.toml").write_text(TENANCY)
             extra = {"tenancy_file": str(tmp_path / "tenancy.toml")}
-        async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-            stack = Stack(prefix, nats_url, redis_url, **extra)
-            await stack.start()
-            ex = ScriptedExecutor(ns.bus, "n1", gpus=gpus, plain=plain)
-            await ex.start()
-            e = Env(ns, stack, ex)
-            assert await until(lambda: mirror_has(stack, gpus))
+        async with scripted_cluster(prefix, nats_url, redis_url, {"n1": {"gpus": gpus, "plain": plain}},
+                                    **extra) as e:
             yield e
-            await ex.stop()
-            await stack.stop()
 
     return fixture
 
 
 async def mirror_has(stack: Stack, n: int) -> bool:
-    return len(stack.balancer.mirrors[0]) >= n
+    """Whether the balancer's mirrors (every shard's) hold ``n`` GPUs."""
+    return sum(len(m) for m in stack.balancer.mirrors) >= n

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from plain_cluster import GANG_TENANCY, GEO, Env, mirror_has, submit, until
+from plain_cluster import GANG_TENANCY, GEO, Env, mirror_has, scripted_cluster, submit, until
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.bus import Outgoing
@@ -17,53 +17,35 @@ from shared.events import Demand, JobSubmit, Topology, now
 from shared.state import RedisState, audit, shard_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+WHOLE2 = {"gpus": 2, "plain": {0: 0, 1: 0}}
+"""A node of two whole (non-MIG) GPUs."""
 
 
 async def test_a_gang_across_mig_nodes_runs_on_full_size_instances_once_every_member_started(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url)
-        await stack.start()
-        nodes = [ScriptedExecutor(ns.bus, n, gpus=2) for n in ("n1", "n2")]  # MIG GPUs only
-        for ex in nodes:
-            await ex.start()
-        e = Env(ns, stack, nodes[0])
-        assert await until(lambda: mirror_has(stack, 4))
+    mig_only = {"gpus": 2}
+    async with scripted_cluster(prefix, nats_url, redis_url, {"n1": mig_only, "n2": mig_only}) as e:
+        nodes = e.nodes
         await e.submit(submit("mg", Demand(kind="gpus", gpus=3)))
         assert await until(e.all_in(["mg"], "running"))
         cmds = [c for ex in nodes for c in ex.commands("place") if c.job_id == "mg"]
         assert sorted(len(c.mig_members) for c in cmds) == [1, 2] and all(c.gang for c in cmds)
-        job = await ns.state.job("mg")
+        job = await e.ns.state.job("mg")
         assert job is not None and len(job.slots) == 3
-        gpus = await ns.state.get_gpus([g for g, _ in job.slots])
+        gpus = await e.ns.state.get_gpus([g for g, _ in job.slots])
         assert all(g and [(i.profile, i.state, i.mig) for i in g.instances] == [("7g.40gb", "busy", False)]
                    for g in gpus)  # a member never moves on its own
         for ex in nodes:
             await ex.exit(["mg"])
         assert await until(e.all_in(["mg"], "finished"))
         await e.clean()
-        for ex in nodes:
-            await ex.stop()
-        await stack.stop()
-    await e.clean()
 
 
 @pytest.fixture
 async def two_plain_nodes(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[Env]:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url)
-        await stack.start()
-        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
-        for ex in nodes:
-            await ex.start()
-        assert await until(lambda: mirror_has(stack, 4))
-        env = Env(ns, stack, nodes[0])
-        env.nodes = nodes
-        yield env
-        for ex in nodes:
-            await ex.stop()
-        await stack.stop()
+    async with scripted_cluster(prefix, nats_url, redis_url, {"n1": WHOLE2, "n2": WHOLE2}) as e:
+        yield e
 
 
 async def test_a_gang_bigger_than_every_node_runs_across_nodes_once_every_member_started(
@@ -192,19 +174,9 @@ async def test_two_balancers_racing_a_16_gpu_gang_and_small_jobs_never_double_bo
 async def tenant_pair(prefix: str, nats_url: str, redis_url: str, tmp_path: Path) -> AsyncIterator[Env]:
     """Two nodes of two whole GPUs under a tenancy file: a low-priority ``team`` and an ``urgent`` tenant."""
     (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
-        await stack.start()
-        nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}) for n in ("n1", "n2")]
-        for ex in nodes:
-            await ex.start()
-        e = Env(ns, stack, nodes[0])
-        e.nodes = nodes
-        assert await until(lambda: mirror_has(stack, 4))
+    async with scripted_cluster(prefix, nats_url, redis_url, {"n1": WHOLE2, "n2": WHOLE2},
+                                tenancy_file=str(tmp_path / "tenancy.toml")) as e:
         yield e
-        for ex in nodes:
-            await ex.stop()
-        await stack.stop()
 
 
 async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_every_node(tenant_pair: Env) -> None:
@@ -222,66 +194,50 @@ async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_eve
     await e.clean()
 
 
-async def _labelled_nodes(ns: Namespace, spec: dict[str, str]) -> list[ScriptedExecutor]:
-    nodes = [ScriptedExecutor(ns.bus, n, gpus=2, plain={0: 0, 1: 0}, labels={"block": b}) for n, b in spec.items()]
-    for ex in nodes:
-        await ex.start()
-    return nodes
+def _gang(job: str, gpus: int, topology: Topology, tenant: str = "default") -> JobSubmit:
+    return JobSubmit(id=f"s-{job}", job_id=job, tenant=tenant, demand=Demand(kind="gpus", gpus=gpus),
+                     topology=topology, submitted_at=now())
+
+
+def _in_blocks(blocks: dict[str, str], gpus: int = 2) -> dict[str, dict[str, object]]:
+    """Nodes of ``gpus`` whole GPUs each, labelled with their block."""
+    plain = dict.fromkeys(range(gpus), 0)
+    return {n: {"gpus": gpus, "plain": plain, "labels": {"block": b}} for n, b in blocks.items()}
 
 
 async def test_a_gang_that_requires_one_block_lands_in_one_or_waits_with_its_reason(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url)
-        await stack.start()
-        nodes = await _labelled_nodes(ns, {"n1": "b1", "n2": "b2", "n3": "b2"})
-        e = Env(ns, stack, nodes[0])
-        assert await until(lambda: mirror_has(stack, 6))
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks({"n1": "b1", "n2": "b2", "n3": "b2"})) as e:
         block = Topology(level="block", mode="required")
-        four = JobSubmit(id="s-four", job_id="four", demand=Demand(kind="gpus", gpus=4), topology=block,
-                         submitted_at=now())
-        await e.submit(four)
+        await e.submit(_gang("four", 4, block))
         assert await until(e.all_in(["four"], "running"))
         job = await e.ns.state.job("four")
         assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n2", "n3"}  # only b2 holds 4
-        three = JobSubmit(id="s-three", job_id="three", demand=Demand(kind="gpus", gpus=3), topology=block,
-                          submitted_at=now())
-        await e.submit(three)
+        await e.submit(_gang("three", 3, block))
         assert await until(e.all_in(["three"], "pending"))
         job = await e.ns.state.job("three")
         assert job is not None and "no block holds the gang now" in job.reason
-        five = JobSubmit(id="s-five", job_id="five", demand=Demand(kind="gpus", gpus=5), topology=block,
-                         submitted_at=now())
-        await e.submit(five)
+        await e.submit(_gang("five", 5, block))
         assert await until(e.all_in(["five"], "rejected"))
         job = await e.ns.state.job("five")
         assert job is not None and "needs 5 GPUs within one block; the largest block has 4" in job.reason
-        loose = JobSubmit(id="s-loose", job_id="loose", demand=Demand(kind="gpus", gpus=2),
-                          topology=Topology(level="rack"), submitted_at=now())  # no rack labels: anywhere
-        await e.submit(loose)
+        await e.submit(_gang("loose", 2, Topology(level="rack")))  # no rack labels: anywhere
         assert await until(e.all_in(["loose"], "running"))
         await e.clean()
-        for ex in nodes:
-            await ex.stop()
-        await stack.stop()
 
 
 async def test_with_several_shards_a_blocks_nodes_share_its_shard_and_a_gang_fits_in_one_script(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
     blocks = {"n1": "b1", "n2": "b1", "n3": "b2", "n4": "b2"}
-    async with Namespace(make_settings(prefix, nats_url, redis_url, shards=4)) as ns:
-        stack = Stack(prefix, nats_url, redis_url, shards=4)
-        await stack.start()
-        nodes = await _labelled_nodes(ns, blocks)
-        assert await until(lambda: _mirrors_hold(stack, 8))
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=4) as e:
         fresh = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=4))
         try:
             await fresh.nodes()  # another process learns where each node lives from the shards themselves
             for node, block in blocks.items():
                 assert fresh.node_shard(node) == shard_of(block, 4)
-            for ex in nodes:  # heartbeats land on the node records in their block's shard
+            for ex in e.nodes:  # heartbeats land on the node records in their block's shard
                 await ex.heartbeat()
             seen = await fresh.nodes()
             assert sorted(seen) == sorted(blocks) and all(h.get("state") == "up" for h in seen.values())
@@ -289,18 +245,11 @@ async def test_with_several_shards_a_blocks_nodes_share_its_shard_and_a_gang_fit
             await fresh.close()
         # a gang of four in the shard of b1's nodes (the job's shard is its id's)
         job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 4) == shard_of("b1", 4))
-        await Env(ns, stack, nodes[0]).submit(submit(job_id, Demand(kind="gpus", gpus=4)))
-        assert await until(Env(ns, stack, nodes[0]).all_in([job_id], "running"))
-        job = await ns.state.job(job_id)
+        await e.submit(submit(job_id, Demand(kind="gpus", gpus=4)))
+        assert await until(e.all_in([job_id], "running"))
+        job = await e.ns.state.job(job_id)
         assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n1", "n2"}
-        assert [str(v) for v in await audit(ns.state, GEO)] == []
-        for ex in nodes:
-            await ex.stop()
-        await stack.stop()
-
-
-async def _mirrors_hold(stack: Stack, n: int) -> bool:
-    return sum(len(m) for m in stack.balancer.mirrors) >= n
+        await e.clean()
 
 
 async def test_an_urgent_gang_preempts_the_cheapest_jobs_on_several_nodes(tenant_pair: Env) -> None:
@@ -321,31 +270,20 @@ async def test_an_urgent_gang_that_requires_one_block_preempts_within_one(
     prefix: str, nats_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url, tenancy_file=str(tmp_path / "tenancy.toml"))
-        await stack.start()
-        blocks = {"n1": "b1", "n2": "b2", "n3": "b1", "n4": "b2"}
-        nodes = [ScriptedExecutor(ns.bus, n, gpus=1, plain={0: 0}, labels={"block": b}) for n, b in blocks.items()]
-        for ex in nodes:
-            await ex.start()
-        e = Env(ns, stack, nodes[0])
-        assert await until(lambda: mirror_has(stack, 4))
+    blocks = {"n1": "b1", "n2": "b2", "n3": "b1", "n4": "b2"}
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks, gpus=1),
+                                tenancy_file=str(tmp_path / "tenancy.toml")) as e:
         where: dict[str, str] = {}
         for i in range(4):  # one at a time: the later a job started, the less work its preemption loses
             await e.submit(submit(f"w{i}", Demand(kind="gpus", gpus=1), tenant="team"))
             assert await until(e.all_in([f"w{i}"], "running"))
-            job = await ns.state.job(f"w{i}")
+            job = await e.ns.state.job(f"w{i}")
             assert job is not None
             where[f"w{i}"] = job.node
         # the two cheapest victims (w2, w3) are in different blocks: only preemption within one block is legal
         assert blocks[where["w2"]] != blocks[where["w3"]]
-        urgent = JobSubmit(id="s-u", job_id="u", tenant="urgent", demand=Demand(kind="gpus", gpus=2),
-                           topology=Topology(level="block", mode="required"), submitted_at=now())
-        await e.submit(urgent)
+        await e.submit(_gang("u", 2, Topology(level="block", mode="required"), tenant="urgent"))
         assert await until(e.all_in(["u"], "running"))
-        job = await ns.state.job("u")
+        job = await e.ns.state.job("u")
         assert job is not None and len({blocks[g.rpartition("/")[0]] for g, _ in job.slots}) == 1
         await e.clean()
-        for ex in nodes:
-            await ex.stop()
-        await stack.stop()
