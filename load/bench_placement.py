@@ -27,11 +27,11 @@ if str(ROOT) not in sys.path:
 
 from shared.mig.geometry import GpuModel, default_geometry  # noqa: E402
 from shared.mig.occupancy import span  # noqa: E402
-from shared.policy.balancer import BalancerParams, place_mig  # noqa: E402
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate  # noqa: E402
-from shared.policy.migration import MigrationParams, plan_after_exit, plan_defrag  # noqa: E402
-from shared.policy.placement import JobRequest  # noqa: E402
-from shared.policy.plugins.migsched import place_aligned  # noqa: E402
+from shared.policy.migration.planner import MigrationParams, plan_after_exit, plan_defrag  # noqa: E402
+from shared.policy.placement.balancer import BalancerParams, place_mig  # noqa: E402
+from shared.policy.placement.decision import JobRequest  # noqa: E402
+from shared.policy.placement.plugins.migsched import place_aligned  # noqa: E402
 from shared.policy.request import Demand, mig, sized  # noqa: E402
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of  # noqa: E402
 from tests.reference_balancer import place_mig_loop  # noqa: E402
@@ -189,8 +189,8 @@ def write(rows: list[Row], others: list[Other], busy: float, idle: float, args: 
     lines += [f"| {n:,} | {label} | {m:.0f} | {p:.0f} |" for n, label, m, p in others]
     lines += [
         "",
-        "The default policy (`shared/policy/plugins/migsched.py`, a 600-s hint and a clock, so its time keys are",
-        "computed) on the same clusters:",
+        "The default policy (`shared/policy/placement/plugins/migsched.py`, a 600-s hint and a clock, so its time",
+        "keys are computed) on the same clusters:",
         "",
         "| GPUs | request | median µs | p99 µs |",
         "|---:|---|---:|---:|",

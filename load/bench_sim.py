@@ -8,8 +8,8 @@ of the run: the fairer figure on a shared machine), and the share of wall time s
 placement policy (for the balancer family, mostly the simulator's ``PlacementIndex``, which answers MIG
 requests exactly as ``balancer.place`` would) and the migration planner, so the simulator's own overhead per
 event is visible too. With migration the planner is handed the simulator's pull-source index
-(``shared/policy/pull_index.py``); its time excludes the snapshot flush and index sync before each plan, and
-the exact screens that answer most exits and ticks without a plan (``shared/policy/migration_gate.py``), which
+(``shared/policy/migration/pull_index.py``); its time excludes the snapshot flush and index sync before each plan, and
+the exact screens that answer most exits and ticks without a plan (``shared/policy/migration/gate.py``), which
 count as the simulator's own; ``snapshot_s`` is the time spent taking builder snapshots (their flush),
 ``screens_s`` the time in those screens and the indexes they keep up to date, ``moves_s`` the time spent
 starting moves and completing them (the backfill pass a completed move triggers included). The events and KPIs
@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 
 from shared.mig.geometry import default_geometry
-from shared.policy.registry import get_policy
+from shared.policy.placement.registry import get_policy
 from shared.sim import experiment, moves
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig

@@ -202,7 +202,7 @@ class MigrationPlannerSettings(Settings):
     ``plan_interval_s`` for no back-off."""
     min_left_s: float = 30.0
     """A job whose duration hint says it ends within this many seconds is not moved: its exit gives the room
-    back about as soon as the move would (``shared.policy.migration_payoff``); 0 moves any job."""
+    back about as soon as the move would (``shared.policy.migration.payoff``); 0 moves any job."""
 
 
 S = TypeVar("S", bound=Settings)

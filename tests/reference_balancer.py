@@ -15,9 +15,9 @@ from collections.abc import Container
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
-from shared.policy.balancer import BalancerParams, _count_ok, _decision
-from shared.policy.balancer_keys import _acceptable
-from shared.policy.placement import CannotPlace, Decision, JobRequest
+from shared.policy.placement.balancer import BalancerParams, _count_ok, _decision
+from shared.policy.placement.balancer_keys import _acceptable
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest
 from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
 

@@ -1,5 +1,6 @@
 """The ``migsched`` placement rule as a plain loop over GPUs and starts: the reference the vectorised policy
-(``shared.policy.plugins.migsched``) is checked against. Returns the chosen (GPU id, start, action) or None."""
+(``shared.policy.placement.plugins.migsched``) is checked against.
+Returns the chosen (GPU id, start, action) or None."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import math
 
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
-from shared.policy.alignment import AlignParams, bucket
-from shared.policy.baseline_slots import count_ok
-from shared.policy.placement import JobRequest
+from shared.policy.placement.alignment import AlignParams, bucket
+from shared.policy.placement.decision import JobRequest
+from shared.policy.placement.slots import count_ok
 from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 

@@ -225,7 +225,7 @@ def _run(o: dict[str, Any]) -> None:
         return
 
     from shared.mig.geometry import default_geometry
-    from shared.policy.registry import policy_names
+    from shared.policy.placement.registry import policy_names
     from shared.sim import experiment, report
     from shared.sim.cluster import load_nodes_file, parse_cluster
     from shared.sim.fluid import NAME as FLUID

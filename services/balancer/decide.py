@@ -26,15 +26,15 @@ from services.common.metric_cache import child
 from shared.events import JobSubmit
 from shared.mig.geometry import Geometry
 from shared.policy.admission import Hold, Start
-from shared.policy.balancer import BalancerParams
 from shared.policy.charges import slot_usages
-from shared.policy.gang import never_fits
-from shared.policy.placement import CannotPlace, JobRequest, Placement, Slot
+from shared.policy.placement.balancer import BalancerParams
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement, Slot
+from shared.policy.placement.gang import never_fits
+from shared.policy.placement.registry import PlacementPolicy
+from shared.policy.placement.topology import domains, never_within
 from shared.policy.preemption import Victim
-from shared.policy.registry import PlacementPolicy
 from shared.policy.request import Demand
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.topology import domains, never_within
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation
 from shared.state.model import PLAIN_PROFILES

@@ -19,7 +19,7 @@ from services.common.place_command import place_cmd_id, place_commands, victim_s
 from shared.bus import Outgoing
 from shared.events import JobInfo, Placed, Subjects, wire_gpu
 from shared.mig.geometry import Geometry
-from shared.policy.placement import Placement
+from shared.policy.placement.decision import Placement
 from shared.policy.preemption import Victim
 from shared.ports import EventBus, StateStore
 

@@ -5,9 +5,10 @@ in full every ``mirror_refresh_s``. Reservations decided in a batch are applied 
 the next decision of the same batch sees them and a batch never double-books a slice even before commit; the
 expected version of the GPU moves with it, as the Lua script will move it.
 
-Decisions (``decide``) go through a ``LivePlacer`` kept over the builder's GPUs in the builder's order (the
-snapshot's), updated on every change and rebuilt at the next decision after the GPU set changes: the same
-``Placement`` as ``balancer.place`` at a fraction of its cost; ``place`` itself answers what it cannot.
+Decisions (``decide``) of the seeds' balancer go through the ``PlacementIndex`` kept over the builder's GPUs in
+the builder's order (the snapshot's), updated on every change and rebuilt at the next decision after the GPU set
+changes: the same ``Placement`` as ``balancer.place`` at a fraction of its cost; ``place`` itself answers what
+the index cannot.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from collections.abc import Collection
 import numpy as np
 
 from shared.mig.geometry import Geometry
-from shared.policy.balancer import BalancerParams, place
-from shared.policy.gang import spans_nodes
-from shared.policy.live_placement import LivePlacer
 from shared.policy.partition import new_instance_id
-from shared.policy.placement import Decision, JobRequest, Slot
-from shared.policy.registry import PlacementPolicy
+from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.decision import Decision, JobRequest, Slot
+from shared.policy.placement.gang import spans_nodes
+from shared.policy.placement.index import PlacementIndex
+from shared.policy.placement.registry import PlacementPolicy
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
 from shared.state import StoredGpu, StoredInstance
 from shared.state.model import PLAIN_PROFILES
@@ -35,7 +36,7 @@ class Mirror:
         self.vers: dict[str, int] = {}
         self._snap: ClusterSnapshot | None = None
         self._view: ClusterSnapshot | None = None
-        self._placer: LivePlacer | None = None
+        self._placer: PlacementIndex | None = None
         """Built at the first decision after the GPU set changed (a new GPU): None until then."""
 
     def __len__(self) -> int:
@@ -73,8 +74,8 @@ class Mirror:
             return place(view, job, params)
         placer = self._placer
         if placer is None or placer.params != params:
-            placer = self._placer = LivePlacer(self.geometry, self.view().gpus, params)
-        dec = placer.place(job)
+            placer = self._placer = PlacementIndex(self.geometry, self.view().gpus, params)
+        dec = placer.decide(job)
         return dec if dec is not None else place(self.view(), job, params)
 
     def _changed(self, gpu_id: str) -> None:

@@ -27,7 +27,7 @@ from services.common.metric_cache import child
 from shared import telemetry
 from shared.bus import Outgoing
 from shared.events import Placed
-from shared.policy.placement import CannotPlace
+from shared.policy.placement.decision import CannotPlace
 from shared.ports import StateStore
 
 

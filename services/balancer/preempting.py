@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from shared import telemetry
 from shared.errors import RequestError
 from shared.policy.admission import Admission, decide
-from shared.policy.balancer import BalancerParams
 from shared.policy.charges import capacity_of, request_usages
-from shared.policy.placement import JobRequest
+from shared.policy.placement.balancer import BalancerParams
+from shared.policy.placement.decision import JobRequest
 from shared.policy.preemption import Victim
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob

@@ -1,4 +1,4 @@
-"""The balancer: decode submits, decide on the local mirror (``shared.policy.balancer.place``), commit every
+"""The balancer: decode submits, decide on the local mirror (``shared.policy.placement.balancer.place``), commit every
 reservation of the batch as one Redis pipeline of compare-and-set Lua calls, re-decide the losers, send each
 placement's executor command (``cmd.<node>``, tracked in ``:cmds``), ack. No room: the job waits in the
 shard's priority queue with the policy's reasons, and is tried again (backfill) when room appears: a job exit,
@@ -37,8 +37,8 @@ from services.balancer.waiting import Waiting
 from services.common.service import Service
 from shared.bus import Consumer, Delivery
 from shared.events import JobSubmit
-from shared.policy.balancer import BalancerParams
-from shared.policy.registry import PlacementPolicy, describe, get_policy
+from shared.policy.placement.balancer import BalancerParams
+from shared.policy.placement.registry import PlacementPolicy, describe, get_policy
 from shared.policy.reservation import ReservationParams
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings

@@ -16,7 +16,7 @@ from shared.events import Command, GangLaunch, MigMember, Placed, PlainSlot
 from shared.mig.geometry import Geometry
 from shared.policy.gpu_view import GpuView
 from shared.policy.partition import MigOp, PartitionPlan, PlanConflict, new_instance_id, plan_partition
-from shared.policy.placement import Slot
+from shared.policy.placement.decision import Slot
 from shared.state.model import PLAIN_PROFILES
 
 

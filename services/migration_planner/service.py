@@ -1,5 +1,5 @@
 """The migration planner: after each job exit (``jobs.exit``) and every ``defrag_interval_s``, load the shard,
-ask the pure planner (``shared.policy.migration``) for moves, reserve each move's target in Redis (one Lua per
+ask the pure planner (``shared.policy.migration.planner``) for moves, reserve each move's target in Redis (one Lua per
 move with a compare-and-set on the target GPU's version and the job's cooldown via ``last_moved_at``), publish
 ``sched.migrate`` for the node registry (make before break). Publishes the fragmentation rate gauge.
 """
@@ -17,10 +17,10 @@ from services.common.service import Service
 from services.migration_planner.pacing import next_wait
 from shared.bus import Consumer, Delivery, Outgoing
 from shared.events import JobInfo, JobSubmit, MigrateOrder, MoveSpec, wire_gpu
-from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag, size_memos
-from shared.policy.migration_payoff import pays_off, time_left
+from shared.policy.migration.payoff import pays_off, time_left
+from shared.policy.migration.planner import MigrationParams, Move, plan_after_exit, plan_defrag, size_memos
 from shared.policy.partition import new_instance_id
-from shared.policy.registry import describe
+from shared.policy.placement.registry import describe
 from shared.policy.snapshot import ClusterSnapshot
 from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import MigrationPlannerSettings

@@ -14,7 +14,7 @@ from services.common.service import Context
 from shared.bus import Delivery, Outgoing
 from shared.events import Command, MigrateOrder
 from shared.policy.partition import PartitionPlan, plan_partition
-from shared.policy.placement import Slot
+from shared.policy.placement.decision import Slot
 
 
 class Moves:

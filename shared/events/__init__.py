@@ -82,7 +82,7 @@ from shared.events.sched import CapacityChanged, JobInfo, MigrateOrder, MoveSpec
 from shared.events.subjects import Subjects
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.partition import MigOp
-from shared.policy.placement import Placement
+from shared.policy.placement.decision import Placement
 from shared.policy.request import Demand, resolve_profile
 from shared.policy.snapshot import GpuView
 

@@ -24,7 +24,7 @@ from shared.events.fields import (
     Timestamp,
 )
 from shared.events.jobs import Workload
-from shared.policy.placement import Placement
+from shared.policy.placement.decision import Placement
 from shared.policy.snapshot import GpuView
 
 

@@ -20,15 +20,15 @@ from typing import Literal
 
 import msgspec
 
-from shared.policy.balancer import BalancerParams
 from shared.policy.charges import placement_usage, request_usages
-from shared.policy.placement import CannotPlace, JobRequest, Placement
+from shared.policy.placement.balancer import BalancerParams
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
+from shared.policy.placement.topology import only
 from shared.policy.preemption import NoVictims, Victim, Victims, choose_victims
 from shared.policy.priority import PriorityClass
 from shared.policy.quota import QuotaBook, Wait, admit, admit_any
 from shared.policy.reserve import ReserveParams, hold_back, place_reserving
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.topology import only
 
 HoldReason = Literal["quota", "capacity", "reserved capacity"]
 

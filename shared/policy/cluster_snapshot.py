@@ -172,7 +172,7 @@ class ClusterSnapshot:
     def movable_drops(self) -> npt.NDArray[np.int64]:
         """Per GPU and per profile index of its model: the most negative quantised FragCost change that taking
         one of its ``movable_starts`` instances of that profile off brings (0 if none lowers it), i.e.
-        ``migration_search.removal_by_starts`` at ``busy << 8 | movable_starts``. The planner's pull bound."""
+        ``migration.search.removal_by_starts`` at ``busy << 8 | movable_starts``. The planner's pull bound."""
         if self._movable_drops is None:
             col = np.zeros((len(self.gpus), self.movable_starts.shape[1]), dtype=np.int64)
             busy, starts = np.asarray(self.busy), self.movable_starts

@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from shared.mig.geometry import GpuModel
-from shared.policy.placement import Slot
+from shared.policy.placement.decision import Slot
 from shared.policy.snapshot import GpuView
 
 OpKind = Literal["destroy_ci", "destroy_gi", "create_gi", "create_ci"]

@@ -34,12 +34,12 @@ import numpy.typing as npt
 
 from shared.mig.occupancy import span
 from shared.mig.tables import COST_SCALE, popcount_table, tables_for
-from shared.policy.gang import spans_nodes
-from shared.policy.placement import JobRequest, Placement, Slot
+from shared.policy.placement.decision import JobRequest, Placement, Slot
+from shared.policy.placement.gang import spans_nodes
+from shared.policy.placement.sharing import SHARE_PROFILE, WHOLE_PROFILE, share_slot, whole_slot
 from shared.policy.priority import PriorityClass
 from shared.policy.quota import QuotaBook
 from shared.policy.request import full_profile, resolve_profile
-from shared.policy.sharing import SHARE_PROFILE, WHOLE_PROFILE, share_slot, whole_slot
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 from shared.policy.victim_eligibility import BLOCKED, LOST_SCALE, LOW, Eligibility, Key, Why, victim_cost
 

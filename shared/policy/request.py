@@ -15,7 +15,7 @@ DemandKind = Literal["mig", "gpus", "shared"]
 _PREFIX = "nvidia.com/mig-"
 _SHAPE = re.compile(r"^(\d)g(\+me|\.2x)?$")
 MAX_GANG = 4096
-"""The most GPUs one job may ask for; a gang bigger than every node spans nodes (``shared.policy.gang``)."""
+"""The most GPUs one job may ask for; a gang bigger than every node spans nodes (``shared.policy.placement.gang``)."""
 GB_PER_GIB = 1.073741824
 """``memory_gb`` is decimal GB, as in the profile names: 3g.20gb holds 19.62 GiB = 21.1 GB, so it fits 20."""
 

@@ -18,10 +18,10 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from shared.policy.gang import choose_nodes, node_sizes
+from shared.policy.placement.gang import choose_nodes, node_sizes
+from shared.policy.placement.topology import only
 from shared.policy.request import Demand, full_profile, resolve_profile
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.topology import only
 
 
 class ReservationParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,7 +156,7 @@ def plan_across(
 ) -> Reservation | None:
     """``need`` GPUs across nodes for a gang bigger than every node, from the usable positions ``pos`` and
     when each is expected free (``free``): the expected start is when the ``need``-th GPU of the cluster frees,
-    and of the GPUs free by then the gang's node rule (``shared.policy.gang.choose_nodes``) picks the nodes,
+    and of the GPUs free by then the gang's node rule (``shared.policy.placement.gang.choose_nodes``) picks the nodes,
     earliest-free GPUs first on each."""
     order = np.lexsort((pos, free))
     at = float(free[order[need - 1]])

@@ -21,8 +21,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from shared.policy.balancer import BalancerParams, place
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement
+from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
 from shared.policy.request import full_profile
 from shared.policy.snapshot import ClusterSnapshot
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from shared.policy.charges import instance_usage, request_usages
-from shared.policy.placement import JobRequest
+from shared.policy.placement.decision import JobRequest
 from shared.policy.priority import PriorityClass
 from shared.policy.quota import QuotaBook, within_nominal
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView

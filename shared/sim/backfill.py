@@ -13,7 +13,7 @@ import bisect
 from typing import TYPE_CHECKING
 
 from shared.mig.geometry import GpuModel
-from shared.policy.placement import CannotPlace, Slot
+from shared.policy.placement.decision import CannotPlace, Slot
 from shared.policy.request import resolve_profile
 from shared.sim.jobs import SimJob
 

@@ -7,7 +7,7 @@ reconfiguration count is the one the node registry would execute; and it drives 
 answers the balancer family's MIG requests (``attach_index``). For the migration planner it keeps, from the
 views and only for the GPUs that changed, the pull-source index (``current_pulls``), the defragmentation
 screen (``defrag_screen``) and a snapshot that needs no builder flush (``planner_snapshot``), so that most
-exits and ticks are answered without a snapshot (``shared.policy.migration_gate``).
+exits and ticks are answered without a snapshot (``shared.policy.migration.gate``).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import numpy as np
 
 from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.tables import tables_for
-from shared.policy.balancer import BalancerParams
-from shared.policy.migration_gate import DefragScreen
-from shared.policy.migration_moves import MigrationParams
+from shared.policy.migration.gate import DefragScreen
+from shared.policy.migration.moves import MigrationParams
+from shared.policy.migration.pull_index import PullIndex
 from shared.policy.partition import PartitionPlan, plan_partition
-from shared.policy.placement import Slot
-from shared.policy.placement_index import PlacementIndex
-from shared.policy.pull_index import PullIndex
+from shared.policy.placement.balancer import BalancerParams
+from shared.policy.placement.decision import Slot
+from shared.policy.placement.index import PlacementIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
 from shared.sim.cluster_spec import ClusterSpec, NodeSpec, gpu_views, load_nodes_file, parse_cluster
 from shared.sim.errors import InvariantError

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shared.mig.occupancy import span
-from shared.policy.migration_gate import DefragScreen
-from shared.policy.pull_index import PullIndex
+from shared.policy.migration.gate import DefragScreen
+from shared.policy.migration.pull_index import PullIndex
 from shared.sim.errors import InvariantError
 
 if TYPE_CHECKING:

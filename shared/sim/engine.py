@@ -21,15 +21,15 @@ from heapq import heappop
 from typing import Any
 
 from shared.mig.geometry import Geometry, default_geometry
-from shared.policy.balancer import BalancerParams
-from shared.policy.gang import never_fits
-from shared.policy.placement import Slot
-from shared.policy.placement_index import PlacementIndex
+from shared.policy.migration.unblock import UnblockParams
+from shared.policy.placement.balancer import BalancerParams
+from shared.policy.placement.decision import Slot
+from shared.policy.placement.gang import never_fits
+from shared.policy.placement.index import PlacementIndex
+from shared.policy.placement.topology import never_within
 from shared.policy.reservation import Reservation, ReservationParams
 from shared.policy.retention import RecentDemand
 from shared.policy.snapshot import InstanceView
-from shared.policy.topology import never_within
-from shared.policy.unblock import UnblockParams
 from shared.sim import backfill, invariants, moves, release, reserving
 from shared.sim import events as ev
 from shared.sim.cluster import ClusterSpec, SimCluster
@@ -109,20 +109,20 @@ class Simulator:
         self.unblocks = bool(getattr(spec, "unblocks", False))
         self.unblock_params = UnblockParams(max_moves=2, min_left_s=self.cfg.unblock_min_left_s)
         self.pinned: dict[int, Reservation] = {}
-        """Job -> the GPU being emptied for it by unblocking moves (``shared.policy.unblock``)."""
+        """Job -> the GPU being emptied for it by unblocking moves (``shared.policy.migration.unblock``)."""
         self.reservations: list[Reservation] = []
         """Held for large waiting jobs, as the last queue pass planned them (``shared.sim.reserving``)."""
         self.reserved_idle_s = 0.0
         self.gpu_total = len(self.cluster.views)
         self.largest_node = max((len(v) for v in self.cluster.node_gpus.values()), default=0)
-        """GPUs on the largest node: a bigger gang spans nodes (``shared.policy.gang``)."""
+        """GPUs on the largest node: a bigger gang spans nodes (``shared.policy.placement.gang``)."""
         self.refused: dict[str, int] = {}
         """Jobs rejected on arrival because no set of nodes could ever host them, per reason."""
         self.held_free = 0.0
         self.held_since = self.now
         self.mig = None
         if spec.migrates:
-            from shared.policy import migration
+            from shared.policy.migration import planner as migration
 
             self.mig = migration
             self.mig_params = migration.MigrationParams(
@@ -134,13 +134,13 @@ class Simulator:
         self._initial_layout()
         if self.mig is not None:
             # the planner's pull sources and the screens of exits and ticks, kept incrementally
-            # (shared.policy.pull_index, shared.policy.migration_gate): the same moves, fewer plans
+            # (shared.policy.migration.pull_index, shared.policy.migration.gate): the same moves, fewer plans
             self.cluster.attach_pull_index(self.mig_params.threshold, self.mig_params.cooldown_s)
             self.cluster.attach_defrag_screen(self.mig_params)
         self.placer: PlacementIndex | None = None
         params = getattr(policy, "balancer_params", None)
         if isinstance(params, BalancerParams):
-            # the balancer's exact choice for MIG requests, kept incrementally (shared.policy.placement_index)
+            # the balancer's exact choice for MIG requests, kept incrementally (shared.policy.placement.index)
             self.placer = self.cluster.attach_index(params)
 
     def hint(self, i: int) -> float | None:

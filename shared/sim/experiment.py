@@ -1,6 +1,6 @@
 """Runs of several policies over one workload and cluster: the comparison, the threshold sweep, the ablation.
 
-Policies come from ``shared.policy.registry`` by name, with the run's parameters bound (threshold for the
+Policies come from ``shared.policy.placement.registry`` by name, with the run's parameters bound (threshold for the
 balancer family, the layout for the static ones, the workload's demand mix for FGD).
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from shared.mig.geometry import Geometry, default_geometry
-from shared.policy.plugins.fgd import typical_pods
-from shared.policy.registry import accepts, describe, get_policy, policy_names
+from shared.policy.placement.plugins.fgd import typical_pods
+from shared.policy.placement.registry import accepts, describe, get_policy, policy_names
 from shared.sim.cluster import ClusterSpec
 from shared.sim.config import SimConfig
 from shared.sim.engine import Simulator

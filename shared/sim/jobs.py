@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.policy.placement import JobRequest
+from shared.policy.placement.decision import JobRequest
 from shared.policy.request import Demand
 
 FUTURE, QUEUED, STARTING, RUNNING, DONE, REJECTED = range(6)

@@ -1,6 +1,6 @@
 """Migration execution: the moves a plan asks for, made before broken, one after the other.
 
-The planner (``shared.policy.migration``) decides; this module only applies its moves to the simulated state
+The planner (``shared.policy.migration.planner``) decides; this module only applies its moves to the simulated state
 with their time and work costs (docs/simulator.md, "Migration").
 """
 
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from shared.policy.migration_gate import no_moves_after_exit
-from shared.policy.placement import Slot
+from shared.policy.migration.gate import no_moves_after_exit
+from shared.policy.placement.decision import Slot
 from shared.sim import events as ev
 from shared.sim.jobs import RUNNING
 
@@ -31,7 +31,7 @@ class InFlight:
 
 def after_exit(sim: SimRun, gpu_id: str) -> tuple[Any, ...]:
     """The planner's moves after a job left ``gpu_id``. Most exits provably plan none
-    (``migration_gate``): those are answered from the kept pull index (and, on a Busy GPU, the defragmentation
+    (``shared.policy.migration.gate``): those are answered from the kept pull index (and, on a Busy GPU, the defragmentation
     screen's intra bound), without a snapshot or a plan. The others get a snapshot that skips the builder
     (``planner_snapshot``): with the pull index, a plan after an exit reads GPUs, not columns (a
     consolidation's few columns are derived from the base ones on first read)."""

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shared.policy.placement import CannotPlace, Slot
+from shared.policy.migration.unblock import plan_unblock
+from shared.policy.placement.decision import CannotPlace, Slot
 from shared.policy.reservation import Reservation, may_use, plan, plan_within, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.unblock import plan_unblock
 from shared.sim.backfill import may_fit_since
 from shared.sim.errors import InvariantError
 from shared.sim.jobs import QUEUED
@@ -109,8 +109,8 @@ def _masked(snap: ClusterSnapshot, hold: frozenset[str]) -> ClusterSnapshot:
 
 
 def _unblock(sim: SimRun, i: int, taken: set[str]) -> Reservation | None:
-    """Start the moves that empty one GPU for job ``i`` (``shared.policy.unblock``), all or none, and hold that
-    GPU for it; None when no GPU can be emptied."""
+    """Start the moves that empty one GPU for job ``i`` (``shared.policy.migration.unblock``), all or none, and
+    hold that GPU for it; None when no GPU can be emptied."""
     snap = sim.cluster.snapshot()
     if taken:
         snap = _masked(snap, frozenset(taken))

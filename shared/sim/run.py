@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from shared.policy.placement import Decision, JobRequest, Slot
-from shared.policy.placement_index import PlacementIndex
+from shared.policy.migration.unblock import UnblockParams
+from shared.policy.placement.decision import Decision, JobRequest, Slot
+from shared.policy.placement.index import PlacementIndex
 from shared.policy.reservation import Reservation, ReservationParams
 from shared.policy.retention import RecentDemand
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
-from shared.policy.unblock import UnblockParams
 from shared.sim import events as ev
 from shared.sim.cluster import SimCluster
 from shared.sim.config import SimConfig
@@ -25,7 +25,7 @@ Policy = Callable[[ClusterSnapshot, JobRequest], Decision]
 
 
 class Spec(Protocol):
-    """What a run reads of a policy spec (``shared.policy.registry.PolicySpec`` has these)."""
+    """What a run reads of a policy spec (``shared.policy.placement.registry.PolicySpec`` has these)."""
 
     @property
     def name(self) -> str: ...
@@ -84,7 +84,7 @@ class SimRun(Protocol):
     reserved_idle_s: float
 
     # migration
-    mig: Any  # the shared.policy.migration module, when the policy migrates
+    mig: Any  # the shared.policy.migration.planner module, when the policy migrates
     mig_params: Any
     last_move_at: float
     moves_started: int

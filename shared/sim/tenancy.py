@@ -26,8 +26,8 @@ import numpy as np
 
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.admission import Hold, Start, decide
-from shared.policy.balancer import BalancerParams
 from shared.policy.charges import capacity_of, request_usages
+from shared.policy.placement.balancer import BalancerParams
 from shared.policy.preemption import Victim
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob, order
@@ -296,7 +296,7 @@ def run_tenancy(
 ) -> RunResult:
     """One run of a balancer-family policy (``paper`` or ``paper-nomig``: migration on or off) with
     tenancy; placement is ``balancer.place`` behind quota and the reserve, as in the service."""
-    from shared.policy.registry import get_policy
+    from shared.policy.placement.registry import get_policy
     from shared.sim.experiment import policy_params
 
     if name not in ("paper", "paper-nomig"):

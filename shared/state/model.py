@@ -90,7 +90,7 @@ class StoredInstance(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Its job may be preempted (its priority class is preemptible); only a running (busy) job ever is."""
     ends: float = 0.0
     """When its job is expected to end (decision time + duration hint); 0 = no hint. Time-aware placement
-    (``shared.policy.plugins.migsched``) reads it."""
+    (``shared.policy.placement.plugins.migsched``) reads it."""
 
     @property
     def mask(self) -> int:

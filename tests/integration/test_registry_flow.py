@@ -241,7 +241,7 @@ async def test_a_placement_whose_plan_conflicts_is_never_sent_but_failed_and_its
 
     from shared.events import JobInfo, Placed, encode, wire_gpu
     from shared.policy.gpu_view import GpuView, InstanceView
-    from shared.policy.placement import Placement, Slot
+    from shared.policy.placement.decision import Placement, Slot
     from shared.state import Reservation, StoredInstance
 
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from shared.mig.geometry import GpuModel, default_geometry
 from shared.mig.occupancy import span
-from shared.policy.migration import MigrationParams
-from shared.policy.pull_index import PullIndex
+from shared.policy.migration.planner import MigrationParams
+from shared.policy.migration.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 GEO = default_geometry()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from services.balancer.mirror import Mirror, reservation_instance
 from shared.mig.geometry import default_geometry
-from shared.policy.balancer import place
-from shared.policy.placement import CannotPlace, JobRequest, Placement
+from shared.policy.placement.balancer import place
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
 from shared.policy.request import Demand
 from shared.state import StoredGpu
 

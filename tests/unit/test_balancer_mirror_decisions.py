@@ -12,8 +12,8 @@ from mig_strategies import GEO, MODELS, random_cluster
 
 import services.balancer.mirror as mirror_module
 from services.balancer.mirror import Mirror, reservation_instance
-from shared.policy.balancer import BalancerParams, place
-from shared.policy.placement import CannotPlace, JobRequest, Placement
+from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
 from shared.policy.request import Demand, mig, sized
 from shared.policy.snapshot import GpuView
 from shared.state import StoredGpu, StoredInstance

@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from mig_strategies import GEO, clusters, layout_is_legal
 
 from shared.mig.occupancy import span
-from shared.policy.balancer import BalancerParams, place, place_mig
 from shared.policy.partition import PartitionPlan, plan_partition
-from shared.policy.placement import CannotPlace, JobRequest, Placement
+from shared.policy.placement.balancer import BalancerParams, place, place_mig
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
 from shared.policy.request import Demand, mig, sized
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 from tests.reference_balancer import place_mig_loop
@@ -111,7 +111,7 @@ def test_a_partition_plan_never_destroys_a_busy_instance(snap: ClusterSnapshot, 
     model = GEO.model(gpu.model)
     prof = data.draw(st.sampled_from(model.profiles))
     start = data.draw(st.sampled_from(prof.placements))
-    from shared.policy.placement import Slot
+    from shared.policy.placement.decision import Slot
 
     slot = Slot(gpu_id=gpu.id, node=gpu.node, model=model.name, profile=prof.name, start=start,
                 size=prof.memory_slices, compute=prof.compute_slices, action="create")

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from mig_strategies import GEO, clusters
 
 from shared.mig.occupancy import span
-from shared.policy.placement import CannotPlace, JobRequest, Placement
-from shared.policy.registry import UnknownPolicyError, get_policy, policy_names
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
+from shared.policy.placement.registry import UnknownPolicyError, get_policy, policy_names
 from shared.policy.request import Demand, mig, resolve_profile, sized
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 from shared.policy.static_layouts import LayoutError, static_layout
@@ -143,7 +143,7 @@ def test_fgd_fills_the_hole_of_a_node_that_cannot_host_the_popular_whole_gpu_pod
 
 
 def test_fgd_counts_all_free_capacity_of_a_node_that_cannot_host_a_multi_gpu_pod() -> None:
-    from shared.policy.plugins.fgd import _nodes, _parse
+    from shared.policy.placement.plugins.fgd import _nodes, _parse
 
     snap = _cluster(("A100-40GB", [("1g.5gb", 0, "a")]), ("A100-40GB", []), per_node=2)
     pods = _parse({"7gx2": 1.0})

@@ -46,9 +46,9 @@ from shared.events import (
     wire_gpu,
 )
 from shared.mig.geometry import default_geometry
-from shared.policy.balancer import BalancerParams, place
 from shared.policy.partition import MigOp
-from shared.policy.placement import JobRequest, Placement
+from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.decision import JobRequest, Placement
 from shared.policy.snapshot import SnapshotBuilder
 from shared.state.model import StoredGpu
 

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.mig.geometry import default_geometry
-from shared.policy.gang import choose_nodes, never_fits, spans_nodes
-from shared.policy.placement import CannotPlace, JobRequest, Placement
-from shared.policy.registry import get_policy, policy_names
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
+from shared.policy.placement.gang import choose_nodes, never_fits, spans_nodes
+from shared.policy.placement.registry import get_policy, policy_names
 from shared.policy.request import Demand, full_profile
 from shared.policy.reservation import plan
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of

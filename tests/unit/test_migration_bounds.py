@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mig_strategies import clusters
 
-from shared.policy.migration import MigrationParams, _Plan
-from shared.policy.migration_search import move_bounds
+from shared.policy.migration.planner import MigrationParams, _Plan
+from shared.policy.migration.search import move_bounds
 from shared.policy.snapshot import ClusterSnapshot, snapshot_of
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from mig_strategies import GEO, clusters, layout_is_legal
 
 from shared.mig.occupancy import span
-from shared.policy.migration import MigrationParams, plan_after_exit
+from shared.policy.migration.planner import MigrationParams, plan_after_exit
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit

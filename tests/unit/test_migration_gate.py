@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from mig_strategies import GEO, MIGRATION_PARAMS, clusters, random_instances
 from mig_strategies import keyed_pull_index as _keyed
 
-from shared.policy.migration import MigrationParams, plan_after_exit, plan_defrag
-from shared.policy.migration_gate import DefragScreen, no_moves_after_exit
-from shared.policy.migration_pull import hostable_on
+from shared.policy.migration.gate import DefragScreen, no_moves_after_exit
+from shared.policy.migration.planner import MigrationParams, plan_after_exit, plan_defrag
+from shared.policy.migration.pull import hostable_on
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Whether a move can pay off, from the job's duration hint (shared.policy.migration_payoff)."""
+"""Whether a move can pay off, from the job's duration hint (shared.policy.migration.payoff)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.policy.migration_payoff import pays_off, time_left
+from shared.policy.migration.payoff import pays_off, time_left
 
 pytestmark = pytest.mark.unit
 

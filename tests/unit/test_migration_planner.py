@@ -11,7 +11,7 @@ from mig_strategies import GEO, clusters, layout_is_legal
 
 from shared.mig.occupancy import span
 from shared.policy.fragcost import frag_cost
-from shared.policy.migration import MigrationParams, Move, plan_after_exit, plan_defrag
+from shared.policy.migration.planner import MigrationParams, Move, plan_after_exit, plan_defrag
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
@@ -223,7 +223,7 @@ def test_idle_instances_in_the_way_are_listed_for_destruction() -> None:
 
 def _reference_defrag(snap: ClusterSnapshot, params: MigrationParams) -> tuple[Move, ...]:
     """plan_defrag without any pruning: every Busy GPU looked at, every source scanned for every target."""
-    from shared.policy.migration import _Plan
+    from shared.policy.migration.planner import _Plan
 
     plan = _Plan(snap, NOW, params)
     if params.max_moves <= 0:
@@ -265,7 +265,7 @@ def test_the_best_first_defragmentation_plans_what_an_exhaustive_search_plans(
 def test_the_best_first_pull_finds_what_an_exhaustive_scan_finds(
     snap: ClusterSnapshot, data: st.DataObject
 ) -> None:
-    from shared.policy.migration import _Plan
+    from shared.policy.migration.planner import _Plan
 
     gpu = data.draw(st.sampled_from(snap.gpus))
     params = MigrationParams(cooldown_s=data.draw(st.sampled_from([0.0, 120.0])))

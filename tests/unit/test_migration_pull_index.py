@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mig_strategies import GEO, clusters, random_instances
 
-from shared.policy.migration import MigrationParams, _Plan, plan_after_exit, plan_defrag
-from shared.policy.pull_index import PullIndex
+from shared.policy.migration.planner import MigrationParams, _Plan, plan_after_exit, plan_defrag
+from shared.policy.migration.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit

@@ -12,8 +12,8 @@ from mig_strategies import GEO, clusters
 from reference_migsched import choose
 
 from shared.mig.occupancy import span
-from shared.policy.placement import CannotPlace, JobRequest, Placement
-from shared.policy.plugins.migsched import AlignParams, bucket, buckets, place_aligned
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
+from shared.policy.placement.plugins.migsched import AlignParams, bucket, buckets, place_aligned
 from shared.policy.request import Demand, mig
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 

@@ -10,7 +10,7 @@ from shared.events import Command, JobInfo, Placed, Workload
 from shared.mig.geometry import default_geometry
 from shared.policy.gpu_view import GpuView, InstanceView
 from shared.policy.partition import PlanConflict
-from shared.policy.placement import Placement, Slot
+from shared.policy.placement.decision import Placement, Slot
 
 pytestmark = pytest.mark.unit
 GEO = default_geometry()

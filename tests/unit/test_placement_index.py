@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mig_strategies import GEO, MODELS, random_cluster
 
-from shared.policy.balancer import BalancerParams, place
 from shared.policy.partition import PartitionPlan, plan_partition
-from shared.policy.placement import JobRequest, Placement, Slot
-from shared.policy.placement_index import PlacementIndex
+from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.decision import JobRequest, Placement, Slot
+from shared.policy.placement.index import PlacementIndex
 from shared.policy.request import Demand, mig, sized
 from shared.policy.snapshot import GpuView, InstanceView, snapshot_of
 
@@ -62,27 +62,33 @@ def _change(gpu: GpuView, what: str, pick: int) -> GpuView:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 10),
        models=st.lists(st.sampled_from(MODELS), min_size=1, max_size=3, unique=True),
-       params=PARAMS, steps=st.lists(STEP, min_size=1, max_size=25), log_limit=st.sampled_from([2, 1 << 16]))
+       params=PARAMS, steps=st.lists(STEP, min_size=1, max_size=25), log_limit=st.sampled_from([2, 1 << 16]),
+       signature_limit=st.sampled_from([0, 1 << 15]))
 def test_the_index_places_exactly_as_the_balancer_through_a_sequence_of_changes(
     seed: int, n: int, models: list[str], params: BalancerParams, steps: list[tuple[str, Demand, int]],
-    log_limit: int,
+    log_limit: int, signature_limit: int,
 ) -> None:
     gpus = list(random_cluster(random.Random(seed), n, tuple(models)).gpus)
     index = PlacementIndex(GEO, gpus, params)
     index.log_limit = log_limit  # 2: the change log is compacted all the time
+    index.signature_limit = signature_limit  # 0: signatures are numbered afresh whenever twice the GPUs are known
     for k, (what, demand, pick) in enumerate(steps):
         if what == "place":
-            decision = place(snapshot_of(GEO, gpus), JobRequest(job_id=f"j{k}", demand=demand), params)
+            job = JobRequest(job_id=f"j{k}", demand=demand)
+            decision = place(snapshot_of(GEO, gpus), job, params)
+            explained = index.decide(job)  # the mirror's answer, from the same keys
             slots = index.place(demand)
             if not isinstance(decision, Placement):
-                assert slots is None
+                assert slots is None and explained is None
                 continue
             assert slots == decision.slots
+            assert explained is None or explained == decision
             _apply_all(gpus, index, slots, f"j{k}")
         else:
             p = pick % len(gpus)
             gpus[p] = _change(gpus[p], what, pick // len(gpus))
             index.update(gpus[p])
+    assert index.agrees_with(gpus)  # what a full recomputation from the GPUs would key
 
 
 def _apply_all(gpus: list[GpuView], index: PlacementIndex, slots: tuple[Slot, ...], job: str) -> None:
@@ -141,3 +147,17 @@ def test_a_gpu_changed_after_a_decision_is_rescored_before_the_next_one() -> Non
     gpus[1] = gpus[1].with_instances([msgspec.structs.replace(full, id="y")])
     index.update(gpus[1])
     assert index.place(mig("7g")) is None
+
+
+def test_the_change_log_stays_bounded_when_no_gang_is_ever_asked() -> None:
+    gpus = [GpuView.build(id=f"g{i}", node="n", index=i, model="A100-40GB") for i in range(4)]
+    index = PlacementIndex(GEO, gpus, BalancerParams())
+    index.log_limit = 8
+    busy = InstanceView(id="x", profile="1g.5gb", start=0, size=1, compute=1, job_id="j")
+    for k in range(100):
+        gpus[k % 4] = gpus[k % 4].with_instances([] if gpus[k % 4].instances else [busy])
+        index.update(gpus[k % 4])
+        if k % 10 == 0:
+            index.place(mig("1g"))
+    assert len(index._log) <= index.log_limit + 10  # at most the changes since the last read, past the limit
+    assert index.empty_on("n") == sum(1 for g in gpus if not g.instances)  # rebuilt when first asked

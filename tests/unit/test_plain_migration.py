@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.migration import MigrationParams, plan_after_exit, plan_defrag
+from shared.policy.migration.planner import MigrationParams, plan_after_exit, plan_defrag
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 from shared.state import StoredGpu, StoredInstance
 

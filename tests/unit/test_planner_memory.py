@@ -8,11 +8,12 @@ import random
 import pytest
 from mig_strategies import GEO, random_instances
 
-from shared.policy import migration_pull, migration_state
-from shared.policy.migration import MigrationParams, plan_after_exit
-from shared.policy.migration_pull import _HOSTABLE, HOSTABLE_MEMO, _hostable, hostable_on
-from shared.policy.migration_search import VirtualGpu
-from shared.policy.migration_state import _DST, DST_MEMO, Memo, _dst_placement
+from shared.policy.migration import pull as migration_pull
+from shared.policy.migration import state as migration_state
+from shared.policy.migration.planner import MigrationParams, plan_after_exit
+from shared.policy.migration.pull import _HOSTABLE, HOSTABLE_MEMO, _hostable, hostable_on
+from shared.policy.migration.search import VirtualGpu
+from shared.policy.migration.state import _DST, DST_MEMO, Memo, _dst_placement
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit
@@ -126,7 +127,7 @@ def test_the_jobs_memoised_per_view_go_with_the_view() -> None:
 
 
 def test_the_planner_memos_can_be_resized_and_then_hold_at_most_twice_the_new_size() -> None:
-    from shared.policy.migration import size_memos
+    from shared.policy.migration.planner import size_memos
 
     try:
         size_memos(4)

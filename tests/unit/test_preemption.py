@@ -8,12 +8,12 @@ from hypothesis import strategies as st
 
 from shared.mig.geometry import default_geometry
 from shared.mig.occupancy import enumerate_layouts, span
-from shared.policy.placement import JobRequest
+from shared.policy.placement.decision import JobRequest
+from shared.policy.placement.sharing import share_instance, whole_instance
 from shared.policy.preemption import NoVictims, Victims, choose_victims
 from shared.policy.priority import PriorityClass
 from shared.policy.quota import COMPUTE, CohortPolicy, QuotaBook, QuotaPolicy, TenantQuota, charge
 from shared.policy.request import Demand, mig
-from shared.policy.sharing import share_instance, whole_instance
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit

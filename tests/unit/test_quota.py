@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from shared.mig.geometry import default_geometry
 from shared.policy.charges import capacity_of, placement_usage, profile_usage, request_usages, whole_gpu_usage
-from shared.policy.placement import JobRequest
+from shared.policy.placement.decision import JobRequest
+from shared.policy.placement.sharing import place_share
 from shared.policy.quota import (
     COMPUTE,
     GPU,
@@ -33,7 +34,6 @@ from shared.policy.quota import (
     within_nominal,
 )
 from shared.policy.request import Demand, mig, sized
-from shared.policy.sharing import place_share
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.placement import CannotPlace
-from shared.policy.registry import get_policy
+from shared.policy.placement.decision import CannotPlace
+from shared.policy.placement.registry import get_policy
 from shared.policy.request import Demand, mig
 from shared.policy.reservation import may_use, plan, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
@@ -202,6 +202,6 @@ def test_a_masked_snapshot_hides_held_gpus_from_a_policy() -> None:
     healthy = np.array([g.id != "g00" for g in snap.gpus], dtype=bool)
     masked = snap.with_columns(healthy=healthy)
     d = get_policy("first-fit")[1](masked, msgspec.convert({"job_id": "j", "demand": {"profile": "7g"}},
-                                                          type=__import__("shared.policy.placement",
+                                                          type=__import__("shared.policy.placement.decision",
                                                                           fromlist=["JobRequest"]).JobRequest))
     assert not isinstance(d, CannotPlace) and d.slot.gpu_id == "g01"

@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.mig.geometry import default_geometry
-from shared.policy.balancer import place
-from shared.policy.placement import CannotPlace, JobRequest, Placement
+from shared.policy.placement.balancer import place
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
+from shared.policy.placement.sharing import share_instance
 from shared.policy.request import Demand, mig
 from shared.policy.reserve import ReserveParams, free_full, hold_back, place_reserving, respects_reserve
-from shared.policy.sharing import share_instance
 from shared.policy.snapshot import GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit

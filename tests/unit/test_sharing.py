@@ -7,10 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.mig.geometry import default_geometry
-from shared.policy.balancer import place
-from shared.policy.placement import CannotPlace, JobRequest, Placement
-from shared.policy.request import Demand, mig
-from shared.policy.sharing import (
+from shared.policy.placement.balancer import place
+from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
+from shared.policy.placement.sharing import (
     SHARE_PROFILE,
     WHOLE_PROFILE,
     free_replica,
@@ -21,6 +20,7 @@ from shared.policy.sharing import (
     shares_used,
     whole_instance,
 )
+from shared.policy.request import Demand, mig
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit

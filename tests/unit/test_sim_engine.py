@@ -8,9 +8,9 @@ import msgspec
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.balancer import place
-from shared.policy.migration import Move
-from shared.policy.registry import get_policy
+from shared.policy.migration.planner import Move
+from shared.policy.placement.balancer import place
+from shared.policy.placement.registry import get_policy
 from shared.policy.request import Demand
 from shared.sim import events as ev
 from shared.sim.cluster import parse_cluster

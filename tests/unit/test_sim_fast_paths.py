@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mig_strategies import GEO, MIGRATION_PARAMS, clusters, keyed_pull_index, random_cluster
 
-from shared.policy.balancer import BalancerParams
-from shared.policy.migration import MigrationParams, plan_after_exit
-from shared.policy.migration_gate import DefragScreen, no_moves_after_exit
-from shared.policy.placement_index import PlacementIndex
+from shared.policy.migration.gate import DefragScreen, no_moves_after_exit
+from shared.policy.migration.planner import MigrationParams, plan_after_exit
+from shared.policy.placement.balancer import BalancerParams
+from shared.policy.placement.index import PlacementIndex
 from shared.policy.request import mig
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 

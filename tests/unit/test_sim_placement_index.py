@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.registry import get_policy
+from shared.policy.placement.registry import get_policy
 from shared.sim import experiment
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig

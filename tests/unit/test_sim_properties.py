@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.registry import policy_names
+from shared.policy.placement.registry import policy_names
 from shared.sim import experiment
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig
@@ -52,7 +52,7 @@ def test_a_different_seed_gives_a_different_workload_and_result() -> None:
 @pytest.mark.parametrize("policy", policy_names())
 def test_every_job_ends_exactly_once_and_no_slice_is_ever_double_booked(policy: str) -> None:
     wl = _workload(7, 160, 1.6)  # overloaded, so jobs queue, time out, backfill and (for migsched) move
-    from shared.policy.registry import get_policy
+    from shared.policy.placement.registry import get_policy
 
     spec, pol = get_policy(policy, **experiment.policy_params(policy, wl, SimConfig()))
     if policy == "static":
@@ -92,7 +92,7 @@ def test_ending_a_job_twice_is_caught() -> None:
 
 
 def test_a_static_cluster_counts_free_slices_no_idle_instance_can_host_as_fragmented() -> None:
-    from shared.policy.registry import get_policy
+    from shared.policy.placement.registry import get_policy
     from shared.policy.request import Demand
     from shared.sim.jobs import SimJob, Workload
 

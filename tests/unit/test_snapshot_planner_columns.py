@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from mig_strategies import clusters
 
 from shared.mig.tables import tables_for
-from shared.policy.migration_search import removal_by_starts
+from shared.policy.migration.search import removal_by_starts
 from shared.policy.snapshot import ClusterSnapshot
 
 pytestmark = pytest.mark.unit

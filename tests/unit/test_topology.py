@@ -1,12 +1,12 @@
-"""Gangs within one topology domain (``shared.policy.topology``): the domains of the nodes' labels, and the
+"""Gangs within one topology domain (``shared.policy.placement.topology``): the domains of the nodes' labels, and the
 choice among the placements each domain alone allows."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.policy.placement import CannotPlace, Placement, Slot
-from shared.policy.topology import domains, place_within
+from shared.policy.placement.decision import CannotPlace, Placement, Slot
+from shared.policy.placement.topology import domains, place_within
 
 pytestmark = pytest.mark.unit
 LABELS = {"a": {"block": "b1", "rack": "r1"}, "b": {"block": "b1", "rack": "r2"}, "c": {"block": "b2"}, "d": {}}
@@ -67,8 +67,8 @@ def _blocks_snapshot() -> tuple[object, tuple[tuple[str, tuple[str, ...]], ...]]
 
 @pytest.mark.parametrize("name", ["migsched", "first-fit", "fgd", "paper"])
 def test_every_policy_keeps_a_gang_within_one_block_when_asked(name: str) -> None:
-    from shared.policy.placement import JobRequest
-    from shared.policy.registry import get_policy
+    from shared.policy.placement.decision import JobRequest
+    from shared.policy.placement.registry import get_policy
     from shared.policy.request import Demand
 
     snap, blocks = _blocks_snapshot()
@@ -92,7 +92,7 @@ def test_the_simulator_refuses_on_arrival_a_gang_that_requires_a_block_none_has_
     import math
 
     from shared.mig.geometry import default_geometry
-    from shared.policy.registry import get_policy
+    from shared.policy.placement.registry import get_policy
     from shared.policy.request import Demand
     from shared.sim.cluster import parse_cluster
     from shared.sim.config import InterferenceParams, SimConfig

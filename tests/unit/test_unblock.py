@@ -9,11 +9,11 @@ import pytest
 
 from shared.mig.geometry import default_geometry
 from shared.mig.occupancy import span
-from shared.policy.placement import JobRequest
-from shared.policy.registry import get_policy
+from shared.policy.migration.unblock import UnblockParams, plan_unblock
+from shared.policy.placement.decision import JobRequest
+from shared.policy.placement.registry import get_policy
 from shared.policy.request import mig
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
-from shared.policy.unblock import UnblockParams, plan_unblock
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import InterferenceParams, SimConfig
 from shared.sim.engine import Simulator

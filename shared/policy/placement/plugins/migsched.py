@@ -37,7 +37,7 @@ import numpy as np
 from shared.mig.geometry import Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
-from shared.policy.alignment import (
+from shared.policy.placement.alignment import (
     UNFIT,
     AlignParams,
     Context,
@@ -50,13 +50,13 @@ from shared.policy.alignment import (
     static_of,
     unpack,
 )
-from shared.policy.baseline_slots import PlacementPolicy, count_ok, create_slot, reuse_slot
-from shared.policy.gang import member_slots
-from shared.policy.placement import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot
-from shared.policy.placement_explain import whole_placement
-from shared.policy.registry import PolicySpec, register
+from shared.policy.placement.decision import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement.explain import whole_placement
+from shared.policy.placement.gang import member_slots
+from shared.policy.placement.registry import PolicySpec, register
+from shared.policy.placement.sharing import place_plain_gpus, place_share
+from shared.policy.placement.slots import PlacementPolicy, count_ok, create_slot, reuse_slot
 from shared.policy.request import resolve_profile
-from shared.policy.sharing import place_plain_gpus, place_share
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 NAME = "migsched"

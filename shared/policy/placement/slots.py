@@ -1,6 +1,6 @@
 """What the baseline placement policies share: slot construction, legality checks, explained decisions.
 
-Shared by the policy plug-ins (``shared.policy.plugins``): the greedy baselines, FGD, the static layouts and
+Shared by the policy plug-ins (``shared.policy.placement.plugins``): the greedy baselines, FGD, the static layouts and
 ``migsched``.
 """
 
@@ -18,8 +18,8 @@ from shared.errors import MigschedError
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import PAIRS, tables_for
-from shared.policy.balancer import BalancerParams, place
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 

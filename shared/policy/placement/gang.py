@@ -21,10 +21,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from shared.policy.baseline_slots import create_slot, reuse_slot
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement.sharing import is_free_plain, whole_slot
+from shared.policy.placement.slots import create_slot, reuse_slot
 from shared.policy.request import Demand, full_profile
-from shared.policy.sharing import is_free_plain, whole_slot
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 

@@ -1,4 +1,4 @@
-"""The seeds' scheme (``shared.policy.balancer``): the conditional load balancer with dynamic partitioning and
+"""The seeds' scheme (``shared.policy.placement.balancer``): the conditional load balancer with dynamic partitioning and
 the migration planner, kept for the comparison with the article.
 
 - ``paper``: Lazy GPUs first, reuse, lowest FragCost after the placement; migration after exits and every
@@ -14,10 +14,10 @@ from typing import Any
 
 import msgspec
 
-from shared.policy.balancer import BalancerParams, place
-from shared.policy.baseline_slots import PlacementPolicy
-from shared.policy.placement import Decision, JobRequest
-from shared.policy.registry import PolicySpec, register
+from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.decision import Decision, JobRequest
+from shared.policy.placement.registry import PolicySpec, register
+from shared.policy.placement.slots import PlacementPolicy
 from shared.policy.snapshot import ClusterSnapshot
 
 BALANCER_KEYS = ("threshold", "lazy_first", "top_k", "rank")

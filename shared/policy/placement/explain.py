@@ -1,9 +1,9 @@
 """The balancer's ``Placement`` for a chosen candidate: its slot, tier, FragCost before and after, reasons and
 runners-up, all read back from the packed keys of ``balancer.place_mig``.
 
-Split out of ``balancer.py`` so that a caller that found the choice another way (``live_placement``: the
-``PlacementIndex`` plus per-signature key columns) builds the very same ``Placement``: these functions take the
-GPUs in position order and the models by name, not a snapshot. Pure.
+Split out of ``balancer.py`` so that a caller that found the choice another way (the ``PlacementIndex``'s
+per-signature keys) builds the very same ``Placement``: these functions take the GPUs in position order and the
+models by name, not a snapshot. Pure.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.tables import COST_SCALE, tables_for
 from shared.policy.gpu_view import GpuView, InstanceView
-from shared.policy.placement import Candidate, JobRequest, Placement, Slot, Tier
+from shared.policy.placement.decision import Candidate, JobRequest, Placement, Slot, Tier
 
 Cand = tuple[int, int, str, Profile, str]
 """One candidate of ``place_mig``: (packed key, GPU position, model name, profile asked for, action)."""

@@ -18,11 +18,11 @@ import numpy.typing as npt
 
 from shared.mig.geometry import Profile
 from shared.mig.occupancy import span
-from shared.policy.balancer_keys import _UNFIT, _create_part
-from shared.policy.migration_search import VirtualGpu, shape_target
+from shared.policy.migration.search import VirtualGpu, shape_target
+from shared.policy.placement.balancer_keys import _UNFIT, _create_part
 
 if TYPE_CHECKING:
-    from shared.policy.migration_plan import _Plan
+    from shared.policy.migration.plan import _Plan
 
 
 def consolidate(plan: _Plan, g: VirtualGpu, why: str) -> bool:

@@ -5,7 +5,7 @@ a snapshot and a plan for most exits.
 After an exit the planner moves jobs only on a Busy GPU (intra moves), by emptying a Lazy GPU
 (consolidation), or by pulling one into a Lazy GPU from a source whose bound is < 0 for it
 (``PullSearch.best_pull``). The pull search visits only the index's ``heads`` for that target
-(``shared.policy.pull_index``; in its cooldown mode, sources whose movable jobs are all cooling down have
+(``shared.policy.migration.pull_index``; in its cooldown mode, sources whose movable jobs are all cooling down have
 none), so when there is none, and the GPU is Lazy, no pull can be found: this screen says so with one
 memoised look-up. Everything else (a Busy GPU with intra moves allowed, a consolidation that can start, a
 target with candidate sources) is left to the planner: the screen says "no moves" only when the planner
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from shared.mig.geometry import GpuModel
 from shared.mig.tables import tables_for
-from shared.policy.migration_moves import MigrationParams
-from shared.policy.migration_pull import hostable_on
-from shared.policy.migration_search import intra_by_starts
-from shared.policy.pull_index import PullIndex
+from shared.policy.migration.moves import MigrationParams
+from shared.policy.migration.pull import hostable_on
+from shared.policy.migration.pull_index import PullIndex
+from shared.policy.migration.search import intra_by_starts
 from shared.policy.snapshot import GpuView
 
 

@@ -20,8 +20,8 @@ import msgspec
 
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
-from shared.policy.migration_moves import Move
-from shared.policy.placement import JobRequest
+from shared.policy.migration.moves import Move
+from shared.policy.placement.decision import JobRequest
 from shared.policy.request import full_profile, resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 

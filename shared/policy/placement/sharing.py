@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.mig.geometry import GpuModel
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
 WHOLE_PROFILE = "gpu"

@@ -21,7 +21,9 @@ import numpy.typing as npt
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import popcount_table, tables_for
-from shared.policy.baseline_slots import (
+from shared.policy.placement.decision import Decision, JobRequest
+from shared.policy.placement.registry import PolicySpec, register
+from shared.policy.placement.slots import (
     PlacementPolicy,
     cannot_place,
     column,
@@ -34,8 +36,6 @@ from shared.policy.baseline_slots import (
     reuse_slot,
     start_table,
 )
-from shared.policy.placement import Decision, JobRequest
-from shared.policy.registry import PolicySpec, register
 from shared.policy.snapshot import ClusterSnapshot
 
 Ranker = Callable[[ClusterSnapshot, npt.NDArray[np.intp], GpuModel], npt.NDArray[np.int64]]

@@ -14,8 +14,8 @@ precomputed per GPU model and request (``balancer_keys.py``) as a table indexed 
 or ``busy << 8 | starts of idle instances of the profile`` (reuse); the tables of a snapshot's models are
 stacked so that one decision is a few gathers over the snapshot's columns, whatever the model mix
 (``load/bench_placement.py``; ``tests/reference_balancer.py`` is the same algorithm as a plain loop). The
-``Placement`` of a chosen candidate is built in ``placement_explain.py``; ``live_placement.py`` gives the same
-decisions incrementally, for the balancer service's mirror.
+``Placement`` of a chosen candidate is built in ``explain.py``; ``index.py`` gives the same decisions
+incrementally, for the simulator and the balancer service's mirror.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.mig.geometry import GpuModel, Profile
-from shared.policy.balancer_keys import _UNFIT, _compile, _Compiled, _tier_load
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement, Slot
-from shared.policy.placement_explain import Cand, explain_choice, whole_placement
-from shared.policy.placement_explain import create_slot as _create_slot
-from shared.policy.placement_explain import idle_at as _idle_at
+from shared.policy.placement.balancer_keys import _UNFIT, _compile, _Compiled, _tier_load
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement.explain import Cand, explain_choice, whole_placement
+from shared.policy.placement.explain import create_slot as _create_slot
+from shared.policy.placement.explain import idle_at as _idle_at
+from shared.policy.placement.sharing import place_plain_gpus, place_share
 from shared.policy.request import full_profile
-from shared.policy.sharing import place_plain_gpus, place_share
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
 __all__ = ["BalancerParams", "_create_slot", "_idle_at", "pack_key", "place", "place_mig", "place_whole"]
@@ -158,7 +158,7 @@ def _shortlist(
 ) -> list[Cand]:
     """Candidates by (key, position): the exact best first, then about ``k`` runners-up of each action
     (ties among runners-up are cut by ``argpartition``, whose pick among equal keys depends on the whole array:
-    ``live_placement`` hands this the very arrays ``place_mig`` builds, so that its runners-up are these)."""
+    ``PlacementIndex.decide`` hands this the very arrays ``place_mig`` builds, so that its runners-up are these)."""
     cands: list[Cand] = []
     for keys, where, action in ((rkeys, rpos, "reuse"), (ckeys, None, "create")):
         if keys is None or keys.size == 0:
@@ -275,8 +275,8 @@ def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None 
     if job.demand.kind == "gpus":
         # the one rule for gangs bigger than every node, and for gangs kept within a topology domain (imported
         # here: they build their slots with this module's)
-        from shared.policy.gang import place_across, spans_nodes
-        from shared.policy.topology import within_domains
+        from shared.policy.placement.gang import place_across, spans_nodes
+        from shared.policy.placement.topology import within_domains
 
         if job.domains:
             return within_domains(snap, job, lambda s, j: place(s, j, params))

@@ -1,5 +1,5 @@
-"""The keys of the ``migsched`` placement rule (``shared.policy.plugins.migsched``): one int64 per GPU, lower is
-better, so a decision over thousands of GPUs is a few gathers and one argmin.
+"""The keys of the ``migsched`` placement rule (``shared.policy.placement.plugins.migsched``): one int64 per
+GPU, lower is better, so a decision over thousands of GPUs is a few gathers and one argmin.
 
 A key packs, most significant first (``FIELDS``): the tier (empty GPU opened, or the GPU's load while empty GPUs
 are plenty), the load again with ``spread``, the FragCost increase in steps of ``1 / fit_steps``, the job's
@@ -26,7 +26,7 @@ import numpy.typing as npt
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import PAIRS, popcount_table, tables_for
-from shared.policy.placement import JobRequest
+from shared.policy.placement.decision import JobRequest
 from shared.policy.snapshot import ClusterSnapshot
 
 UNFIT = np.iinfo(np.int64).max

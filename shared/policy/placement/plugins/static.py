@@ -13,8 +13,10 @@ import numpy as np
 
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.tables import tables_for
-from shared.policy.balancer import BalancerParams, place
-from shared.policy.baseline_slots import (
+from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
+from shared.policy.placement.registry import PolicySpec, register
+from shared.policy.placement.slots import (
     PlacementPolicy,
     cannot_place,
     column,
@@ -24,8 +26,6 @@ from shared.policy.baseline_slots import (
     not_mig,
     reuse_slot,
 )
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement
-from shared.policy.registry import PolicySpec, register
 from shared.policy.request import full_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 from shared.policy.static_layouts import LayoutError

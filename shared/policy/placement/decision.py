@@ -27,7 +27,7 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     """The decision's clock, handed in by the caller (policies read no clock); None = unknown."""
     domains: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """A gang kept within one topology domain: each domain's name and nodes, resolved by the caller from the
-    nodes' labels (``shared.policy.topology``); empty = anywhere."""
+    nodes' labels (``shared.policy.placement.topology``); empty = anywhere."""
     domain_level: str = ""
     """The label the domains are of (``block``, ``rack``), for the reasons."""
     domain_required: bool = False

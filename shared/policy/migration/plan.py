@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from shared.mig.geometry import Profile
 from shared.mig.occupancy import span
-from shared.policy.migration_moves import IntraMove, Move
-from shared.policy.migration_pull import PullSearch
-from shared.policy.migration_search import VirtualGpu
+from shared.policy.migration.moves import IntraMove, Move
+from shared.policy.migration.pull import PullSearch
+from shared.policy.migration.search import VirtualGpu
 from shared.policy.snapshot import InstanceView
 
 
 class _Plan(PullSearch):
-    """One plan being built (see ``shared.policy.migration`` for the rules and tie-breaks)."""
+    """One plan being built (see ``shared.policy.migration.planner`` for the rules and tie-breaks)."""
 
     # -- intra -------------------------------------------------------------------------------------------
 

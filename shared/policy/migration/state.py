@@ -11,9 +11,9 @@ import numpy.typing as npt
 
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
-from shared.policy.migration_moves import MigrationParams, Move, SourceJob
-from shared.policy.migration_search import VirtualGpu, intra_by_starts, move_bounds, shape_target
-from shared.policy.pull_index import PullIndex
+from shared.policy.migration.moves import MigrationParams, Move, SourceJob
+from shared.policy.migration.pull_index import PullIndex
+from shared.policy.migration.search import VirtualGpu, intra_by_starts, move_bounds, shape_target
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
 
 K = TypeVar("K")
@@ -66,7 +66,7 @@ class Memo(Generic[K, V]):
 
 class PlanState:
     """A plan's snapshot, parameters, moves so far and virtual GPUs; the pull search and the move assembly
-    build on it (``migration_pull``, ``migration_plan``)."""
+    build on it (``pull``, ``plan``)."""
 
     def __init__(self, snap: ClusterSnapshot, now: float, params: MigrationParams,
                  pulls: PullIndex | None = None) -> None:

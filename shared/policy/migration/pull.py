@@ -18,10 +18,10 @@ import numpy.typing as npt
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
-from shared.policy.migration_moves import SourceJob
-from shared.policy.migration_search import VirtualGpu, removal_bound, shape_target, tables_of
-from shared.policy.migration_state import Memo, PlanState
-from shared.policy.pull_index import Head
+from shared.policy.migration.moves import SourceJob
+from shared.policy.migration.pull_index import Head
+from shared.policy.migration.search import VirtualGpu, removal_bound, shape_target, tables_of
+from shared.policy.migration.state import Memo, PlanState
 from shared.policy.snapshot import GpuView, InstanceView
 
 
@@ -164,7 +164,7 @@ class PullSearch(PlanState):
         heads: Iterator[Head]
         if (pulls is not None and pulls.snapshot is self.snap and pulls.t_q == self.t_q
                 and pulls.describes(self.now, self.params.cooldown_s)):
-            # the same heads, from the caller's incremental index (shared.policy.pull_index); in its cooldown
+            # the same heads, from the caller's incremental index (shared.policy.migration.pull_index); in its cooldown
             # mode, those of them with a pullable job, bounds no smaller: the same pull, found sooner
             heads = pulls.heads(t.used, t.compute, hostable, touched)
         else:

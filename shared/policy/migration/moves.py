@@ -27,7 +27,7 @@ class MigrationParams(msgspec.Struct, frozen=True, kw_only=True):
     pull_into_empty: bool = True
     consolidate: bool = False
     """After an exit leaves a Lazy GPU with a few jobs, move all of them onto GPUs that already run jobs so it
-    becomes empty for a whole-GPU job (``shared.policy.consolidate``), before any pull into it."""
+    becomes empty for a whole-GPU job (``shared.policy.migration.consolidate``), before any pull into it."""
     """Whether an inter move may target a GPU with no job. The seeds pull into any Lazy GPU, which spreads
     jobs onto empty GPUs and costs the whole-GPU jobs that dominate real traces their room; False pulls only
     into partly used Lazy GPUs (filling their holes) and keeps empty GPUs empty."""

@@ -14,8 +14,8 @@ from collections.abc import Callable, Collection, Mapping
 import msgspec
 import numpy as np
 
-from shared.policy.gang import usable_whole
-from shared.policy.placement import CannotPlace, Decision, JobRequest, Placement
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
+from shared.policy.placement.gang import usable_whole
 from shared.policy.snapshot import ClusterSnapshot
 
 

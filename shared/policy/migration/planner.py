@@ -26,11 +26,12 @@ import heapq
 import numpy as np
 import numpy.typing as npt
 
-from shared.policy import migration_pull, migration_state
-from shared.policy.consolidate import consolidate
-from shared.policy.migration_moves import IntraMove, MigrationParams, Move, SourceJob
-from shared.policy.migration_plan import _Plan
-from shared.policy.pull_index import PullIndex
+from shared.policy.migration import pull as migration_pull
+from shared.policy.migration import state as migration_state
+from shared.policy.migration.consolidate import consolidate
+from shared.policy.migration.moves import IntraMove, MigrationParams, Move, SourceJob
+from shared.policy.migration.plan import _Plan
+from shared.policy.migration.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot
 
 __all__ = [

@@ -27,7 +27,12 @@ from typing import Any
 
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
-from shared.policy.baseline_slots import (
+from shared.policy.fragcost import UNIFORM_SHAPES
+from shared.policy.placement.decision import Decision, JobRequest, Placement, Slot
+from shared.policy.placement.explain import whole_placement
+from shared.policy.placement.registry import PolicySpec, register
+from shared.policy.placement.sharing import place_plain_gpus, place_share
+from shared.policy.placement.slots import (
     PlacementPolicy,
     UnknownPolicyError,
     cannot_place,
@@ -36,12 +41,7 @@ from shared.policy.baseline_slots import (
     explained,
     reuse_slot,
 )
-from shared.policy.fragcost import UNIFORM_SHAPES
-from shared.policy.placement import Decision, JobRequest, Placement, Slot
-from shared.policy.placement_explain import whole_placement
-from shared.policy.registry import PolicySpec, register
 from shared.policy.request import Demand, full_profile, resolve_profile
-from shared.policy.sharing import place_plain_gpus, place_share
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 Pod = tuple[str, int]

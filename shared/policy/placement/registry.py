@@ -1,15 +1,15 @@
 """The one registry of placement policies, by name: the simulator, the services and the CLI all read it.
 
-A policy is one module in ``shared.policy.plugins`` that calls ``register`` at import: its name, a sentence on
+A policy is one module in ``shared.policy.placement.plugins`` that calls ``register`` at import: its name, a sentence on
 what it does, the parameters it takes, and a ``build`` that binds them into a ``PolicySpec`` (what the engine
 needs to know about the policy) and a pure ``(ClusterSnapshot, JobRequest) -> Decision``. Every module of that
 package is imported on first use, so adding a file adds a policy.
 
 Every policy also takes ``reserve`` (hold GPUs for large waiting jobs, ``shared.policy.reservation``) and
-``unblock`` (move jobs to free a whole GPU for a waiting one, ``shared.policy.unblock``; it works through the
+``unblock`` (move jobs to free a whole GPU for a waiting one, ``shared.policy.migration.unblock``; it works through the
 reservations); their defaults are the policy's own.
 
-A gang bigger than every node is placed by ``shared.policy.gang.place_across`` whatever the policy, so that
+A gang bigger than every node is placed by ``shared.policy.placement.gang.place_across`` whatever the policy, so that
 every policy runs multi-node jobs by the same rule; a policy decides only where one-node work goes.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import msgspec
 
-from shared.policy.baseline_slots import PlacementPolicy, UnknownPolicyError
-from shared.policy.gang import place_across, spans_nodes
-from shared.policy.placement import Decision, JobRequest
+from shared.policy.placement.decision import Decision, JobRequest
+from shared.policy.placement.gang import place_across, spans_nodes
+from shared.policy.placement.slots import PlacementPolicy, UnknownPolicyError
+from shared.policy.placement.topology import within_domains
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.topology import within_domains
 
 __all__ = ["DEFAULT_POLICY", "PlacementPolicy", "PolicySpec", "UnknownPolicyError", "get_policy", "policy_names",
            "register"]
@@ -52,7 +52,7 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
     """Hold GPUs for large waiting jobs (``shared.policy.reservation``)."""
     unblocks: bool = False
     """Move the few jobs on one GPU elsewhere when that frees it for a waiting whole-GPU job
-    (``shared.policy.unblock``; with reservations)."""
+    (``shared.policy.migration.unblock``; with reservations)."""
     takes_threshold: bool = False
     """Reads the Lazy/Busy load threshold (the run's ``threshold`` is handed to it)."""
 
@@ -92,7 +92,7 @@ def _load() -> None:
     global _LOADED
     if _LOADED:
         return
-    from shared.policy import plugins
+    from shared.policy.placement import plugins
 
     for mod in pkgutil.iter_modules(plugins.__path__):
         importlib.import_module(f"{plugins.__name__}.{mod.name}")

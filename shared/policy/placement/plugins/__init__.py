@@ -1,0 +1,1 @@
+"""Placement policies, one module each; every module here registers itself with ``shared.policy.placement.registry``."""

@@ -1,1 +1,0 @@
-"""Placement policies, one module each; every module here registers itself with ``shared.policy.registry``."""
