@@ -46,7 +46,7 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
 
 class GpuView(msgspec.Struct, frozen=True, kw_only=True, weakref=True):
     """One physical GPU: identity, model, mode and its instances, with derived occupancy. Weakly referable, so
-    that a cache of what is derived from a view (``migration_pull._STATIC_JOBS``) lives no longer than it."""
+    that a cache of what is derived from a view (``PlannerMemos.view_jobs``) lives no longer than it."""
 
     id: str
     node: str

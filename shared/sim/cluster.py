@@ -116,7 +116,8 @@ class SimCluster:
 
     def attach_defrag_screen(self, params: MigrationParams) -> DefragScreen:
         """Keep a ``DefragScreen`` for the planner with ``params`` from now on (``defrag_screen()``)."""
-        self.screen = DefragScreen(params, self.model_list, len(self.gpu_ids))
+        self.screen = DefragScreen(params, self.model_list, len(self.gpu_ids),
+                                   self.pulls.memos if self.pulls is not None else None)
         self._screen_stale.update(range(len(self.gpu_ids)))
         self._noting.append(self._screen_stale)
         return self.screen

@@ -31,7 +31,7 @@ class InFlight:
 
 def after_exit(sim: SimRun, gpu_id: str) -> tuple[Any, ...]:
     """The planner's moves after a job left ``gpu_id``. Most exits provably plan none
-    (``shared.policy.migration.gate``): those are answered from the kept pull index (and, on a Busy GPU, the defragmentation
+    (``migration.gate``): those are answered from the kept pull index (and, on a Busy GPU, the defragmentation
     screen's intra bound), without a snapshot or a plan. The others get a snapshot that skips the builder
     (``planner_snapshot``): with the pull index, a plan after an exit reads GPUs, not columns (a
     consolidation's few columns are derived from the base ones on first read)."""

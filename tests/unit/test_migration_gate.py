@@ -127,7 +127,7 @@ def test_any_head_says_whether_the_heads_yield_anything_through_changes(
     index = _keyed(snap, threshold, 120.0 if cooldown_mode else None, NOW)
     gpus = list(snap.gpus)
     targets = {(g.used_compute, GEO.model(g.model).compute_slices,
-                hostable_on(snap.model_list, GEO.model(g.model),
+                hostable_on(index.memos, snap.model_list, GEO.model(g.model),
                             tuple((i.profile, i.start, i.job_id is not None) for i in g.instances)))
                for g in gpus}
     for seed in [*seeds, *seeds]:

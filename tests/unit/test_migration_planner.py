@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mig_strategies import GEO, clusters, layout_is_legal
+from reference_migration import exhaustive_pull
 
 from shared.mig.occupancy import span
 from shared.policy.fragcost import frag_cost
@@ -248,7 +249,7 @@ def _reference_defrag(snap: ClusterSnapshot, params: MigrationParams) -> tuple[M
         for _, _, gid in targets:
             if plan.full():
                 break
-            plan.pull_into(plan.gpu(gid), "defragmentation, lazy GPU", exhaustive=True)
+            exhaustive_pull(plan, plan.gpu(gid), "defragmentation, lazy GPU")
     return tuple(plan.moves)
 
 
@@ -272,5 +273,5 @@ def test_the_best_first_pull_finds_what_an_exhaustive_scan_finds(
     fast, slow = _Plan(snap, NOW, params), _Plan(snap, NOW, params)
     if not fast.usable(gpu.id):
         return
-    assert fast.pull_into(fast.gpu(gpu.id), "x") == slow.pull_into(slow.gpu(gpu.id), "x", exhaustive=True)
+    assert fast.pull_into(fast.gpu(gpu.id), "x") == exhaustive_pull(slow, slow.gpu(gpu.id), "x")
     assert fast.moves == slow.moves

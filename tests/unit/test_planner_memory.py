@@ -1,5 +1,5 @@
 """The migration planner's memos across plans stay within their bounds whatever GPU states come by, keep the keys
-asked again, and answer as a fresh computation does."""
+asked again, answer as a fresh computation does, and are state their caller owns."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import pytest
 from mig_strategies import GEO, random_instances
 
 from shared.policy.migration import pull as migration_pull
-from shared.policy.migration import state as migration_state
-from shared.policy.migration.planner import MigrationParams, plan_after_exit
-from shared.policy.migration.pull import _HOSTABLE, HOSTABLE_MEMO, _hostable, hostable_on
+from shared.policy.migration.memos import DEFAULT_SIZE, Memo, PlannerMemos
+from shared.policy.migration.planner import MigrationParams, plan_after_exit, plan_defrag
+from shared.policy.migration.pull import _hostable, hostable_on
+from shared.policy.migration.pull_index import PullIndex
 from shared.policy.migration.search import VirtualGpu
-from shared.policy.migration.state import _DST, DST_MEMO, Memo, _dst_placement
+from shared.policy.migration.state import PlanState, _dst_placement
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit
@@ -57,6 +58,8 @@ def test_a_hit_in_the_previous_generation_is_carried_over() -> None:
 def test_a_nonsense_size_is_refused() -> None:
     with pytest.raises(ValueError):
         Memo(0)
+    with pytest.raises(ValueError):
+        PlannerMemos(0)
 
 
 def _gpu(rng: random.Random, i: int) -> GpuView:
@@ -64,35 +67,46 @@ def _gpu(rng: random.Random, i: int) -> GpuView:
                          instances=random_instances(rng, A100, f"n/{i}", rng.random(), 0.3))
 
 
-def test_many_distinct_gpu_states_keep_the_planner_memos_within_their_bounds_and_their_answers_right(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    dst: Memo[object, object] = Memo(64)
-    hostable: Memo[object, object] = Memo(64)
-    monkeypatch.setattr(migration_state, "_DST", dst)
-    monkeypatch.setattr(migration_pull, "_HOSTABLE", hostable)
+def _cluster(seed: int, n: int = 64) -> ClusterSnapshot:
+    rng = random.Random(seed)
+    return snapshot_of(GEO, [
+        GpuView.build(id=f"n/{i}", node="n", index=0, model=A100.name,
+                      instances=random_instances(rng, A100, f"n/{i}", rng.uniform(0.3, 0.9), 0.2))
+        for i in range(n)
+    ])
+
+
+def test_many_distinct_gpu_states_keep_the_planner_memos_within_their_bounds_and_their_answers_right() -> None:
+    memos = PlannerMemos(64)
     rng = random.Random(7)
     models = (A100,)
-    state = migration_state.PlanState.__new__(migration_state.PlanState)  # dst_placement reads no state
+    state = PlanState.__new__(PlanState)  # dst_placement reads only the memos
+    state.memos = memos
     seen = []
     for i in range(1500):  # ~1,000 distinct states, and repeats
         view = _gpu(rng, i)
         t = VirtualGpu(view, A100, 0)
         seen.append(t.signature())
         for _ in range(2):  # the second time from the memo
-            assert hostable_on(models, A100, t.signature()) == _hostable(models, A100, t.signature())
+            assert hostable_on(memos, models, A100, t.signature()) == _hostable(models, A100, t.signature())
             for src in A100.profiles:
                 assert state.dst_placement(t, src) == _dst_placement(t, src)
-        assert len(hostable) <= 128 and len(dst) <= 128
+        assert len(memos.hostable) <= 128 and len(memos.dst) <= 128
     assert len(set(seen)) > 500
 
 
-def test_the_module_memos_are_bounded() -> None:
-    # their size is the default unless a migration-planner service in this process sized them (size_memos)
-    assert DST_MEMO <= 4096 and HOSTABLE_MEMO <= 4096
-    assert isinstance(_DST, Memo) and 1 <= _DST.size <= DST_MEMO
-    assert isinstance(_HOSTABLE, Memo) and 1 <= _HOSTABLE.size <= HOSTABLE_MEMO
-    assert len(_DST) <= 2 * _DST.size and len(_HOSTABLE) <= 2 * _HOSTABLE.size
+def test_the_memos_are_the_callers_and_change_no_plan() -> None:
+    snap, params = _cluster(5), MigrationParams()
+    mine, other = PlannerMemos(), PlannerMemos()
+    fresh = [plan_after_exit(snap, g.id, 1e9, params) for g in snap.gpus]  # each plan with its own memos
+    kept = [plan_after_exit(snap, g.id, 1e9, params, memos=mine) for g in snap.gpus]
+    again = [plan_after_exit(snap, g.id, 1e9, params, memos=mine) for g in snap.gpus]  # from the memos
+    assert fresh == kept == again and any(fresh)
+    assert plan_defrag(snap, 1e9, params, memos=mine) == plan_defrag(snap, 1e9, params)
+    assert len(mine.dst) and len(mine.view_jobs)
+    assert len(other.dst) == len(other.hostable) == len(other.view_jobs) == 0  # nothing shared behind them
+    pulls = PullIndex(params.threshold)
+    assert pulls.memos is not mine and pulls.memos.size == DEFAULT_SIZE  # the simulator's index keeps its own
 
 
 def test_the_hostable_answers_are_cached_once() -> None:
@@ -103,43 +117,31 @@ def test_the_hostable_answers_are_cached_once() -> None:
 def test_the_jobs_memoised_per_view_go_with_the_view() -> None:
     # a service builds every snapshot anew: entries kept after their views had held those views (and the
     # pymalloc arenas of their snapshots) for up to 4,096 entries; the simulator's views live on and hit again
-    rng = random.Random(3)
-    snap = snapshot_of(GEO, [
-        GpuView.build(id=f"n/{i}", node="n", index=0, model=A100.name,
-                      instances=random_instances(rng, A100, f"n/{i}", rng.uniform(0.3, 0.9), 0.2))
-        for i in range(64)
-    ])
+    snap = _cluster(3)
     params = MigrationParams()
+    memos = PlannerMemos()
 
     def plan(s: ClusterSnapshot) -> None:
         for g in s.gpus:
-            plan_after_exit(s, g.id, 1e9, params)
+            plan_after_exit(s, g.id, 1e9, params, memos=memos)
 
     plan(snap)
     ids = {id(g) for g in snap.gpus}
-    cached = [k for k in migration_pull._STATIC_JOBS if k in ids]
+    cached = [k for k in ids if k in memos.view_jobs]
     assert cached
-    entry = migration_pull._STATIC_JOBS[cached[0]]
+    entry = memos.view_jobs._by_id[cached[0]]
     plan(snap)
-    assert migration_pull._STATIC_JOBS[cached[0]] is entry  # hit again while the view lives
+    assert memos.view_jobs._by_id[cached[0]] is entry  # hit again while the view lives
     del snap, entry
-    assert not ids & set(migration_pull._STATIC_JOBS)
+    assert not any(k in memos.view_jobs for k in ids)
 
 
-def test_the_planner_memos_can_be_resized_and_then_hold_at_most_twice_the_new_size() -> None:
-    from shared.policy.migration.planner import size_memos
-
-    try:
-        size_memos(4)
-        for k in range(50):
-            _DST.put((k, (), 0), None)  # type: ignore[arg-type]
-            _HOSTABLE.put(((), k, ()), None)  # type: ignore[arg-type]
-        assert len(_DST) <= 8 and len(_HOSTABLE) <= 8
-        with pytest.raises(ValueError):
-            size_memos(0)
-    finally:
-        size_memos(DST_MEMO)
-    assert _DST.size == DST_MEMO and _HOSTABLE.size == HOSTABLE_MEMO
+def test_small_planner_memos_hold_at_most_twice_their_size() -> None:
+    memos = PlannerMemos(4)
+    for k in range(50):
+        memos.dst.put((k, (), 0), None)  # type: ignore[arg-type]
+        memos.hostable.put(((), k, ()), None)  # type: ignore[arg-type]
+    assert len(memos.dst) <= 8 and len(memos.hostable) <= 8
 
 
 def test_the_drop_row_cache_holds_at_most_its_size_and_answers_as_a_fresh_computation() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from shared.mig.geometry import GpuModel
 from shared.mig.tables import tables_for
+from shared.policy.migration.memos import PlannerMemos
 from shared.policy.migration.moves import MigrationParams
 from shared.policy.migration.pull import hostable_on
 from shared.policy.migration.pull_index import PullIndex
@@ -50,7 +51,7 @@ def no_moves_after_exit(
     if pulls.t_q != t_q or not pulls.describes(now, params.cooldown_s):
         return False
     sig = tuple([(i.profile, i.start, i.job_id is not None) for i in gpu.instances])
-    hostable = hostable_on(models, model, sig, model_ids)
+    hostable = hostable_on(pulls.memos, models, model, sig, model_ids)
     return not any(hostable) or not pulls.any_head(gpu.used_compute, compute, hostable)
 
 
@@ -74,8 +75,10 @@ class DefragScreen:
     no target class has a pull-index head: the pulls then find no source (``no_moves_after_exit``'s argument,
     for every target at once). ``update`` the GPUs that changed; pure otherwise."""
 
-    def __init__(self, params: MigrationParams, models: tuple[GpuModel, ...], n: int) -> None:
+    def __init__(self, params: MigrationParams, models: tuple[GpuModel, ...], n: int,
+                 memos: PlannerMemos | None = None) -> None:
         self.params = params
+        self._memos = memos if memos is not None else PlannerMemos()
         self.t_q = round(params.threshold * 1000)
         self._models = models
         self._model_ids = tuple(id(m) for m in models)
@@ -105,7 +108,7 @@ class DefragScreen:
         if not self.params.pull_into_empty and gpu.busy_mask == 0:
             return
         sig = tuple([(i.profile, i.start, i.job_id is not None) for i in gpu.instances])
-        hostable = hostable_on(self._models, model, sig, self._model_ids)
+        hostable = hostable_on(self._memos, self._models, model, sig, self._model_ids)
         if any(hostable):
             target = (gpu.used_compute, compute, hostable)
             self._class[p] = target

@@ -67,22 +67,14 @@ class _Plan(PullSearch):
                 return
             self.apply_intra(g, found, why)
 
-    def pull_into(self, t: VirtualGpu, why: str, exhaustive: bool = False) -> bool:
-        """Plan one pull into Lazy ``t``. ``exhaustive`` scans the full source list (the reference the
-        best-first search is tested against)."""
+    def pull_into(self, t: VirtualGpu, why: str) -> bool:
+        """Plan one pull into Lazy ``t`` (the best-first search; ``tests/reference_migration.py`` is the
+        exhaustive scan it is held to)."""
         if self.full() or self.busy_tier(t):
             return False
         if not self.params.pull_into_empty and t.busy_mask == 0:
             return False
-        found: tuple[str, InstanceView, Profile, int] | None = None
-        if exhaustive:
-            for _, src_id, inst in self.sources():
-                dst = self._dst_for(t, src_id, inst)
-                if dst is not None:
-                    found = (src_id, inst, dst[0], dst[1])
-                    break
-        else:
-            found = self.best_pull(t)
+        found = self.best_pull(t)
         if found is None:
             return False
         src_id, inst, prof, start = found

@@ -26,40 +26,30 @@ import heapq
 import numpy as np
 import numpy.typing as npt
 
-from shared.policy.migration import pull as migration_pull
-from shared.policy.migration import state as migration_state
 from shared.policy.migration.consolidate import consolidate
+from shared.policy.migration.memos import PlannerMemos
 from shared.policy.migration.moves import IntraMove, MigrationParams, Move, SourceJob
 from shared.policy.migration.plan import _Plan
 from shared.policy.migration.pull_index import PullIndex
 from shared.policy.snapshot import ClusterSnapshot
 
 __all__ = [
-    "IntraMove", "MigrationParams", "Move", "SourceJob", "_Plan", "plan_after_exit", "plan_defrag", "size_memos",
+    "IntraMove", "MigrationParams", "Move", "PlannerMemos", "SourceJob", "_Plan", "plan_after_exit", "plan_defrag",
 ]
 
 
-def size_memos(size: int) -> None:
-    """Set the size of the planner's memos (target placements and hostable profiles per GPU state; each holds
-    at most twice this many entries). They only save work, never change a plan. The default (1,024) suits the
-    simulator, whose views live on and whose large clusters show many states; the migration-planner service
-    rebuilds its snapshot from Redis every plan and takes a smaller one, so its memos are full within its first
-    minute instead of filling for ten (their entries, scattered among each plan's freed objects, kept its RSS
-    climbing)."""
-    migration_state._DST.resize(size)
-    migration_pull._HOSTABLE.resize(size)
-
-
 def plan_after_exit(
-    snap: ClusterSnapshot, gpu_id: str, now: float, params: MigrationParams, *, pulls: PullIndex | None = None
+    snap: ClusterSnapshot, gpu_id: str, now: float, params: MigrationParams, *, pulls: PullIndex | None = None,
+    memos: PlannerMemos | None = None,
 ) -> tuple[Move, ...]:
     """Moves to make after a job left ``gpu_id`` (the snapshot already shows it gone).
 
     Busy GPU: intra-GPU moves, best first, while they lower its FragCost. Lazy GPU: pull one job from a Busy
     GPU with a higher load. An unknown, unhealthy or non-MIG GPU gets no moves. ``pulls``: an index of pull
     sources kept by the caller (the simulator), synchronised with ``snap``; the same moves, found sooner.
+    ``memos``: what the caller keeps across plans (default: the pull index's, else this plan's own).
     """
-    plan = _Plan(snap, now, params, pulls)
+    plan = _Plan(snap, now, params, pulls, memos)
     if params.max_moves <= 0 or not plan.usable(gpu_id):
         return ()
     g = plan.gpu(gpu_id)
@@ -72,7 +62,7 @@ def plan_after_exit(
         if params.consolidate and g.busy_mask:
             # a failed consolidation leaves nothing behind, also when no pull follows (it may have planned
             # some of the GPU's jobs before finding no room for another: all or nothing)
-            plan = _Plan(snap, now, params, pulls)
+            plan = _Plan(snap, now, params, pulls, plan.memos)
             g = plan.gpu(gpu_id)
         if params.inter:
             plan.pull_into(g, "after exit, lazy GPU")
@@ -80,15 +70,17 @@ def plan_after_exit(
 
 
 def plan_defrag(
-    snap: ClusterSnapshot, now: float, params: MigrationParams, *, pulls: PullIndex | None = None
+    snap: ClusterSnapshot, now: float, params: MigrationParams, *, pulls: PullIndex | None = None,
+    memos: PlannerMemos | None = None,
 ) -> tuple[Move, ...]:
     """The periodic defragmentation over all GPUs, at most ``params.max_moves`` moves in all.
 
     First intra moves on Busy GPUs, always the largest FragCost drop in the cluster next; then one pull into
     each Lazy GPU, least loaded first (snapshot order breaks ties). GPUs are searched best bound first, so a
-    tick over thousands of GPUs looks at few of them closely. ``pulls`` as for ``plan_after_exit``.
+    tick over thousands of GPUs looks at few of them closely. ``pulls`` and ``memos`` as for
+    ``plan_after_exit``.
     """
-    plan = _Plan(snap, now, params, pulls)
+    plan = _Plan(snap, now, params, pulls, memos)
     if params.max_moves <= 0 or len(snap) == 0:
         return ()
     load_q, busy_ok, _, intra_bound = plan.columns()

@@ -2,15 +2,14 @@
 
 Untouched GPUs are screened on the snapshot's columns with lower bounds of what removing one of their jobs
 gains (``removal_bound``), GPUs are visited best bound first and the search stops once no bound can beat the
-best pull found; ``sources`` is the exhaustive list the best-first search is tested against.
+best pull found (``tests/reference_migration.py`` is the exhaustive scan it is tested against).
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
-import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -18,10 +17,11 @@ import numpy.typing as npt
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
+from shared.policy.migration.memos import PlannerMemos
 from shared.policy.migration.moves import SourceJob
 from shared.policy.migration.pull_index import Head
 from shared.policy.migration.search import VirtualGpu, removal_bound, shape_target, tables_of
-from shared.policy.migration.state import Memo, PlanState
+from shared.policy.migration.state import PlanState
 from shared.policy.snapshot import GpuView, InstanceView
 
 
@@ -91,46 +91,11 @@ class PullSearch(PlanState):
     def hostable(self, t: VirtualGpu) -> tuple[frozenset[str], ...]:
         """Per snapshot model: the source profiles that have a destination placement on ``t`` now. Exact
         (``dst_placement`` does not depend on the source), so bounds over them skip only impossible moves."""
-        return hostable_on(self.snap.model_list, t.model, t.signature(), self._model_ids)
+        return hostable_on(self.memos, self.snap.model_list, t.model, t.signature(), self._model_ids)
 
     def removal_bound_of(self, g: VirtualGpu, t: VirtualGpu) -> int:
         cmax = (g.used * t.compute - t.used * g.compute) // max(g.compute + t.compute, 1)
         return int(removal_bound(g.model, t.model)[g.busy_mask * 9 + min(max(cmax, 0), 8)])
-
-    def sources(self) -> list[SourceJob]:
-        """Every movable job on a Busy GPU whose removal lowers that GPU's FragCost, best drop first.
-
-        Untouched GPUs are screened on the snapshot's columns; only GPUs already changed by this plan are read
-        from the virtual state.
-        """
-        if self._sources is not None and self._sources[0] == len(self.moves):
-            return self._sources[1]
-        snap = self.snap
-        load_q = np.rint(snap.used.astype(np.float64) * 1000.0 / np.maximum(snap.compute, 1))
-        ok = (load_q >= self.t_q) & np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool)
-        found: list[SourceJob] = []
-        touched = self._changed
-        insts: Sequence[InstanceView]
-        for pos in sorted(set(np.flatnonzero(ok).tolist()) | touched.keys()):
-            g = touched.get(pos)
-            if g is not None:
-                if not self.busy_tier(g):
-                    continue
-                insts, busy, lq, table = g.insts, g.busy_mask, g.load_q(), g.tables.fragcost_q
-            else:
-                view = snap.gpus[pos]
-                insts, busy, lq = view.instances, view.busy_mask, int(load_q[pos])
-                table = tables_of(self.model_at(pos)).fragcost_q
-            before = int(table[busy])
-            for inst in insts:
-                if not self.may_move(inst, inter=True):
-                    continue
-                change = int(table[busy & ~inst.mask]) - before
-                if change < 0:
-                    found.append(((change, -lq, pos, inst.start), snap.gpus[pos].id, inst))
-        found.sort(key=lambda f: f[0])
-        self._sources = (len(self.moves), found)
-        return found
 
     def sources_exist(self) -> bool:
         """Cheap screen: can any GPU be a source at all?"""
@@ -223,51 +188,22 @@ class PullSearch(PlanState):
         each gains depend on the (immutable) view alone, so they are memoised per view across plans; only
         the plan's moved set and the cooldowns are checked per call."""
         model = self.model_at(pos)
-        got = _STATIC_JOBS.get(id(view))
-        if got is None or got[0]() is not view or got[1] is not model:
+        jobs = self.memos.view_jobs.get(view, model)
+        if jobs is None:
             table = tables_of(model).fragcost_q
             busy = view.busy_mask
             before = int(table[busy])
-            static = []
+            jobs = []
             for inst in view.instances:
                 if inst.busy and inst.migratable and not inst.latency_sensitive:
                     change = int(table[busy & ~inst.mask]) - before
                     if change < 0:
-                        static.append((change, inst.start, inst))
-            static.sort(key=lambda f: (f[0], f[1]))
-            if len(_STATIC_JOBS) >= 4096:  # views churn; the few most visited are what matters
-                _STATIC_JOBS.clear()
-            got = _STATIC_JOBS[id(view)] = (_ViewRef(view), model, static)
+                        jobs.append((change, inst.start, inst))
+            jobs.sort(key=lambda f: (f[0], f[1]))
+            self.memos.view_jobs.put(view, model, jobs)
         moved, now, cooldown = self.moved, self.now, self.params.cooldown_s
-        return [((change, nlq, pos, start), view.id, inst) for change, start, inst in got[2]
+        return [((change, nlq, pos, start), view.id, inst) for change, start, inst in jobs
                 if inst.job_id not in moved and now - inst.last_moved_at >= cooldown]
-
-
-class _ViewRef(weakref.ref[GpuView]):
-    """A weak reference to a cached view that drops the view's ``_STATIC_JOBS`` entry when the view goes."""
-
-    __slots__ = ("key",)
-    key: int
-
-    def __new__(cls, view: GpuView) -> _ViewRef:  # the callback is taken by ``__new__``, not ``__init__``
-        self = super().__new__(cls, view, _static_gone)
-        self.key = id(view)
-        return self
-
-
-def _static_gone(ref: _ViewRef) -> None:
-    got = _STATIC_JOBS.get(ref.key)
-    if got is not None and got[0] is ref:
-        del _STATIC_JOBS[ref.key]
-
-
-_STATIC_JOBS: dict[int, tuple[_ViewRef, GpuModel, list[tuple[int, int, InstanceView]]]] = {}
-"""Per view (by id): the jobs that may leave it, with the FragCost change their removal brings (< 0 only), by
-(change, start). An entry lives only as long as its view (a weak reference; its id is not reused meanwhile):
-the simulator's views outlive plans, so their entries are hit plan after plan, whereas a service builds every
-snapshot anew from Redis, and entries holding its dead views (the cache used to keep them referenced, up to
-4,096 of them) kept their snapshots' freed objects' pymalloc arenas from being released: the migration
-planner's RSS grew by about 15 % over its first minutes under load."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -282,25 +218,17 @@ def _size_cap(t_used: int, t_compute: int) -> npt.NDArray[np.int64]:
     return cap
 
 
-HOSTABLE_MEMO = 1024
-"""Measured as ``migration_state.DST_MEMO``: 9,470 look-ups, 967 distinct keys, 90 % hits with no bound and with
-this one (512: 88 %, 256: 82 %)."""
-_HOSTABLE: Memo[tuple[tuple[int, ...], int, tuple[tuple[str, int, bool], ...]],
-                tuple[GpuModel, tuple[GpuModel, ...], tuple[frozenset[str], ...]]] = Memo(HOSTABLE_MEMO)
-"""``_hostable`` by identity of the models (hashing them costs more than the look-up); each entry keeps the
-target and the snapshot's models referenced, so no id in its key is reused while it is cached. The only
-cache of ``_hostable`` (an lru_cache on it as well held a second copy of every entry, and was never hit)."""
-
-
-def hostable_on(models: tuple[GpuModel, ...], target: GpuModel, sig: tuple[tuple[str, int, bool], ...],
-                model_ids: tuple[int, ...] | None = None) -> tuple[frozenset[str], ...]:
+def hostable_on(memos: PlannerMemos, models: tuple[GpuModel, ...], target: GpuModel,
+                sig: tuple[tuple[str, int, bool], ...], model_ids: tuple[int, ...] | None = None
+                ) -> tuple[frozenset[str], ...]:
     """``PullSearch.hostable`` of a target of model ``target`` whose ``VirtualGpu.signature`` is ``sig``, for a
-    snapshot whose model list is ``models`` (``model_ids``: their ids, when the caller has them at hand)."""
+    snapshot whose model list is ``models`` (``model_ids``: their ids, when the caller has them at hand),
+    through ``memos.hostable``: a cluster shows few distinct GPU states, and every pull asks."""
     key = (tuple(id(m) for m in models) if model_ids is None else model_ids, id(target), sig)
-    got = _HOSTABLE.get(key)
+    got = memos.hostable.get(key)
     if got is None:
         got = (target, models, _hostable(models, target, sig))
-        _HOSTABLE.put(key, got)
+        memos.hostable.put(key, got)
     return got[2]
 
 
@@ -308,8 +236,7 @@ def _hostable(
     models: tuple[GpuModel, ...], target: GpuModel, insts: tuple[tuple[str, int, bool], ...]
 ) -> tuple[frozenset[str], ...]:
     """``_Plan.hostable`` for a target holding ``insts`` (profile, start, busy): per source model, the
-    profiles whose target shape has a start free of busy slices with room under its max count. Cached
-    across plans (``_HOSTABLE``): a cluster shows few distinct GPU states, and every pull asks."""
+    profiles whose target shape has a start free of busy slices with room under its max count."""
     busy = 0
     for name, start, b in insts:
         if b:

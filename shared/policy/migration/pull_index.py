@@ -41,6 +41,7 @@ import numpy as np
 from shared.mig.geometry import GpuModel
 from shared.mig.tables import tables_for
 from shared.policy.gpu_view import GpuView
+from shared.policy.migration.memos import PlannerMemos
 from shared.policy.snapshot import ClusterSnapshot
 from shared.policy.snapshot_columns import movable_drop_row_of
 
@@ -59,6 +60,9 @@ class PullIndex:
         self.threshold = threshold
         self.t_q = round(threshold * 1000)
         """The planner's Busy threshold in thousandths (``PlanState.t_q``)."""
+        self.memos = PlannerMemos()
+        """The planner's memos for every plan this index serves (its views live on, so they are hit plan
+        after plan)."""
         self.cooldown_s = cooldown_s
         """None: a job counts as movable whatever its cooldown (``sync``, the snapshot's ``movable_drops``).
         Else ``update`` leaves out jobs still in this cooldown at ``at``: tighter bounds, still lower bounds

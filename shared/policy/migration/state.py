@@ -4,64 +4,16 @@ destination placement of a job's shape)."""
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
-
 import numpy as np
 import numpy.typing as npt
 
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
-from shared.policy.migration.moves import MigrationParams, Move, SourceJob
+from shared.policy.migration.memos import PlannerMemos
+from shared.policy.migration.moves import MigrationParams, Move
 from shared.policy.migration.pull_index import PullIndex
 from shared.policy.migration.search import VirtualGpu, intra_by_starts, move_bounds, shape_target
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class Memo(Generic[K, V]):
-    """A memo of at most ``2 × size`` entries that keeps what is asked again: new entries go to the current
-    generation; when it holds ``size``, it becomes the previous one and the previous one is dropped; a hit in
-    the previous generation is carried into the current one. An approximate LRU without per-hit bookkeeping:
-    a key asked at least once per ``size`` new keys stays, a one-off goes within ``2 × size`` new keys, so
-    the memo settles at its size as soon as that many distinct keys have come (rather than growing towards a
-    large clear-all bound for as long as new GPU states keep appearing)."""
-
-    __slots__ = ("_cur", "_prev", "size")
-
-    def __init__(self, size: int) -> None:
-        if size < 1:
-            raise ValueError("Memo needs size >= 1")
-        self.size = size
-        self._cur: dict[K, V] = {}
-        self._prev: dict[K, V] = {}
-
-    def get(self, key: K) -> V | None:
-        got = self._cur.get(key)
-        if got is None:
-            got = self._prev.get(key)
-            if got is not None:
-                self.put(key, got)
-        return got
-
-    def put(self, key: K, value: V) -> None:
-        self._cur[key] = value
-        if len(self._cur) >= self.size:
-            self._prev, self._cur = self._cur, {}
-
-    def clear(self) -> None:
-        self._cur, self._prev = {}, {}
-
-    def resize(self, size: int) -> None:
-        """A new size; what is held is dropped (a memo only saves work)."""
-        if size < 1:
-            raise ValueError("Memo needs size >= 1")
-        self.size = size
-        self.clear()
-
-    def __len__(self) -> int:
-        return len(self._cur) + len(self._prev)
 
 
 class PlanState:
@@ -69,9 +21,11 @@ class PlanState:
     build on it (``pull``, ``plan``)."""
 
     def __init__(self, snap: ClusterSnapshot, now: float, params: MigrationParams,
-                 pulls: PullIndex | None = None) -> None:
+                 pulls: PullIndex | None = None, memos: PlannerMemos | None = None) -> None:
         self.snap = snap
         self.pulls = pulls
+        self.memos = memos if memos is not None else pulls.memos if pulls is not None else PlannerMemos()
+        """Memos across plans: the caller's, else its pull index's, else this plan's own."""
         self._model_ids = tuple(id(m) for m in snap.model_list)
         """The caller's incremental pull-source index, used while it describes ``snap`` (simulator)."""
         self.now = now
@@ -88,9 +42,6 @@ class PlanState:
         self._asked: set[tuple[frozenset[str], ...]] = set()
         self._every: npt.NDArray[np.intp] | None = None
 
-        # sources() depends only on the snapshot and the moves planned so far: cache it per move count
-        # (plan_defrag asks once per Lazy GPU, which made a tick quadratic in the GPU count)
-        self._sources: tuple[int, list[SourceJob]] | None = None
         self._cols: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_], npt.NDArray[np.int64],
                           npt.NDArray[np.int64]] | None = None
         self._load_ok: tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]] | None = None
@@ -179,23 +130,14 @@ class PlanState:
         """The target's profile of the source's shape (never less memory, unless the same name) and its best
         start: lowest FragCost after, fewest idle slices destroyed, highest start."""
         key = (id(t.model), t.signature(), id(src))
-        got = _DST.get(key)
+        memo = self.memos.dst
+        got = memo.get(key)
         if got is None:
             # a function of the target's model and instances and of the source profile: memoised across
             # plans (a cluster shows few distinct GPU states), keeping the keys' objects referenced
             got = (t.model, src, _dst_placement(t, src))
-            _DST.put(key, got)
+            memo.put(key, got)
         return got[2]
-
-
-DST_MEMO = 1024
-"""Measured on a live run (64 × 8 A100, 1,000 jobs/s, 150 s): 12,224 look-ups, 89 % hits with no bound while
-new GPU states kept coming (1,352 distinct keys, ~400 new a minute at the end: the former clear-all bound of
-16,384 was still filling after a 10-minute soak); the same 89 % with this bound (512: 86 %, 256: 80 %), which
-holds at most 2,048 entries (~2 MB with their signatures)."""
-_DST: Memo[tuple[int, tuple[tuple[str, int, bool], ...], int],
-           tuple[GpuModel, Profile, tuple[Profile, int] | None]] = Memo(DST_MEMO)
-"""``dst_placement`` by (id of the target's model, target's signature, id of the source profile)."""
 
 
 def _dst_placement(t: VirtualGpu, src: Profile) -> tuple[Profile, int] | None:
