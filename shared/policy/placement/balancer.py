@@ -29,12 +29,12 @@ import numpy.typing as npt
 
 from shared.mig.geometry import GpuModel, Profile
 from shared.policy.placement.balancer_keys import _UNFIT, _compile, _Compiled, _tier_load
-from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement, Slot
+from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
 from shared.policy.placement.explain import Cand, explain_choice, whole_placement
-from shared.policy.placement.explain import create_slot as _create_slot
 from shared.policy.placement.explain import idle_at as _idle_at
 from shared.policy.placement.sharing import place_plain_gpus, place_share
-from shared.policy.request import full_profile
+from shared.policy.placement.slots import create_slot as _create_slot
+from shared.policy.placement.slots import full_slot, whole_order
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
 __all__ = ["BalancerParams", "_create_slot", "_idle_at", "pack_key", "place", "place_mig", "place_whole"]
@@ -249,24 +249,9 @@ def place_whole(
             reasons=(f"no node has {n} empty GPU(s); the most on one node is {most}",), counts=dict(counts),
         )
     _, node = min(fitting)
-    slots: list[Slot] = []
-
-    def order(g: GpuView) -> tuple[int, int, int]:
-        full = full_profile(snap.geometry.model(g.model))
-        has_full = any(i.profile == full.name for i in g.instances)
-        return (0 if has_full else 1, g.idle_mask.bit_count(), g.index)
-
-    for g in sorted(by_node[node], key=order)[:n]:
-        model = snap.geometry.model(g.model)
-        full = full_profile(model)
-        idle_full = next((i for i in g.instances if i.profile == full.name), None)
-        if idle_full is not None:
-            slots.append(Slot(gpu_id=g.id, node=g.node, model=model.name, profile=full.name, start=0,
-                              size=full.memory_slices, compute=full.compute_slices, action="reuse",
-                              instance_id=idle_full.id))
-        else:
-            slots.append(_create_slot(g, model, full, full.placements[0]))
-    return whole_placement(job, tuple(slots), policy)
+    model_of = snap.geometry.model
+    chosen = sorted(by_node[node], key=lambda g: whole_order(g, model_of(g.model)))[:n]
+    return whole_placement(job, tuple(full_slot(g, model_of(g.model)) for g in chosen), policy)
 
 
 def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None = None) -> Decision:
@@ -295,3 +280,9 @@ def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None 
     if job.demand.kind == "shared":
         return place_share(snap, job)
     return place_mig(snap, job, params)
+
+
+def not_mig(snap: ClusterSnapshot, job: JobRequest, name: str) -> Decision:
+    """Whole GPUs and time-sliced shares go the balancer's way for every baseline (their policies are not
+    what the baselines compare)."""
+    return msgspec.structs.replace(place(snap, job, BalancerParams()), policy=name)

@@ -14,6 +14,7 @@ from shared.mig.geometry import GpuModel, Profile
 from shared.mig.tables import COST_SCALE, tables_for
 from shared.policy.gpu_view import GpuView, InstanceView
 from shared.policy.placement.decision import Candidate, JobRequest, Placement, Slot, Tier
+from shared.policy.placement.slots import create_slot
 
 Cand = tuple[int, int, str, Profile, str]
 """One candidate of ``place_mig``: (packed key, GPU position, model name, profile asked for, action)."""
@@ -26,15 +27,6 @@ def unpack_cost(key: int, before_q: int = 0) -> float:
 
 def idle_at(gpu: GpuView, start: int) -> InstanceView:
     return next(i for i in gpu.instances if not i.busy and i.start == start)
-
-
-def create_slot(gpu: GpuView, model: GpuModel, prof: Profile, start: int) -> Slot:
-    pm = ((1 << prof.memory_slices) - 1) << start
-    destroy = tuple(i.id for i in gpu.instances if not i.busy and i.mask & pm)
-    return Slot(
-        gpu_id=gpu.id, node=gpu.node, model=model.name, profile=prof.name, start=start,
-        size=prof.memory_slices, compute=prof.compute_slices, action="create", destroy=destroy,
-    )
 
 
 def slot_for(

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.placement.sharing import is_free_plain, whole_slot
-from shared.policy.placement.slots import create_slot, reuse_slot
+from shared.policy.placement.slots import full_slot
 from shared.policy.request import Demand, full_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
@@ -137,8 +137,5 @@ def _member_slots(snap: ClusterSnapshot, gpus: Sequence[GpuView]) -> list[Slot]:
         if not g.mig:
             slots.append(whole_slot(g, model))
             continue
-        full = full_profile(model)
-        idle = next((i for i in g.instances if i.profile == full.name), None)
-        slots.append(reuse_slot(g, model, idle.id) if idle is not None
-                     else create_slot(g, model, full, full.placements[0]))
+        slots.append(full_slot(g, model))
     return slots

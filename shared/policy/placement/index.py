@@ -49,7 +49,8 @@ from shared.policy.placement.balancer import (
 from shared.policy.placement.balancer_keys import _UNFIT, _compile_profiles, _Compiled, _tier_load
 from shared.policy.placement.decision import JobRequest, Placement, Slot
 from shared.policy.placement.explain import whole_placement
-from shared.policy.request import Demand, full_profile, resolve_profile
+from shared.policy.placement.slots import full_slot, whole_order
+from shared.policy.request import Demand, resolve_profile
 from shared.policy.snapshot import GpuView
 
 Signature = tuple[object, ...]
@@ -376,21 +377,7 @@ class PlacementIndex:
             return None
         _, node = min(fitting)
         # position order first: the balancer's sort is stable over the snapshot's order
-        chosen = sorted((self.gpus[p] for p in sorted(self._empty[node])), key=self._whole_order)[:n]
-        slots: list[Slot] = []
-        for g in chosen:
-            model = self.models[self.mid[self.position[g.id]]]
-            full = full_profile(model)
-            idle_full = next((i for i in g.instances if i.profile == full.name), None)
-            if idle_full is not None:
-                slots.append(Slot(gpu_id=g.id, node=g.node, model=model.name, profile=full.name, start=0,
-                                  size=full.memory_slices, compute=full.compute_slices, action="reuse",
-                                  instance_id=idle_full.id))
-            else:
-                slots.append(_create_slot(g, model, full, full.placements[0]))
-        return tuple(slots)
-
-    def _whole_order(self, g: GpuView) -> tuple[int, int, int]:
-        full = full_profile(self.models[self.mid[self.position[g.id]]])
-        has_full = any(i.profile == full.name for i in g.instances)
-        return (0 if has_full else 1, g.idle_mask.bit_count(), g.index)
+        models, mid, position = self.models, self.mid, self.position
+        chosen = sorted((self.gpus[p] for p in sorted(self._empty[node])),
+                        key=lambda g: whole_order(g, models[mid[position[g.id]]]))[:n]
+        return tuple(full_slot(g, models[mid[position[g.id]]]) for g in chosen)

@@ -10,7 +10,6 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -18,9 +17,8 @@ from shared.errors import MigschedError
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import PAIRS, tables_for
-from shared.policy.placement.balancer import BalancerParams, place
 from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement, Slot
-from shared.policy.request import resolve_profile
+from shared.policy.request import full_profile, resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 PlacementPolicy = Callable[[ClusterSnapshot, JobRequest], Decision]
@@ -127,7 +125,19 @@ def idle_instance(gpu: GpuView, prof: Profile, highest: bool) -> str | None:
     return (max(starts) if highest else min(starts))[1]
 
 
-def not_mig(snap: ClusterSnapshot, job: JobRequest, name: str) -> Decision:
-    """Whole GPUs and time-sliced shares go the balancer's way for every baseline (their policies are not
-    what the baselines compare)."""
-    return msgspec.structs.replace(place(snap, job, BalancerParams()), policy=name)
+def whole_order(g: GpuView, model: GpuModel) -> tuple[int, int, int]:
+    """A whole-GPU gang's preference among a node's empty GPUs: an idle full-size instance first (no
+    reconfiguration), then the fewest idle slices (the fewest destroyed), then the lower index."""
+    full = full_profile(model)
+    has_full = any(i.profile == full.name for i in g.instances)
+    return (0 if has_full else 1, g.idle_mask.bit_count(), g.index)
+
+
+def full_slot(g: GpuView, model: GpuModel) -> Slot:
+    """The full-size instance of an empty GPU for a gang member: its idle one, else one created."""
+    full = full_profile(model)
+    idle_full = next((i for i in g.instances if i.profile == full.name), None)
+    if idle_full is not None:
+        return Slot(gpu_id=g.id, node=g.node, model=model.name, profile=full.name, start=0,
+                    size=full.memory_slices, compute=full.compute_slices, action="reuse", instance_id=idle_full.id)
+    return create_slot(g, model, full, full.placements[0])

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import popcount_table, tables_for
+from shared.policy.placement.balancer import not_mig
 from shared.policy.placement.decision import Decision, JobRequest
 from shared.policy.placement.registry import PolicySpec, register
 from shared.policy.placement.slots import (
@@ -32,7 +33,6 @@ from shared.policy.placement.slots import (
     explained,
     idle_instance,
     model_groups,
-    not_mig,
     reuse_slot,
     start_table,
 )

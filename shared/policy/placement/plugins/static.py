@@ -13,7 +13,7 @@ import numpy as np
 
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.tables import tables_for
-from shared.policy.placement.balancer import BalancerParams, place
+from shared.policy.placement.balancer import BalancerParams, not_mig, place
 from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
 from shared.policy.placement.registry import PolicySpec, register
 from shared.policy.placement.slots import (
@@ -23,7 +23,6 @@ from shared.policy.placement.slots import (
     explained,
     idle_instance,
     model_groups,
-    not_mig,
     reuse_slot,
 )
 from shared.policy.request import full_profile
