@@ -105,6 +105,10 @@ def _value(text: str) -> object:
     if text in ("on", "off"):
         return text == "on"
     try:
+        return int(text)  # a count (``top_k``, ``max_moves``) must stay an int
+    except ValueError:
+        pass
+    try:
         return float(text)
     except ValueError:
         return text
