@@ -281,8 +281,3 @@ def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None 
         return place_share(snap, job)
     return place_mig(snap, job, params)
 
-
-def not_mig(snap: ClusterSnapshot, job: JobRequest, name: str) -> Decision:
-    """Whole GPUs and time-sliced shares go the balancer's way for every baseline (their policies are not
-    what the baselines compare)."""
-    return msgspec.structs.replace(place(snap, job, BalancerParams()), policy=name)

@@ -1,9 +1,11 @@
 """The one registry of placement policies, by name: the simulator, the services and the CLI all read it.
 
-A policy is one module in ``shared.policy.placement.plugins`` that calls ``register`` at import: its name, a sentence on
-what it does, the parameters it takes, and a ``build`` that binds them into a ``PolicySpec`` (what the engine
-needs to know about the policy) and a pure ``(ClusterSnapshot, JobRequest) -> Decision``. Every module of that
-package is imported on first use, so adding a file adds a policy.
+A policy is one module in ``shared.policy.placement.plugins`` that calls ``register`` at import: its name, a
+sentence on what it does, the parameters it takes, and a ``build`` that binds them into a ``PolicySpec`` (what
+the engine needs to know about the policy) and its ``Rules``: where a MIG request goes and, optionally, where a
+whole-GPU gang goes (``shared.policy.placement.rules``, which composes them with the rules every policy shares
+into a pure ``(ClusterSnapshot, JobRequest) -> Decision``). Every module of that package is imported on first
+use, so adding a file adds a policy.
 
 Every policy also takes ``reserve`` (hold GPUs for large waiting jobs, ``shared.policy.reservation``) and
 ``unblock`` (move jobs to free a whole GPU for a waiting one, ``shared.policy.migration.unblock``; it works through the
@@ -25,12 +27,13 @@ import msgspec
 
 from shared.policy.placement.decision import Decision, JobRequest
 from shared.policy.placement.gang import place_across, spans_nodes
+from shared.policy.placement.rules import Rules, compose
 from shared.policy.placement.slots import PlacementPolicy, UnknownPolicyError
 from shared.policy.placement.topology import within_domains
 from shared.policy.snapshot import ClusterSnapshot
 
-__all__ = ["DEFAULT_POLICY", "PlacementPolicy", "PolicySpec", "UnknownPolicyError", "get_policy", "policy_names",
-           "register"]
+__all__ = ["DEFAULT_POLICY", "PlacementPolicy", "PolicySpec", "Rules", "UnknownPolicyError", "get_policy",
+           "policy_names", "register"]
 
 DEFAULT_POLICY = "migsched"
 
@@ -57,7 +60,7 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True):
     """Reads the Lazy/Busy load threshold (the run's ``threshold`` is handed to it)."""
 
 
-Build = Callable[[PolicySpec, dict[str, Any]], tuple[PolicySpec, PlacementPolicy]]
+Build = Callable[[PolicySpec, dict[str, Any]], tuple[PolicySpec, Rules]]
 
 
 class _Entry(msgspec.Struct, frozen=True):
@@ -129,8 +132,8 @@ def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
     if extra:
         takes = ", ".join((*entry.accepts, "reserve", "unblock"))
         raise UnknownPolicyError(f"policy {name!r} takes no parameter(s) {', '.join(extra)}; it takes: {takes}")
-    spec, policy = entry.build(entry.spec, params)
-    policy = _with_gangs(spec.name, policy)
+    spec, rules = entry.build(entry.spec, params)
+    policy = _with_gangs(spec.name, compose(spec.name, rules))
     if reserve is not None:
         spec = msgspec.structs.replace(spec, reserves=bool(reserve))
     if unblock is not None:

@@ -28,17 +28,16 @@ from typing import Any
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.policy.fragcost import UNIFORM_SHAPES
-from shared.policy.placement.decision import Decision, JobRequest, Placement, Slot
+from shared.policy.placement.decision import Decision, JobRequest
 from shared.policy.placement.explain import whole_placement
-from shared.policy.placement.registry import PolicySpec, register
-from shared.policy.placement.sharing import place_plain_gpus, place_share
+from shared.policy.placement.registry import PolicySpec, Rules, register
 from shared.policy.placement.slots import (
-    PlacementPolicy,
     UnknownPolicyError,
     cannot_place,
     count_ok,
     create_slot,
     explained,
+    full_slot,
     reuse_slot,
 )
 from shared.policy.request import Demand, full_profile, resolve_profile
@@ -127,27 +126,18 @@ def _nodes(snap: ClusterSnapshot, pods: Sequence[tuple[Pod, float]]) -> dict[str
     return {node: _Node(pods, gs) for node, gs in by.items()}
 
 
-def fgd_policy(name: str, pods: Mapping[str, float]) -> PlacementPolicy:
+def fgd_rules(name: str, pods: Mapping[str, float]) -> Rules:
     parsed = _parse(pods)
     if not parsed:
         raise UnknownPolicyError(f"{name}: 'pods' needs at least one typical pod with a positive share")
 
-    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        if job.demand.kind == "shared":
-            return _named(place_share(snap, job), name)
-        nodes = _nodes(snap, parsed)
-        if job.demand.kind == "gpus":
-            plain = place_plain_gpus(snap, job)
-            return _named(plain, name) if isinstance(plain, Placement) else _gang(snap, job, nodes, parsed, name)
-        return _mig(snap, job, nodes, parsed, name)
+    def mig(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        return _mig(snap, job, _nodes(snap, parsed), parsed, name)
 
-    return policy
+    def gang(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        return _gang(snap, job, _nodes(snap, parsed), parsed, name)
 
-
-def _named(d: Decision, name: str) -> Decision:
-    import msgspec
-
-    return msgspec.structs.replace(d, policy=name)
+    return Rules(mig=mig, gang=gang)
 
 
 def _mig(
@@ -230,18 +220,12 @@ def _gang(
     if best is None:
         most = max((len(v) for v in empty.values()), default=0)
         return cannot_place(job, name, {f"no node has {n} empty GPU(s); the most on one node is {most}": len(snap)})
-    slots: list[Slot] = []
-    for _, g in empty[best[2]][:n]:
-        model = snap.geometry.model(g.model)
-        full = full_profile(model)
-        idle = next((i for i in g.instances if i.profile == full.name), None)
-        slots.append(reuse_slot(g, model, idle.id) if idle is not None
-                     else create_slot(g, model, full, full.placements[0]))
-    return whole_placement(job, tuple(slots), name)
+    slots = tuple(full_slot(g, snap.geometry.model(g.model)) for _, g in empty[best[2]][:n])
+    return whole_placement(job, slots, name)
 
 
 @register(PolicySpec(name="fgd", description="FGD (Weng et al., ATC'23): least increase of the node's "
                      "fragmentation against the target workload's typical pods, multi-GPU pods included"),
           accepts=("pods",))
-def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, PlacementPolicy]:
-    return spec, fgd_policy(spec.name, params.get("pods") or UNIFORM_SHAPES)
+def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, Rules]:
+    return spec, fgd_rules(spec.name, params.get("pods") or UNIFORM_SHAPES)

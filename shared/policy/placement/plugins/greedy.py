@@ -7,7 +7,8 @@
 
 Each reuses an idle instance of the exact profile when the GPU it chose has one (lowest start; highest for
 ``driver-default``); otherwise it creates one, preferring a start that destroys no idle instance. Whole GPUs and
-time-sliced shares go the balancer's way. Vectorised over the snapshot columns with per-model look-up tables.
+time-sliced shares go the way every policy shares (``rules``). Vectorised over the snapshot columns with
+per-model look-up tables.
 """
 
 from __future__ import annotations
@@ -21,11 +22,9 @@ import numpy.typing as npt
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import popcount_table, tables_for
-from shared.policy.placement.balancer import not_mig
 from shared.policy.placement.decision import Decision, JobRequest
-from shared.policy.placement.registry import PolicySpec, register
+from shared.policy.placement.registry import PolicySpec, Rules, register
 from shared.policy.placement.slots import (
-    PlacementPolicy,
     cannot_place,
     column,
     count_ok,
@@ -57,12 +56,10 @@ def _rank_spread(snap: ClusterSnapshot, pos: npt.NDArray[np.intp], model: GpuMod
     return ((8 - _free(snap, pos, model)) << 40) + pos
 
 
-def greedy(name: str, rank: Ranker, highest: bool) -> PlacementPolicy:
-    """A policy that ranks fitting GPUs by ``rank`` (lowest first) and then places on the chosen GPU."""
+def greedy(name: str, rank: Ranker, highest: bool) -> Rules:
+    """Rank the GPUs that fit a MIG request by ``rank`` (lowest first) and place on the chosen one."""
 
-    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        if job.demand.kind != "mig":
-            return not_mig(snap, job, name)
+    def mig(snap: ClusterSnapshot, job: JobRequest) -> Decision:
         excluded: set[int] = set()
         at_max = 0
         while True:
@@ -98,12 +95,12 @@ def greedy(name: str, rank: Ranker, highest: bool) -> PlacementPolicy:
             at_max += 1
             excluded.add(p)
 
-    return policy
+    return Rules(mig=mig)
 
 
 def _registered(name: str, description: str, rank: Ranker, highest: bool) -> None:
     @register(PolicySpec(name=name, description=description))
-    def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, PlacementPolicy]:
+    def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, Rules]:
         return spec, greedy(spec.name, rank, highest)
 
 

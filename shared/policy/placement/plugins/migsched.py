@@ -31,7 +31,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from shared.mig.geometry import Profile
@@ -53,9 +52,9 @@ from shared.policy.placement.alignment import (
 from shared.policy.placement.decision import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.placement.explain import whole_placement
 from shared.policy.placement.gang import member_slots
-from shared.policy.placement.registry import PolicySpec, register
-from shared.policy.placement.sharing import place_plain_gpus, place_share
-from shared.policy.placement.slots import PlacementPolicy, count_ok, create_slot, reuse_slot
+from shared.policy.placement.registry import PolicySpec, Rules, register
+from shared.policy.placement.rules import compose
+from shared.policy.placement.slots import count_ok, create_slot, reuse_slot
 from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
@@ -63,26 +62,25 @@ NAME = "migsched"
 __all__ = ["NAME", "AlignParams", "bucket", "buckets", "place_aligned"]
 
 
+def rules(params: AlignParams, policy: str = NAME) -> Rules:
+    """The rule's MIG and gang parts (see the module docstring)."""
+
+    def mig(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        if len(snap) == 0:
+            return CannotPlace(job_id=job.job_id, policy=policy, reasons=("no GPU in the cluster",))
+        return _mig(snap, job, Context(snap, job, params), params, policy)
+
+    def gang(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        return _gang(snap, job, Context(snap, job, params), policy)
+
+    return Rules(mig=mig, gang=gang)
+
+
 def place_aligned(
     snap: ClusterSnapshot, job: JobRequest, policy: str = NAME, params: AlignParams | None = None
 ) -> Decision:
-    """One decision for one job (see the module docstring)."""
-    params = params or AlignParams()
-    if job.demand.kind == "shared":
-        return _named(place_share(snap, job), policy)
-    if len(snap) == 0:
-        return CannotPlace(job_id=job.job_id, policy=policy, reasons=("no GPU in the cluster",))
-    ctx = Context(snap, job, params)
-    if job.demand.kind == "gpus":
-        plain = place_plain_gpus(snap, job)
-        if isinstance(plain, Placement):
-            return _named(plain, policy)
-        return _gang(snap, job, ctx, policy)
-    return _mig(snap, job, ctx, params, policy)
-
-
-def _named(d: Decision, policy: str) -> Decision:
-    return msgspec.structs.replace(d, policy=policy)
+    """One decision for one job, the policy as the registry composes it."""
+    return compose(policy, rules(params or AlignParams(), policy))(snap, job)
 
 
 def _mig(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignParams, policy: str) -> Decision:
@@ -235,10 +233,5 @@ def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, policy: str) -> 
                      "extension of the GPU's and node's busy time, then FragCost), with reservations for large "
                      "waiting jobs", reserves=True),
           accepts=("keep_empty", "spread", "fit_steps", "in_time", "node_first", "top_k"))
-def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, PlacementPolicy]:
-    ap = AlignParams(**params)
-
-    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        return place_aligned(snap, job, spec.name, ap)
-
-    return spec, policy
+def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, Rules]:
+    return spec, rules(AlignParams(**params), spec.name)

@@ -13,11 +13,10 @@ import numpy as np
 
 from shared.mig.geometry import GpuModel, Profile
 from shared.mig.tables import tables_for
-from shared.policy.placement.balancer import BalancerParams, not_mig, place
+from shared.policy.placement.balancer import BalancerParams, place_mig
 from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
-from shared.policy.placement.registry import PolicySpec, register
+from shared.policy.placement.registry import PolicySpec, Rules, register
 from shared.policy.placement.slots import (
-    PlacementPolicy,
     cannot_place,
     column,
     explained,
@@ -40,7 +39,7 @@ def _covering(model: GpuModel, prof: Profile) -> list[Profile]:
     return sorted(out, key=lambda p: (p.memory_slices, p.compute_slices, p.memory_gib, p.name))
 
 
-def _static_whole(snap: ClusterSnapshot, job: JobRequest, name: str) -> Decision:
+def _static_whole(snap: ClusterSnapshot, job: JobRequest) -> Decision:
     """``gpus: n`` under a static layout: n GPUs of one node laid out as one idle full-size instance."""
     n = job.demand.gpus
     by_node: dict[str, list[tuple[GpuView, str]]] = {}
@@ -53,21 +52,17 @@ def _static_whole(snap: ClusterSnapshot, job: JobRequest, name: str) -> Decision
             by_node.setdefault(gpu.node, []).append((gpu, inst.id))
     fitting = sorted((len(v), node) for node, v in by_node.items() if len(v) >= n)
     if not fitting:
-        return CannotPlace(job_id=job.job_id, policy=name, reasons=(
+        return CannotPlace(job_id=job.job_id, policy="static", reasons=(
             f"no node has {n} GPU(s) laid out as one idle full-size instance (static layout)",))
     node = fitting[0][1]
     chosen = sorted(by_node[node], key=lambda gi: gi[0].index)[:n]
     slots = tuple(reuse_slot(g, snap.geometry.model(g.model), iid) for g, iid in chosen)
-    return Placement(job_id=job.job_id, policy=name, slots=slots, tier="any", frag_before=0.0, frag_after=1.0,
+    return Placement(job_id=job.job_id, policy="static", slots=slots, tier="any", frag_before=0.0, frag_after=1.0,
                      reasons=(f"{n} whole GPU(s) on node {node}, static full-size instances",))
 
 
-def static_policy(name: str) -> PlacementPolicy:
-    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        if job.demand.kind == "gpus":
-            return _static_whole(snap, job, name)
-        if job.demand.kind != "mig":
-            return not_mig(snap, job, name)
+def static_rules(name: str) -> Rules:
+    def mig(snap: ClusterSnapshot, job: JobRequest) -> Decision:
         counts: dict[str, int] = {}
         best: tuple[tuple[int, int, int], GpuModel, Profile] | None = None
         for model, prof, pos, ok in model_groups(snap, job, counts):
@@ -91,17 +86,14 @@ def static_policy(name: str) -> PlacementPolicy:
         return explained(snap, job, name, reuse_slot(gpu, model, inst_id),
                           f"{name}: smallest idle instance that covers the job ({cover.name})")
 
-    return policy
+    return Rules(mig=mig, gang=_static_whole, plain_first=False)
 
 
-def lb_static_policy(name: str, params: BalancerParams) -> PlacementPolicy:
-    def policy(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        if job.demand.kind == "gpus":
-            return _static_whole(snap, job, name)
-        decision = place(snap, job, params)  # shares of plain GPUs go the balancer's way
-        return msgspec.structs.replace(decision, policy=name)
+def lb_static_rules(params: BalancerParams) -> Rules:
+    def mig(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        return place_mig(snap, job, params)
 
-    return policy
+    return Rules(mig=mig, gang=_static_whole, plain_first=False)
 
 
 _BALANCER_KEYS = ("threshold", "lazy_first", "top_k", "rank")
@@ -116,13 +108,13 @@ def _layout(spec: PolicySpec, params: dict[str, Any]) -> PolicySpec:
 
 @register(PolicySpec(name="static", description="fixed layout per GPU, never repartitioned; smallest idle "
                      "instance that covers the job", repartitions=False), accepts=("layout",))
-def _build_static(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, PlacementPolicy]:
-    return _layout(spec, params), static_policy(spec.name)
+def _build_static(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, Rules]:
+    return _layout(spec, params), static_rules(spec.name)
 
 
 @register(PolicySpec(name="lb-static", description="conditional load balancer over a static layout (load "
                      "balancing only)", repartitions=False, takes_threshold=True),
           accepts=("layout", *_BALANCER_KEYS))
-def _build_lb_static(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, PlacementPolicy]:
+def _build_lb_static(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, Rules]:
     bal = {k: params[k] for k in _BALANCER_KEYS if k in params}
-    return _layout(spec, params), lb_static_policy(spec.name, BalancerParams(dynamic=False, allow_larger=True, **bal))
+    return _layout(spec, params), lb_static_rules(BalancerParams(dynamic=False, allow_larger=True, **bal))
