@@ -193,11 +193,10 @@ class PlacementIndex:
         log = self._log
         if self._sigs_seen >= len(log):
             return
-        if len(self._examples) > max(self.signature_limit, 2 * len(self.gpus)):
-            self._forget_signatures()
         changed = range(len(self.gpus)) if self._sigs_seen < 0 else set(log[self._sigs_seen:])
         self._sigs_seen = len(log)
         known, sig, gpus, mid, examples = self._signatures, self.sig, self.gpus, self.mid, self._examples
+        seen = len(examples)
         for pos in changed:
             gpu = gpus[pos]
             # ``_signature``, inlined (a list, not a generator, for the instances: several times faster)
@@ -210,6 +209,10 @@ class PlacementIndex:
                 n = known[s] = len(examples)
                 examples.append((gpu, mid[pos]))
             sig[pos] = n
+        if len(examples) > seen and len(examples) > max(self.signature_limit, 2 * len(self.gpus)):
+            # numbered afresh from the current GPUs: at most one signature each, under the limit
+            self._forget_signatures()
+            self._catch_up_signatures()
 
     def _catch_up_gangs(self) -> None:
         log = self._log
