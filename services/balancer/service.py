@@ -40,7 +40,6 @@ from shared.events import JobSubmit
 from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.registry import PlacementPolicy, describe, get_policy
 from shared.policy.reservation import ReservationParams
-from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import BalancerSettings
 
 __all__ = ["Balancer", "Candidate", "placed_on"]
@@ -77,7 +76,6 @@ class Balancer(Service):
         st = self.settings
         self.params, self.policy = placement_policy(st)
         self.reserves = describe(st.policy).reserves
-        size_drop_rows(SERVICE_DROP_ROWS)  # the mirror's rows: bounded, or RSS grows with every new GPU state
         self.lock = asyncio.Lock()
         self._refresh_wanted = False
         # tenancy (quotas, priority classes, preemption); inactive without MIGSCHED_TENANCY_FILE

@@ -22,7 +22,6 @@ from shared.policy.migration.planner import MigrationParams, Move, PlannerMemos,
 from shared.policy.partition import new_instance_id
 from shared.policy.placement.registry import describe
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.snapshot_columns import SERVICE_DROP_ROWS, size_drop_rows
 from shared.settings import MigrationPlannerSettings
 from shared.state import StoredInstance
 
@@ -59,7 +58,6 @@ class MigrationPlanner(Service):
         )
         self.migrates = describe(st.policy).migrates
         self.memos = PlannerMemos(PLANNER_MEMO)
-        size_drop_rows(SERVICE_DROP_ROWS)
         self.ordered = 0
         self._exited: dict[str, Any] = {}  # GPU id -> trace context of an exit there, since the last plan
         self.clock = time.monotonic

@@ -16,7 +16,7 @@ from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.tables import tables_for
 from shared.policy.cluster_snapshot import ClusterSnapshot
 from shared.policy.gpu_view import GpuView
-from shared.policy.snapshot_columns import movable_drop_row_of
+from shared.policy.snapshot_columns import movable_drop_row
 
 _SCALARS = ("busy", "idle", "used", "compute", "mig", "healthy", "model_idx", "idle_profiles", "pair", "load_idx",
             "load_q", "cu_idx", "ok", "ends", "node_idx")
@@ -33,6 +33,10 @@ def _zeros(width: int) -> tuple[int, ...]:
 
 class SnapshotBuilder:
     """Mutable, incremental keeper of the columns; ``snapshot()`` hands out an immutable copy."""
+
+    drop_row_limit = 1 << 14
+    """Movable-drop rows kept (emptied when full): a long-lived builder (the balancer's mirror) meets new GPU
+    states for as long as it runs, and each row is a dozen integers."""
 
     def __init__(self, geometry: Geometry) -> None:
         self.geometry = geometry
@@ -51,7 +55,7 @@ class SnapshotBuilder:
         self._models: tuple[object, dict[str, GpuModel]] | None = None
         """(the groups it was computed for, model per group name), shared by snapshots while groups last."""
         self._drops: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...]] = {}
-        """(the groups it was computed for, model per group name), shared by snapshots while groups last."""
+        """``movable_drop_row`` by (model slot, busy mask, movable starts): a cluster shows few distinct ones."""
         """Model name as GPUs spell it -> (model, profile index): skips the geometry's name normalisation."""
         self._grow(64)
 
@@ -164,9 +168,9 @@ class SnapshotBuilder:
             dkey = (mid, gpu.busy_mask, tuple(mrow))
             row = self._drops.get(dkey)
             if row is None:
-                if len(self._drops) >= 1 << 14:
+                if len(self._drops) >= self.drop_row_limit:
                     self._drops.clear()
-                row = self._drops[dkey] = movable_drop_row_of(model, gpu.busy_mask, dkey[2], width)
+                row = self._drops[dkey] = tuple(movable_drop_row(model, gpu.busy_mask, mrow, width))
             drops = row
         compute = model.compute_slices
         ok = gpu.mig and gpu.healthy

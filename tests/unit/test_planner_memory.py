@@ -15,7 +15,7 @@ from shared.policy.migration.pull import _hostable, hostable_on
 from shared.policy.migration.pull_index import PullIndex
 from shared.policy.migration.search import VirtualGpu
 from shared.policy.migration.state import PlanState, _dst_placement
-from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
+from shared.policy.snapshot import ClusterSnapshot, GpuView, SnapshotBuilder, snapshot_of
 
 pytestmark = pytest.mark.unit
 A100 = GEO.model("A100-40GB")
@@ -144,19 +144,19 @@ def test_small_planner_memos_hold_at_most_twice_their_size() -> None:
     assert len(memos.dst) <= 8 and len(memos.hostable) <= 8
 
 
-def test_the_drop_row_cache_holds_at_most_its_size_and_answers_as_a_fresh_computation() -> None:
+def test_a_builder_keeps_at_most_its_bound_of_drop_rows_and_its_column_is_a_fresh_computation() -> None:
+    builder = SnapshotBuilder(GEO)
+    builder.drop_row_limit = 16
+    rng = random.Random(11)
+    for i in range(300):  # far more distinct GPU states than the bound
+        builder.put(_gpu(rng, i % 40))
+        assert len(builder._drops) <= 16
+    snap = builder.snapshot()
+    fresh = snapshot_of(GEO, snap.gpus)  # a fresh builder: every row computed anew
+    assert (snap.movable_drops == fresh.movable_drops).all()
+
+
+def test_no_module_keeps_gpu_states_for_the_drop_rows() -> None:
     from shared.policy import snapshot_columns as sc
 
-    try:
-        sc.size_drop_rows(16)
-        width = len(A100.profiles)
-        for busy in range(128):
-            starts = tuple((busy >> k) & 0x7F for k in range(width))
-            got = sc.movable_drop_row_of(A100, busy, starts, width)
-            assert got == tuple(sc.movable_drop_row(A100, busy, list(starts), width))
-            assert len(sc._drop_rows) <= 16
-        with pytest.raises(ValueError):
-            sc.size_drop_rows(0)
-    finally:
-        sc.size_drop_rows(sc.DROP_ROWS)
-    assert sc._drop_rows_cap == sc.DROP_ROWS
+    assert not [n for n, v in vars(sc).items() if isinstance(v, dict) and not n.startswith("__")]

@@ -43,7 +43,7 @@ from shared.mig.tables import tables_for
 from shared.policy.gpu_view import GpuView
 from shared.policy.migration.memos import PlannerMemos
 from shared.policy.snapshot import ClusterSnapshot
-from shared.policy.snapshot_columns import movable_drop_row_of
+from shared.policy.snapshot_columns import movable_drop_row
 
 SourceKey = tuple[int, int, int, tuple[int, ...]]
 """(model index, ``cu_idx``, load in thousandths, ``movable_drops`` row): all a source's bound depends on."""
@@ -186,7 +186,7 @@ class PullIndex:
             # by model slot, not model: hashing a GpuModel costs more than the row (as SnapshotBuilder does)
             if len(self._drops) >= _MEMO_LIMIT:
                 self._drops.clear()
-            drops = movable_drop_row_of(model, gpu.busy_mask, dkey[2], self._width)
+            drops = tuple(movable_drop_row(model, gpu.busy_mask, row, self._width))
             # a row with no drop < 0 is kept as () (no candidate): its minimum is not taken again per update
             drops = self._drops[dkey] = drops if min(drops, default=0) < 0 else ()
         if not drops:
