@@ -21,8 +21,9 @@ together. For a MIG request, over every healthy MIG GPU and every legal start (l
 All keys pack into one int64 per (GPU, start) so that a decision is a few vector operations and one argmin
 over the snapshot's columns (``ClusterSnapshot.ends`` and ``node_idx`` included); ``tests/reference_migsched.py``
 is the same rule as a plain loop. ``gpus: n`` takes the node with ``n`` empty GPUs whose busy period it
-extends least, then the node with the fewest empty GPUs (best fit). A time-sliced share goes the balancer's
-way. The queue side (reservations) is ``shared.policy.reservation``.
+extends least, then the node with the fewest empty GPUs (best fit), once plain GPUs are out; time-sliced shares
+go the way every policy shares (``shared.policy.placement.rules``). The queue side (reservations) is
+``shared.policy.reservation``.
 """
 
 from __future__ import annotations
