@@ -1,8 +1,6 @@
-"""In-process helpers for integration tests and benchmarks: a scripted executor that speaks only NATS (as a
-real
-one does) and records when each command arrived, and a ``Stack`` that runs the scheduling services in one
-event
-loop against the real NATS and Redis of a namespace.
+"""In-process helpers for integration tests and benchmarks: a scripted executor that speaks only NATS (as a real
+one does) and records when each command arrived, a ``Stack`` that runs the scheduling services in one event loop
+against the real NATS and Redis of a namespace, and ``until``, the tests' wait for a condition.
 """
 
 from __future__ import annotations
@@ -10,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from shared.bus import Consumer, Delivery, JetStreamBus, Outgoing
@@ -26,6 +24,22 @@ from shared.events import (
     new_id,
 )
 from shared.settings import BalancerSettings, MigrationPlannerSettings, RegistrySettings, Settings, load
+
+
+async def until(pred: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, every: float = 0.05) -> bool:
+    """Whether ``pred`` (plain or async) holds within ``timeout`` seconds, asked every ``every`` seconds and once
+    more at the end."""
+    async def holds() -> bool:
+        v = pred()
+        return bool(await v) if isinstance(v, Awaitable) else bool(v)
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if await holds():
+            return True
+        await asyncio.sleep(every)
+    return await holds()
 
 
 class ScriptedExecutor:

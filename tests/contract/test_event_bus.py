@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from services.common.testing import until
 from shared.bus import BusError, Consumer, Delivery, JetStreamBus, MemoryBus, Outgoing
 from shared.bus.consumer import raw
 from shared.events import Demand, JobSubmit, now
@@ -26,14 +27,6 @@ def submit(i: int, profile: str = "1g.5gb") -> JobSubmit:
     return JobSubmit(id=f"m-{i}", job_id=f"j{i}", demand=Demand(kind="mig", profile=profile), submitted_at=now())
 
 
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if pred():
-            return True
-        await asyncio.sleep(0.02)
-    return bool(pred())
 
 
 class Collected:

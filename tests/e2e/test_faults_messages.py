@@ -8,7 +8,6 @@ double-booked (``audit()`` clean) and nothing is left holding slices.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.bus import Outgoing
 from shared.events import CmdDone, Demand, JobCancel, JobExit, JobExited, JobSubmit, now
 from shared.mig.geometry import default_geometry
@@ -36,16 +35,6 @@ def submit(job: str, msg_id: str | None = None) -> JobSubmit:
     )
 
 
-async def until(pred: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if asyncio.iscoroutine(v):
-            v = await v
-        if v:
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 class World:

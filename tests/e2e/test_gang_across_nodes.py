@@ -14,11 +14,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from stack_fixture import running_stack, settings_of
 
 from migsched.stack import Stack
+from services.common.testing import until as wait_for
 from shared.bus import JetStreamBus
 from shared.events import Demand, JobSubmit, Workload
 from shared.mig.geometry import default_geometry
@@ -40,13 +42,9 @@ RANK_DUMP = (
 )
 
 
-async def until(pred, timeout: float = 60.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.1)
-    return False
+
+async def until(pred: Any, timeout: float = 60.0) -> bool:
+    return await wait_for(pred, timeout)
 
 
 def alive(pid: int) -> bool:

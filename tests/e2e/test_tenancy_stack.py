@@ -4,14 +4,14 @@ preemption by priority, quota holds, cohort borrowing and reclaim."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from migsched import clusterview
-from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.bus import Outgoing
 from shared.events import Demand, JobSubmit, now
 from shared.state import audit
@@ -66,14 +66,6 @@ def submit(
     )
 
 
-async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.05)
-    return await pred()
 
 
 class Env:

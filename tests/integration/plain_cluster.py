@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.events import Demand, JobSubmit, now
 from shared.mig.geometry import default_geometry
 from shared.state import audit
@@ -23,14 +22,6 @@ def submit(job: str, demand: Demand, tenant: str = "default") -> JobSubmit:
     return JobSubmit(id=f"s-{job}", job_id=job, demand=demand, tenant=tenant, submitted_at=now())
 
 
-async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.05)
-    return bool(await pred())
 
 
 class Env:

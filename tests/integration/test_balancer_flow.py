@@ -3,11 +3,9 @@ cancel, and two replicas that never double-book."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.bus import Outgoing
 from shared.events import Demand, JobCancel, JobSubmit, now
 from shared.mig.geometry import default_geometry
@@ -27,14 +25,6 @@ def submit(job: str, profile: str, priority: int = 0, msg: str | None = None) ->
     )
 
 
-async def until(pred, timeout: float = 8.0) -> bool:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.05)
-    return bool(await pred())
 
 
 async def states(ns: Namespace, jobs: list[str]) -> dict[str, str]:

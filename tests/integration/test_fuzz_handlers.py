@@ -11,15 +11,14 @@ and keep placing; and the state must be clean (``audit()``), with every real job
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
-import time
 from typing import Any
 
 import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from services.common.testing import until as wait_for
 from shared.events import (
     CmdDone,
     DecodeError,
@@ -122,13 +121,9 @@ def malformed(rng: random.Random, n: int) -> list[tuple[str, bytes]]:
     return out
 
 
+
 async def until(pred: Any, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.1)
-    return bool(await pred())
+    return await wait_for(pred, timeout)
 
 
 async def dlq_messages(ns: Namespace) -> list[Any]:

@@ -4,13 +4,12 @@ busy one, and the node registry carries the move out make-before-break."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 from prometheus_client import REGISTRY
 
-from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.events import Demand, JobExited, JobSubmit, encode, new_id
 from shared.mig.geometry import default_geometry
 from shared.state import Reservation, StoredInstance, audit
@@ -20,14 +19,6 @@ GEO = default_geometry()
 A100 = GEO.model("A100-40GB")
 
 
-async def until(pred, timeout: float = 8.0) -> bool:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.05)
-    return bool(await pred())
 
 
 async def run_job(

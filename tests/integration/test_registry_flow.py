@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from services.balancer.candidate import Candidate
-from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.events import Demand, JobSubmit, now
 from shared.mig.geometry import default_geometry
 from shared.state import audit
@@ -22,14 +20,6 @@ def submit(job: str, profile: str) -> JobSubmit:
     )
 
 
-async def until(pred, timeout: float = 8.0) -> bool:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if await pred():
-            return True
-        await asyncio.sleep(0.05)
-    return bool(await pred())
 
 
 def is_(ns: Namespace, job: str, state: str):  # type: ignore[no-untyped-def]

@@ -5,14 +5,15 @@ outage lasts."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack
+from services.common.testing import until as wait_for
 from shared.events import Demand, JobSubmit, now
 from shared.localservers import LocalServer, free_port, start_nats
 from shared.settings import Settings, load
@@ -30,16 +31,9 @@ def private_nats(tmp_path: Path) -> Iterator[LocalServer]:
     srv.stop()
 
 
-async def until(pred, timeout: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if asyncio.iscoroutine(v):
-            v = await v
-        if v:
-            return True
-        await asyncio.sleep(0.05)
-    return False
+
+async def until(pred: Any, timeout: float = 15.0) -> bool:
+    return await wait_for(pred, timeout)
 
 
 async def test_a_node_silent_only_while_the_bus_was_down_is_not_lost(
