@@ -46,6 +46,8 @@ class ClusterSnapshot:
         "_load_q",
         "_movable_drops",
         "_movable_starts",
+        "_node_empty",
+        "_node_end",
         "_node_idx",
         "_ok",
         "_pair",
@@ -92,6 +94,8 @@ class ClusterSnapshot:
         movable_drops: Column | None = None,
         ends: Column | None = None,
         node_idx: Column | None = None,
+        node_end: Column | None = None,
+        node_empty: Column | None = None,
         models: dict[str, GpuModel] | None = None,
         read_only: bool = False,
     ) -> None:
@@ -125,9 +129,11 @@ class ClusterSnapshot:
         self._movable_starts = movable_starts
         self._load_q, self._cu_idx, self._movable_drops = load_q, cu_idx, movable_drops
         self._ends, self._node_idx = ends, node_idx
+        self._node_end, self._node_empty = node_end, node_empty
         if not read_only:
             for col in (busy, idle, used, compute, mig, healthy, idle_profiles, model_idx, pair, load_idx, ok,
-                        busy_starts, movable_starts, load_q, cu_idx, movable_drops, ends, node_idx):
+                        busy_starts, movable_starts, load_q, cu_idx, movable_drops, ends, node_idx, node_end,
+                        node_empty):
                 if col is not None:
                     col.setflags(write=False)
 
@@ -249,6 +255,31 @@ class ClusterSnapshot:
             self._node_idx = col
         return self._node_idx  # type: ignore[return-value]
 
+    @property
+    def node_end(self) -> npt.NDArray[np.float64]:
+        """Per GPU: the latest ``ends`` among its node's GPUs (-inf when none runs): when the node is expected
+        to be free."""
+        if self._node_end is None:
+            node = self.node_idx
+            latest = np.full(int(node.max()) + 1 if len(node) else 0, -math.inf)
+            np.maximum.at(latest, node, self.ends)
+            col = latest[node]
+            col.setflags(write=False)
+            self._node_end = col
+        return self._node_end  # type: ignore[return-value]
+
+    @property
+    def node_empty(self) -> npt.NDArray[np.int64]:
+        """Per GPU: how many of its node's GPUs are usable (``ok``) and hold no busy instance."""
+        if self._node_empty is None:
+            node = self.node_idx
+            empty = self.ok & (np.asarray(self.busy) == 0)
+            col = np.bincount(node, weights=empty, minlength=int(node.max()) + 1 if len(node) else 0
+                              ).astype(np.int64)[node]
+            col.setflags(write=False)
+            self._node_empty = col
+        return self._node_empty  # type: ignore[return-value]
+
     def with_columns(self, **columns: Column) -> ClusterSnapshot:
         """The same snapshot with some columns replaced (e.g. ``healthy``), sharing everything else."""
         current: dict[str, Any] = {
@@ -261,6 +292,8 @@ class ClusterSnapshot:
         if unknown:
             raise TypeError(f"no snapshot column(s) {sorted(unknown)}")
         current.update(columns)
+        if not {"ends", "node_idx"} & columns.keys():
+            current["node_end"] = self._node_end
         return ClusterSnapshot(self.geometry, self.gpus, groups=self.groups, position=self.position,
                                model_list=self.model_list, **current)
 

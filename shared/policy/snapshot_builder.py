@@ -8,6 +8,7 @@ import functools
 import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +39,11 @@ class SnapshotBuilder:
     """Movable-drop rows kept (emptied when full): a long-lived builder (the balancer's mirror) meets new GPU
     states for as long as it runs, and each row is a dozen integers."""
 
+    scatter_from = 12
+    """``put_many`` writes each column once (one scattered write per column) from this many GPUs; below it,
+    one GPU at a time is cheaper (numpy's per-call cost of 19 scattered writes outweighs the per-element
+    ones; about even at 16 GPUs)."""
+
     def __init__(self, geometry: Geometry) -> None:
         self.geometry = geometry
         self._gpus: list[GpuView] = []
@@ -52,18 +58,38 @@ class SnapshotBuilder:
         self._model_list: list[GpuModel] = []
         self._width = max((len(m.profiles) for m in geometry.models), default=1)
         self._by_name: dict[str, tuple[GpuModel, Mapping[str, int]]] = {}
+        """Model name as GPUs spell it -> (model, profile index): skips the geometry's name normalisation."""
         self._models: tuple[object, dict[str, GpuModel]] | None = None
         """(the groups it was computed for, model per group name), shared by snapshots while groups last."""
         self._drops: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...]] = {}
         """``movable_drop_row`` by (model slot, busy mask, movable starts): a cluster shows few distinct ones."""
-        """Model name as GPUs spell it -> (model, profile index): skips the geometry's name normalisation."""
+        self._node_rows: list[list[int]] = []
+        """Per node number, the positions of its GPUs."""
+        self._node_at: list[npt.NDArray[np.intp]] = []
+        """The same as index arrays, for writing a node's columns in one go."""
+        self._node_of: dict[int, int] = {}
+        self._end: list[float] = []
+        """Per position, the GPU's ``ends`` and whether it is usable and empty, as Python values: a node's
+        columns are recomputed from them whenever one of its GPUs changes."""
+        self._empty: list[int] = []
         self._grow(64)
+
+    def _join_node(self, pos: int, nid: int) -> None:
+        """Move position ``pos`` into node ``nid``'s rows (a GPU seen for the first time, or on a new node)."""
+        old = self._node_of.get(pos)
+        self._node_of[pos] = nid
+        self._node_rows[nid].append(pos)
+        self._node_at[nid] = np.asarray(self._node_rows[nid], dtype=np.intp)
+        if old is not None:
+            self._node_rows[old].remove(pos)
+            self._node_at[old] = np.asarray(self._node_rows[old], dtype=np.intp)
+            self._renode(old)
 
     def _grow(self, cap: int) -> None:
         specs = {"busy": np.uint8, "idle": np.uint8, "used": np.uint8, "compute": np.uint8,
                  "mig": np.bool_, "healthy": np.bool_, "idle_profiles": np.uint32, "model_idx": np.uint8,
                  "pair": np.intp, "load_idx": np.intp, "ok": np.bool_, "load_q": np.int64, "cu_idx": np.intp,
-                 "ends": np.float64, "node_idx": np.intp}
+                 "ends": np.float64, "node_idx": np.intp, "node_end": np.float64, "node_empty": np.int64}
         new: dict[str, np.ndarray] = {k: np.zeros(cap, dtype=t) for k, t in specs.items()}
         new["idle_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
         new["busy_starts"] = np.zeros((cap, self._width), dtype=np.uint8)
@@ -93,11 +119,17 @@ class SnapshotBuilder:
          c["model_idx"][pos], c["idle_profiles"][pos], c["pair"][pos], c["load_idx"][pos], c["load_q"][pos],
          c["cu_idx"][pos], c["ok"][pos], c["ends"][pos], c["node_idx"][pos], c["idle_starts"][pos],
          c["busy_starts"][pos], c["movable_starts"][pos], c["movable_drops"][pos]) = row
+        self._renode(cast(int, row[14]))
 
     def put_many(self, gpus: Iterable[GpuView]) -> None:
         """``put`` each GPU, in order; the columns are written once per column, not once per GPU and column
         (the simulator brings a snapshot up to date by dozens of GPUs at a time). A GPU given twice keeps
         its last view, as with ``put``."""
+        gpus = list(gpus)
+        if len(gpus) < self.scatter_from:
+            for gpu in gpus:
+                self.put(gpu)
+            return
         rows: dict[int, tuple[object, ...]] = {}
         for gpu in gpus:
             pos, row = self._place(gpu)
@@ -111,6 +143,23 @@ class SnapshotBuilder:
             c[name][at] = cols[k]
         for k, name in enumerate(_ROWS):
             c[name][at] = cols[_N_SCALARS + k]
+        for nid in set(cols[14]):
+            self._renode(nid)
+
+    def _renode(self, nid: int) -> None:
+        """Bring node ``nid``'s ``node_end`` and ``node_empty`` up to date on each of its GPUs' rows."""
+        rows = self._node_rows[nid]
+        end, empty = -math.inf, 0
+        for p in rows:
+            if self._end[p] > end:
+                end = self._end[p]
+            empty += self._empty[p]
+        c = self._cols
+        if len(rows) == 1:
+            c["node_end"][rows[0]], c["node_empty"][rows[0]] = end, empty
+        else:
+            at = self._node_at[nid]
+            c["node_end"][at], c["node_empty"][at] = end, empty
 
     def _place(self, gpu: GpuView) -> tuple[int, tuple[object, ...]]:
         """The GPU's position (added at the end if new) and its column values, in ``_SCALARS`` then ``_ROWS``
@@ -128,6 +177,8 @@ class SnapshotBuilder:
             self._n += 1
             self._pos[gpu.id] = pos
             self._gpus.append(gpu)
+            self._end.append(-math.inf)
+            self._empty.append(0)
             self._groups = None
             self._frozen_pos = None
         else:
@@ -144,6 +195,10 @@ class SnapshotBuilder:
         nid = self._node_ids.get(gpu.node)
         if nid is None:
             nid = self._node_ids[gpu.node] = len(self._node_ids)
+            self._node_rows.append([])
+            self._node_at.append(np.zeros(0, dtype=np.intp))
+        if self._node_of.get(pos) != nid:
+            self._join_node(pos, nid)
         width = self._width
         irow, brow, mrow = [0] * width, [0] * width, [0] * width
         bits = 0
@@ -174,6 +229,8 @@ class SnapshotBuilder:
             drops = row
         compute = model.compute_slices
         ok = gpu.mig and gpu.healthy
+        self._end[pos] = end
+        self._empty[pos] = int(ok and not gpu.busy_mask)
         return pos, (
             gpu.busy_mask, gpu.idle_mask, gpu.used_compute, compute, gpu.mig, gpu.healthy, mid, bits,
             # derived columns the balancer indexes with, kept here so a decision skips ~10 array operations

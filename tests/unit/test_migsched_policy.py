@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import math
+from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +14,9 @@ from mig_strategies import GEO, clusters
 from reference_migsched import choose
 
 from shared.mig.occupancy import span
+from shared.policy.placement.alignment import Context, Group, exact_keys, group
 from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
+from shared.policy.placement.plugins import migsched
 from shared.policy.placement.plugins.migsched import AlignParams, bucket, buckets, place_aligned
 from shared.policy.request import Demand, mig
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
@@ -39,6 +43,25 @@ def test_the_vectorised_rule_picks_what_the_plain_loop_picks(
     want = choose(snap, job, params)
     got = None if isinstance(d, CannotPlace) else (d.slot.gpu_id, d.slot.start, d.slot.action)
     assert got == want
+
+
+@FAST
+@given(snap=clusters(), demand=DEMANDS, params=PARAMS, hint=HINTS)
+def test_runners_up_from_the_best_class_alone_are_those_every_full_key_gives(
+    snap: ClusterSnapshot, demand: Demand, params: AlignParams, hint: float | None
+) -> None:
+    # a decision computes full keys for its best (tier, fit) class only; the runners-up must not notice
+    job = JobRequest(job_id="j", demand=demand, duration_hint_s=hint, now=1000.0)
+    fast = place_aligned(snap, job, params=params)
+
+    def every_key(snap: ClusterSnapshot, ctx: Context, params: AlignParams, *rest: Any) -> Group:
+        g = group(snap, ctx, params, *rest)
+        exact_keys(ctx, params, g)
+        return g
+
+    with patch.object(migsched, "group", every_key):
+        full = place_aligned(snap, job, params=params)
+    assert fast == full
 
 
 @FAST

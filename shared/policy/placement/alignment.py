@@ -96,22 +96,26 @@ def unpack(key: int) -> dict[str, int]:
 
 
 class Context:
-    """What every candidate of one decision shares: the clock, the job's expected end, and per GPU its
-    expected free time, its node's, and its node's empty GPUs."""
+    """What every candidate of one decision shares: the snapshot, the clock, the job's expected end, and whether
+    empty GPUs are plenty. Per-GPU times are read for the candidates that need them only (``gpu_end``,
+    ``node_end``): a decision compares them within its best (tier, fit) class, not over every GPU."""
 
     def __init__(self, snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> None:
+        self.snap = snap
         self.now = job.now if job.now is not None else 0.0
         timed = params.in_time and job.duration_hint_s is not None and job.now is not None
         self.ends = self.now + job.duration_hint_s if timed and job.duration_hint_s is not None else math.inf
-        node = snap.node_idx
-        nodes = int(node.max()) + 1 if len(node) else 0
-        self.gpu_end = np.maximum(snap.ends, self.now)
-        node_end = np.full(nodes, self.now)
-        np.maximum.at(node_end, node, self.gpu_end)
-        self.node_end = node_end[node]
-        self.empty = snap.ok & (np.asarray(snap.busy) == 0)
-        self.node_empty = np.bincount(node, weights=self.empty, minlength=nodes).astype(np.int64)[node]
-        self.comfortable = int(self.empty.sum()) > params.keep_empty * int(snap.ok.sum())
+        self.comfortable = params.keep_empty < 1.0 and (
+            int(np.count_nonzero(snap.ok & (np.asarray(snap.busy) == 0)))
+            > params.keep_empty * int(np.count_nonzero(snap.ok)))
+
+    def gpu_end(self, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        """When each GPU at ``pos`` is expected to be free (now at the earliest)."""
+        return np.maximum(self.snap.ends[pos], self.now)
+
+    def node_end(self, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        """When the node of each GPU at ``pos`` is expected to be free (now at the earliest)."""
+        return np.maximum(self.snap.node_end[pos], self.now)
 
 
 def _static(fitq: Any, action: int, after: Any, destroyed: Any, start: int) -> Any:
@@ -154,17 +158,27 @@ def static_of(gpu_busy: int, gpu_idle: int, model: GpuModel, prof: Profile, fit_
 
 
 class Group(msgspec.Struct):
-    """One GPU model's candidates: the usable positions, the profile asked for and one key per GPU."""
+    """One GPU model's candidates: the usable positions, the profile asked for and one key per GPU. Unless
+    ``exact``, only the GPUs of the best (tier, load, fit) class carry their full key; every other fitting GPU
+    carries those leading fields alone, which already rank it after the whole class (``exact_keys`` fills
+    them in)."""
 
     model: GpuModel
     prof: Profile
     pos: npt.NDArray[np.intp]
     keys: npt.NDArray[np.int64]
+    exact: bool
+    known: int
+    """How many GPUs carry their full key: the best class's, or every one once ``exact``."""
+    busy: npt.NDArray[np.intp]
+    used: npt.NDArray[np.int64]
+    static: npt.NDArray[np.int64]
 
 
 def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, model: GpuModel, prof: Profile,
           ) -> Group:
-    """The key of every usable GPU of model ``k`` for ``prof``."""
+    """The key of every usable GPU of model ``k`` for ``prof``: the full key for the best class's GPUs, the
+    leading fields for the others (``Group``)."""
     ok = snap.ok
     pos = np.flatnonzero(ok if len(snap.model_list) == 1 else (np.asarray(snap.model_idx) == k) & ok)
     pair = np.asarray(snap.pair)[pos] & 0xFFFF  # busy << 8 | idle
@@ -173,27 +187,56 @@ def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, mode
     reuse_bits = np.asarray(snap.idle_starts)[pos, tables_for(model).index[prof.name]]
     static = np.minimum(table(model, prof.name, params.fit_steps, False)[pair],
                         table(model, prof.name, params.fit_steps, True)[(pair & 0xFF00) | reuse_bits])
-    return Group(model=model, prof=prof, pos=pos, keys=assemble(ctx, params, pos, busy, used, static))
+    high = _leading(ctx, params, busy, used, static)
+    g = Group(model=model, prof=prof, pos=pos, keys=high, exact=False, known=0, busy=busy, used=used,
+              static=static)
+    if high.size:
+        best = int(high.min())
+        if best != UNFIT:
+            sel = np.flatnonzero(high == best)
+            high[sel] = best | _trailing(ctx, params, pos[sel], used[sel], static[sel])
+            g.known = len(sel)
+    return g
+
+
+def exact_keys(ctx: Context, params: AlignParams, g: Group) -> None:
+    """Give every GPU of ``g`` its full key (a decision that looks past its best class)."""
+    if not g.exact:
+        g.keys = np.where(g.static == UNFIT, UNFIT,
+                          _leading(ctx, params, g.busy, g.used, g.static)
+                          | _trailing(ctx, params, g.pos, g.used, g.static))
+        g.exact, g.known = True, len(g.pos)
 
 
 def assemble(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], busy: npt.NDArray[np.intp],
              used: npt.NDArray[np.int64], static: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Full keys from each GPU's static fields and its per-decision ones (UNFIT stays UNFIT)."""
-    g_ext = buckets(extension(ctx.ends, ctx.gpu_end[pos]))
-    n_ext = buckets(extension(ctx.ends, ctx.node_end[pos]))
-    t1, t2 = (n_ext, g_ext) if params.node_first else (g_ext, n_ext)
+    return np.where(static == UNFIT, UNFIT,
+                    _leading(ctx, params, busy, used, static) | _trailing(ctx, params, pos, used, static))
+
+
+def _leading(ctx: Context, params: AlignParams, busy: npt.NDArray[np.intp], used: npt.NDArray[np.int64],
+             static: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The key's leading fields (tier, load, fit), the rest zero; UNFIT where the GPU has no candidate."""
     first: npt.NDArray[np.int64] | int
     load: npt.NDArray[np.int64] | int
     if ctx.comfortable:
         first, load = used, 0
     else:
         first, load = (busy == 0).astype(np.int64), used if params.spread else 0
-    fit = static >> 19
+    high = (first << _SHIFT["first"]) | (load << _SHIFT["load"]) | ((static >> 19) << _SHIFT["fit"])
+    return np.where(static == UNFIT, UNFIT, high)
+
+
+def _trailing(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], used: npt.NDArray[np.int64],
+              static: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The key's other fields: the extensions in time, then the static ones and the ties (fit GPUs only: the
+    fields are within their widths by construction, but the node's count)."""
+    g_ext = buckets(extension(ctx.ends, ctx.gpu_end(pos)))
+    n_ext = buckets(extension(ctx.ends, ctx.node_end(pos)))
+    t1, t2 = (n_ext, g_ext) if params.node_first else (g_ext, n_ext)
     mid = (static >> 4) & ((1 << 15) - 1)  # action, cost, destroyed
     start = static & 15
-    # the fields at their offsets (``_SHIFT``); each is within its width by construction but the node's count
-    key = ((first << _SHIFT["first"]) | (load << _SHIFT["load"]) | (fit << _SHIFT["fit"])
-           | (t1 << _SHIFT["t1"]) | (t2 << _SHIFT["t2"]) | (mid << _SHIFT["destroyed"])
-           | (np.minimum(ctx.node_empty[pos], 127) << _SHIFT["node_empty"]) | ((15 - used) << _SHIFT["fullest"])
-           | start)
-    return np.where(static == UNFIT, UNFIT, key)
+    node_empty = np.minimum(np.asarray(ctx.snap.node_empty)[pos], 127)
+    return ((t1 << _SHIFT["t1"]) | (t2 << _SHIFT["t2"]) | (mid << _SHIFT["destroyed"])
+            | (node_empty << _SHIFT["node_empty"]) | ((15 - used) << _SHIFT["fullest"]) | start)

@@ -45,6 +45,7 @@ from shared.policy.placement.alignment import (
     assemble,
     bucket,
     buckets,
+    exact_keys,
     extension,
     group,
     static_of,
@@ -111,12 +112,13 @@ def _mig(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignPara
         start, gpu = 15 - f["start"], snap.gpus[p]
         if f["action"] == 1 and not count_ok(gpu, g.prof, span(g.prof.memory_slices, start)):
             at_max += 1  # at its max count once the idle instances in the way go (+me profiles): its next best
+            exact_keys(ctx, params, g)  # which may rank it past its class
             g.keys[row] = _next_best(snap, ctx, params, g, row, gpu)
             continue
         break
     slot = (create_slot(gpu, g.model, g.prof, start) if f["action"] == 1
             else reuse_slot(gpu, g.model, _idle_id(gpu, g.prof, start)))
-    return _explain(snap, job, policy, slot, key, groups, params.top_k)
+    return _explain(snap, job, policy, slot, key, groups, ctx, params)
 
 
 def _next_best(snap: ClusterSnapshot, ctx: Context, params: AlignParams, g: Group, row: int, gpu: GpuView) -> int:
@@ -148,7 +150,7 @@ def _describe(b: int) -> str:
 
 
 def _explain(snap: ClusterSnapshot, job: JobRequest, policy: str, slot: Slot, key: int, groups: Sequence[Group],
-             top_k: int) -> Placement:
+             ctx: Context, params: AlignParams) -> Placement:
     f = unpack(key)
     gpu = snap.gpu(slot.gpu_id)
     tables = tables_for(snap.geometry.model(gpu.model))
@@ -164,15 +166,19 @@ def _explain(snap: ClusterSnapshot, job: JobRequest, policy: str, slot: Slot, ke
         reasons.append(f"destroys {len(slot.destroy)} idle instance(s) in the way")
     return Placement(
         job_id=job.job_id, policy=policy, slots=(slot,), tier="any", frag_before=tables.cost(gpu.busy_mask),
-        frag_after=tables.cost(after), reasons=tuple(reasons), candidates=_runners_up(snap, groups, slot, top_k),
+        frag_after=tables.cost(after), reasons=tuple(reasons), candidates=_runners_up(snap, groups, slot, ctx, params),
     )
 
 
-def _runners_up(snap: ClusterSnapshot, groups: Sequence[Group], chosen: Slot, top_k: int) -> tuple[Candidate, ...]:
+def _runners_up(snap: ClusterSnapshot, groups: Sequence[Group], chosen: Slot, ctx: Context, params: AlignParams,
+                ) -> tuple[Candidate, ...]:
+    top_k = params.top_k
     if top_k <= 0:
         return ()
     ranked: list[tuple[int, int, Group]] = []
     for g in groups:
+        if g.known < top_k + 1:
+            exact_keys(ctx, params, g)  # the best class is too small to hold the group's runners-up
         n = min(top_k + 1, g.keys.size)
         if not n:
             continue
@@ -219,7 +225,7 @@ def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, policy: str) -> 
     node = snap.node_idx
     for p in empty.tolist():
         by_node.setdefault(int(node[p]), []).append(p)
-    fitting = [(bucket(float(extension(ctx.ends, ctx.node_end[ps[:1]])[0])), len(ps), ps[0], nid)
+    fitting = [(bucket(float(extension(ctx.ends, ctx.node_end(np.asarray(ps[:1])))[0])), len(ps), ps[0], nid)
                for nid, ps in by_node.items() if len(ps) >= n]
     if not fitting:
         most = max((len(v) for v in by_node.values()), default=0)
