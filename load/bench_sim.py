@@ -92,7 +92,7 @@ def _migration_clocks(sim: Simulator) -> Iterator[tuple[Group, Group]]:
 
 
 def bench(
-    policy: str, jobs: int, gpus: int, load: float, seed: int, profile: bool, breakdown: bool = True
+    policy: str, jobs: int, gpus: int, load: float, seed: int, profile: str | None, breakdown: bool = True
 ) -> dict[str, object]:
     geo = default_geometry()
     cluster = parse_cluster([f"A100-40GB:{gpus}"], geo, 8)
@@ -148,7 +148,7 @@ def bench(
     return out
 
 
-def _run(sim: Simulator, profile: bool) -> tuple[Kpis, float]:
+def _run(sim: Simulator, profile: str | None) -> tuple[Kpis, float]:
     """Run ``sim``; its KPIs and the process CPU time the run took."""
     prof = cProfile.Profile() if profile else None
     if prof:
@@ -158,7 +158,7 @@ def _run(sim: Simulator, profile: bool) -> tuple[Kpis, float]:
     cpu_s = time.process_time() - cpu0
     if prof:
         prof.disable()
-        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats(profile).print_stats(30)
     return r.kpis, cpu_s
 
 
@@ -187,7 +187,8 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.85)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy", action="append", default=None)
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile", nargs="?", const="tottime", choices=("tottime", "cumulative"),
+                    help="print the top 30 functions by this time to stderr (default: tottime)")
     ap.add_argument(
         "--no-breakdown",
         dest="breakdown",
