@@ -72,6 +72,9 @@ class SnapshotBuilder:
         """Per position, the GPU's ``ends`` and whether it is usable and empty, as Python values: a node's
         columns are recomputed from them whenever one of its GPUs changes."""
         self._empty: list[int] = []
+        self._stale_nodes: set[int] = set()
+        """Nodes whose columns ``snapshot`` recomputes: a node changed several times between two snapshots is
+        recomputed once, and a caller that never takes one (the simulator's placement index) pays nothing."""
         self._grow(64)
 
     def _join_node(self, pos: int, nid: int) -> None:
@@ -83,7 +86,7 @@ class SnapshotBuilder:
         if old is not None:
             self._node_rows[old].remove(pos)
             self._node_at[old] = np.asarray(self._node_rows[old], dtype=np.intp)
-            self._renode(old)
+            self._stale_nodes.add(old)
 
     def _grow(self, cap: int) -> None:
         specs = {"busy": np.uint8, "idle": np.uint8, "used": np.uint8, "compute": np.uint8,
@@ -119,7 +122,7 @@ class SnapshotBuilder:
          c["model_idx"][pos], c["idle_profiles"][pos], c["pair"][pos], c["load_idx"][pos], c["load_q"][pos],
          c["cu_idx"][pos], c["ok"][pos], c["ends"][pos], c["node_idx"][pos], c["idle_starts"][pos],
          c["busy_starts"][pos], c["movable_starts"][pos], c["movable_drops"][pos]) = row
-        self._renode(cast(int, row[14]))
+        self._stale_nodes.add(cast(int, row[14]))
 
     def put_many(self, gpus: Iterable[GpuView]) -> None:
         """``put`` each GPU, in order; the columns are written once per column, not once per GPU and column
@@ -143,8 +146,7 @@ class SnapshotBuilder:
             c[name][at] = cols[k]
         for k, name in enumerate(_ROWS):
             c[name][at] = cols[_N_SCALARS + k]
-        for nid in set(cols[14]):
-            self._renode(nid)
+        self._stale_nodes.update(cols[14])
 
     def _renode(self, nid: int) -> None:
         """Bring node ``nid``'s ``node_end`` and ``node_empty`` up to date on each of its GPUs' rows."""
@@ -258,6 +260,9 @@ class SnapshotBuilder:
                 arr.setflags(write=False)
         if self._frozen_pos is None:
             self._frozen_pos = MappingProxyType(dict(self._pos))
+        for nid in self._stale_nodes:
+            self._renode(nid)
+        self._stale_nodes.clear()
         n = self._n
         if copy:
             c = {k: v[:n].copy() for k, v in self._cols.items()}
