@@ -102,6 +102,8 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
 @click.option(
     "--window", default="auto", show_default=True, help="openb: auto | all | START:END trace seconds"
 )
+@click.option("--jitter", "jitter_s", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="shift each arrival by up to this many seconds either way, drawn from --seed (0: as recorded)")
 @click.option("--limit", type=int, default=None, help="replay only the first N jobs")
 @click.option("--cluster", "clusters", multiple=True, help="MODEL:COUNT, repeatable (default A100-40GB:48)")
 @click.option("--gpus-per-node", type=int, default=8, show_default=True)
@@ -242,7 +244,7 @@ def _run(o: dict[str, Any]) -> None:
         WorkloadSpec(
             name=str(o["workload"]), seed=seed, jobs=int(o["n_jobs"]), load=float(o["load"]),
             window=str(o["window"]), time_scale=float(o["time_scale"]), limit=o["limit"],
-            csv_map=str(o["csv_map"] or ""), dlrm_gpus=float(o["dlrm_gpus"]),
+            csv_map=str(o["csv_map"] or ""), dlrm_gpus=float(o["dlrm_gpus"]), jitter_s=float(o["jitter_s"]),
         ),
         cluster,
         geo,

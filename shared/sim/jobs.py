@@ -4,6 +4,7 @@ itself."""
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from shared.policy.placement.decision import JobRequest
 from shared.policy.request import Demand
@@ -75,6 +76,20 @@ class Workload(msgspec.Struct, frozen=True, kw_only=True):
         for j in self.jobs:
             out.extend([j.shape] * j.gpus)
         return out
+
+    def jittered(self, seconds: float, seed: int) -> Workload:
+        """Every arrival shifted by a uniform draw in [-seconds, +seconds] (never before the first arrival),
+        re-sorted: replays of a trace that differ only in the order of near-simultaneous arrivals."""
+        if seconds <= 0 or not self.jobs:
+            return self
+        rng = np.random.default_rng(seed)
+        t0 = self.jobs[0].arrival
+        shift = rng.uniform(-seconds, seconds, len(self.jobs))
+        moved = [msgspec.structs.replace(j, arrival=max(t0, j.arrival + float(d)))
+                 for j, d in zip(self.jobs, shift, strict=True)]
+        return msgspec.structs.replace(
+            self, jobs=tuple(sorted(moved, key=lambda j: (j.arrival, j.id))),
+            notes=(*self.notes, f"arrivals jittered by up to {seconds:g} s (seed {seed})"))
 
     def merged(self, other: Workload, name: str | None = None) -> Workload:
         jobs = tuple(sorted((*self.jobs, *other.jobs), key=lambda j: (j.arrival, j.id)))

@@ -116,6 +116,17 @@ def test_compare_runs_a_labelled_policy_with_its_parameters_under_its_label() ->
     assert [r.kpis.policy for r in runs] == ["first-fit", "first-fit[reserve=on]"]
 
 
+def test_the_matrix_judges_each_openb_cell_as_recorded_and_in_jittered_replays() -> None:
+    openb = [c for c in matrix.cells() if c.workload.startswith("openb")]
+    groups: dict[str, list[matrix.Cell]] = {}
+    for c in openb:
+        groups.setdefault(c.group, []).append(c)
+    assert len(groups) == 13  # four traces at three sizes, and default with DLRM beside it
+    for same in groups.values():
+        assert [(c.seed, c.jitter_s) for c in same] == [(0, 0.0), *((s, matrix.OPENB_JITTER_S) for s in (1, 2))]
+    assert {c.seed for c in matrix.cells(quick=True) if c.workload.startswith("openb")} == {0}
+
+
 def test_a_matrix_run_writes_its_table_verdict_and_plot(tmp_path: object) -> None:
     from pathlib import Path
 

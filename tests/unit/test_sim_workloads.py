@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -15,6 +16,7 @@ from shared.sim.errors import ClusterSpecError, WorkloadError
 from shared.sim.workloads.csv import load_csv, parse_mapping
 from shared.sim.workloads.dlrm import load_dlrm
 from shared.sim.workloads.openb import load_openb
+from shared.sim.workloads.spec import WorkloadSpec, build
 from shared.sim.workloads.synthetic import synthetic
 from tests.traces import needs_trace
 
@@ -67,6 +69,31 @@ def test_openb_time_scale_compresses_arrival_gaps_but_not_run_times(tmp_path: Pa
     wl = load_openb(str(_openb(tmp_path)), A100, time_scale=2.0)
     p1 = next(j for j in wl.jobs if j.id == "p1")
     assert p1.arrival == 1050 and p1.duration == 400
+
+
+def test_jittered_arrivals_move_each_job_by_at_most_the_jitter_and_keep_every_job_and_run_time(
+    tmp_path: Path,
+) -> None:
+    wl = load_openb(str(_openb(tmp_path)), A100)
+    a, b, c = wl.jittered(300.0, 1), wl.jittered(300.0, 1), wl.jittered(300.0, 2)
+    assert a == b and a != c  # a seed gives one replay
+    was = {j.id: j for j in wl.jobs}
+    t0 = wl.jobs[0].arrival
+    assert sorted(j.id for j in a.jobs) == sorted(was)
+    assert [j.arrival for j in a.jobs] == sorted(j.arrival for j in a.jobs)
+    for j in a.jobs:
+        assert abs(j.arrival - was[j.id].arrival) <= 300.0 and j.arrival >= t0
+        assert msgspec.structs.replace(j, arrival=was[j.id].arrival) == was[j.id]
+    assert any(j.arrival != was[j.id].arrival for j in a.jobs)
+    assert wl.jittered(0.0, 1) is wl
+
+
+def test_a_workload_spec_jitters_the_trace_it_builds_by_its_seed(tmp_path: Path) -> None:
+    cluster = parse_cluster(["A100-40GB:8"], GEO)
+    path = str(_openb(tmp_path))
+    plain = build(WorkloadSpec(name=f"openb:{path}"), cluster, GEO)
+    moved = build(WorkloadSpec(name=f"openb:{path}", seed=3, jitter_s=120.0), cluster, GEO)
+    assert moved == plain.jittered(120.0, 3) and moved != plain
 
 
 def test_an_openb_file_without_time_columns_is_refused_with_the_reason(tmp_path: Path) -> None:

@@ -31,6 +31,10 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
     dlrm_gpus: float = 0.0
     """GPUs of DLRM background beside the workload (0: none); for ``dlrm`` alone, its size (0: half the
     cluster)"""
+    jitter_s: float = 0.0
+    """Shift each arrival by up to this many seconds either way, drawn from ``seed`` (0: as recorded). A
+    saturated cluster is chaotic: the same trace with a few arrivals reordered can reject a few points more or
+    fewer, so a trace is judged over several jittered replays rather than one."""
 
 
 def build(spec: WorkloadSpec, cluster: ClusterSpec, geometry: Geometry) -> Workload:
@@ -59,6 +63,7 @@ def build(spec: WorkloadSpec, cluster: ClusterSpec, geometry: Geometry) -> Workl
         wl = load_dlrm(random.Random(spec.seed), gpus=gpus, path=arg or None)
     else:
         raise WorkloadError(f"unknown workload {spec.name!r}: use openb[:VARIANT|PATH], dlrm, csv:PATH or synthetic")
+    wl = wl.jittered(spec.jitter_s, spec.seed)
     if kind != "dlrm" and spec.dlrm_gpus > 0:
         t0 = wl.jobs[0].arrival
         span = wl.jobs[-1].arrival - t0
