@@ -1,6 +1,7 @@
 """The ``migsched`` placement rule as a plain loop over GPUs and starts: the reference the vectorised policy
 (``shared.policy.placement.plugins.migsched``) is checked against.
-Returns the chosen (GPU id, start, action) or None."""
+``choose`` returns the chosen (GPU id, start, action) or None; ``choose_gang`` the node a one-node gang of whole
+MIG GPUs goes to, or None."""
 
 from __future__ import annotations
 
@@ -71,3 +72,18 @@ def choose(snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> tuple
             if best is None or cand[:2] < best[:2]:
                 best = cand
     return None if best is None else (best[2], best[3], best[4])
+
+
+def choose_gang(snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> str | None:
+    now = job.now if job.now is not None else 0.0
+    timed = params.in_time and job.duration_hint_s is not None and job.now is not None
+    ends = now + job.duration_hint_s if timed and job.duration_hint_s is not None else math.inf
+    node_end: dict[str, float] = {}
+    empty: dict[str, list[int]] = {}
+    for p, g in enumerate(snap.gpus):
+        node_end[g.node] = max(node_end.get(g.node, now), _end(g, now))
+        if snap.ok[p] and not g.busy_mask:
+            empty.setdefault(g.node, []).append(p)
+    fitting = [(bucket(_ext(ends, node_end[node])), len(ps), ps[0], node)
+               for node, ps in empty.items() if len(ps) >= job.demand.gpus]
+    return min(fitting)[3] if fitting else None

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mig_strategies import GEO, clusters
-from reference_migsched import choose
+from reference_migsched import choose, choose_gang
 
 from shared.mig.occupancy import span
 from shared.policy.placement.alignment import Context, Group, exact_keys, group
@@ -62,6 +62,24 @@ def test_runners_up_from_the_best_class_alone_are_those_every_full_key_gives(
     with patch.object(migsched, "group", every_key):
         full = place_aligned(snap, job, params=params)
     assert fast == full
+
+
+@FAST
+@given(snap=clusters(), n=st.integers(1, 4), params=PARAMS, hint=HINTS, now=st.sampled_from([None, 1000.0]))
+def test_a_one_node_gang_goes_where_the_plain_loop_sends_it(
+    snap: ClusterSnapshot, n: int, params: AlignParams, hint: float | None, now: float | None
+) -> None:
+    job = JobRequest(job_id="j", demand=Demand(kind="gpus", gpus=n), duration_hint_s=hint, now=now)
+    rule = migsched.rules(params).gang
+    assert rule is not None
+    d = rule(snap, job)
+    want = choose_gang(snap, job, params)
+    if want is None:
+        assert isinstance(d, CannotPlace) and d.reasons
+        return
+    assert isinstance(d, Placement) and len(d.slots) == n
+    assert {snap.gpu(s.gpu_id).node for s in d.slots} == {want}
+    assert all(snap.gpu(s.gpu_id).busy_mask == 0 for s in d.slots)
 
 
 @FAST

@@ -8,7 +8,10 @@ idle slices destroyed, the node's empty GPUs, the fullest GPU, the highest start
 *static* fields differ between its candidate starts (increase, action, cost, destroyed, start), and they depend
 only on the GPU's busy and idle masks (create) or its busy mask and the starts of its idle instances of the
 profile (reuse): so the best candidate of every GPU is one look-up in a table per (model, profile) over those
-65,536 pairs, and only the per-GPU fields are computed per decision.
+65,536 pairs. A table entry is already a key, with the tier of an empty GPU in it and every per-decision field
+zero. A decision then adds the load where it leads, takes the best (tier, load, fit) class, and computes the
+time fields and the ties for that class only: any GPU outside it ranks after the whole class whatever its time
+fields.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -33,8 +35,6 @@ UNFIT = np.iinfo(np.int64).max
 FIELDS = (("first", 4), ("load", 4), ("fit", 7), ("t1", 7), ("t2", 7), ("action", 1), ("cost", 10),
           ("destroyed", 4), ("node_empty", 7), ("fullest", 4), ("start", 4))
 """The packed key, most significant first, with each field's width in bits (59 in all)."""
-_STATIC = (("fit", 7), ("action", 1), ("cost", 10), ("destroyed", 4), ("start", 4))
-"""A table entry: the static fields of a GPU's best candidate (26 bits)."""
 
 
 class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,15 +79,17 @@ def extension(ends: float, until: npt.NDArray[np.float64]) -> npt.NDArray[np.flo
     return ends - until
 
 
-def _pack(fields: Sequence[Any], layout: Sequence[tuple[str, int]]) -> Any:
-    key: Any = 0
-    for value, (_, width) in zip(fields, layout, strict=True):
-        key = (key << width) + np.minimum(value, (1 << width) - 1)
-    return key
-
-
 _SHIFT = {name: sum(w for _, w in FIELDS[k + 1:]) for k, (name, _) in enumerate(FIELDS)}
 """Each field's offset from the key's lowest bit."""
+_WIDTH = dict(FIELDS)
+LEAD = ((1 << (_WIDTH["first"] + _WIDTH["load"] + _WIDTH["fit"])) - 1) << _SHIFT["fit"]
+"""The leading fields (tier, load, fit). UNFIT & LEAD is LEAD, which no fitting GPU reaches (a tier is at most
+the 7 compute slices of a GPU, not 15)."""
+
+
+def _at(value: Any, name: str) -> Any:
+    """``value`` clamped to field ``name``'s width, at its place in the key."""
+    return np.minimum(value, (1 << _WIDTH[name]) - 1) << _SHIFT[name]
 
 
 def unpack(key: int) -> dict[str, int]:
@@ -118,49 +120,55 @@ class Context:
         return np.maximum(self.snap.node_end[pos], self.now)
 
 
-def _static(fitq: Any, action: int, after: Any, destroyed: Any, start: int) -> Any:
-    return _pack((fitq, action, np.round(after * 1000).astype(np.int64), destroyed, 15 - start), _STATIC)
+def _static(fitq: Any, action: int, after: Any, destroyed: Any, start: int, first: Any) -> Any:
+    """The fields a candidate's GPU state alone decides, at their places in the key (the rest zero)."""
+    return (_at(first, "first") | _at(fitq, "fit") | _at(action, "action")
+            | _at(np.round(after * 1000).astype(np.int64), "cost") | _at(destroyed, "destroyed")
+            | _at(15 - start, "start"))
 
 
 @functools.cache
-def table(model: GpuModel, profile: str, fit_steps: float, reuse: bool) -> npt.NDArray[np.int64]:
-    """The static fields of a GPU's best candidate for ``profile`` (UNFIT: none). Create: per ``busy << 8 |
-    idle``, the best new instance. Reuse: per ``busy << 8 | starts``, ``starts`` a bit per start where an idle
-    instance of the profile begins, the best of those."""
+def table(model: GpuModel, profile: str, fit_steps: float, reuse: bool, by_busy: bool) -> npt.NDArray[np.int64]:
+    """The key of a GPU's best candidate for ``profile`` with every per-decision field zero (UNFIT: none).
+    Create: per ``busy << 8 | idle``, the best new instance. Reuse: per ``busy << 8 | starts``, ``starts`` a bit
+    per start where an idle instance of the profile begins, the best of those. ``by_busy``: the tier is 1 for an
+    empty GPU (empty GPUs are not plenty), else 0 (the decision adds the load)."""
     prof = model.profile(profile)
     pairs = np.arange(PAIRS, dtype=np.intp)
     busy, low = pairs >> 8, pairs & 0xFF
     frag = tables_for(model).fragcost
     before = frag[busy]
+    first = (busy == 0).astype(np.int64) if by_busy else 0
     best = np.full(PAIRS, UNFIT, dtype=np.int64)
     for s in prof.placements:
         pm = span(prof.memory_slices, s)
         after = frag[busy | pm]
         fitq = np.round((after - before) * fit_steps).astype(np.int64) + 64
         if reuse:
-            ok, key = ((low >> s) & 1) == 1, _static(fitq, 0, after, 0, s)
+            ok, key = ((low >> s) & 1) == 1, _static(fitq, 0, after, 0, s, first)
         else:
-            ok, key = (busy & pm) == 0, _static(fitq, 1, after, popcount_table()[low & pm].astype(np.int64), s)
+            ok = (busy & pm) == 0
+            key = _static(fitq, 1, after, popcount_table()[low & pm].astype(np.int64), s, first)
         best = np.where(ok, np.minimum(best, key), best)
     best.setflags(write=False)
     return best
 
 
 def static_of(gpu_busy: int, gpu_idle: int, model: GpuModel, prof: Profile, fit_steps: float, start: int,
-              action: int) -> int:
-    """The static fields of one candidate (for a GPU whose best one is at its max count)."""
+              action: int, by_busy: bool) -> int:
+    """``table``'s entry for one candidate (for a GPU whose best one is at its max count)."""
     frag = tables_for(model).fragcost
     pm = span(prof.memory_slices, start)
     after = float(frag[gpu_busy | pm])
     fitq = round((after - float(frag[gpu_busy])) * fit_steps) + 64
     destroyed = (gpu_idle & pm).bit_count() if action == 1 else 0
-    return int(_static(fitq, action, np.float64(after), destroyed, start))
+    return int(_static(fitq, action, np.float64(after), destroyed, start, int(by_busy and not gpu_busy)))
 
 
 class Group(msgspec.Struct):
     """One GPU model's candidates: the usable positions, the profile asked for and one key per GPU. Unless
     ``exact``, only the GPUs of the best (tier, load, fit) class carry their full key; every other fitting GPU
-    carries those leading fields alone, which already rank it after the whole class (``exact_keys`` fills
+    carries ``base`` alone (no time fields), which already ranks it after the whole class (``exact_keys`` fills
     them in)."""
 
     model: GpuModel
@@ -170,31 +178,48 @@ class Group(msgspec.Struct):
     exact: bool
     known: int
     """How many GPUs carry their full key: the best class's, or every one once ``exact``."""
-    busy: npt.NDArray[np.intp]
     used: npt.NDArray[np.int64]
-    static: npt.NDArray[np.int64]
+    base: npt.NDArray[np.int64]
+    """Each GPU's key without the per-decision time and tie fields (UNFIT: no candidate)."""
+
+
+@functools.cache
+def _every(n: int) -> npt.NDArray[np.intp]:
+    out = np.arange(n, dtype=np.intp)
+    out.setflags(write=False)
+    return out
 
 
 def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, model: GpuModel, prof: Profile,
           ) -> Group:
     """The key of every usable GPU of model ``k`` for ``prof``: the full key for the best class's GPUs, the
     leading fields for the others (``Group``)."""
-    ok = snap.ok
-    pos = np.flatnonzero(ok if len(snap.model_list) == 1 else (np.asarray(snap.model_idx) == k) & ok)
-    pair = np.asarray(snap.pair)[pos] & 0xFFFF  # busy << 8 | idle
-    busy = pair >> 8
-    used = np.asarray(snap.used)[pos].astype(np.int64)
-    reuse_bits = np.asarray(snap.idle_starts)[pos, tables_for(model).index[prof.name]]
-    static = np.minimum(table(model, prof.name, params.fit_steps, False)[pair],
-                        table(model, prof.name, params.fit_steps, True)[(pair & 0xFF00) | reuse_bits])
-    high = _leading(ctx, params, busy, used, static)
-    g = Group(model=model, prof=prof, pos=pos, keys=high, exact=False, known=0, busy=busy, used=used,
-              static=static)
-    if high.size:
-        best = int(high.min())
-        if best != UNFIT:
-            sel = np.flatnonzero(high == best)
-            high[sel] = best | _trailing(ctx, params, pos[sel], used[sel], static[sel])
+    ok = np.asarray(snap.ok)
+    column = tables_for(model).index[prof.name]
+    if len(snap.model_list) == 1 and ok.all():  # every GPU, in place: no gathers
+        pos = _every(len(ok))
+        pair = np.asarray(snap.pair)  # model 0: busy << 8 | idle
+        used = np.asarray(snap.used).astype(np.int64)
+        reuse_bits = np.asarray(snap.idle_starts)[:, column]
+    else:
+        pos = np.flatnonzero(ok if len(snap.model_list) == 1 else (np.asarray(snap.model_idx) == k) & ok)
+        pair = np.asarray(snap.pair)[pos] & 0xFFFF
+        used = np.asarray(snap.used)[pos].astype(np.int64)
+        reuse_bits = np.asarray(snap.idle_starts)[pos, column]
+    by_busy = not ctx.comfortable
+    base = np.minimum(table(model, prof.name, params.fit_steps, False, by_busy)[pair],
+                      table(model, prof.name, params.fit_steps, True, by_busy)[(pair & 0xFF00) | reuse_bits])
+    extra = _by_load(ctx, params, used)
+    if extra is not None:
+        base = np.where(base == UNFIT, UNFIT, base | extra)
+    keys = base.copy()
+    g = Group(model=model, prof=prof, pos=pos, keys=keys, exact=False, known=0, used=used, base=base)
+    if keys.size:
+        lead = keys & LEAD
+        best = int(lead.min())
+        if best != LEAD:
+            sel = np.flatnonzero(lead == best)
+            keys[sel] |= _trailing(ctx, params, pos[sel], used[sel])
             g.known = len(sel)
     return g
 
@@ -202,41 +227,37 @@ def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, mode
 def exact_keys(ctx: Context, params: AlignParams, g: Group) -> None:
     """Give every GPU of ``g`` its full key (a decision that looks past its best class)."""
     if not g.exact:
-        g.keys = np.where(g.static == UNFIT, UNFIT,
-                          _leading(ctx, params, g.busy, g.used, g.static)
-                          | _trailing(ctx, params, g.pos, g.used, g.static))
+        g.keys = np.where(g.base == UNFIT, UNFIT, g.base | _trailing(ctx, params, g.pos, g.used))
         g.exact, g.known = True, len(g.pos)
 
 
-def assemble(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], busy: npt.NDArray[np.intp],
-             used: npt.NDArray[np.int64], static: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """Full keys from each GPU's static fields and its per-decision ones (UNFIT stays UNFIT)."""
-    return np.where(static == UNFIT, UNFIT,
-                    _leading(ctx, params, busy, used, static) | _trailing(ctx, params, pos, used, static))
+def full_key(ctx: Context, params: AlignParams, p: int, used: int, static: int) -> int:
+    """One GPU's full key from its ``table`` entry (``static_of``): what a group holds once exact."""
+    if static == UNFIT:
+        return int(UNFIT)
+    u = np.array([used], dtype=np.int64)
+    extra = _by_load(ctx, params, u)
+    at = np.array([p], dtype=np.intp)
+    return int((static | (0 if extra is None else int(extra[0])) | _trailing(ctx, params, at, u))[0])
 
 
-def _leading(ctx: Context, params: AlignParams, busy: npt.NDArray[np.intp], used: npt.NDArray[np.int64],
-             static: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The key's leading fields (tier, load, fit), the rest zero; UNFIT where the GPU has no candidate."""
-    first: npt.NDArray[np.int64] | int
-    load: npt.NDArray[np.int64] | int
+def _by_load(ctx: Context, params: AlignParams, used: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
+    """The leading fields that depend on the GPU's load: the tier while empty GPUs are plenty (the least
+    loaded GPU first), else the load field with ``spread``; None when neither applies."""
     if ctx.comfortable:
-        first, load = used, 0
-    else:
-        first, load = (busy == 0).astype(np.int64), used if params.spread else 0
-    high = (first << _SHIFT["first"]) | (load << _SHIFT["load"]) | ((static >> 19) << _SHIFT["fit"])
-    return np.where(static == UNFIT, UNFIT, high)
+        return used << _SHIFT["first"]
+    if params.spread:
+        return used << _SHIFT["load"]
+    return None
 
 
 def _trailing(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], used: npt.NDArray[np.int64],
-              static: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The key's other fields: the extensions in time, then the static ones and the ties (fit GPUs only: the
-    fields are within their widths by construction, but the node's count)."""
+              ) -> npt.NDArray[np.int64]:
+    """The key's per-decision fields after the fit: the extensions in time, then the node's empty GPUs and the
+    GPU's load (the other fields are the table's)."""
     g_ext = buckets(extension(ctx.ends, ctx.gpu_end(pos)))
     n_ext = buckets(extension(ctx.ends, ctx.node_end(pos)))
     t1, t2 = (n_ext, g_ext) if params.node_first else (g_ext, n_ext)
-    mid = (static >> 4) & ((1 << 15) - 1)  # action, cost, destroyed
-    start = static & 15
     node_empty = np.minimum(np.asarray(ctx.snap.node_empty)[pos], 127)
-    return ((t1 << _SHIFT["t1"]) | (t2 << _SHIFT["t2"]) | (mid << _SHIFT["destroyed"])
-            | (node_empty << _SHIFT["node_empty"]) | ((15 - used) << _SHIFT["fullest"]) | start)
+    return ((t1 << _SHIFT["t1"]) | (t2 << _SHIFT["t2"]) | (node_empty << _SHIFT["node_empty"])
+            | ((15 - used) << _SHIFT["fullest"]))

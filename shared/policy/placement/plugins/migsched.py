@@ -42,11 +42,11 @@ from shared.policy.placement.alignment import (
     AlignParams,
     Context,
     Group,
-    assemble,
     bucket,
     buckets,
     exact_keys,
     extension,
+    full_key,
     group,
     static_of,
     unpack,
@@ -123,18 +123,16 @@ def _mig(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignPara
 
 def _next_best(snap: ClusterSnapshot, ctx: Context, params: AlignParams, g: Group, row: int, gpu: GpuView) -> int:
     """The GPU's best key over the candidates still legal once max counts are checked (UNFIT: none)."""
-    prof = g.prof
-    options = [static_of(gpu.busy_mask, gpu.idle_mask, g.model, prof, params.fit_steps, i.start, 0)
+    prof, by_busy = g.prof, not ctx.comfortable
+    options = [static_of(gpu.busy_mask, gpu.idle_mask, g.model, prof, params.fit_steps, i.start, 0, by_busy)
                for i in gpu.instances if i.job_id is None and i.profile == prof.name]
     for s in prof.placements:
         pm = span(prof.memory_slices, s)
         if not gpu.busy_mask & pm and count_ok(gpu, prof, pm):
-            options.append(static_of(gpu.busy_mask, gpu.idle_mask, g.model, prof, params.fit_steps, s, 1))
+            options.append(static_of(gpu.busy_mask, gpu.idle_mask, g.model, prof, params.fit_steps, s, 1, by_busy))
     if not options:
         return int(UNFIT)
-    one = g.pos[row:row + 1]
-    return int(assemble(ctx, params, one, np.array([gpu.busy_mask], dtype=np.intp),
-                        np.array([gpu.used_compute], dtype=np.int64), np.array([min(options)], dtype=np.int64))[0])
+    return full_key(ctx, params, int(g.pos[row]), gpu.used_compute, min(options))
 
 
 def _idle_id(gpu: GpuView, prof: Profile, start: int) -> str:
@@ -221,18 +219,18 @@ def _cannot(snap: ClusterSnapshot, job: JobRequest, groups: Sequence[Group], mis
 def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, policy: str) -> Decision:
     n = job.demand.gpus
     empty = np.flatnonzero(snap.ok & (np.asarray(snap.busy) == 0))
-    by_node: dict[int, list[int]] = {}
-    node = snap.node_idx
-    for p in empty.tolist():
-        by_node.setdefault(int(node[p]), []).append(p)
-    fitting = [(bucket(float(extension(ctx.ends, ctx.node_end(np.asarray(ps[:1])))[0])), len(ps), ps[0], nid)
-               for nid, ps in by_node.items() if len(ps) >= n]
-    if not fitting:
-        most = max((len(v) for v in by_node.values()), default=0)
-        return CannotPlace(job_id=job.job_id, policy=policy,
-                           reasons=(f"no node has {n} empty GPU(s); the most on one node is {most}",))
-    *_, nid = min(fitting)
-    slots = member_slots(snap, [snap.gpus[p] for p in by_node[nid]], n)
+    count = np.asarray(snap.node_empty)[empty]  # per empty GPU: its node's empty GPUs (the same ones)
+    room = empty[count >= n]
+    if not room.size:
+        return CannotPlace(job_id=job.job_id, policy=policy, reasons=(
+            f"no node has {n} empty GPU(s); the most on one node is {int(count.max()) if count.size else 0}",))
+    node = np.asarray(snap.node_idx)
+    _, first = np.unique(node[room], return_index=True)  # each such node's first empty GPU
+    heads = room[first]
+    ext = buckets(extension(ctx.ends, ctx.node_end(heads)))
+    head = int(heads[np.lexsort((heads, np.asarray(snap.node_empty)[heads], ext))[0]])
+    members = room[node[room] == node[head]].tolist()
+    slots = member_slots(snap, [snap.gpus[p] for p in members], n)
     return whole_placement(job, slots, policy)
 
 
