@@ -231,6 +231,19 @@ def exact_keys(ctx: Context, params: AlignParams, g: Group) -> None:
         g.exact, g.known = True, len(g.pos)
 
 
+def widen(ctx: Context, params: AlignParams, g: Group, n: int) -> None:
+    """Give full keys to at least the ``n`` best GPUs of ``g`` (runners-up): every GPU whose leading fields are
+    at most the ``n``-th smallest. Any other GPU ranks after all of them whatever its time fields."""
+    fit = np.flatnonzero(g.base != UNFIT)
+    if g.exact or g.known >= min(n, fit.size):
+        return
+    lead = g.base[fit] & LEAD
+    edge = np.partition(lead, n - 1)[n - 1] if fit.size > n else lead.max()
+    rows = fit[lead <= edge]
+    g.keys[rows] = g.base[rows] | _trailing(ctx, params, g.pos[rows], g.used[rows])
+    g.known = len(rows)
+
+
 def full_key(ctx: Context, params: AlignParams, p: int, used: int, static: int) -> int:
     """One GPU's full key from its ``table`` entry (``static_of``): what a group holds once exact."""
     if static == UNFIT:

@@ -50,6 +50,7 @@ from shared.policy.placement.alignment import (
     group,
     static_of,
     unpack,
+    widen,
 )
 from shared.policy.placement.decision import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.placement.explain import whole_placement
@@ -175,8 +176,7 @@ def _runners_up(snap: ClusterSnapshot, groups: Sequence[Group], chosen: Slot, ct
         return ()
     ranked: list[tuple[int, int, Group]] = []
     for g in groups:
-        if g.known < top_k + 1:
-            exact_keys(ctx, params, g)  # the best class is too small to hold the group's runners-up
+        widen(ctx, params, g, top_k + 1)  # the best class may be too small to hold the group's runners-up
         n = min(top_k + 1, g.keys.size)
         if not n:
             continue
