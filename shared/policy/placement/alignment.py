@@ -100,7 +100,7 @@ def unpack(key: int) -> dict[str, int]:
 class Context:
     """What every candidate of one decision shares: the snapshot, the clock, the job's expected end, and whether
     empty GPUs are plenty. Per-GPU times are read for the candidates that need them only (``gpu_end``,
-    ``node_end``): a decision compares them within its best (tier, fit) class, not over every GPU."""
+    ``node_end``): a decision compares them within its best (tier, load, fit) class, not over every GPU."""
 
     def __init__(self, snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> None:
         self.snap = snap
@@ -192,8 +192,8 @@ def _every(n: int) -> npt.NDArray[np.intp]:
 
 def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, model: GpuModel, prof: Profile,
           ) -> Group:
-    """The key of every usable GPU of model ``k`` for ``prof``: the full key for the best class's GPUs, the
-    leading fields for the others (``Group``)."""
+    """The key of every usable GPU of model ``k`` for ``prof``: the full key for the best class's GPUs, the key
+    without its time and tie fields for the others (``Group``)."""
     ok = np.asarray(snap.ok)
     column = tables_for(model).index[prof.name]
     if len(snap.model_list) == 1 and ok.all():  # every GPU, in place: no gathers
