@@ -113,6 +113,25 @@ def test_simulate_replays_a_csv_with_a_mapping_given_on_the_command_line(tmp_pat
     assert k["jobs"] == 3 and k["completed"] == 3
 
 
+def test_simulate_jitter_replays_the_trace_with_moved_arrivals_and_says_so(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit,run,frac\n" + "".join(f"{10 * i},{300 + i},0.5\n" for i in range(30)))
+
+    def run(*extra: str) -> dict[str, object]:
+        out = tmp_path / f"o{len(extra)}"
+        res = CliRunner().invoke(command, [
+            "-w", f"csv:{trace}", "--csv-map", "arrival=submit,duration=run,gpu_fraction=frac",
+            "--cluster", "A100-40GB:1", "-p", "first-fit", *extra, "--no-progress", "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        assert ("jittered by up to 40 s" in (out / "report.md").read_text()) == bool(extra)
+        (k,) = json.loads((out / "kpis.json").read_text())
+        return dict(k)
+
+    plain, moved = run(), run("--jitter", "40", "--seed", "3")
+    assert plain["jobs"] == moved["jobs"] == 30
+    assert plain["wait_mean_s"] != moved["wait_mean_s"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -120,6 +139,7 @@ def test_simulate_replays_a_csv_with_a_mapping_given_on_the_command_line(tmp_pat
         (["-w", "bogus"], "unknown workload"),
         (["--cluster", "A100-40GB"], "MODEL:COUNT"),
         (["-w", "synthetic", "--jobs", "5", "-p", "nosuch"], "unknown policy"),
+        (["-w", "synthetic", "--jobs", "5", "--jitter", "-1"], "--jitter"),
         (["-w", "synthetic", "--jobs", "5", "--sweep-threshold", "0.2,x"], "comma-separated"),
         (
             ["-w", "synthetic", "--jobs", "5", "--sweep-threshold", "0.3", "--sweep-policy", "fgd"],
