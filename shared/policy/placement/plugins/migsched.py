@@ -19,8 +19,9 @@ together. For a MIG request, over every healthy MIG GPU and every legal start (l
 6. The node with the fewest empty GPUs, the fullest GPU, the highest start, the first GPU in snapshot order.
 
 All keys pack into one int64 per (GPU, start) so that a decision is a few vector operations and one argmin
-over the snapshot's columns (``ClusterSnapshot.ends`` and ``node_idx`` included); ``tests/reference_migsched.py``
-is the same rule as a plain loop. ``gpus: n`` takes the node with ``n`` empty GPUs whose busy period it
+over the snapshot's columns (``ClusterSnapshot.ends``, ``node_end`` and ``node_empty`` included; the time fields
+for the best class only, ``shared.policy.placement.alignment``); ``tests/reference_migsched.py`` is the same
+rule as a plain loop. ``gpus: n`` takes the node with ``n`` empty GPUs whose busy period it
 extends least, then the node with the fewest empty GPUs (best fit), once plain GPUs are out; time-sliced shares
 go the way every policy shares (``shared.policy.placement.rules``). The queue side (reservations) is
 ``shared.policy.reservation``.
