@@ -63,15 +63,9 @@ class SnapshotBuilder:
         """(the groups it was computed for, model per group name), shared by snapshots while groups last."""
         self._drops: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...]] = {}
         """``movable_drop_row`` by (model slot, busy mask, movable starts): a cluster shows few distinct ones."""
-        self._node_rows: list[list[int]] = []
-        """Per node number, the positions of its GPUs."""
         self._node_at: list[npt.NDArray[np.intp]] = []
-        """The same as index arrays, for writing a node's columns in one go."""
+        """Per node number, the positions of its GPUs."""
         self._node_of: dict[int, int] = {}
-        self._end: list[float] = []
-        """Per position, the GPU's ``ends`` and whether it is usable and empty, as Python values: a node's
-        columns are recomputed from them whenever one of its GPUs changes."""
-        self._empty: list[int] = []
         self._stale_nodes: set[int] = set()
         """Nodes whose columns ``snapshot`` recomputes: a node changed several times between two snapshots is
         recomputed once, and a caller that never takes one (the simulator's placement index) pays nothing."""
@@ -81,11 +75,9 @@ class SnapshotBuilder:
         """Move position ``pos`` into node ``nid``'s rows (a GPU seen for the first time, or on a new node)."""
         old = self._node_of.get(pos)
         self._node_of[pos] = nid
-        self._node_rows[nid].append(pos)
-        self._node_at[nid] = np.asarray(self._node_rows[nid], dtype=np.intp)
+        self._node_at[nid] = np.append(self._node_at[nid], pos)
         if old is not None:
-            self._node_rows[old].remove(pos)
-            self._node_at[old] = np.asarray(self._node_rows[old], dtype=np.intp)
+            self._node_at[old] = self._node_at[old][self._node_at[old] != pos]
             self._stale_nodes.add(old)
 
     def _grow(self, cap: int) -> None:
@@ -149,19 +141,12 @@ class SnapshotBuilder:
         self._stale_nodes.update(cols[14])
 
     def _renode(self, nid: int) -> None:
-        """Bring node ``nid``'s ``node_end`` and ``node_empty`` up to date on each of its GPUs' rows."""
-        rows = self._node_rows[nid]
-        end, empty = -math.inf, 0
-        for p in rows:
-            if self._end[p] > end:
-                end = self._end[p]
-            empty += self._empty[p]
-        c = self._cols
-        if len(rows) == 1:
-            c["node_end"][rows[0]], c["node_empty"][rows[0]] = end, empty
-        else:
-            at = self._node_at[nid]
-            c["node_end"][at], c["node_empty"][at] = end, empty
+        """Bring node ``nid``'s ``node_end`` and ``node_empty`` up to date on each of its GPUs' rows, from their
+        ``ends``, ``ok`` and ``busy``."""
+        at, c = self._node_at[nid], self._cols
+        if at.size:
+            c["node_end"][at] = c["ends"][at].max()
+            c["node_empty"][at] = np.count_nonzero(c["ok"][at] & (c["busy"][at] == 0))
 
     def _place(self, gpu: GpuView) -> tuple[int, tuple[object, ...]]:
         """The GPU's position (added at the end if new) and its column values, in ``_SCALARS`` then ``_ROWS``
@@ -179,8 +164,6 @@ class SnapshotBuilder:
             self._n += 1
             self._pos[gpu.id] = pos
             self._gpus.append(gpu)
-            self._end.append(-math.inf)
-            self._empty.append(0)
             self._groups = None
             self._frozen_pos = None
         else:
@@ -197,7 +180,6 @@ class SnapshotBuilder:
         nid = self._node_ids.get(gpu.node)
         if nid is None:
             nid = self._node_ids[gpu.node] = len(self._node_ids)
-            self._node_rows.append([])
             self._node_at.append(np.zeros(0, dtype=np.intp))
         if self._node_of.get(pos) != nid:
             self._join_node(pos, nid)
@@ -231,8 +213,6 @@ class SnapshotBuilder:
             drops = row
         compute = model.compute_slices
         ok = gpu.mig and gpu.healthy
-        self._end[pos] = end
-        self._empty[pos] = int(ok and not gpu.busy_mask)
         return pos, (
             gpu.busy_mask, gpu.idle_mask, gpu.used_compute, compute, gpu.mig, gpu.healthy, mid, bits,
             # derived columns the balancer indexes with, kept here so a decision skips ~10 array operations
