@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from shared.mig.tables import tables_for
 from shared.policy.placement.gang import choose_nodes, node_sizes
 from shared.policy.placement.topology import only
 from shared.policy.request import Demand, full_profile, resolve_profile
@@ -115,6 +116,40 @@ def plan(
     if pos.size < need:
         return None
     free = np.maximum(snap.ends if free_at is None else free_at, now)[pos]
+    small = hosts_small_jobs(snap)[pos]
+    if small.any():
+        # the GPUs small jobs share are held last: a hold drains what it takes, and draining them would queue
+        # the small jobs that would otherwise fit in their free slices
+        keep = ~small
+        r = _soonest(snap, job_id, need, now, deadline, pos[keep], free[keep])
+        if r is not None:
+            return r
+    return _soonest(snap, job_id, need, now, deadline, pos, free)
+
+
+def hosts_small_jobs(snap: ClusterSnapshot) -> npt.NDArray[np.bool_]:
+    """Per GPU: a MIG GPU running a job in an instance smaller than the whole GPU."""
+    mig_busy = (np.asarray(snap.busy) != 0) & np.asarray(snap.mig, dtype=bool)
+    if not mig_busy.any():
+        return mig_busy
+    full = np.array([tables_for(m).index[full_profile(m).name] for m in snap.model_list], dtype=np.intp)
+    whole = snap.busy_starts[np.arange(len(snap)), full[np.asarray(snap.model_idx, dtype=np.intp)]] != 0
+    small: npt.NDArray[np.bool_] = mig_busy & ~whole
+    return small
+
+
+def _soonest(
+    snap: ClusterSnapshot,
+    job_id: str,
+    need: int,
+    now: float,
+    deadline: float,
+    pos: npt.NDArray[np.intp],
+    free: npt.NDArray[np.float64],
+) -> Reservation | None:
+    """``plan`` over the usable positions ``pos``, each expected free at ``free``."""
+    if pos.size < need:
+        return None
     if need > int(node_sizes(snap).max()):
         return plan_across(snap, job_id, need, now, deadline, pos, free)
     nodes = np.asarray(snap.node_idx)[pos]

@@ -14,7 +14,7 @@ from shared.policy.placement.decision import CannotPlace
 from shared.policy.placement.registry import get_policy
 from shared.policy.request import Demand, mig
 from shared.policy.reservation import may_use, plan, whole_gpus
-from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
+from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 from shared.sim import reserving
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import InterferenceParams, SimConfig
@@ -54,6 +54,43 @@ def test_the_expected_free_times_come_from_the_running_jobs_ends() -> None:
     gpus.append(GpuView.build(id="g2", node="n0", index=2, model="A100-40GB"))
     r = plan(snapshot_of(GEO, gpus), "big", 2, now=100.0, deadline=1000.0)
     assert r is not None and r.gpus == ("g2", "g1") and r.start == 200.0
+
+
+def _running(gid: str, node: str, index: int, profile: str, ends_at: float) -> GpuView:
+    size = 8 if profile.startswith("7g") else int(profile[0])
+    return GpuView.build(id=gid, node=node, index=index, model="A100-40GB", instances=[InstanceView(
+        id=f"i-{gid}", profile=profile, start=0, size=size, compute=int(profile[0]), job_id=f"j-{gid}",
+        ends_at=ends_at)])
+
+
+def test_a_hold_leaves_the_gpus_small_jobs_share_when_a_whole_gpu_frees_in_time() -> None:
+    snap = snapshot_of(GEO, [_running("small", "n0", 0, "1g.5gb", 100.0), _running("whole", "n0", 1, "7g.40gb", 500.0)])
+    r = plan(snap, "7g-job", 1, now=0.0, deadline=1000.0)
+    assert r is not None and r.gpus == ("whole",) and r.start == 500.0
+    # a GPU running a 4g and a 3g is as full as one running a 7g, yet small jobs share it
+    pair = GpuView.build(id="pair", node="n1", index=0, model="A100-40GB", instances=[
+        InstanceView(id="a", profile="4g.20gb", start=0, size=4, compute=4, job_id="a", ends_at=50.0),
+        InstanceView(id="b", profile="3g.20gb", start=4, size=4, compute=3, job_id="b", ends_at=60.0)])
+    snap2 = snapshot_of(GEO, [pair, _running("whole", "n1", 1, "7g.40gb", 500.0)])
+    r2 = plan(snap2, "7g-job", 1, now=0.0, deadline=1000.0)
+    assert r2 is not None and r2.gpus == ("whole",)
+
+
+def test_a_hold_takes_a_shared_gpu_when_nothing_else_frees_in_time() -> None:
+    snap = snapshot_of(GEO, [_running("small", "n0", 0, "1g.5gb", 100.0), _running("whole", "n0", 1, "7g.40gb", 500.0)])
+    r = plan(snap, "7g-job", 1, now=0.0, deadline=300.0)
+    assert r is not None and r.gpus == ("small",) and r.start == 100.0
+    both = plan(snap, "2-gpus", 2, now=0.0, deadline=1000.0)  # needs both GPUs of the node
+    assert both is not None and set(both.gpus) == {"small", "whole"} and both.start == 500.0
+
+
+def test_a_gang_across_nodes_holds_the_gpus_small_jobs_share_last() -> None:
+    gpus = [_running(f"s{n}", f"n{n}", 0, "2g.10gb", 10.0) for n in range(3)]
+    gpus += [_running(f"w{n}{i}", f"n{n}", i, "7g.40gb", 100.0 * (n + 1)) for n in range(3) for i in (1, 2)]
+    snap = snapshot_of(GEO, gpus)
+    r = plan(snap, "gang", 4, now=0.0, deadline=1000.0)
+    assert r is not None and set(r.gpus) == {"w01", "w02", "w11", "w12"} and r.start == 200.0
+    assert plan(snap, "gang", 7, now=0.0, deadline=1000.0) is not None  # six whole GPUs are not enough
 
 
 def test_no_reservation_when_the_gpus_would_not_free_before_the_job_gives_up() -> None:
