@@ -2,7 +2,8 @@
 
 A *large* job needs whole GPUs: a full-size MIG instance or ``gpus: n``. Once it has waited ``after_s`` without
 fitting, it gets the GPUs that free soonest: on the node where its ``n``-th GPU frees first, by the expected
-ends of the jobs running there (start + duration hint; the snapshot's ``ends`` column). Other jobs may use a
+ends of the jobs running there (start + duration hint; the snapshot's ``ends`` column), GPUs that small jobs
+share (``hosts_small_jobs``) only when the others would not free in time. Other jobs may use a
 held GPU only when their own hint says they end before the reservation's expected start; a job without a hint
 may not. At most ``max_held`` reservations exist at once, and a job gets none when its GPUs would not free
 before its patience runs out (holding them would idle them for nothing).
@@ -104,7 +105,8 @@ def plan(
     (``ClusterSnapshot.ends``; now for a GPU with no busy instance, never for one running a job without a
     hint). None when no node has ``need`` such GPUs or they would not be free by ``deadline``. Ties go to the
     node whose hold idles fewer GPU-seconds, then to the node of the GPU first in snapshot order. A gang bigger
-    than every node is held across nodes (``plan_across``)."""
+    than every node is held across nodes (``plan_across``). GPUs running small jobs are tried last: only when
+    no plan leaves them out."""
     if need <= 0 or not len(snap):
         return None
     ok = np.array(snap.ok, dtype=bool)
