@@ -118,7 +118,8 @@ def plan(
     if pos.size < need:
         return None
     free = np.maximum(snap.ends if free_at is None else free_at, now)[pos]
-    small = hosts_small_jobs(snap)[pos]
+    shared = hosts_small_jobs(snap)
+    small = shared[pos]
     if small.any():
         # the GPUs small jobs share are held last: a hold drains what it takes, and draining them would queue
         # the small jobs that would otherwise fit in their free slices
@@ -126,6 +127,10 @@ def plan(
         r = _soonest(snap, job_id, need, now, deadline, pos[keep], free[keep])
         if r is not None:
             return r
+        r = _soonest(snap, job_id, need, now, deadline, pos, free)
+        if r is not None and shared[[snap.position[g] for g in r.gpus]].any():
+            return msgspec.structs.replace(r, reason=f"{r.reason}; holds GPUs small jobs share: no others free in time")
+        return r
     return _soonest(snap, job_id, need, now, deadline, pos, free)
 
 

@@ -66,7 +66,7 @@ def _running(gid: str, node: str, index: int, profile: str, ends_at: float) -> G
 def test_a_hold_leaves_the_gpus_small_jobs_share_when_a_whole_gpu_frees_in_time() -> None:
     snap = snapshot_of(GEO, [_running("small", "n0", 0, "1g.5gb", 100.0), _running("whole", "n0", 1, "7g.40gb", 500.0)])
     r = plan(snap, "7g-job", 1, now=0.0, deadline=1000.0)
-    assert r is not None and r.gpus == ("whole",) and r.start == 500.0
+    assert r is not None and r.gpus == ("whole",) and r.start == 500.0 and r.reason == "expected free in 500 s"
     # a GPU running a 4g and a 3g is as full as one running a 7g, yet small jobs share it
     pair = GpuView.build(id="pair", node="n1", index=0, model="A100-40GB", instances=[
         InstanceView(id="a", profile="4g.20gb", start=0, size=4, compute=4, job_id="a", ends_at=50.0),
@@ -80,6 +80,7 @@ def test_a_hold_takes_a_shared_gpu_when_nothing_else_frees_in_time() -> None:
     snap = snapshot_of(GEO, [_running("small", "n0", 0, "1g.5gb", 100.0), _running("whole", "n0", 1, "7g.40gb", 500.0)])
     r = plan(snap, "7g-job", 1, now=0.0, deadline=300.0)
     assert r is not None and r.gpus == ("small",) and r.start == 100.0
+    assert r.reason == "expected free in 100 s; holds GPUs small jobs share: no others free in time"
     both = plan(snap, "2-gpus", 2, now=0.0, deadline=1000.0)  # needs both GPUs of the node
     assert both is not None and set(both.gpus) == {"small", "whole"} and both.start == 500.0
 
