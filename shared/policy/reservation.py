@@ -2,8 +2,8 @@
 
 A *large* job needs whole GPUs: a full-size MIG instance or ``gpus: n``. Once it has waited ``after_s`` without
 fitting, it gets the GPUs that free soonest: on the node where its ``n``-th GPU frees first, by the expected
-ends of the jobs running there (start + duration hint; the snapshot's ``ends`` column), GPUs that small jobs
-share (``hosts_small_jobs``) only when the others would not free in time. Other jobs may use a
+ends of the jobs running there (start + duration hint; the snapshot's ``ends`` column), leaving out the GPUs
+that small jobs share (``hosts_small_jobs``) unless no other GPUs would ever free for it. Other jobs may use a
 held GPU only when their own hint says they end before the reservation's expected start; a job without a hint
 may not. At most ``max_held`` reservations exist at once, and a job gets none when its GPUs would not free
 before its patience runs out (holding them would idle them for nothing).
@@ -13,6 +13,7 @@ The rule is pure: the caller hands in the snapshot (and with it the expected end
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 
 import msgspec
@@ -105,8 +106,8 @@ def plan(
     (``ClusterSnapshot.ends``; now for a GPU with no busy instance, never for one running a job without a
     hint). None when no node has ``need`` such GPUs or they would not be free by ``deadline``. Ties go to the
     node whose hold idles fewer GPU-seconds, then to the node of the GPU first in snapshot order. A gang bigger
-    than every node is held across nodes (``plan_across``). GPUs running small jobs are tried last: only when
-    no plan leaves them out."""
+    than every node is held across nodes (``plan_across``). GPUs running small jobs are left out while the
+    other GPUs would free for the job at all (in time or not: too late means no hold)."""
     if need <= 0 or not len(snap):
         return None
     ok = np.array(snap.ok, dtype=bool)
@@ -121,15 +122,16 @@ def plan(
     shared = hosts_small_jobs(snap)
     small = shared[pos]
     if small.any():
-        # the GPUs small jobs share are held last: a hold drains what it takes, and draining them would queue
-        # the small jobs that would otherwise fit in their free slices
+        # a hold drains what it takes, and draining the GPUs small jobs share queues the small jobs that would
+        # fit in their free slices: while other GPUs are expected to free for the job at all, only they are
+        # held, and when they would free too late the job gets no hold
         keep = ~small
-        r = _soonest(snap, job_id, need, now, deadline, pos[keep], free[keep])
+        r = _soonest(snap, job_id, need, now, math.inf, pos[keep], free[keep])
         if r is not None:
-            return r
+            return r if r.start <= deadline else None
         r = _soonest(snap, job_id, need, now, deadline, pos, free)
         if r is not None and shared[[snap.position[g] for g in r.gpus]].any():
-            return msgspec.structs.replace(r, reason=f"{r.reason}; holds GPUs small jobs share: no others free in time")
+            return msgspec.structs.replace(r, reason=f"{r.reason}; holds GPUs small jobs share: no others ever free")
         return r
     return _soonest(snap, job_id, need, now, deadline, pos, free)
 

@@ -63,8 +63,13 @@ def _running(gid: str, node: str, index: int, profile: str, ends_at: float) -> G
         ends_at=ends_at)])
 
 
+def _small_and_whole() -> ClusterSnapshot:
+    """One node: a GPU running a 1g job (ends at 100) and one running a 7g job (ends at 500)."""
+    return snapshot_of(GEO, [_running("small", "n0", 0, "1g.5gb", 100.0), _running("whole", "n0", 1, "7g.40gb", 500.0)])
+
+
 def test_a_hold_leaves_the_gpus_small_jobs_share_when_a_whole_gpu_frees_in_time() -> None:
-    snap = snapshot_of(GEO, [_running("small", "n0", 0, "1g.5gb", 100.0), _running("whole", "n0", 1, "7g.40gb", 500.0)])
+    snap = _small_and_whole()
     r = plan(snap, "7g-job", 1, now=0.0, deadline=1000.0)
     assert r is not None and r.gpus == ("whole",) and r.start == 500.0 and r.reason == "expected free in 500 s"
     # a GPU running a 4g and a 3g is as full as one running a 7g, yet small jobs share it
@@ -76,12 +81,21 @@ def test_a_hold_leaves_the_gpus_small_jobs_share_when_a_whole_gpu_frees_in_time(
     assert r2 is not None and r2.gpus == ("whole",)
 
 
-def test_a_hold_takes_a_shared_gpu_when_nothing_else_frees_in_time() -> None:
-    snap = snapshot_of(GEO, [_running("small", "n0", 0, "1g.5gb", 100.0), _running("whole", "n0", 1, "7g.40gb", 500.0)])
+def test_no_hold_drains_a_shared_gpu_while_a_whole_gpu_would_free_for_the_job_later() -> None:
+    snap = _small_and_whole()
+    assert plan(snap, "7g-job", 1, now=0.0, deadline=300.0) is None  # "whole" frees, but after the deadline
+
+
+def test_a_hold_takes_a_shared_gpu_only_when_no_other_gpu_would_ever_free_for_the_job() -> None:
+    no_hint = _running("whole", "n0", 1, "7g.40gb", 500.0)
+    no_hint = GpuView.build(id="whole", node="n0", index=1, model="A100-40GB",
+                            instances=[msgspec.structs.replace(no_hint.instances[0], ends_at=None)])
+    snap = snapshot_of(GEO, [_running("small", "n0", 0, "1g.5gb", 100.0), no_hint])
     r = plan(snap, "7g-job", 1, now=0.0, deadline=300.0)
     assert r is not None and r.gpus == ("small",) and r.start == 100.0
-    assert r.reason == "expected free in 100 s; holds GPUs small jobs share: no others free in time"
-    both = plan(snap, "2-gpus", 2, now=0.0, deadline=1000.0)  # needs both GPUs of the node
+    assert r.reason == "expected free in 100 s; holds GPUs small jobs share: no others ever free"
+    snap2 = _small_and_whole()
+    both = plan(snap2, "2-gpus", 2, now=0.0, deadline=1000.0)  # needs both GPUs of the node
     assert both is not None and set(both.gpus) == {"small", "whole"} and both.start == 500.0
 
 
