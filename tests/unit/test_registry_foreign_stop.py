@@ -12,6 +12,7 @@ from services.registry.service import NodeRegistry
 from shared.bus import MemoryBus
 from shared.events import Command, GpuReport, Registered, now
 from shared.mig.geometry import default_geometry
+from shared.policy.partition import MigOp
 from shared.settings import RegistrySettings, load
 from shared.state.memory_store import MemoryState
 
@@ -63,4 +64,23 @@ async def test_a_stop_of_a_late_commands_run_leaves_a_later_placement_on_an_inst
     assert "j1" in ex.backend.running()
     await ex.apply(stop(iid, "place:j1:4"), None)  # type: ignore[arg-type]
     assert "j1" not in ex.backend.running()
+    await ex.backend.close()
+
+
+async def test_a_late_place_for_the_instance_the_job_already_runs_on_does_not_claim_that_run() -> None:
+    st = load(ExecutorSettings, env={}, node="n1", metrics_port=0)
+    ex = Executor(MemoryBus(st), SimBackend(node="n1", models=["A100-40GB"], reconfig_latency_s=0.0), st, "n1")
+    iid = "n1/0:1g.5gb@0:j1"
+    ops = tuple(MigOp(kind=k, gpu_id="n1/0", instance_id=iid, profile=P1.name, profile_id=P1.profile_id, start=0,
+                      size=P1.memory_slices) for k in ("create_gi", "create_ci"))
+
+    def place(cid: str) -> Command:
+        return Command(id=cid, cmd_id=cid, kind="place", node="n1", gpu_id="n1/0", gpu_index=0, ops=ops,
+                       instance_id=iid, job_id="j1", at=now(), submitted_at=now(), duration_s=60.0)
+
+    await ex.apply(place("place:j1:2"), None)  # type: ignore[arg-type]  # the job's current placement
+    await ex.apply(place("place:j1:1"), None)  # type: ignore[arg-type]  # an earlier one, applied late
+    assert ex.runs.started_by["j1"] == "place:j1:2"
+    await ex.apply(stop(iid, "place:j1:1"), None)  # type: ignore[arg-type]  # the registry stops the late run
+    assert "j1" in ex.backend.running()  # which never started: the current run goes on
     await ex.backend.close()
