@@ -182,6 +182,13 @@ class JetStreamBus:
             )
             await self._retrying(f"setting up stream {name}", functools.partial(self._ensure_stream, name, cfg))
 
+    async def _stream_exists(self, name: str) -> bool:
+        try:
+            await self.js.stream_info(name)
+        except NotFoundError:
+            return False
+        return True
+
     async def _ensure_stream(self, name: str, cfg: api.StreamConfig) -> None:
         try:
             await self.js.stream_info(name)
@@ -189,7 +196,9 @@ class JetStreamBus:
             try:
                 await self.js.add_stream(cfg)
             except BadRequestError as exc:
-                if "already in use" in str(exc).lower():  # another service won the race
+                # another service won the race: the server answers "already in use" or, for a create racing
+                # the same create, "subjects overlap with an existing stream"; either way the stream is there now
+                if "already in use" in str(exc).lower() or await self._stream_exists(name):
                     return
                 raise BusError(f"cannot create stream {name}: {exc}") from exc
             return
