@@ -160,13 +160,8 @@ class Commands:
             procs=self._procs(cmd),
             bindings=bindings,
         )
-        current = self.backend.running().get(cmd.job_id)
-        # a place for the run the job already has on this instance (a command applied late, for an earlier
-        # placement the same instance id stood for) starts nothing, so it must not claim that run: a stop of
-        # the late command's run would otherwise end the job's current one
-        rerun = cmd.kind == "place" and current is not None and (current.gpu_index, current.gi_id) == (
-            target.gpu_index, target.gi_id)
-        if cmd.kind == "migrate_start" and current is not None:
+        started = True
+        if cmd.kind == "migrate_start" and cmd.job_id in self.backend.running():
             await self._move(cmd.job_id, target, spec)
         elif cmd.kind == "migrate_start":
             # the source copy runs on another node: start here; that node stops it on migrate_stop
@@ -174,12 +169,15 @@ class Commands:
             self.metrics.migrated()
         else:
             self.runs.start_reported[cmd.job_id] = asyncio.Event()  # set once the cmd_done is out (``exits``)
-            await self.backend.start_workload(cmd.job_id, target, spec)
+            started = await self.backend.start_workload(cmd.job_id, target, spec)
         self.runs.ctx[cmd.job_id] = ctx
         self.runs.instance[cmd.job_id] = (cmd.instance_id, target.gpu_index)
-        if not rerun:
+        # a place for the run the job already has on this instance (a command applied late, for an earlier
+        # placement the same instance id stood for) started nothing, so it does not claim that run: a stop of
+        # the late command's run would otherwise end the job's current one
+        if started:
             self.runs.started_by[cmd.job_id] = cmd.cmd_id
-        if cmd.job_id not in self.runs.started or (cmd.kind == "place" and not rerun):
+        if cmd.job_id not in self.runs.started or (cmd.kind == "place" and started):
             self.runs.started[cmd.job_id] = (time.monotonic(), cmd.duration_s)
         # a plain binding is no MIG instance to report (the registry knows its instance ids already)
         inst = None if target.plain else report(target, cmd.instance_id, cmd.job_id)

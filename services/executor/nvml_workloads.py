@@ -83,10 +83,10 @@ class NvmlWorkloads:
             )
         return run
 
-    async def start_workload(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> None:
+    async def start_workload(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> bool:
         await self._ensure()
         if self._jobs.check_can_start(job_id, instance):
-            return  # redelivered command: already running there
+            return False  # redelivered command: already running there
         if instance.plain:  # whole GPU(s) or a share: bound to the GPUs, which must not be in MIG mode
             check_plain(instance, await self.discover())
             uuids = ",".join(self._gpu(i).raw.uuid for i in instance.gpus)
@@ -94,6 +94,7 @@ class NvmlWorkloads:
         else:
             current = await self._resolve(instance)
         self._jobs.add(job_id, await self._launch(job_id, current, spec))
+        return True
 
     async def move_workload(
         self, job_id: str, target: InstanceInfo, spec: WorkloadSpec, *, confirm_s: float | None = None

@@ -211,11 +211,12 @@ class SimBackend:
     def _duration(self, spec: WorkloadSpec) -> float | None:
         return None if spec.duration_s is None else spec.duration_s / self._speedup
 
-    async def start_workload(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> None:
+    async def start_workload(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> bool:
         self._check_instance(instance)
         if self._jobs.check_can_start(job_id, instance):
-            return
+            return False
         self._jobs.add(job_id, await self._run(job_id, instance, spec))
+        return True
 
     async def _run(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> Run:
         """A timer for the duration hint, or (process mode) the workload's argv as real processes bound to the

@@ -190,9 +190,7 @@ class JetStreamBus:
         return True
 
     async def _ensure_stream(self, name: str, cfg: api.StreamConfig) -> None:
-        try:
-            await self.js.stream_info(name)
-        except NotFoundError:
+        if not await self._stream_exists(name):
             try:
                 await self.js.add_stream(cfg)
             except BadRequestError as exc:

@@ -154,9 +154,9 @@ async def test_a_workload_exit_is_reported_once_with_its_status(backend: Backend
 async def test_a_stopped_workload_reports_stopped_and_frees_the_instance(backend: Backend) -> None:
     await backend.discover()
     inst = await backend.create_instance(0, P2G, 2)
-    await backend.start_workload("job-2", inst, until_stopped())
+    assert await backend.start_workload("job-2", inst, until_stopped()) is True
     assert backend.running()["job-2"].gi_id == inst.gi_id
-    await backend.start_workload("job-2", inst, until_stopped())  # redelivered: a no-op
+    assert await backend.start_workload("job-2", inst, until_stopped()) is False  # redelivered: starts nothing
     await backend.stop_workload("job-2")
     done = await asyncio.wait_for(backend.next_exit(), 20)
     assert (done.job_id, done.status, done.reason) == ("job-2", -15, "stopped")
