@@ -109,8 +109,9 @@ def bench(
         return _totals(policy, jobs, gpus, load, gen_s, k, cpu_s)
     policy_clock, planner_clock, snap_clock = Group(), Group(), Group()
     timed = policy_clock.wrap(pol)
-    if hasattr(pol, "balancer_params"):
-        timed.balancer_params = pol.balancer_params  # type: ignore[attr-defined]
+    for index_params in ("balancer_params", "align_params"):  # what the engine picks its index by
+        if hasattr(pol, index_params):
+            setattr(timed, index_params, getattr(pol, index_params))
     sim = Simulator(wl, cluster, spec, timed, cfg, geometry=geo)
     if sim.placer is not None:  # MIG decisions go to the incremental index: time it as the policy too
         sim.placer.place = policy_clock.wrap(sim.placer.place)  # type: ignore[method-assign]

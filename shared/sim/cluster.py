@@ -24,6 +24,8 @@ from shared.policy.migration.gate import DefragScreen
 from shared.policy.migration.moves import MigrationParams
 from shared.policy.migration.pull_index import PullIndex
 from shared.policy.partition import PartitionPlan, plan_partition
+from shared.policy.placement.align_index import AlignIndex
+from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.decision import Slot
 from shared.policy.placement.index import PlacementIndex
@@ -53,7 +55,7 @@ class SimCluster:
         """GPU id -> its current view, in snapshot order. The builder's columns lag behind until a snapshot is
         asked for (``_dirty``): most events need none (the placement index answers MIG requests)."""
         self._dirty: dict[str, None] = {}
-        self.index: PlacementIndex | None = None
+        self.index: PlacementIndex | AlignIndex | None = None
         self.pulls: PullIndex | None = None
         self._pull_stale: set[int] = set()
         """Positions changed since the pull index was last brought up to date (from the views, not the
@@ -102,6 +104,11 @@ class SimCluster:
     def attach_index(self, params: BalancerParams) -> PlacementIndex:
         """Keep a ``PlacementIndex`` for the balancer with ``params`` up to date from now on."""
         self.index = PlacementIndex(self.geometry, list(self.views.values()), params)
+        return self.index
+
+    def attach_align_index(self, params: AlignParams) -> AlignIndex:
+        """Keep an ``AlignIndex`` (``migsched`` with ``params``) up to date from now on."""
+        self.index = AlignIndex(self.geometry, list(self.views.values()), params)
         return self.index
 
     def attach_pull_index(self, threshold: float, cooldown_s: float | None = None) -> PullIndex:

@@ -22,6 +22,8 @@ from typing import Any
 
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.migration.unblock import UnblockParams
+from shared.policy.placement.align_index import AlignIndex
+from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.decision import Slot
 from shared.policy.placement.gang import never_fits
@@ -137,11 +139,15 @@ class Simulator:
             # (shared.policy.migration.pull_index, shared.policy.migration.gate): the same moves, fewer plans
             self.cluster.attach_pull_index(self.mig_params.threshold, self.mig_params.cooldown_s)
             self.cluster.attach_defrag_screen(self.mig_params)
-        self.placer: PlacementIndex | None = None
+        self.placer: PlacementIndex | AlignIndex | None = None
         params = getattr(policy, "balancer_params", None)
+        align = getattr(policy, "align_params", None)
         if isinstance(params, BalancerParams):
             # the balancer's exact choice for MIG requests, kept incrementally (shared.policy.placement.index)
             self.placer = self.cluster.attach_index(params)
+        elif isinstance(align, AlignParams) and AlignIndex.supports(align):
+            # migsched's exact choice for MIG requests, kept incrementally (shared.policy.placement.align_index)
+            self.placer = self.cluster.attach_align_index(align)
 
     def hint(self, i: int) -> float | None:
         """Job ``i``'s duration hint: its run time times ``hint_factor``; None when jobs give no hints."""

@@ -57,7 +57,7 @@ def schedule(sim: SimRun) -> None:
         slots: tuple[Slot, ...] | None = None
         if not skip:
             if not blocked and placer is not None and job.within_block is None and placer.handles(job.demand):
-                slots = placer.place(job.demand)
+                slots = placer.place(job.demand, h, now)
             else:
                 snap = sim.cluster.snapshot()
                 if blocked:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from shared.policy.migration.unblock import UnblockParams
+from shared.policy.placement.align_index import AlignIndex
 from shared.policy.placement.decision import Decision, JobRequest, Slot
 from shared.policy.placement.index import PlacementIndex
 from shared.policy.reservation import Reservation, ReservationParams
@@ -71,7 +72,7 @@ class SimRun(Protocol):
     memo_keys: list[tuple[str, int]]
     blocks: tuple[tuple[str, tuple[str, ...]], ...]
     profiles: dict[tuple[str, str], tuple[int, ...]]
-    placer: PlacementIndex | None
+    placer: PlacementIndex | AlignIndex | None
 
     # reservations and unblocking moves
     reservation_params: ReservationParams

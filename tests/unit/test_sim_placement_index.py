@@ -1,4 +1,5 @@
-"""The simulator's placement index changes the speed of a run, never its outcome."""
+"""The simulator's placement indexes (the balancer family's and ``migsched``'s) change the speed of a run, never
+its outcome."""
 
 from __future__ import annotations
 
@@ -24,16 +25,18 @@ def _run(policy: str, seed: int, *, index: bool) -> RunResult:
     cluster = parse_cluster(["A100-40GB:12", "H100-80GB:6"], GEO, 4)
     wl = synthetic(np.random.default_rng(seed), jobs=400, load=1.2, cluster_slices=18 * 7)
     cfg = SimConfig(seed=seed, check_invariants=True)
-    spec, pol = get_policy(policy, **experiment.policy_params(policy, wl, cfg))
+    name, extra = experiment.parse_label(policy)
+    spec, pol = get_policy(name, **{**experiment.policy_params(name, wl, cfg), **extra})
     sim = Simulator(wl, cluster, spec, pol, cfg, geometry=GEO)
-    assert (sim.placer is not None) == (policy != "first-fit")
+    assert (sim.placer is not None) == (policy not in ("first-fit", "migsched[spread=on]"))
     if not index:  # every request goes to the policy with a snapshot, as before the index existed
         sim.placer = None
         sim.cluster.index = None
     return sim.run()
 
 
-@pytest.mark.parametrize("policy", ["paper-nomig", "paper", "paper-pack"])
+@pytest.mark.parametrize("policy", ["paper-nomig", "paper", "paper-pack", "migsched", "migsched[reserve=off]",
+                                    "migsched[in_time=off,node_first=on]"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_run_with_the_placement_index_has_the_same_kpis_and_series_as_one_asking_the_policy(
     policy: str, seed: int
@@ -45,5 +48,6 @@ def test_a_run_with_the_placement_index_has_the_same_kpis_and_series_as_one_aski
     assert fast.jct == slow.jct
 
 
-def test_a_policy_outside_the_balancer_family_gets_no_index() -> None:
-    _run("first-fit", 0, index=True)
+@pytest.mark.parametrize("policy", ["first-fit", "migsched[spread=on]"])
+def test_a_policy_no_index_answers_for_gets_none(policy: str) -> None:
+    _run(policy, 0, index=True)

@@ -79,45 +79,61 @@ def extension(ends: float, until: npt.NDArray[np.float64]) -> npt.NDArray[np.flo
     return ends - until
 
 
-_SHIFT = {name: sum(w for _, w in FIELDS[k + 1:]) for k, (name, _) in enumerate(FIELDS)}
+SHIFT = {name: sum(w for _, w in FIELDS[k + 1:]) for k, (name, _) in enumerate(FIELDS)}
 """Each field's offset from the key's lowest bit."""
 _WIDTH = dict(FIELDS)
-LEAD = ((1 << (_WIDTH["first"] + _WIDTH["load"] + _WIDTH["fit"])) - 1) << _SHIFT["fit"]
+LEAD = ((1 << (_WIDTH["first"] + _WIDTH["load"] + _WIDTH["fit"])) - 1) << SHIFT["fit"]
 """The leading fields (tier, load, fit). UNFIT & LEAD is LEAD, which no fitting GPU reaches (a tier is at most
 the 7 compute slices of a GPU, not 15)."""
 
 
 def _at(value: Any, name: str) -> Any:
     """``value`` clamped to field ``name``'s width, at its place in the key."""
-    return np.minimum(value, (1 << _WIDTH[name]) - 1) << _SHIFT[name]
+    return np.minimum(value, (1 << _WIDTH[name]) - 1) << SHIFT[name]
 
 
 def unpack(key: int) -> dict[str, int]:
     """The fields of a packed key, by name."""
-    return {name: (key >> _SHIFT[name]) & ((1 << width) - 1) for name, width in FIELDS}
+    return {name: (key >> SHIFT[name]) & ((1 << width) - 1) for name, width in FIELDS}
 
 
 class Context:
-    """What every candidate of one decision shares: the snapshot, the clock, the job's expected end, and whether
-    empty GPUs are plenty. Per-GPU times are read for the candidates that need them only (``gpu_end``,
-    ``node_end``): a decision compares them within its best (tier, load, fit) class, not over every GPU."""
+    """What every candidate of one decision shares: the clock, the job's expected end, whether empty GPUs are
+    plenty, and the per-GPU columns the time fields read (each GPU's and its node's expected free time, the
+    node's empty GPUs): a snapshot's (``of_snapshot``) or an index's. Per-GPU times are read for the candidates
+    that need them only (``gpu_end``, ``node_end``): a decision compares them within its best (tier, load, fit)
+    class, not over every GPU."""
 
-    def __init__(self, snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> None:
-        self.snap = snap
-        self.now = job.now if job.now is not None else 0.0
-        timed = params.in_time and job.duration_hint_s is not None and job.now is not None
-        self.ends = self.now + job.duration_hint_s if timed and job.duration_hint_s is not None else math.inf
-        self.comfortable = params.keep_empty < 1.0 and (
+    __slots__ = ("comfortable", "ends", "gpu_ends", "node_empty", "node_ends", "now")
+
+    def __init__(self, now: float, ends: float, comfortable: bool, gpu_ends: npt.NDArray[np.float64],
+                 node_ends: npt.NDArray[np.float64], node_empty: npt.NDArray[np.int64]) -> None:
+        self.now, self.ends, self.comfortable = now, ends, comfortable
+        self.gpu_ends, self.node_ends, self.node_empty = gpu_ends, node_ends, node_empty
+
+    @classmethod
+    def of_snapshot(cls, snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> Context:
+        comfortable = params.keep_empty < 1.0 and (
             int(np.count_nonzero(snap.ok & (np.asarray(snap.busy) == 0)))
             > params.keep_empty * int(np.count_nonzero(snap.ok)))
+        return cls.timed(job.now, job.duration_hint_s, params, comfortable, np.asarray(snap.ends),
+                         np.asarray(snap.node_end), np.asarray(snap.node_empty))
+
+    @classmethod
+    def timed(cls, now: float | None, hint_s: float | None, params: AlignParams, comfortable: bool,
+              gpu_ends: npt.NDArray[np.float64], node_ends: npt.NDArray[np.float64],
+              node_empty: npt.NDArray[np.int64]) -> Context:
+        """The job's expected end from its hint and the clock (inf without either, or without ``in_time``)."""
+        ends = now + hint_s if params.in_time and hint_s is not None and now is not None else math.inf
+        return cls(now if now is not None else 0.0, ends, comfortable, gpu_ends, node_ends, node_empty)
 
     def gpu_end(self, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """When each GPU at ``pos`` is expected to be free (now at the earliest)."""
-        return np.maximum(self.snap.ends[pos], self.now)
+        return np.maximum(self.gpu_ends[pos], self.now)
 
     def node_end(self, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """When the node of each GPU at ``pos`` is expected to be free (now at the earliest)."""
-        return np.maximum(self.snap.node_end[pos], self.now)
+        return np.maximum(self.node_ends[pos], self.now)
 
 
 def _static(fitq: Any, action: int, after: Any, destroyed: Any, start: int, first: Any) -> Any:
@@ -184,7 +200,7 @@ class Group(msgspec.Struct):
 
 
 @functools.cache
-def _every(n: int) -> npt.NDArray[np.intp]:
+def every(n: int) -> npt.NDArray[np.intp]:
     out = np.arange(n, dtype=np.intp)
     out.setflags(write=False)
     return out
@@ -197,7 +213,7 @@ def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, mode
     ok = np.asarray(snap.ok)
     column = tables_for(model).index[prof.name]
     if len(snap.model_list) == 1 and ok.all():  # every GPU, in place: no gathers
-        pos = _every(len(ok))
+        pos = every(len(ok))
         pair = np.asarray(snap.pair)  # model 0: busy << 8 | idle
         used = np.asarray(snap.used).astype(np.int64)
         reuse_bits = np.asarray(snap.idle_starts)[:, column]
@@ -219,7 +235,7 @@ def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, mode
         best = int(lead.min())
         if best != LEAD:
             sel = np.flatnonzero(lead == best)
-            keys[sel] |= _trailing(ctx, params, pos[sel], used[sel])
+            keys[sel] |= trailing(ctx, params, pos[sel], used[sel])
             g.known = len(sel)
     return g
 
@@ -227,7 +243,7 @@ def group(snap: ClusterSnapshot, ctx: Context, params: AlignParams, k: int, mode
 def exact_keys(ctx: Context, params: AlignParams, g: Group) -> None:
     """Give every GPU of ``g`` its full key (a decision that looks past its best class)."""
     if not g.exact:
-        g.keys = np.where(g.base == UNFIT, UNFIT, g.base | _trailing(ctx, params, g.pos, g.used))
+        g.keys = np.where(g.base == UNFIT, UNFIT, g.base | trailing(ctx, params, g.pos, g.used))
         g.exact, g.known = True, len(g.pos)
 
 
@@ -240,7 +256,7 @@ def widen(ctx: Context, params: AlignParams, g: Group, n: int) -> None:
     lead = g.base[fit] & LEAD
     edge = np.partition(lead, n - 1)[n - 1] if fit.size > n else lead.max()
     rows = fit[lead <= edge]
-    g.keys[rows] = g.base[rows] | _trailing(ctx, params, g.pos[rows], g.used[rows])
+    g.keys[rows] = g.base[rows] | trailing(ctx, params, g.pos[rows], g.used[rows])
     g.known = len(rows)
 
 
@@ -251,26 +267,26 @@ def full_key(ctx: Context, params: AlignParams, p: int, used: int, static: int) 
     u = np.array([used], dtype=np.int64)
     extra = _by_load(ctx, params, u)
     at = np.array([p], dtype=np.intp)
-    return int((static | (0 if extra is None else int(extra[0])) | _trailing(ctx, params, at, u))[0])
+    return int((static | (0 if extra is None else int(extra[0])) | trailing(ctx, params, at, u))[0])
 
 
 def _by_load(ctx: Context, params: AlignParams, used: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
     """The leading fields that depend on the GPU's load: the tier while empty GPUs are plenty (the least
     loaded GPU first), else the load field with ``spread``; None when neither applies."""
     if ctx.comfortable:
-        return used << _SHIFT["first"]
+        return used << SHIFT["first"]
     if params.spread:
-        return used << _SHIFT["load"]
+        return used << SHIFT["load"]
     return None
 
 
-def _trailing(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], used: npt.NDArray[np.int64],
+def trailing(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], used: npt.NDArray[np.int64],
               ) -> npt.NDArray[np.int64]:
     """The key's per-decision fields after the fit: the extensions in time, then the node's empty GPUs and the
     GPU's load (the other fields are the table's)."""
     g_ext = buckets(extension(ctx.ends, ctx.gpu_end(pos)))
     n_ext = buckets(extension(ctx.ends, ctx.node_end(pos)))
     t1, t2 = (n_ext, g_ext) if params.node_first else (g_ext, n_ext)
-    node_empty = np.minimum(np.asarray(ctx.snap.node_empty)[pos], 127)
-    return ((t1 << _SHIFT["t1"]) | (t2 << _SHIFT["t2"]) | (node_empty << _SHIFT["node_empty"])
-            | ((15 - used) << _SHIFT["fullest"]))
+    node_empty = np.minimum(ctx.node_empty[pos], 127)
+    return ((t1 << SHIFT["t1"]) | (t2 << SHIFT["t2"]) | (node_empty << SHIFT["node_empty"])
+            | ((15 - used) << SHIFT["fullest"]))

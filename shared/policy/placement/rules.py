@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.balancer import BalancerParams, place_whole
 from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
 from shared.policy.placement.sharing import place_plain_gpus, place_share
@@ -37,6 +38,9 @@ class Rules(msgspec.Struct, frozen=True, kw_only=True):
     balancer_params: BalancerParams | None = None
     """Set when the rules are exactly ``balancer.place`` with these parameters: the simulator and the mirror may
     then answer from their incremental ``PlacementIndex``."""
+    align_params: AlignParams | None = None
+    """Set when the MIG rule is exactly ``migsched``'s with these parameters: the simulator may then answer from
+    its incremental ``AlignIndex``."""
 
 
 def _whole(snap: ClusterSnapshot, job: JobRequest) -> Decision:
@@ -66,4 +70,6 @@ def compose(name: str, rules: Rules) -> PlacementPolicy:
 
     if rules.balancer_params is not None:
         policy.balancer_params = rules.balancer_params  # type: ignore[attr-defined]
+    if rules.align_params is not None:
+        policy.align_params = rules.align_params  # type: ignore[attr-defined]
     return policy

@@ -39,6 +39,7 @@ from shared.mig.geometry import Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
 from shared.policy.placement.alignment import (
+    SHIFT,
     UNFIT,
     AlignParams,
     Context,
@@ -72,12 +73,12 @@ def rules(params: AlignParams, policy: str = NAME) -> Rules:
     def mig(snap: ClusterSnapshot, job: JobRequest) -> Decision:
         if len(snap) == 0:
             return CannotPlace(job_id=job.job_id, policy=policy, reasons=("no GPU in the cluster",))
-        return _mig(snap, job, Context(snap, job, params), params, policy)
+        return _mig(snap, job, Context.of_snapshot(snap, job, params), params, policy)
 
     def gang(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        return _gang(snap, job, Context(snap, job, params), policy)
+        return _gang(snap, job, Context.of_snapshot(snap, job, params), policy)
 
-    return Rules(mig=mig, gang=gang)
+    return Rules(mig=mig, gang=gang, align_params=params)
 
 
 def place_aligned(
@@ -97,6 +98,19 @@ def _mig(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignPara
                 (np.asarray(snap.model_idx) == k).sum())
             continue
         groups.append(group(snap, ctx, params, k, model, prof))
+    got, at_max = choose(groups, ctx, params, snap.gpus)
+    if got is None:
+        return _cannot(snap, job, groups, missing, at_max, policy)
+    key, g, gpu = got
+    return _explain(snap, job, policy, slot_of(gpu, g, key), key, groups, ctx, params)
+
+
+def choose(groups: Sequence[Group], ctx: Context, params: AlignParams, gpus: Sequence[GpuView],
+           ) -> tuple[tuple[int, Group, GpuView] | None, int]:
+    """The smallest (key, position) over every group's GPUs (``gpus``: the views by position) whose candidate is
+    legal once max counts are checked, as (key, its group, its GPU), or None; and how many GPUs' best candidate
+    was at its max count. The one choice of the rule: the policy over a snapshot's groups, the simulator's
+    ``AlignIndex`` over its own."""
     at_max = 0
     while True:
         best: tuple[int, int, Group, int] | None = None
@@ -108,22 +122,27 @@ def _mig(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignPara
             if key != UNFIT and (best is None or (key, int(g.pos[row])) < best[:2]):
                 best = (key, int(g.pos[row]), g, row)
         if best is None:
-            return _cannot(snap, job, groups, missing, at_max, policy)
+            return None, at_max
         key, p, g, row = best
-        f = unpack(key)
-        start, gpu = 15 - f["start"], snap.gpus[p]
-        if f["action"] == 1 and not count_ok(gpu, g.prof, span(g.prof.memory_slices, start)):
+        gpu = gpus[p]
+        start = 15 - ((key >> SHIFT["start"]) & 0xF)
+        if (key >> SHIFT["action"]) & 1 and not count_ok(gpu, g.prof, span(g.prof.memory_slices, start)):
             at_max += 1  # at its max count once the idle instances in the way go (+me profiles): its next best
             exact_keys(ctx, params, g)  # which may rank it past its class
-            g.keys[row] = _next_best(snap, ctx, params, g, row, gpu)
+            g.keys[row] = _next_best(ctx, params, g, row, gpu)
             continue
-        break
-    slot = (create_slot(gpu, g.model, g.prof, start) if f["action"] == 1
-            else reuse_slot(gpu, g.model, _idle_id(gpu, g.prof, start)))
-    return _explain(snap, job, policy, slot, key, groups, ctx, params)
+        return (key, g, gpu), at_max
 
 
-def _next_best(snap: ClusterSnapshot, ctx: Context, params: AlignParams, g: Group, row: int, gpu: GpuView) -> int:
+def slot_of(gpu: GpuView, g: Group, key: int) -> Slot:
+    """The slot a chosen key names on ``gpu``."""
+    start = 15 - ((key >> SHIFT["start"]) & 0xF)
+    if (key >> SHIFT["action"]) & 1:
+        return create_slot(gpu, g.model, g.prof, start)
+    return reuse_slot(gpu, g.model, _idle_id(gpu, g.prof, start))
+
+
+def _next_best(ctx: Context, params: AlignParams, g: Group, row: int, gpu: GpuView) -> int:
     """The GPU's best key over the candidates still legal once max counts are checked (UNFIT: none)."""
     prof, by_busy = g.prof, not ctx.comfortable
     options = [static_of(gpu.busy_mask, gpu.idle_mask, g.model, prof, params.fit_steps, i.start, 0, by_busy)

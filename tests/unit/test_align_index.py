@@ -1,0 +1,145 @@
+"""The simulator's incremental ``migsched`` index chooses exactly what the policy chooses over a snapshot of the
+same GPUs, through any sequence of changes."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mig_strategies import GEO, MODELS, random_cluster
+
+from shared.policy.partition import PartitionPlan, plan_partition
+from shared.policy.placement.align_index import AlignIndex
+from shared.policy.placement.alignment import AlignParams
+from shared.policy.placement.decision import JobRequest, Placement, Slot
+from shared.policy.placement.plugins.migsched import place_aligned
+from shared.policy.request import Demand, mig, sized
+from shared.policy.snapshot import GpuView, InstanceView, snapshot_of
+
+pytestmark = pytest.mark.unit
+
+DEMANDS = st.one_of(
+    st.sampled_from(["1g", "2g", "3g", "4g", "7g", "1g.2x", "1g+me", "2g+me", "1g.5gb", "3g.71gb"]).map(mig),
+    st.builds(sized, st.integers(1, 7), st.floats(1, 150)),
+)
+PARAMS = st.builds(AlignParams, fit_steps=st.sampled_from([5.0, 20.0]), in_time=st.booleans(),
+                   node_first=st.booleans(), top_k=st.just(0))
+HINTS = st.sampled_from([None, 30.0, 600.0, 7200.0, 200000.0])
+STEP = st.tuples(st.sampled_from(["place", "place", "place", "release", "destroy", "health", "later"]), DEMANDS,
+                 HINTS, st.integers(0, 2**16))
+
+
+def _change(gpu: GpuView, what: str, pick: int) -> GpuView:
+    if what == "health":
+        return msgspec.structs.replace(gpu, healthy=not gpu.healthy)
+    busy = what == "release"
+    insts = [i for i in gpu.instances if i.busy == busy]
+    if not insts:
+        return gpu
+    victim = insts[pick % len(insts)]
+    if busy:
+        return gpu.with_instances(
+            [msgspec.structs.replace(i, job_id=None, ends_at=None) if i is victim else i for i in gpu.instances])
+    return gpu.with_instances([i for i in gpu.instances if i is not victim])
+
+
+def _apply(gpus: list[GpuView], index: AlignIndex, slot: Slot, job: str, ends_at: float | None) -> None:
+    p = next(p for p, g in enumerate(gpus) if g.id == slot.gpu_id)
+    gpu = gpus[p]
+    plan = plan_partition(gpu, GEO.model(gpu.model), slot, job)
+    assert isinstance(plan, PartitionPlan)
+    destroyed = {op.instance_id for op in plan.ops if op.kind == "destroy_gi"}
+    keep = [i for i in gpu.instances if i.id not in destroyed and i.id != plan.instance_id]
+    prof = GEO.model(gpu.model).profile(slot.profile)
+    inst = InstanceView(id=plan.instance_id, profile=prof.name, start=slot.start, size=prof.memory_slices,
+                        compute=prof.compute_slices, job_id=job, ends_at=ends_at)
+    gpus[p] = gpu.with_instances([*keep, inst])
+    index.update(gpus[p])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12),
+       models=st.lists(st.sampled_from(MODELS), min_size=1, max_size=3, unique=True),
+       params=PARAMS, steps=st.lists(STEP, min_size=1, max_size=25))
+def test_the_index_places_exactly_as_the_policy_through_a_sequence_of_changes(
+    seed: int, n: int, models: list[str], params: AlignParams,
+    steps: list[tuple[str, Demand, float | None, int]],
+) -> None:
+    gpus = list(random_cluster(random.Random(seed), n, tuple(models)).gpus)
+    index = AlignIndex(GEO, gpus, params)
+    now = 1000.0
+    for k, (what, demand, hint, pick) in enumerate(steps):
+        if what == "later":  # the clock moves: running jobs' expected ends come nearer or pass
+            now += float(pick % 5000)
+        elif what == "place":
+            job = JobRequest(job_id=f"j{k}", demand=demand, duration_hint_s=hint, now=now)
+            decision = place_aligned(snapshot_of(GEO, gpus), job, params=params)
+            slots = index.place(demand, hint, now)
+            if not isinstance(decision, Placement):
+                assert slots is None
+                continue
+            assert slots == decision.slots
+            _apply(gpus, index, slots[0], f"j{k}", None if hint is None else now + hint)
+        else:
+            p = pick % len(gpus)
+            gpus[p] = _change(gpus[p], what, pick // len(gpus))
+            index.update(gpus[p])
+    assert index.agrees_with(gpus)  # what a fresh index over the same GPUs keys
+    snap = snapshot_of(GEO, gpus)  # and the time columns are the snapshot's
+    assert np.array_equal(index.ends, snap.ends) and np.array_equal(index.node_end, snap.node_end)
+    assert np.array_equal(index.node_empty, snap.node_empty)
+
+
+def test_among_equal_gpus_the_index_picks_the_one_listed_first() -> None:
+    gpus = [GpuView.build(id=f"g{i}", node=f"n{i}", index=0, model="A100-40GB", instances=[]) for i in range(3)]
+    index = AlignIndex(GEO, gpus, AlignParams())
+    slots = index.place(mig("7g"), 60.0, 0.0)
+    assert slots is not None and slots[0].gpu_id == "g0"
+
+
+def test_a_gpu_changed_after_a_decision_is_keyed_again_before_the_next_one() -> None:
+    gpus = [GpuView.build(id=f"g{i}", node="n0", index=i, model="A100-40GB", instances=[]) for i in range(2)]
+    index = AlignIndex(GEO, gpus, AlignParams())
+    first = index.place(mig("7g"), 60.0, 0.0)
+    assert first is not None and first[0].gpu_id == "g0"
+    _apply(gpus, index, first[0], "j0", 60.0)
+    second = index.place(mig("7g"), 60.0, 0.0)
+    assert second is not None and second[0].gpu_id == "g1"
+    _apply(gpus, index, second[0], "j1", 60.0)
+    assert index.place(mig("7g"), 60.0, 0.0) is None
+
+
+def test_a_short_job_goes_beside_jobs_that_outlast_it_as_the_policy_puts_it() -> None:
+    soon = InstanceView(id="a/i0", profile="3g.20gb", start=4, size=4, compute=3, job_id="a", ends_at=100.0)
+    late = InstanceView(id="b/i0", profile="3g.20gb", start=4, size=4, compute=3, job_id="b", ends_at=90000.0)
+    gpus = [GpuView.build(id="g0", node="n0", index=0, model="A100-40GB", instances=[soon]),
+            GpuView.build(id="g1", node="n1", index=0, model="A100-40GB", instances=[late])]
+    index = AlignIndex(GEO, gpus, AlignParams())
+    slots = index.place(mig("3g"), 3600.0, 0.0)
+    assert slots is not None and slots[0].gpu_id == "g1"
+
+
+def test_of_equal_gpus_the_one_whose_node_has_fewest_empty_gpus_is_taken() -> None:
+    def busy(gid: str) -> InstanceView:
+        return InstanceView(id=f"{gid}/i0", profile="3g.20gb", start=4, size=4, compute=3, job_id=gid,
+                            ends_at=5000.0)
+
+    gpus = [GpuView.build(id="g0", node="n0", index=0, model="A100-40GB", instances=[busy("g0")]),
+            GpuView.build(id="g1", node="n0", index=1, model="A100-40GB", instances=[]),
+            GpuView.build(id="g2", node="n1", index=0, model="A100-40GB", instances=[busy("g2")])]
+    index = AlignIndex(GEO, gpus, AlignParams())
+    job = JobRequest(job_id="j", demand=mig("3g"), duration_hint_s=3600.0, now=0.0)
+    decision = place_aligned(snapshot_of(GEO, gpus), job)
+    assert isinstance(decision, Placement) and decision.slots[0].gpu_id == "g2"
+    assert index.place(mig("3g"), 3600.0, 0.0) == decision.slots
+
+
+def test_parameters_whose_leading_fields_follow_the_load_are_refused() -> None:
+    assert not AlignIndex.supports(AlignParams(spread=True))
+    assert not AlignIndex.supports(AlignParams(keep_empty=0.1))
+    with pytest.raises(ValueError, match="depend on the load"):
+        AlignIndex(GEO, [], AlignParams(spread=True))
