@@ -138,6 +138,30 @@ def test_of_equal_gpus_the_one_whose_node_has_fewest_empty_gpus_is_taken() -> No
     assert index.place(mig("3g"), 3600.0, 0.0) == decision.slots
 
 
+def test_a_best_candidate_at_its_max_count_yields_to_a_gpu_of_another_class_as_in_the_policy() -> None:
+    def inst(gid: str, n: int, profile: str, start: int, size: int, job: bool, ends_at: float | None
+             ) -> InstanceView:
+        prof = GEO.model("A100-40GB").profile(profile)
+        return InstanceView(id=f"{gid}/i{n}", profile=prof.name, start=start, size=size,
+                            compute=prof.compute_slices, job_id=f"{gid}/j{n}" if job else None, ends_at=ends_at)
+
+    gpus = [  # g2 ranks first for 1g+me, but already runs the one +me instance an A100 may hold
+        GpuView.build(id="g0", node="n0", index=0, model="A100-40GB",
+                      instances=[inst("g0", 0, "1g.5gb", 3, 1, False, None)]),
+        GpuView.build(id="g1", node="n0", index=1, model="A100-40GB",
+                      instances=[inst("g1", 0, "1g.10gb", 4, 2, True, 1600.0)]),
+        GpuView.build(id="g2", node="n0", index=2, model="A100-40GB",
+                      instances=[inst("g2", 1, "1g.5gb+me", 1, 1, True, None),
+                                 inst("g2", 2, "1g.10gb", 2, 2, True, 1060.0),
+                                 inst("g2", 0, "3g.20gb", 4, 4, True, 4600.0)]),
+    ]
+    index = AlignIndex(GEO, gpus, AlignParams())
+    job = JobRequest(job_id="j", demand=mig("1g.5gb+me"), duration_hint_s=600.0, now=1000.0)
+    decision = place_aligned(snapshot_of(GEO, gpus), job)
+    assert isinstance(decision, Placement) and decision.slots[0].gpu_id == "g1"
+    assert index.place(mig("1g.5gb+me"), 600.0, 1000.0) == decision.slots
+
+
 def test_parameters_whose_leading_fields_follow_the_load_are_refused() -> None:
     assert not AlignIndex.supports(AlignParams(spread=True))
     assert not AlignIndex.supports(AlignParams(keep_empty=0.1))

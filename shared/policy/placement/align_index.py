@@ -4,12 +4,15 @@
 two table gathers for its best candidate's static key, the best (tier, load, fit) class, then the time fields
 for that class only. Yet a GPU's static key for a profile depends only on that GPU (its busy and idle masks and
 the starts of its idle instances of the profile), and the time fields only on the GPU's and its node's expected
-free time and the node's empty GPUs. So the index keeps, per (model, profile), every GPU's static key as a
-column and the GPUs of each leading (tier, fit) class as a set, and per GPU the time columns; it recomputes
-only the GPUs changed since the last decision. A decision takes the smallest class, gives its GPUs their time
-fields, and hands the groups to the rule's own choice (``migsched.choose``): the same keys, the same smallest
-(key, position), the same max-count fallback, so the same slot as the policy over a snapshot of the same GPUs
-(``tests/unit/test_align_index.py`` checks it through random change sequences).
+free time and the node's empty GPUs. So the index keeps, per GPU, its static key for every profile of its model
+(memoised per GPU state), per (model, profile) the GPUs of each leading (tier, fit) class as a set, and per GPU
+the time columns; it recomputes only the GPUs changed since the last decision. A
+decision takes each model's smallest class, gives its GPUs their time fields, and hands these groups to the
+rule's own choice (``migsched.choose``): any GPU outside them ranks after all of them. Only when a chosen GPU's
+candidate is at its profile's max count may the answer lie outside, so then the choice is made again over every
+GPU, as the policy's fallback does. The same keys, the same smallest (key, position): the same slot as the
+policy over a snapshot of the same GPUs (``tests/unit/test_align_index.py`` checks it through random change
+sequences).
 
 It answers MIG requests only, and only for parameters whose leading fields never depend on the load
 (``supports``: no ``keep_empty`` below 1, no ``spread``); anything else goes to the policy with a snapshot.
@@ -29,7 +32,7 @@ import numpy.typing as npt
 from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.tables import tables_for
 from shared.policy.gpu_view import GpuView
-from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context, Group, every, table, trailing
+from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context, Group, table, trailing
 from shared.policy.placement.decision import Slot
 from shared.policy.placement.plugins.migsched import choose, slot_of
 from shared.policy.request import Demand, resolve_profile
@@ -42,7 +45,7 @@ class AlignIndex:
     """``migsched``'s choice for MIG requests over GPUs that change one at a time (see the module docstring)."""
 
     memo_limit = 1 << 14
-    """Static-key tuples kept by GPU state (emptied when full)."""
+    """Static-key tuples kept by GPU state, and resolved demands (each emptied when full)."""
 
     def __init__(self, geometry: Geometry, gpus: Sequence[GpuView], params: AlignParams) -> None:
         if not self.supports(params):
@@ -67,14 +70,11 @@ class AlignIndex:
               table(m, p.name, params.fit_steps, True, True)) for p in m.profiles]
             for m in self.models]
         self._profile_at = [{name: j for j, (name, *_) in enumerate(tabs)} for tabs in self._tables]
-        self.base: list[list[npt.NDArray[np.int64]]] = [
-            [np.full(n, UNFIT, dtype=np.int64) for _ in tabs] for tabs in self._tables]
-        """Per model slot and profile (``_profile_at``): each GPU's static key (UNFIT: another model, unusable or
-        no room)."""
+        self.keys: list[tuple[int, ...]] = [(int(UNFIT),) * len(self._tables[k]) for k in self.mid]
+        """Per GPU: its static key for each profile of its model (UNFIT: unusable or no room)."""
         self.classes: list[list[dict[int, set[int]]]] = [[{} for _ in tabs] for tabs in self._tables]
-        """Per model slot and profile: leading fields -> the GPUs whose static key leads with them."""
-        self._keys: list[tuple[int, ...]] = [(int(UNFIT),) * len(self._tables[k]) for k in self.mid]
-        """Per GPU: its static key for each profile of its model (the columns' entries, as one tuple)."""
+        """Per model slot and profile (``_profile_at``): leading fields -> the GPUs whose static key leads with
+        them (a GPU without a candidate is in none)."""
         self._memo: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...]] = {}
         """Static keys by (model slot, busy << 8 | idle, idle starts per profile): a cluster shows few states."""
         self.ends = np.full(n, -math.inf)
@@ -93,8 +93,9 @@ class AlignIndex:
                 self._node_at.append([])
             self._node_of.append(nid)
             self._node_at[nid].append(p)
-        self._every = every(n)
         self._dirty: set[int] = set(range(n))
+        self._asked: dict[Demand, list[tuple[int, GpuModel, str]]] = {}
+        """Per demand, the (model slot, model, profile) it resolves to on each model that has one."""
 
     @staticmethod
     def supports(params: AlignParams) -> bool:
@@ -121,29 +122,38 @@ class AlignIndex:
         it now."""
         self._catch_up()
         ctx = Context.timed(now, hint_s, self.params, False, self.ends, self.node_end, self.node_empty)
-        groups: list[Group] = []
-        for k, model in enumerate(self.models):
-            prof = resolve_profile(demand, model)
-            if prof is not None:
-                groups.append(self._group(ctx, k, model, prof.name))
-        got, _ = choose(groups, ctx, self.params, self.gpus)
+        asked = self._asked.get(demand)
+        if asked is None:
+            if len(self._asked) >= self.memo_limit:
+                self._asked.clear()
+            asked = self._asked[demand] = [(k, model, prof.name) for k, model in enumerate(self.models)
+                                           if (prof := resolve_profile(demand, model)) is not None]
+        got, at_max = choose(self._groups(ctx, asked, True), ctx, self.params, self.gpus)
+        if at_max:  # a best candidate at its max count: its GPU's next best may rank past other classes
+            got, _ = choose(self._groups(ctx, asked, False), ctx, self.params, self.gpus)
         if got is None:
             return None
         key, g, gpu = got
         return (slot_of(gpu, g, key),)
 
-    def _group(self, ctx: Context, k: int, model: GpuModel, name: str) -> Group:
-        j = self._profile_at[k][name]
-        base = self.base[k][j]
-        classes = self.classes[k][j]
-        keys = base.copy()
-        known = 0
-        if classes:
-            sel = np.array(sorted(classes[min(classes)]), dtype=np.intp)
-            keys[sel] |= trailing(ctx, self.params, sel, self.used[sel])
-            known = len(sel)
-        return Group(model=model, prof=model.profile(name), pos=self._every, keys=keys, exact=False, known=known,
-                     used=self.used, base=base)
+    def _groups(self, ctx: Context, asked: list[tuple[int, GpuModel, str]], best: bool) -> list[Group]:
+        """Per model asked, the GPUs with a candidate for its profile, each with its full key: the smallest
+        class's (``best``) or every one."""
+        out = []
+        keys, params = self.keys, self.params
+        for k, model, name in asked:
+            j = self._profile_at[k][name]
+            classes = self.classes[k][j]
+            if not classes:
+                continue
+            members = sorted(classes[min(classes)] if best else set().union(*classes.values()))
+            sel = np.array(members, dtype=np.intp)
+            base = np.array([keys[p][j] for p in members], dtype=np.int64)
+            used = self.used[sel]
+            out.append(Group(model=model, prof=model.profile(name), pos=sel,
+                             keys=base | trailing(ctx, params, sel, used), exact=True, known=len(members),
+                             used=used, base=base))
+        return out
 
     def _catch_up(self) -> None:
         """Key again every GPU changed since the last decision, then the time columns of their nodes."""
@@ -184,14 +194,13 @@ class AlignIndex:
         self._empty[pos] = ok and not busy
         self.used[pos] = gpu.used_compute
         keys = self._static(k, busy, gpu.idle_mask, idle_starts) if ok else (int(UNFIT),) * len(tabs)
-        old = self._keys[pos]
+        old = self.keys[pos]
         if keys == old:
             return
-        self._keys[pos] = keys
+        self.keys[pos] = keys
         for j, (was, now) in enumerate(zip(old, keys, strict=True)):
             if was == now:
                 continue
-            self.base[k][j][pos] = now
             sets = self.classes[k][j]
             if was != UNFIT:
                 members = sets[was & LEAD]
@@ -218,8 +227,6 @@ class AlignIndex:
         fresh = AlignIndex(self.geometry, gpus, self.params)
         fresh._catch_up()
         self._catch_up()
-        return (all(np.array_equal(a, b) for x, y in zip(self.base, fresh.base, strict=True)
-                    for a, b in zip(x, y, strict=True))
-                and self._keys == fresh._keys and self.classes == fresh.classes
+        return (self.keys == fresh.keys and self.classes == fresh.classes
                 and np.array_equal(self.ends, fresh.ends) and np.array_equal(self.node_end, fresh.node_end)
                 and np.array_equal(self.node_empty, fresh.node_empty) and np.array_equal(self.used, fresh.used))

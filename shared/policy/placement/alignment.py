@@ -281,12 +281,13 @@ def _by_load(ctx: Context, params: AlignParams, used: npt.NDArray[np.int64]) -> 
 
 
 def trailing(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], used: npt.NDArray[np.int64],
-              ) -> npt.NDArray[np.int64]:
+             ) -> npt.NDArray[np.int64]:
     """The key's per-decision fields after the fit: the extensions in time, then the node's empty GPUs and the
-    GPU's load (the other fields are the table's)."""
-    g_ext = buckets(extension(ctx.ends, ctx.gpu_end(pos)))
-    n_ext = buckets(extension(ctx.ends, ctx.node_end(pos)))
-    t1, t2 = (n_ext, g_ext) if params.node_first else (g_ext, n_ext)
-    node_empty = np.minimum(ctx.node_empty[pos], 127)
-    return ((t1 << SHIFT["t1"]) | (t2 << SHIFT["t2"]) | (node_empty << SHIFT["node_empty"])
+    GPU's load (the other fields are the table's). Both extensions in one pass: a decision's best class is often
+    a handful of GPUs, where numpy's per-call cost is what counts."""
+    k = len(pos)
+    until = np.maximum(np.concatenate((ctx.gpu_ends[pos], ctx.node_ends[pos])), ctx.now)
+    b = _EDGES_A.searchsorted(extension(ctx.ends, until), side="right")
+    t1, t2 = (b[k:], b[:k]) if params.node_first else (b[:k], b[k:])
+    return ((t1 << SHIFT["t1"]) | (t2 << SHIFT["t2"]) | (np.minimum(ctx.node_empty[pos], 127) << SHIFT["node_empty"])
             | ((15 - used) << SHIFT["fullest"]))
