@@ -69,6 +69,8 @@ class AlignIndex:
             [(p.name, tables_for(m).index[p.name], table(m, p.name, params.fit_steps, False, True),
               table(m, p.name, params.fit_steps, True, True)) for p in m.profiles]
             for m in self.models]
+        self._index = [tables_for(m).index for m in self.models]
+        """Per model slot: profile name -> its column (``tables_for`` hashes the model on every call)."""
         self._profile_at = [{name: j for j, (name, *_) in enumerate(tabs)} for tabs in self._tables]
         self.keys: list[tuple[int, ...]] = [(int(UNFIT),) * len(self._tables[k]) for k in self.mid]
         """Per GPU: its static key for each profile of its model (UNFIT: unusable or no room)."""
@@ -179,11 +181,12 @@ class AlignIndex:
         busy = gpu.busy_mask
         end = -math.inf
         idle_starts = [0] * len(tabs)
-        index = tables_for(self.models[k]).index
+        index = self._index[k]
         for inst in gpu.instances:
             if inst.job_id is not None:
-                if inst.expected_end > end:
-                    end = inst.expected_end
+                ends_at = math.inf if inst.ends_at is None else inst.ends_at  # InstanceView.expected_end
+                if ends_at > end:
+                    end = ends_at
             else:
                 col = index.get(inst.profile)
                 if col is not None:
