@@ -6,6 +6,7 @@ import random
 import zlib
 from collections import Counter
 
+import msgspec
 from hypothesis import strategies as st
 
 from shared.mig.geometry import GpuModel, default_geometry
@@ -113,3 +114,19 @@ def keyed_pull_index(snap: ClusterSnapshot, threshold: float, cooldown_s: float 
         index.update(p, g, now)
     index.follow(snap)
     return index
+
+
+def change_gpu(gpu: GpuView, what: str, pick: int) -> GpuView:
+    """One random change an index must follow: ``health`` flips the GPU's health, ``release`` ends one busy
+    instance's job (the instance stays, idle), ``destroy`` removes one idle instance; ``pick`` chooses which."""
+    if what == "health":
+        return msgspec.structs.replace(gpu, healthy=not gpu.healthy)
+    busy = what == "release"
+    insts = [i for i in gpu.instances if i.busy == busy]
+    if not insts:
+        return gpu
+    victim = insts[pick % len(insts)]
+    if busy:
+        return gpu.with_instances(
+            [msgspec.structs.replace(i, job_id=None, ends_at=None) if i is victim else i for i in gpu.instances])
+    return gpu.with_instances([i for i in gpu.instances if i is not victim])

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import random
 
-import msgspec
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mig_strategies import GEO, MODELS, random_cluster
+from mig_strategies import GEO, MODELS, change_gpu, random_cluster
 
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement.align_index import AlignIndex
@@ -31,20 +30,6 @@ PARAMS = st.builds(AlignParams, fit_steps=st.sampled_from([5.0, 20.0]), in_time=
 HINTS = st.sampled_from([None, 30.0, 600.0, 7200.0, 200000.0])
 STEP = st.tuples(st.sampled_from(["place", "place", "place", "release", "destroy", "health", "later"]), DEMANDS,
                  HINTS, st.integers(0, 2**16))
-
-
-def _change(gpu: GpuView, what: str, pick: int) -> GpuView:
-    if what == "health":
-        return msgspec.structs.replace(gpu, healthy=not gpu.healthy)
-    busy = what == "release"
-    insts = [i for i in gpu.instances if i.busy == busy]
-    if not insts:
-        return gpu
-    victim = insts[pick % len(insts)]
-    if busy:
-        return gpu.with_instances(
-            [msgspec.structs.replace(i, job_id=None, ends_at=None) if i is victim else i for i in gpu.instances])
-    return gpu.with_instances([i for i in gpu.instances if i is not victim])
 
 
 def _apply(gpus: list[GpuView], index: AlignIndex, slot: Slot, job: str, ends_at: float | None) -> None:
@@ -86,7 +71,7 @@ def test_the_index_places_exactly_as_the_policy_through_a_sequence_of_changes(
             _apply(gpus, index, slots[0], f"j{k}", None if hint is None else now + hint)
         else:
             p = pick % len(gpus)
-            gpus[p] = _change(gpus[p], what, pick // len(gpus))
+            gpus[p] = change_gpu(gpus[p], what, pick // len(gpus))
             index.update(gpus[p])
     assert index.agrees_with(gpus)  # what a fresh index over the same GPUs keys
     snap = snapshot_of(GEO, gpus)  # and the time columns are the snapshot's
@@ -123,6 +108,15 @@ def test_a_short_job_goes_beside_jobs_that_outlast_it_as_the_policy_puts_it() ->
     assert slots is not None and slots[0].gpu_id == "g1"
 
 
+def _as_the_policy(gpus: list[GpuView], demand: Demand, hint: float, now: float) -> Slot:
+    """The index's slot, checked to be the policy's over a snapshot of the same GPUs."""
+    decision = place_aligned(snapshot_of(GEO, gpus), JobRequest(job_id="j", demand=demand, duration_hint_s=hint,
+                                                                now=now))
+    assert isinstance(decision, Placement)
+    assert AlignIndex(GEO, gpus, AlignParams()).place(demand, hint, now) == decision.slots
+    return decision.slots[0]
+
+
 def test_of_equal_gpus_the_one_whose_node_has_fewest_empty_gpus_is_taken() -> None:
     def busy(gid: str) -> InstanceView:
         return InstanceView(id=f"{gid}/i0", profile="3g.20gb", start=4, size=4, compute=3, job_id=gid,
@@ -131,11 +125,7 @@ def test_of_equal_gpus_the_one_whose_node_has_fewest_empty_gpus_is_taken() -> No
     gpus = [GpuView.build(id="g0", node="n0", index=0, model="A100-40GB", instances=[busy("g0")]),
             GpuView.build(id="g1", node="n0", index=1, model="A100-40GB", instances=[]),
             GpuView.build(id="g2", node="n1", index=0, model="A100-40GB", instances=[busy("g2")])]
-    index = AlignIndex(GEO, gpus, AlignParams())
-    job = JobRequest(job_id="j", demand=mig("3g"), duration_hint_s=3600.0, now=0.0)
-    decision = place_aligned(snapshot_of(GEO, gpus), job)
-    assert isinstance(decision, Placement) and decision.slots[0].gpu_id == "g2"
-    assert index.place(mig("3g"), 3600.0, 0.0) == decision.slots
+    assert _as_the_policy(gpus, mig("3g"), 3600.0, 0.0).gpu_id == "g2"
 
 
 def test_a_best_candidate_at_its_max_count_yields_to_a_gpu_of_another_class_as_in_the_policy() -> None:
@@ -155,11 +145,7 @@ def test_a_best_candidate_at_its_max_count_yields_to_a_gpu_of_another_class_as_i
                                  inst("g2", 2, "1g.10gb", 2, 2, True, 1060.0),
                                  inst("g2", 0, "3g.20gb", 4, 4, True, 4600.0)]),
     ]
-    index = AlignIndex(GEO, gpus, AlignParams())
-    job = JobRequest(job_id="j", demand=mig("1g.5gb+me"), duration_hint_s=600.0, now=1000.0)
-    decision = place_aligned(snapshot_of(GEO, gpus), job)
-    assert isinstance(decision, Placement) and decision.slots[0].gpu_id == "g1"
-    assert index.place(mig("1g.5gb+me"), 600.0, 1000.0) == decision.slots
+    assert _as_the_policy(gpus, mig("1g.5gb+me"), 600.0, 1000.0).gpu_id == "g1"
 
 
 def test_parameters_whose_leading_fields_follow_the_load_are_refused() -> None:

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mig_strategies import GEO, MODELS, random_cluster
+from mig_strategies import GEO, MODELS, change_gpu, random_cluster
 
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement.balancer import BalancerParams, place
@@ -45,20 +45,6 @@ def _apply(gpu: GpuView, plan: PartitionPlan, slot_profile: str, start: int, job
     return gpu.with_instances([*keep, inst])
 
 
-def _change(gpu: GpuView, what: str, pick: int) -> GpuView:
-    if what == "health":
-        return msgspec.structs.replace(gpu, healthy=not gpu.healthy)
-    busy = what == "release"
-    insts = [i for i in gpu.instances if i.busy == busy]
-    if not insts:
-        return gpu
-    victim = insts[pick % len(insts)]
-    if busy:
-        return gpu.with_instances(
-            [msgspec.structs.replace(i, job_id=None) if i is victim else i for i in gpu.instances])
-    return gpu.with_instances([i for i in gpu.instances if i is not victim])
-
-
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 10),
        models=st.lists(st.sampled_from(MODELS), min_size=1, max_size=3, unique=True),
@@ -86,7 +72,7 @@ def test_the_index_places_exactly_as_the_balancer_through_a_sequence_of_changes(
             _apply_all(gpus, index, slots, f"j{k}")
         else:
             p = pick % len(gpus)
-            gpus[p] = _change(gpus[p], what, pick // len(gpus))
+            gpus[p] = change_gpu(gpus[p], what, pick // len(gpus))
             index.update(gpus[p])
     assert index.agrees_with(gpus)  # what a full recomputation from the GPUs would key
 
@@ -112,7 +98,7 @@ def test_whole_gpu_gangs_go_where_the_balancer_puts_them_while_every_gpu_is_in_m
     for k, (what, pick) in enumerate(steps):
         if what in ("release", "destroy", "health"):
             p = pick % len(gpus)
-            gpus[p] = _change(gpus[p], what, pick // len(gpus))
+            gpus[p] = change_gpu(gpus[p], what, pick // len(gpus))
             index.update(gpus[p])
             continue
         demand = mig("1g") if what == "1g" else Demand(kind="gpus", gpus=int(what))
