@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from shared.mig.geometry import GpuModel
 from shared.policy.placement.decision import CannotPlace, Slot
-from shared.policy.placement.index import PlacementIndex
 from shared.policy.request import resolve_profile
 from shared.sim.jobs import SimJob
 
@@ -107,7 +106,7 @@ def _gang_may_fit(sim: SimRun, job: SimJob, changed: list[str]) -> bool:
     # A node gains empty GPUs only through GPUs freed since the failure (``changed``) that are empty now: only
     # their nodes can hold the gang now, and a GPU freed but still busy need not be looked at (the rule of the
     # loop below too)
-    if isinstance(placer, PlacementIndex) and placer.handles(job.demand):
+    if placer is not None and placer.handles(job.demand):
         # the index counts them (empty, MIG and healthy: what the balancer's gang rule needs)
         for gid in changed:
             gpu = views[gid]

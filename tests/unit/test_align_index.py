@@ -4,6 +4,7 @@ same GPUs, through any sequence of changes."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -106,6 +107,42 @@ def test_a_short_job_goes_beside_jobs_that_outlast_it_as_the_policy_puts_it() ->
     index = AlignIndex(GEO, gpus, AlignParams())
     slots = index.place(mig("3g"), 3600.0, 0.0)
     assert slots is not None and slots[0].gpu_id == "g1"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 24), odd=st.sampled_from([0.0, 0.05]),
+       steps=st.lists(st.tuples(st.sampled_from(["1", "2", "4", "1g", "release", "destroy", "health", "later"]),
+                                HINTS, st.integers(0, 2**16)), min_size=1, max_size=25))
+def test_whole_gpu_gangs_go_where_the_policy_puts_them_while_every_gpu_is_in_mig_mode(
+    seed: int, n: int, odd: float, steps: list[tuple[str, float | None, int]]
+) -> None:
+    gpus = list(random_cluster(random.Random(seed), n, ("A100-40GB", "H100-80GB"), odd_share=odd).gpus)
+    index = AlignIndex(GEO, gpus, AlignParams())
+    now = 1000.0
+    for k, (what, hint, pick) in enumerate(steps):
+        if what == "later":
+            now += float(pick % 5000)
+            continue
+        if what in ("release", "destroy", "health"):
+            p = pick % len(gpus)
+            gpus[p] = change_gpu(gpus[p], what, pick // len(gpus))
+            index.update(gpus[p])
+            continue
+        demand = mig("1g") if what == "1g" else Demand(kind="gpus", gpus=int(what))
+        largest = max(Counter(g.node for g in gpus).values())
+        one_node = what == "1g" or int(what) <= largest  # a bigger gang spans nodes, which the index leaves alone
+        assert index.handles(demand) == (what == "1g" or (all(g.mig for g in gpus) and one_node))
+        if not index.handles(demand):
+            continue
+        job = JobRequest(job_id=f"j{k}", demand=demand, duration_hint_s=hint, now=now)
+        decision = place_aligned(snapshot_of(GEO, gpus), job)
+        slots = index.place(demand, hint, now)
+        assert slots == (decision.slots if isinstance(decision, Placement) else None)
+        for slot in slots or ():
+            _apply(gpus, index, slot, f"j{k}", None if hint is None else now + hint)
+        empty_by_node = Counter(g.node for g in gpus if g.mig and g.healthy and not g.busy_mask)
+        assert all(index.empty_on(g.node) == empty_by_node[g.node] for g in gpus)
+    assert index.agrees_with(gpus)
 
 
 def _as_the_policy(gpus: list[GpuView], demand: Demand, hint: float, now: float) -> Slot:

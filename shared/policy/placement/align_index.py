@@ -14,9 +14,11 @@ GPU, as the policy's fallback does. The same keys, the same smallest (key, posit
 policy over a snapshot of the same GPUs (``tests/unit/test_align_index.py`` checks it through random change
 sequences).
 
-It answers MIG requests only, and only for parameters whose leading fields never depend on the load
-(``supports``: no ``keep_empty`` below 1, no ``spread``); anything else goes to the policy with a snapshot.
-It returns slots, not an explained ``Placement``: the simulator reads only the slots.
+Whole-GPU gangs that fit on one node, while every GPU is in MIG mode, go to the node the rule's own
+``migsched.gang_head`` picks among the nodes with enough empty GPUs (counted per node). The index answers only
+for parameters whose leading fields never depend on the load (``supports``: no ``keep_empty`` below 1, no
+``spread``); anything else goes to the policy with a snapshot. It returns slots, not an explained
+``Placement``: the simulator reads only the slots.
 
 Pure: a data structure the caller drives with ``update``; no clock, I/O or randomness.
 """
@@ -34,7 +36,8 @@ from shared.mig.tables import tables_for
 from shared.policy.gpu_view import GpuView
 from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context, Group, table, trailing
 from shared.policy.placement.decision import Slot
-from shared.policy.placement.plugins.migsched import choose, slot_of
+from shared.policy.placement.gang import member_slots
+from shared.policy.placement.plugins.migsched import choose, gang_head, slot_of
 from shared.policy.request import Demand, resolve_profile
 
 _Tables = tuple[str, int, npt.NDArray[np.int64], npt.NDArray[np.int64]]
@@ -85,16 +88,23 @@ class AlignIndex:
         self.used = np.zeros(n, dtype=np.int64)
         self._end = [-math.inf] * n
         self._empty = [False] * n
-        nodes: dict[str, int] = {}
+        self._nodes: dict[str, int] = {}
         self._node_of: list[int] = []
         self._node_at: list[list[int]] = []
+        """Per node number, its GPUs' positions in order."""
         for p, g in enumerate(self.gpus):
-            nid = nodes.get(g.node)
+            nid = self._nodes.get(g.node)
             if nid is None:
-                nid = nodes[g.node] = len(self._node_at)
+                nid = self._nodes[g.node] = len(self._node_at)
                 self._node_at.append([])
             self._node_of.append(nid)
             self._node_at[nid].append(p)
+        self._node_count = [0] * len(self._node_at)
+        """Per node number, its empty usable GPUs (``node_empty`` per node)."""
+        self._largest = max((len(at) for at in self._node_at), default=0)
+        self._not_mig = {p for p, g in enumerate(self.gpus) if not g.mig}
+        """GPUs not in MIG mode: while there is one, a gang may go to plain GPUs first, which only the policy
+        answers."""
         self._dirty: set[int] = set(range(n))
         self._asked: dict[Demand, list[tuple[int, GpuModel, str]]] = {}
         """Per demand, the (model slot, model, profile) it resolves to on each model that has one."""
@@ -109,14 +119,25 @@ class AlignIndex:
         pos = self.position[gpu.id]
         self.gpus[pos] = gpu
         self._dirty.add(pos)
+        if not gpu.mig:  # kept at once: ``handles`` reads it for every queued gang
+            self._not_mig.add(pos)
+        elif self._not_mig:
+            self._not_mig.discard(pos)
 
     def retime(self, pos: int, gpu: GpuView) -> None:
         """``gpu``, at ``pos``, differs from the GPU held there only in its instances' start or move times."""
         self.gpus[pos] = gpu
 
     def handles(self, demand: Demand) -> bool:
-        """Whether ``place`` answers this demand: MIG requests."""
-        return demand.kind == "mig"
+        """Whether ``place`` answers this demand: MIG requests; whole-GPU gangs that fit on one node while every
+        GPU is in MIG mode (the policy tries plain GPUs first, and spreads bigger ones across nodes)."""
+        kind = demand.kind
+        return kind == "mig" or (kind == "gpus" and not self._not_mig and demand.gpus <= self._largest)
+
+    def empty_on(self, node: str) -> int:
+        """GPUs of ``node`` with no busy instance, in MIG mode and healthy (what a whole-GPU gang needs)."""
+        self._catch_up()
+        return self._node_count[self._nodes[node]]
 
     def place(self, demand: Demand, hint_s: float | None = None, now: float | None = None,
               ) -> tuple[Slot, ...] | None:
@@ -124,6 +145,8 @@ class AlignIndex:
         it now."""
         self._catch_up()
         ctx = Context.timed(now, hint_s, self.params, False, self.ends, self.node_end, self.node_empty)
+        if demand.kind == "gpus":
+            return self._place_gang(ctx, demand.gpus)
         asked = self._asked.get(demand)
         if asked is None:
             if len(self._asked) >= self.memo_limit:
@@ -137,6 +160,17 @@ class AlignIndex:
             return None
         key, g, gpu = got
         return (slot_of(gpu, g, key),)
+
+    def _place_gang(self, ctx: Context, n: int) -> tuple[Slot, ...] | None:
+        """``n`` whole GPUs on the node the rule picks (``migsched.gang_head``), or None when no node has them."""
+        empty = self._empty
+        heads = [next(p for p in at if empty[p]) for nid, at in enumerate(self._node_at)
+                 if self._node_count[nid] >= n]
+        if not heads:
+            return None
+        head = gang_head(ctx, np.array(heads, dtype=np.intp))
+        members = [self.gpus[p] for p in self._node_at[self._node_of[head]] if empty[p]]
+        return member_slots(self.geometry, members, n)
 
     def _groups(self, ctx: Context, asked: list[tuple[int, GpuModel, str]], best: bool) -> list[Group]:
         """Per model asked, the GPUs with a candidate for its profile, each with its full key: the smallest
@@ -173,6 +207,7 @@ class AlignIndex:
             for p in at:
                 self.node_end[p] = end
                 self.node_empty[p] = empty
+            self._node_count[nid] = empty
 
     def _rekey(self, pos: int) -> None:
         gpu = self.gpus[pos]
@@ -232,4 +267,5 @@ class AlignIndex:
         self._catch_up()
         return (self.keys == fresh.keys and self.classes == fresh.classes
                 and np.array_equal(self.ends, fresh.ends) and np.array_equal(self.node_end, fresh.node_end)
-                and np.array_equal(self.node_empty, fresh.node_empty) and np.array_equal(self.used, fresh.used))
+                and np.array_equal(self.node_empty, fresh.node_empty) and np.array_equal(self.used, fresh.used)
+                and self._node_count == fresh._node_count and self._not_mig == fresh._not_mig)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from shared.mig.geometry import Geometry
 from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.placement.sharing import is_free_plain, whole_slot
 from shared.policy.placement.slots import full_slot
@@ -72,7 +73,7 @@ def place_across(snap: ClusterSnapshot, job: JobRequest, policy: str) -> Decisio
         if picked is None:
             tried.append(f"{int(usable.size)} {kind} GPU(s) free on {int((free > 0).sum())} node(s)")
             continue
-        slots = tuple(s for _, members in picked for s in _member_slots(snap, members))
+        slots = tuple(s for _, members in picked for s in _member_slots(snap.geometry, members))
         left = sum(int(free[j]) - len(members) for j, members in picked)
         reasons = (
             f"{n} GPUs across {len(picked)} node(s): " + ", ".join(f"{m[0].node}×{len(m)}" for _, m in picked),
@@ -111,29 +112,30 @@ def _pick(
     chosen = choose_nodes(free.tolist(), (free == sizes).tolist(), n)
     if chosen is None:
         return None
-    return [(j, _members(snap, [snap.gpus[p] for p in usable[node == j].tolist()], take)) for j, take in chosen]
+    return [(j, _members(snap.geometry, [snap.gpus[p] for p in usable[node == j].tolist()], take))
+            for j, take in chosen]
 
 
-def _members(snap: ClusterSnapshot, gpus: Sequence[GpuView], take: int) -> list[GpuView]:
+def _members(geometry: Geometry, gpus: Sequence[GpuView], take: int) -> list[GpuView]:
     """``take`` of a node's usable GPUs: those holding an idle full-size instance first (no reconfiguration),
     then those with the least to destroy, then by index (dedicated plain GPUs before time-sliced ones)."""
 
     def order(g: GpuView) -> tuple[int, int, int, int]:
-        full = full_profile(snap.geometry.model(g.model)).name
+        full = full_profile(geometry.model(g.model)).name
         return (0 if any(i.profile == full for i in g.instances) else 1, g.idle_mask.bit_count(), g.replicas, g.index)
 
     return sorted(gpus, key=order)[:take]
 
 
-def member_slots(snap: ClusterSnapshot, gpus: Sequence[GpuView], take: int) -> tuple[Slot, ...]:
+def member_slots(geometry: Geometry, gpus: Sequence[GpuView], take: int) -> tuple[Slot, ...]:
     """A whole-GPU member on ``take`` of ``gpus`` (one node's usable GPUs), in rank order."""
-    return tuple(_member_slots(snap, _members(snap, gpus, take)))
+    return tuple(_member_slots(geometry, _members(geometry, gpus, take)))
 
 
-def _member_slots(snap: ClusterSnapshot, gpus: Sequence[GpuView]) -> list[Slot]:
+def _member_slots(geometry: Geometry, gpus: Sequence[GpuView]) -> list[Slot]:
     slots: list[Slot] = []
     for g in sorted(gpus, key=lambda g: g.index):
-        model = snap.geometry.model(g.model)
+        model = geometry.model(g.model)
         if not g.mig:
             slots.append(whole_slot(g, model))
             continue

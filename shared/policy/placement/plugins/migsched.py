@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from shared.mig.geometry import Profile
 from shared.mig.occupancy import span
@@ -246,12 +247,18 @@ def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, policy: str) -> 
             f"no node has {n} empty GPU(s); the most on one node is {int(count.max()) if count.size else 0}",))
     node = np.asarray(snap.node_idx)
     _, first = np.unique(node[room], return_index=True)  # each such node's first empty GPU
-    heads = room[first]
-    ext = buckets(extension(ctx.ends, ctx.node_end(heads)))
-    head = int(heads[np.lexsort((heads, np.asarray(snap.node_empty)[heads], ext))[0]])
+    head = gang_head(ctx, room[first])
     members = room[node[room] == node[head]].tolist()
-    slots = member_slots(snap, [snap.gpus[p] for p in members], n)
+    slots = member_slots(snap.geometry, [snap.gpus[p] for p in members], n)
     return whole_placement(job, slots, policy)
+
+
+def gang_head(ctx: Context, heads: npt.NDArray[np.intp]) -> int:
+    """Of the nodes that hold a gang (each by its first empty GPU, ``heads``), the one whose busy period the
+    gang extends least, then the one with the fewest empty GPUs (best fit), then the first: its first empty
+    GPU. The gang rule's one choice: the policy over a snapshot, the simulator's ``AlignIndex`` over its own."""
+    ext = buckets(extension(ctx.ends, ctx.node_end(heads)))
+    return int(heads[np.lexsort((heads, ctx.node_empty[heads], ext))[0]])
 
 
 @register(PolicySpec(name=NAME, description="the default: pack in space, align in time (keep empty GPUs, least "
