@@ -50,7 +50,7 @@ class Holds:
             return None
         if self._attempts >= 2 * self.params.max_held or now - sub.submitted_at < self.params.after_s:
             return None
-        need = whole_gpus(snap, sub.demand)
+        need = whole_gpus(snap.model_list, sub.demand)
         if not need:
             return None
         self._attempts += 1

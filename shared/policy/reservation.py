@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from shared.mig.geometry import GpuModel
 from shared.mig.tables import tables_for
 from shared.policy.placement.gang import choose_nodes, node_sizes
 from shared.policy.placement.topology import only
@@ -51,13 +52,14 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.job_id}: {len(self.gpus)} GPU(s) on {where} held until ~{self.start:.0f} ({self.reason})"
 
 
-def whole_gpus(snap: ClusterSnapshot, demand: Demand) -> int:
-    """How many whole GPUs the demand needs: ``n`` for ``gpus: n``, 1 for a full-size MIG profile, else 0."""
+def whole_gpus(models: Sequence[GpuModel], demand: Demand) -> int:
+    """How many whole GPUs the demand needs on a cluster of ``models`` (a snapshot's ``model_list``): ``n`` for
+    ``gpus: n``, 1 for a full-size MIG profile, else 0."""
     if demand.kind == "gpus":
         return demand.gpus
     if demand.kind != "mig":
         return 0
-    for model in snap.model_list:
+    for model in models:
         prof = resolve_profile(demand, model)
         if prof is not None and prof.memory_slices == full_profile(model).memory_slices:
             return 1

@@ -78,7 +78,7 @@ def schedule(sim: SimRun) -> None:
             continue
         if len(held) >= params.max_held or attempts >= 2 * params.max_held or now - job.arrival < params.after_s:
             continue
-        need = whole_gpus(sim.cluster.snapshot(), job.demand)
+        need = whole_gpus(sim.cluster.model_list, job.demand)
         if not need:
             continue
         attempts += 1

@@ -130,10 +130,10 @@ def test_only_a_job_whose_hint_ends_before_the_hold_may_use_held_gpus() -> None:
 
 def test_large_means_whole_gpus() -> None:
     snap = _snap(1, 1)
-    assert whole_gpus(snap, Demand(kind="gpus", gpus=4)) == 4
-    assert whole_gpus(snap, mig("7g")) == 1
-    assert whole_gpus(snap, mig("4g")) == 0
-    assert whole_gpus(snap, Demand(kind="shared")) == 0
+    assert whole_gpus(snap.model_list, Demand(kind="gpus", gpus=4)) == 4
+    assert whole_gpus(snap.model_list, mig("7g")) == 1
+    assert whole_gpus(snap.model_list, mig("4g")) == 0
+    assert whole_gpus(snap.model_list, Demand(kind="shared")) == 0
 
 
 def _job(jid: str, at: float, dur: float, demand: Demand, shape: str, patience: float | None = None) -> SimJob:
