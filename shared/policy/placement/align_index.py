@@ -101,6 +101,8 @@ class AlignIndex:
             self._node_at[nid].append(p)
         self._node_count = [0] * len(self._node_at)
         """Per node number, its empty usable GPUs (``node_empty`` per node)."""
+        self._node_last = [-math.inf] * len(self._node_at)
+        """Per node number, its GPUs' latest expected end (``node_end`` per node)."""
         self._largest = max((len(at) for at in self._node_at), default=0)
         self._not_mig = {p for p, g in enumerate(self.gpus) if not g.mig}
         """GPUs not in MIG mode: while there is one, a gang may go to plain GPUs first, which only the policy
@@ -186,6 +188,12 @@ class AlignIndex:
             sel = np.array(members, dtype=np.intp)
             base = np.array([keys[p][j] for p in members], dtype=np.int64)
             used = self.used[sel]
+            if best and len(members) == 1 and len(asked) == 1:
+                # the one candidate there is: its time fields order nothing (``choose`` fills them in if its
+                # candidate turns out to be at its max count)
+                out.append(Group(model=model, prof=model.profile(name), pos=sel, keys=base.copy(), exact=False,
+                                 known=0, used=used, base=base))
+                continue
             out.append(Group(model=model, prof=model.profile(name), pos=sel,
                              keys=base | trailing(ctx, params, sel, used), exact=True, known=len(members),
                              used=used, base=base))
@@ -204,10 +212,12 @@ class AlignIndex:
             at = self._node_at[nid]
             end = max(self._end[p] for p in at)
             empty = sum(self._empty[p] for p in at)
+            if end == self._node_last[nid] and empty == self._node_count[nid]:
+                continue
             for p in at:
                 self.node_end[p] = end
                 self.node_empty[p] = empty
-            self._node_count[nid] = empty
+            self._node_last[nid], self._node_count[nid] = end, empty
 
     def _rekey(self, pos: int) -> None:
         gpu = self.gpus[pos]
@@ -268,4 +278,5 @@ class AlignIndex:
         return (self.keys == fresh.keys and self.classes == fresh.classes
                 and np.array_equal(self.ends, fresh.ends) and np.array_equal(self.node_end, fresh.node_end)
                 and np.array_equal(self.node_empty, fresh.node_empty) and np.array_equal(self.used, fresh.used)
-                and self._node_count == fresh._node_count and self._not_mig == fresh._not_mig)
+                and self._node_count == fresh._node_count and self._node_last == fresh._node_last
+                and self._not_mig == fresh._not_mig)
