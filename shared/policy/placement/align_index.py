@@ -58,16 +58,7 @@ class AlignIndex:
         self.gpus: list[GpuView] = list(gpus)
         self.position = {g.id: p for p, g in enumerate(self.gpus)}
         n = len(self.gpus)
-        self.models: list[GpuModel] = []
-        self.mid: list[int] = []
-        slots: dict[str, int] = {}
-        for g in self.gpus:
-            model = geometry.model(g.model)
-            k = slots.get(model.name)
-            if k is None:
-                k = slots[model.name] = len(self.models)
-                self.models.append(model)
-            self.mid.append(k)
+        self.models, self.mid = _number_models(geometry, self.gpus)
         self._tables: list[list[_Tables]] = [
             [(p.name, tables_for(m).index[p.name], table(m, p.name, params.fit_steps, False, True),
               table(m, p.name, params.fit_steps, True, True)) for p in m.profiles]
@@ -88,17 +79,7 @@ class AlignIndex:
         self.used = np.zeros(n, dtype=np.int64)
         self._end = [-math.inf] * n
         self._empty = [False] * n
-        self._nodes: dict[str, int] = {}
-        self._node_of: list[int] = []
-        self._node_at: list[list[int]] = []
-        """Per node number, its GPUs' positions in order."""
-        for p, g in enumerate(self.gpus):
-            nid = self._nodes.get(g.node)
-            if nid is None:
-                nid = self._nodes[g.node] = len(self._node_at)
-                self._node_at.append([])
-            self._node_of.append(nid)
-            self._node_at[nid].append(p)
+        self._nodes, self._node_of, self._node_at = _number_nodes(self.gpus)
         self._node_count = [0] * len(self._node_at)
         """Per node number, its empty usable GPUs (``node_empty`` per node)."""
         self._node_last = [-math.inf] * len(self._node_at)
@@ -280,3 +261,33 @@ class AlignIndex:
                 and np.array_equal(self.node_empty, fresh.node_empty) and np.array_equal(self.used, fresh.used)
                 and self._node_count == fresh._node_count and self._node_last == fresh._node_last
                 and self._not_mig == fresh._not_mig)
+
+
+def _number_models(geometry: Geometry, gpus: Sequence[GpuView]) -> tuple[list[GpuModel], list[int]]:
+    """The models of ``gpus`` in order of first appearance, and each GPU's model slot."""
+    models: list[GpuModel] = []
+    slots: dict[str, int] = {}
+    mid: list[int] = []
+    for g in gpus:
+        model = geometry.model(g.model)
+        k = slots.get(model.name)
+        if k is None:
+            k = slots[model.name] = len(models)
+            models.append(model)
+        mid.append(k)
+    return models, mid
+
+
+def _number_nodes(gpus: Sequence[GpuView]) -> tuple[dict[str, int], list[int], list[list[int]]]:
+    """Node name -> node number, each GPU's node number, and per node number its GPUs' positions in order."""
+    nodes: dict[str, int] = {}
+    node_of: list[int] = []
+    node_at: list[list[int]] = []
+    for p, g in enumerate(gpus):
+        nid = nodes.get(g.node)
+        if nid is None:
+            nid = nodes[g.node] = len(node_at)
+            node_at.append([])
+        node_of.append(nid)
+        node_at[nid].append(p)
+    return nodes, node_of, node_at
