@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import Counter
+from typing import Protocol
 
 import msgspec
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from shared.mig.geometry import GpuModel, default_geometry
 from shared.mig.occupancy import span
 from shared.policy.migration.planner import MigrationParams
 from shared.policy.migration.pull_index import PullIndex
+from shared.policy.request import Demand, mig
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 GEO = default_geometry()
@@ -130,3 +132,24 @@ def change_gpu(gpu: GpuView, what: str, pick: int) -> GpuView:
         return gpu.with_instances(
             [msgspec.structs.replace(i, job_id=None, ends_at=None) if i is victim else i for i in gpu.instances])
     return gpu.with_instances([i for i in gpu.instances if i is not victim])
+
+
+class GpuIndex(Protocol):
+    def update(self, gpu: GpuView) -> None: ...
+    def handles(self, demand: Demand) -> bool: ...
+
+
+def gang_step(gpus: list[GpuView], index: GpuIndex, what: str, pick: int) -> Demand | None:
+    """One step of a gang sequence for an incremental index: a change (``change_gpu``) applied to ``gpus`` and the
+    index, or ``1g`` or a gang of ``what`` GPUs, returned when the index answers it. An index answers MIG
+    requests always, gangs while every GPU is in MIG mode and one node holds them (checked here)."""
+    if what in ("release", "destroy", "health"):
+        p = pick % len(gpus)
+        gpus[p] = change_gpu(gpus[p], what, pick // len(gpus))
+        index.update(gpus[p])
+        return None
+    demand = mig("1g") if what == "1g" else Demand(kind="gpus", gpus=int(what))
+    largest = max(Counter(g.node for g in gpus).values())
+    one_node = what == "1g" or int(what) <= largest  # a bigger gang spans nodes, which an index leaves alone
+    assert index.handles(demand) == (what == "1g" or (all(g.mig for g in gpus) and one_node))
+    return demand if index.handles(demand) else None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mig_strategies import GEO, MODELS, change_gpu, random_cluster
+from mig_strategies import GEO, MODELS, change_gpu, gang_step, random_cluster
 
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement.align_index import AlignIndex
@@ -123,16 +123,8 @@ def test_whole_gpu_gangs_go_where_the_policy_puts_them_while_every_gpu_is_in_mig
         if what == "later":
             now += float(pick % 5000)
             continue
-        if what in ("release", "destroy", "health"):
-            p = pick % len(gpus)
-            gpus[p] = change_gpu(gpus[p], what, pick // len(gpus))
-            index.update(gpus[p])
-            continue
-        demand = mig("1g") if what == "1g" else Demand(kind="gpus", gpus=int(what))
-        largest = max(Counter(g.node for g in gpus).values())
-        one_node = what == "1g" or int(what) <= largest  # a bigger gang spans nodes, which the index leaves alone
-        assert index.handles(demand) == (what == "1g" or (all(g.mig for g in gpus) and one_node))
-        if not index.handles(demand):
+        demand = gang_step(gpus, index, what, pick)
+        if demand is None:
             continue
         job = JobRequest(job_id=f"j{k}", demand=demand, duration_hint_s=hint, now=now)
         decision = place_aligned(snapshot_of(GEO, gpus), job)

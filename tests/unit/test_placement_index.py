@@ -4,13 +4,12 @@ changes."""
 from __future__ import annotations
 
 import random
-from collections import Counter
 
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mig_strategies import GEO, MODELS, change_gpu, random_cluster
+from mig_strategies import GEO, MODELS, change_gpu, gang_step, random_cluster
 
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement.balancer import BalancerParams, place
@@ -96,16 +95,8 @@ def test_whole_gpu_gangs_go_where_the_balancer_puts_them_while_every_gpu_is_in_m
     gpus = list(random_cluster(random.Random(seed), n, ("A100-40GB", "H100-80GB"), odd_share=odd).gpus)
     index = PlacementIndex(GEO, gpus, BalancerParams())
     for k, (what, pick) in enumerate(steps):
-        if what in ("release", "destroy", "health"):
-            p = pick % len(gpus)
-            gpus[p] = change_gpu(gpus[p], what, pick // len(gpus))
-            index.update(gpus[p])
-            continue
-        demand = mig("1g") if what == "1g" else Demand(kind="gpus", gpus=int(what))
-        largest = max(Counter(g.node for g in gpus).values())
-        one_node = what == "1g" or int(what) <= largest  # a bigger gang spans nodes, which the index leaves alone
-        assert index.handles(demand) == (what == "1g" or (all(g.mig for g in gpus) and one_node))
-        if not index.handles(demand):
+        demand = gang_step(gpus, index, what, pick)
+        if demand is None:
             continue
         decision = place(snapshot_of(GEO, gpus), JobRequest(job_id=f"j{k}", demand=demand))
         slots = index.place(demand)
