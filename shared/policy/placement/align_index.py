@@ -124,8 +124,8 @@ class AlignIndex:
 
     def place(self, demand: Demand, hint_s: float | None = None, now: float | None = None,
               ) -> tuple[Slot, ...] | None:
-        """The policy's slots for a MIG request of ``hint_s`` seconds at ``now``, or None when it cannot place
-        it now."""
+        """The policy's slots for a demand the index ``handles``, of a job of ``hint_s`` seconds at ``now``, or
+        None when it cannot place it now."""
         self._catch_up()
         ctx = Context.timed(now, hint_s, self.params, False, self.ends, self.node_end, self.node_empty)
         if demand.kind == "gpus":
