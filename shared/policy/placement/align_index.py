@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.tables import tables_for
+from shared.policy.cluster_snapshot import gpu_end
 from shared.policy.gpu_view import GpuView
 from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context, Group, table, trailing
 from shared.policy.placement.decision import Slot
@@ -79,6 +80,8 @@ class AlignIndex:
         self.used = np.zeros(n, dtype=np.int64)
         self._end = [-math.inf] * n
         self._empty = [False] * n
+        """``ends`` and usable-and-empty per GPU as lists: the node pass reads them one GPU at a time, where a
+        numpy element read costs more than the pass."""
         self._nodes, self._node_of, self._node_at = _number_nodes(self.gpus)
         self._node_count = [0] * len(self._node_at)
         """Per node number, its empty usable GPUs (``node_empty`` per node)."""
@@ -205,18 +208,12 @@ class AlignIndex:
         k = self.mid[pos]
         tabs = self._tables[k]
         busy = gpu.busy_mask
-        end = -math.inf
-        idle_starts = [0] * len(tabs)
+        end = gpu_end(gpu)
+        idle_starts = [0] * len(tabs)  # as the snapshot's idle_starts row, kept as a list: it keys the memo
         index = self._index[k]
         for inst in gpu.instances:
-            if inst.job_id is not None:
-                ends_at = math.inf if inst.ends_at is None else inst.ends_at  # InstanceView.expected_end
-                if ends_at > end:
-                    end = ends_at
-            else:
-                col = index.get(inst.profile)
-                if col is not None:
-                    idle_starts[col] |= 1 << inst.start
+            if inst.job_id is None and (col := index.get(inst.profile)) is not None:
+                idle_starts[col] |= 1 << inst.start
         ok = gpu.mig and gpu.healthy
         self._end[pos] = end
         self.ends[pos] = end

@@ -101,7 +101,7 @@ class Context:
     """What every candidate of one decision shares: the clock, the job's expected end, whether empty GPUs are
     plenty, and the per-GPU columns the time fields read (each GPU's and its node's expected free time, the
     node's empty GPUs): a snapshot's (``of_snapshot``) or an index's. Per-GPU times are read for the candidates
-    that need them only (``gpu_end``, ``node_end``): a decision compares them within its best (tier, load, fit)
+    that need them only (``trailing``, ``node_end``): a decision compares them within its best (tier, load, fit)
     class, not over every GPU."""
 
     __slots__ = ("comfortable", "ends", "gpu_ends", "node_empty", "node_ends", "now")
@@ -126,10 +126,6 @@ class Context:
         """The job's expected end from its hint and the clock (inf without either, or without ``in_time``)."""
         ends = now + hint_s if params.in_time and hint_s is not None and now is not None else math.inf
         return cls(now if now is not None else 0.0, ends, comfortable, gpu_ends, node_ends, node_empty)
-
-    def gpu_end(self, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
-        """When each GPU at ``pos`` is expected to be free (now at the earliest)."""
-        return np.maximum(self.gpu_ends[pos], self.now)
 
     def node_end(self, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """When the node of each GPU at ``pos`` is expected to be free (now at the earliest)."""
