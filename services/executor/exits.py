@@ -87,6 +87,10 @@ class ExitReports:
                     ctx = self.runs.ctx.pop(ex.job_id, None)
                     self.runs.started.pop(ex.job_id, None)
                     instance_id, gpu_index = self.runs.instance.pop(ex.job_id, (None, None))
+                    if instance_id is None and ex.instance is not None:
+                        # the tables lost this run (another run's exit took them): the exit still names the
+                        # instance it ran on, or the registry would apply it to the job's run wherever it is
+                        instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
                 kind: ExitKind = _EXIT_KIND.get(ex.reason, "failed" if ex.status else "completed")
                 if recording:
                     span = _tracer.start_span(

@@ -106,7 +106,7 @@ class Reports:
                 b.mark_running(r.job_id, r.instance_id, now)
             elif isinstance(r, JobExited):
                 iid = r.instance_id or ""
-                after.append((d, b.release(r.job_id, r.exit, r.reason or f"exit {r.exit}", now, iid), "exit"))
+                after.append((d, b.release(r.job_id, r.exit, r.reason or f"exit {r.exit}", now, iid, r.node), "exit"))
         results: list[Any] = []
         if len(b):
             with telemetry.step("registry apply reports", [d.ctx for d in ds]):

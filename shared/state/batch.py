@@ -112,7 +112,11 @@ class Batch:
             lambda v: _s(v[0]),
         )
 
-    def release(self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "") -> int:
+    def release(
+        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = ""
+    ) -> int:
+        """``instance_id``: the instance the exit names ('' = any); ``node``: the node that reported it ('' =
+        any). An exit that names no instance, from a node where the job holds nothing, is stale."""
         k = self._jk(job_id)
 
         def parse(v: Any) -> ReleaseResult:
@@ -152,7 +156,7 @@ class Batch:
         return self._add(
             "release",
             [k.gpus, k.job(job_id)],
-            [job_id, kind, EXIT_TO_STATE[kind], reason, repr(now), instance_id],
+            [job_id, kind, EXIT_TO_STATE[kind], reason, repr(now), instance_id, node],
             parse,
         )
 

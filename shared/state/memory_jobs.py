@@ -9,7 +9,17 @@ from collections.abc import Iterable
 
 from shared.state.codec import CancelResult
 from shared.state.memory_prelude import _ACTIVE, MemoryPrelude, _Shard
-from shared.state.memory_slots import give_back, hold_for_stop, hold_members, inst_node, names, node_of, spans, vacate
+from shared.state.memory_slots import (
+    give_back,
+    hold_for_stop,
+    hold_members,
+    inst_node,
+    job_nodes,
+    names,
+    node_of,
+    spans,
+    vacate,
+)
 from shared.state.memory_slots import idle as _idle
 from shared.state.model import (
     EXIT_TO_STATE,
@@ -53,7 +63,7 @@ class JobTransitions(MemoryPrelude):
         return "ok"
 
     def _t_release(
-        self, job: str, kind: str, reason: str, now: float, instance_id: str = ""
+        self, job: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = ""
     ) -> ReleaseResult:
         sh = self._js(job)
         j = sh.jobs.get(job)
@@ -72,6 +82,8 @@ class JobTransitions(MemoryPrelude):
             return ReleaseResult(status="noop", job_id=job, state=j.state if j else "")
         across = bool(instance_id) and spans(j.held())
         if instance_id and instance_id not in (j.inst, j.mig_inst) and not (across and names(j, instance_id)):
+            return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
+        if not instance_id and node and node not in job_nodes(j):
             return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
         prev, gpu_id, node, slots = j.state, j.gpu, j.node, j.slots
         stops: list[tuple[str, str, str]] = []

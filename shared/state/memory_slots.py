@@ -84,6 +84,16 @@ def inst_node(instance_id: str) -> str:
     return node_of(instance_id.partition(":")[0])
 
 
+def job_nodes(job: JobRecord) -> set[str]:
+    """The nodes a job's placement holds: its slots' and its move target's (``holds_on`` in prelude.lua)."""
+    nodes = {node_of(g) for g, _ in job.held()}
+    if job.node:
+        nodes.add(job.node)
+    if job.mig_gpu:
+        nodes.add(node_of(job.mig_gpu))
+    return nodes
+
+
 def spans(slots: Iterable[tuple[str, str]]) -> bool:
     """Whether a job's slots lie on several nodes (a gang across nodes)."""
     return len({node_of(g) for g, _ in slots}) > 1

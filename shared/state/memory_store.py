@@ -155,9 +155,9 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
         return self._t_enqueue(job_id, spec, prio, submitted_at, reason, now, traceparent)
 
     async def release(
-        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = ""
+        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = ""
     ) -> ReleaseResult:
-        return self._t_release(job_id, kind, reason, now, instance_id)
+        return self._t_release(job_id, kind, reason, now, instance_id, node)
 
     async def mark_running(
         self,

@@ -153,9 +153,9 @@ class RedisState(DerivedReads):
         return await self._one("enqueue", job_id, spec, prio, submitted_at, reason, now, traceparent)
 
     async def release(
-        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = ""
+        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = ""
     ) -> ReleaseResult:
-        return await self._one("release", job_id, kind, reason, now, instance_id)
+        return await self._one("release", job_id, kind, reason, now, instance_id, node)
 
     async def mark_running(
         self,

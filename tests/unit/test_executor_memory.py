@@ -4,6 +4,8 @@ likewise; a hard cap holds at any rate. Time is an injected clock: no sleeps."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import zlib
 from typing import Any
 
@@ -14,7 +16,7 @@ from services.executor.recent import Recent
 from services.executor.service import Executor, ExecutorSettings
 from services.executor.sim_backend import SimBackend
 from shared.bus import MemoryBus, Outgoing
-from shared.events import CmdDone, CmdFailed, Command, decode, encode, now
+from shared.events import CmdDone, CmdFailed, Command, JobExited, decode, encode, now
 from shared.mig.geometry import default_geometry
 from shared.policy.partition import MigOp
 from shared.settings import load
@@ -250,3 +252,25 @@ async def test_a_destroy_is_refused_only_for_an_instance_busy_on_the_commands_ow
     (freed,) = await rig.deliver(destroy("c4", 1))
     assert isinstance(freed, CmdDone) and await rig.backend.list_instances(1) == []
     await rig.backend.close()
+
+
+async def test_an_exit_whose_run_the_tables_lost_still_names_the_instance_it_ran_on() -> None:
+    rig = Rig()
+    cmd = place("c1", "j1", 0, "1g.5gb", 0)
+    await rig.deliver(cmd)
+    rig.ex.runs.instance.pop("j1")  # as when another run's exit took the entry
+    reporting = asyncio.create_task(rig.ex.exits.run())
+    try:
+        await rig.backend.stop_workload("j1")
+        exits: list[JobExited] = []
+        for _ in range(200):
+            exits = [m for s, d, _ in rig.bus.sent if isinstance(m := decode(s, d, rig.bus.subjects), JobExited)]
+            if exits:
+                break
+            await asyncio.sleep(0.01)
+        assert [(e.job_id, e.instance_id, e.gpu_index) for e in exits] == [("j1", cmd.instance_id, 0)]
+    finally:
+        reporting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporting
+        await rig.backend.close()

@@ -124,6 +124,12 @@ end
 -- The node of a GPU id ('<node>/<index>') and of an instance id ('<gpu id>:...').
 local function node_of(gid) return string.match(gid or '', '^(.*)/[^/]*$') end
 local function inst_node(iid) return node_of(string.match(iid or '', '^([^:]+):')) end
+-- Whether a job's placement holds anything on a node: its slots, its node, its move target.
+local function holds_on(slots, jnode, mig_gpu, node)
+  if jnode == node or (mig_gpu and node_of(mig_gpu) == node) then return true end
+  for _, s in ipairs(slots) do if node_of(s[1]) == node then return true end end
+  return false
+end
 -- Whether a job's slots span several nodes (a gang across nodes: each member node runs its part and reports
 -- its start and its exit on its own).
 local function spans(slots)

@@ -1,5 +1,6 @@
 -- release: a job left its instances (every slot of a gang). Idempotent: the first call frees them, later ones
--- are no-ops. KEYS[2] job hash. ARGV: job_id, exit_kind, new_state, reason, now, instance_id ('' = any)
+-- are no-ops. KEYS[2] job hash. ARGV: job_id, exit_kind, new_state, reason, now, instance_id ('' = any), node
+-- ('' = any: the reporting node; an exit naming no instance from a node where the job holds nothing is stale).
 -- Returns {status, state, gpu, node, profile, insts, ver, model, index, slots[, stop node, stop gpu, stop
 -- instance, given back[, member stops]]} (see ReleaseResult); {'member', state, gpu, node, '', freed slots}
 -- when one member of a gang across nodes completed and others still run.
@@ -21,6 +22,9 @@ end
 local slots = job_slots(f[2], f[3], f[7])
 local across = ARGV[6] ~= '' and spans(slots)
 if ARGV[6] ~= '' and ARGV[6] ~= f[3] and ARGV[6] ~= f[5] and not (across and names(job, ARGV[6])) then
+  return {'stale', st, f[2], f[6] or '', '', ''}
+end
+if ARGV[6] == '' and (ARGV[7] or '') ~= '' and not holds_on(slots, f[6], f[4], ARGV[7]) then
   return {'stale', st, f[2], f[6] or '', '', ''}
 end
 -- A gang across nodes: each member node reports the exit of its own part (naming one of its instances). A

@@ -216,6 +216,27 @@ async def a_late_run_on_a_whole_gpu_is_stopped_unless_the_job_is_placed_on_that_
     await clean(store)
 
 
+async def an_exit_naming_no_instance_from_a_node_the_job_is_not_on_ends_nothing(store: Any) -> None:
+    await store.register_node("n1", [gpu(0)], NOW, "reg-1")
+    await store.register_node("n2", [gpu(0) | {"id": "n2/0"}], NOW, "reg-1")
+    inst = StoredInstance(id="n2/0:1g.5gb@0:j1", profile="1g.5gb", start=0, size=P1.memory_slices,
+                          compute=P1.compute_slices)
+    a0 = await place(store, "j1", inst)
+    assert await start(store, "j1", inst, a0) == "ok"
+    # a stopped late run on n1 whose exit could not name its instance: not the run on n2
+    res = await store.release("j1", "cancelled", "stopped", NOW, "", "n1")
+    assert res.status == "stale"
+    j = await store.job("j1")
+    assert (j.state, j.node, j.inst) == ("running", "n2", inst.id)
+    assert await held(store, "n2/0") == [(inst.id, "busy", "j1")]
+    await clean(store)
+    # the same report from the job's own node ends it
+    assert (await store.release("j1", "completed", "exit 0", NOW, "", "n2")).status == "ok"
+    assert (await store.job("j1")).state == "finished"
+    assert await held(store, "n2/0") == [(inst.id, "idle", None)]
+    await clean(store)
+
+
 CASES = [
     a_place_applied_after_its_time_out_is_stopped_and_holds_its_instance_until_the_node_confirms,
     a_late_run_of_a_finished_job_does_not_revive_it_and_is_stopped,
@@ -224,4 +245,5 @@ CASES = [
     a_late_run_on_the_instance_the_job_was_placed_on_again_is_that_placement,
     a_failure_of_an_older_attempt_leaves_the_current_placement_alone,
     a_late_run_on_a_whole_gpu_is_stopped_unless_the_job_is_placed_on_that_node_now,
+    an_exit_naming_no_instance_from_a_node_the_job_is_not_on_ends_nothing,
 ]
