@@ -5,10 +5,12 @@ in full every ``mirror_refresh_s``. Reservations decided in a batch are applied 
 the next decision of the same batch sees them and a batch never double-books a slice even before commit; the
 expected version of the GPU moves with it, as the Lua script will move it.
 
-Decisions (``decide``) of the seeds' balancer go through the ``PlacementIndex`` kept over the builder's GPUs in
-the builder's order (the snapshot's), updated on every change and rebuilt at the next decision after the GPU set
-changes: the same ``Placement`` as ``balancer.place`` at a fraction of its cost; ``place`` itself answers what
-the index cannot.
+Decisions (``decide``) go through an incremental index kept over the builder's GPUs in the builder's order (the
+snapshot's), updated on every change and rebuilt at the next decision after the GPU set changes: the seeds'
+balancer through its ``PlacementIndex``, ``migsched`` through its ``AlignIndex`` (the one the simulator keeps),
+each giving the same ``Placement`` as the policy over a snapshot at a fraction of its cost. The policy itself
+answers what the index cannot: held GPUs, topology domains, gangs across nodes, shares, a job it cannot place
+(for the reasons).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 
 from shared.mig.geometry import Geometry
 from shared.policy.partition import new_instance_id
+from shared.policy.placement.align_index import AlignIndex
+from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.balancer import BalancerParams, place
 from shared.policy.placement.decision import Decision, JobRequest, Slot
 from shared.policy.placement.gang import spans_nodes
@@ -38,6 +42,8 @@ class Mirror:
         self._view: ClusterSnapshot | None = None
         self._placer: PlacementIndex | None = None
         """Built at the first decision after the GPU set changed (a new GPU): None until then."""
+        self._aligner: AlignIndex | None = None
+        """As ``_placer``, for ``migsched``."""
 
     def __len__(self) -> int:
         return len(self.builder)
@@ -69,7 +75,10 @@ class Mirror:
             healthy = np.array([g.healthy and g.id not in blocked for g in view.gpus], dtype=bool)
             view = view.with_columns(healthy=healthy)
         if policy is not None:
-            return policy(view, job)
+            align = getattr(policy, "align_params", None)
+            if blocked or job.domains or not isinstance(align, AlignParams) or not AlignIndex.supports(align):
+                return policy(view, job)
+            return self._aligned(view, job, policy, align)
         if blocked or job.domains or spans_nodes(view, job.demand):
             return place(view, job, params)
         placer = self._placer
@@ -78,17 +87,30 @@ class Mirror:
         dec = placer.decide(job)
         return dec if dec is not None else place(self.view(), job, params)
 
+    def _aligned(self, view: ClusterSnapshot, job: JobRequest, policy: PlacementPolicy, align: AlignParams,
+                 ) -> Decision:
+        """``policy(view, job)`` for ``migsched``, through the aligner where it can answer."""
+        aligner = self._aligner
+        if aligner is None or aligner.params != align:
+            aligner = self._aligner = AlignIndex(self.geometry, view.gpus, align)
+        if not aligner.handles(job.demand) or spans_nodes(view, job.demand):
+            return policy(view, job)
+        dec = aligner.decide(job, getattr(policy, "policy_name", "migsched"))
+        return dec if dec is not None else policy(view, job)
+
     def _changed(self, gpu_id: str) -> None:
         self._snap = self._view = None
         if self._placer is not None:
             self._placer.update(self.builder.get(gpu_id))
+        if self._aligner is not None:
+            self._aligner.update(self.builder.get(gpu_id))
 
     def put(self, g: StoredGpu) -> None:
         self._put_view(g.view(), g.ver)
 
     def _put_view(self, view: GpuView, ver: int) -> None:
         if view.id not in self.builder or self.builder.get(view.id).model != view.model:
-            self._placer = None  # the placer's GPU list (and model of each) is fixed: built again when asked
+            self._placer = self._aligner = None  # their GPU lists (and models) are fixed: built again when asked
         self.builder.put(view)
         self.vers[view.id] = ver
         self._changed(view.id)

@@ -27,7 +27,7 @@ DEMANDS = st.one_of(
     st.builds(sized, st.integers(1, 7), st.floats(1, 150)),
 )
 PARAMS = st.builds(AlignParams, fit_steps=st.sampled_from([5.0, 20.0]), in_time=st.booleans(),
-                   node_first=st.booleans(), top_k=st.just(0))
+                   node_first=st.booleans(), top_k=st.sampled_from([0, 0, 1, 3, 6]))
 HINTS = st.sampled_from([None, 30.0, 600.0, 7200.0, 200000.0])
 STEP = st.tuples(st.sampled_from(["place", "place", "place", "release", "destroy", "health", "later"]), DEMANDS,
                  HINTS, st.integers(0, 2**16))
@@ -65,10 +65,12 @@ def test_the_index_places_exactly_as_the_policy_through_a_sequence_of_changes(
             job = JobRequest(job_id=f"j{k}", demand=demand, duration_hint_s=hint, now=now)
             decision = place_aligned(snapshot_of(GEO, gpus), job, params=params)
             slots = index.place(demand, hint, now)
+            explained = index.decide(job, "migsched")
             if not isinstance(decision, Placement):
-                assert slots is None
+                assert slots is None and explained is None
                 continue
             assert slots == decision.slots
+            assert explained == decision  # reasons, score and runners-up too (msgspec compares every field)
             _apply(gpus, index, slots[0], f"j{k}", None if hint is None else now + hint)
         else:
             p = pick % len(gpus)
@@ -130,6 +132,7 @@ def test_whole_gpu_gangs_go_where_the_policy_puts_them_while_every_gpu_is_in_mig
         decision = place_aligned(snapshot_of(GEO, gpus), job)
         slots = index.place(demand, hint, now)
         assert slots == (decision.slots if isinstance(decision, Placement) else None)
+        assert index.decide(job, "migsched") == (decision if isinstance(decision, Placement) else None)
         for slot in slots or ():
             _apply(gpus, index, slot, f"j{k}", None if hint is None else now + hint)
         empty_by_node = Counter(g.node for g in gpus if g.mig and g.healthy and not g.busy_mask)
@@ -182,3 +185,15 @@ def test_parameters_whose_leading_fields_follow_the_load_are_refused() -> None:
     assert not AlignIndex.supports(AlignParams(keep_empty=0.1))
     with pytest.raises(ValueError, match="depend on the load"):
         AlignIndex(GEO, [], AlignParams(spread=True))
+
+
+def test_runners_up_among_many_equal_gpus_are_the_first_listed_as_the_policy_lists_them() -> None:
+    gpus = [GpuView.build(id=f"g{i}", node=f"n{i // 8}", index=i % 8, model="H100-80GB") for i in range(200)]
+    params = AlignParams(top_k=3)
+    index = AlignIndex(GEO, gpus, params)
+    for k in range(12):  # ties everywhere: the list must follow (key, position), not how rows are laid out
+        job = JobRequest(job_id=f"j{k}", demand=mig("1g" if k % 3 else "3g"), duration_hint_s=600.0, now=0.0)
+        decision = place_aligned(snapshot_of(GEO, gpus), job, params=params)
+        assert isinstance(decision, Placement) and len(decision.candidates) == 3
+        assert index.decide(job, "migsched") == decision
+        _apply(gpus, index, decision.slot, job.job_id, 600.0)

@@ -3,8 +3,10 @@ balancer service makes to a mirror."""
 
 from __future__ import annotations
 
+import functools
 import random
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,8 +14,10 @@ from mig_strategies import GEO, MODELS, random_cluster
 
 import services.balancer.mirror as mirror_module
 from services.balancer.mirror import Mirror, reservation_instance
+from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.balancer import BalancerParams, place
 from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
+from shared.policy.placement.registry import get_policy
 from shared.policy.request import Demand, mig, sized
 from shared.policy.snapshot import GpuView
 from shared.state import StoredGpu, StoredInstance
@@ -174,3 +178,86 @@ def test_a_reload_of_the_same_gpus_updates_only_the_drifted_ones_and_keeps_decid
     assert mirror._placer is placer and mirror.vers["e5"] == 4  # updated in place, not rebuilt
     assert mirror.get("e5").busy_mask != 0
     _check(mirror, job, params)
+
+
+ALIGN = st.builds(AlignParams, fit_steps=st.sampled_from([5.0, 20.0]), in_time=st.booleans(),
+                  node_first=st.booleans(), top_k=st.integers(0, 4))
+HINTS = st.sampled_from([None, 30.0, 600.0, 7200.0])
+
+
+def _timed(g: GpuView, ver: int = 0) -> StoredGpu:
+    """``stored`` with each busy instance's expected end (what ``migsched`` aligns on)."""
+    out = stored(g, ver)
+    for si, i in zip(out.instances, g.instances, strict=True):
+        si.ends = i.ends_at if i.ends_at is not None and i.ends_at > 0 else 0.0
+    return out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 24),
+       models=st.lists(st.sampled_from(MODELS), min_size=1, max_size=3, unique=True), params=ALIGN,
+       steps=st.lists(st.tuples(st.sampled_from(["decide"] * 6 + ["release", "reload", "health", "add", "later"]),
+                                DEMANDS, HINTS, st.integers(0, 2**16)), min_size=1, max_size=30))
+def test_every_migsched_decision_of_the_mirror_equals_the_policys_over_its_view(
+    seed: int, n: int, models: list[str], params: AlignParams,
+    steps: list[tuple[str, Demand, float | None, int]],
+) -> None:
+    rng = random.Random(seed)
+    _, policy = get_policy("migsched", **msgspec.structs.asdict(params))
+    mirror = Mirror(GEO)
+    for g in random_cluster(rng, n, tuple(models)).gpus:
+        mirror.put(_timed(g, ver=rng.randrange(5)))
+    now, added = 1000.0, 0
+    for k, (what, demand, hint, pick) in enumerate(steps):
+        ids = list(mirror.vers)
+        gid = ids[pick % len(ids)]
+        gpu = mirror.get(gid)
+        if what == "decide":
+            job = JobRequest(job_id=f"j{k}", demand=demand, duration_hint_s=hint, now=now)
+            expected = policy(mirror.view(), job)
+            dec = mirror.decide(job, BalancerParams(), policy)
+            assert dec == expected
+            if isinstance(dec, Placement):
+                ends = now + hint if hint is not None else 0.0
+                for s in dec.slots:
+                    mirror.apply(s, job.job_id, reservation_instance(s, job.job_id, 0, "t", False, True, ends))
+        elif what == "release":
+            busy = [i for i in gpu.instances if i.job_id is not None]
+            if busy:
+                inst = busy[pick % len(busy)]
+                assert mirror.release(gid, inst.id, inst.job_id or "")
+        elif what == "reload":
+            idle = [i for i in gpu.instances if i.job_id is None]
+            keep = [i for i in gpu.instances if not idle or i is not idle[pick % len(idle)]]
+            mirror.put(_timed(gpu.with_instances(keep), ver=mirror.vers[gid] + 1))
+        elif what == "health":
+            mirror.put(_timed(msgspec.structs.replace(gpu, healthy=not gpu.healthy), ver=mirror.vers[gid] + 1))
+        elif what == "add":
+            added += 1
+            mirror.put(StoredGpu(id=f"new{added}", node=f"x{pick % 2}", index=added, model=models[0]))
+        else:
+            now += float(pick % 5000)
+
+
+def test_a_migsched_decision_with_room_is_made_by_the_index_without_a_policy_call() -> None:
+    mirror = Mirror(GEO)
+    for g in random_cluster(random.Random(3), 64, ("A100-40GB", "H100-80GB"), odd_share=0.0).gpus:
+        mirror.put(_timed(g))
+    _, policy = get_policy("migsched")
+    job = JobRequest(job_id="j", demand=mig("1g"), duration_hint_s=600.0, now=1000.0)
+    expected = policy(mirror.view(), job)
+    assert isinstance(expected, Placement) and len(expected.candidates) == 3
+    calls = 0
+
+    def counted(snap: object, j: JobRequest) -> object:
+        nonlocal calls
+        calls += 1
+        return policy(snap, j)  # type: ignore[arg-type]
+
+    functools.update_wrapper(counted, policy)  # the policy's name and parameters, as the registry hands it
+    assert mirror.decide(job, BalancerParams(), counted) == expected  # type: ignore[arg-type]
+    gang = JobRequest(job_id="g", demand=Demand(kind="gpus", gpus=2), duration_hint_s=600.0, now=1000.0)
+    assert mirror.decide(gang, BalancerParams(), counted) == policy(mirror.view(), gang)  # type: ignore[arg-type]
+    assert calls == 0
+    blocked = mirror.decide(job, BalancerParams(), counted, blocked={expected.slot.gpu_id})  # type: ignore[arg-type]
+    assert calls == 1 and isinstance(blocked, Placement) and blocked.slot.gpu_id != expected.slot.gpu_id

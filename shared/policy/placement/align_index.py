@@ -1,4 +1,4 @@
-"""``AlignIndex``: the simulator's incremental index of the ``migsched`` rule, kept one GPU change at a time.
+"""``AlignIndex``: the incremental index of the ``migsched`` rule, kept one GPU change at a time.
 
 ``migsched`` (``shared.policy.placement.plugins.migsched``) scores every usable GPU of a snapshot per decision:
 two table gathers for its best candidate's static key, the best (tier, load, fit) class, then the time fields
@@ -17,8 +17,9 @@ sequences).
 Whole-GPU gangs that fit on one node, while every GPU is in MIG mode, go to the node the rule's own
 ``migsched.gang_head`` picks among the nodes with enough empty GPUs (counted per node). The index answers only
 for parameters whose leading fields never depend on the load (``supports``: no ``keep_empty`` below 1, no
-``spread``); anything else goes to the policy with a snapshot. It returns slots, not an explained
-``Placement``: the simulator reads only the slots.
+``spread``); anything else goes to the policy with a snapshot. ``place`` returns the slots (all the simulator
+reads); ``decide`` the explained ``Placement`` with its runners-up, for the balancer's mirror, which keeps one
+index per shard as the simulator keeps one per run.
 
 Pure: a data structure the caller drives with ``update``; no clock, I/O or randomness.
 """
@@ -36,9 +37,10 @@ from shared.mig.tables import tables_for
 from shared.policy.cluster_snapshot import gpu_end
 from shared.policy.gpu_view import GpuView
 from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context, Group, table, trailing
-from shared.policy.placement.decision import Slot
+from shared.policy.placement.decision import JobRequest, Placement, Slot
+from shared.policy.placement.explain import whole_placement
 from shared.policy.placement.gang import member_slots
-from shared.policy.placement.plugins.migsched import choose, gang_head, slot_of
+from shared.policy.placement.plugins.migsched import choose, explain, gang_head, slot_of
 from shared.policy.request import Demand, resolve_profile
 
 _Tables = tuple[str, int, npt.NDArray[np.int64], npt.NDArray[np.int64]]
@@ -133,19 +135,41 @@ class AlignIndex:
         ctx = Context.timed(now, hint_s, self.params, False, self.ends, self.node_end, self.node_empty)
         if demand.kind == "gpus":
             return self._place_gang(ctx, demand.gpus)
+        got, _ = self._choose(ctx, demand, 1, scored=False)
+        if got is None:
+            return None
+        key, g, gpu = got
+        return (slot_of(gpu, g, key),)
+
+    def decide(self, job: JobRequest, policy: str) -> Placement | None:
+        """The policy's explained ``Placement`` (reasons, score, ``top_k`` runners-up) for a job whose demand the
+        index ``handles``, or None when it cannot place it now (the policy then gives the reasons)."""
+        self._catch_up()
+        ctx = Context.timed(job.now, job.duration_hint_s, self.params, False, self.ends, self.node_end,
+                            self.node_empty)
+        if job.demand.kind == "gpus":
+            slots = self._place_gang(ctx, job.demand.gpus)
+            return None if slots is None else whole_placement(job, slots, policy)
+        got, groups = self._choose(ctx, job.demand, self.params.top_k + 1, scored=True)
+        return None if got is None else explain(self.gpus, job, policy, got, groups, ctx, self.params)
+
+    def _choose(self, ctx: Context, demand: Demand, cover: int, scored: bool,
+                ) -> tuple[tuple[int, Group, GpuView] | None, list[Group]]:
+        """``choose`` over the smallest classes holding at least ``cover`` GPUs per model (1: the best class;
+        more for runners-up), and the groups it chose from. ``scored``: the chosen key is full even when it is
+        the only candidate (its score is reported)."""
         asked = self._asked.get(demand)
         if asked is None:
             if len(self._asked) >= self.memo_limit:
                 self._asked.clear()
             asked = self._asked[demand] = [(k, model, prof.name) for k, model in enumerate(self.models)
                                            if (prof := resolve_profile(demand, model)) is not None]
-        got, at_max = choose(self._groups(ctx, asked, True), ctx, self.params, self.gpus)
+        groups = self._groups(ctx, asked, cover, scored)
+        got, at_max = choose(groups, ctx, self.params, self.gpus)
         if at_max:  # a best candidate at its max count: its GPU's next best may rank past other classes
-            got, _ = choose(self._groups(ctx, asked, False), ctx, self.params, self.gpus)
-        if got is None:
-            return None
-        key, g, gpu = got
-        return (slot_of(gpu, g, key),)
+            groups = self._groups(ctx, asked, 0, scored)
+            got, _ = choose(groups, ctx, self.params, self.gpus)
+        return got, groups
 
     def _place_gang(self, ctx: Context, n: int) -> tuple[Slot, ...] | None:
         """``n`` whole GPUs on the node the rule picks (``migsched.gang_head``), or None when no node has them."""
@@ -158,9 +182,11 @@ class AlignIndex:
         members = [self.gpus[p] for p in self._node_at[self._node_of[head]] if empty[p]]
         return member_slots(self.geometry, members, n)
 
-    def _groups(self, ctx: Context, asked: list[tuple[int, GpuModel, str]], best: bool) -> list[Group]:
-        """Per model asked, the GPUs with a candidate for its profile, each with its full key: the smallest
-        class's (``best``) or every one."""
+    def _groups(self, ctx: Context, asked: list[tuple[int, GpuModel, str]], cover: int, scored: bool,
+                ) -> list[Group]:
+        """Per model asked, the GPUs with a candidate for its profile, each with its key: those of the smallest
+        classes that together hold at least ``cover`` GPUs (0: every class), the best class's keys full (time
+        fields and ties), the others' without them (``Group``; they rank after the best class anyway)."""
         out = []
         keys, params = self.keys, self.params
         for k, model, name in asked:
@@ -168,19 +194,35 @@ class AlignIndex:
             classes = self.classes[k][j]
             if not classes:
                 continue
-            members = sorted(classes[min(classes)] if best else set().union(*classes.values()))
+            leads = sorted(classes)
+            best = classes[leads[0]]
+            taken = [classes[lead] for lead in leads] if cover <= 0 else [best]
+            count = len(best)
+            for lead in leads[1:] if cover > 0 else ():
+                if count >= cover:
+                    break
+                taken.append(classes[lead])
+                count += len(classes[lead])
+            members = sorted(best) if len(taken) == 1 else sorted(set().union(*taken))
             sel = np.array(members, dtype=np.intp)
             base = np.array([keys[p][j] for p in members], dtype=np.int64)
             used = self.used[sel]
-            if best and len(members) == 1 and len(asked) == 1:
+            if not scored and cover == 1 and len(members) == 1 and len(asked) == 1:
                 # the one candidate there is: its time fields order nothing (``choose`` fills them in if its
                 # candidate turns out to be at its max count)
                 out.append(Group(model=model, prof=model.profile(name), pos=sel, keys=base.copy(), exact=False,
                                  known=0, used=used, base=base))
                 continue
-            out.append(Group(model=model, prof=model.profile(name), pos=sel,
-                             keys=base | trailing(ctx, params, sel, used), exact=True, known=len(members),
-                             used=used, base=base))
+            if len(taken) == 1 or cover <= 0:  # every GPU listed has its full key
+                out.append(Group(model=model, prof=model.profile(name), pos=sel,
+                                 keys=base | trailing(ctx, params, sel, used), exact=True, known=len(members),
+                                 used=used, base=base))
+                continue
+            rows = np.flatnonzero((base & LEAD) == leads[0])
+            full = base.copy()
+            full[rows] |= trailing(ctx, params, sel[rows], used[rows])
+            out.append(Group(model=model, prof=model.profile(name), pos=sel, keys=full, exact=False,
+                             known=len(rows), used=used, base=base))
         return out
 
     def _catch_up(self) -> None:

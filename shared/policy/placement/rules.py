@@ -68,6 +68,7 @@ def compose(name: str, rules: Rules) -> PlacementPolicy:
             decision = rules.mig(snap, job)
         return decision if decision.policy == name else msgspec.structs.replace(decision, policy=name)
 
+    policy.policy_name = name  # type: ignore[attr-defined]
     if rules.balancer_params is not None:
         policy.balancer_params = rules.balancer_params  # type: ignore[attr-defined]
     if rules.align_params is not None:

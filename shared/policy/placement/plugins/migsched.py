@@ -102,8 +102,7 @@ def _mig(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignPara
     got, at_max = choose(groups, ctx, params, snap.gpus)
     if got is None:
         return _cannot(snap, job, groups, missing, at_max, policy)
-    key, g, gpu = got
-    return _explain(snap, job, policy, slot_of(gpu, g, key), key, groups, ctx, params)
+    return explain(snap.gpus, job, policy, got, groups, ctx, params)
 
 
 def choose(groups: Sequence[Group], ctx: Context, params: AlignParams, gpus: Sequence[GpuView],
@@ -169,11 +168,15 @@ def _describe(b: int) -> str:
     return f"{60 * (2 ** (b - 1) - 1):.0f}-{60 * (2 ** b - 1):.0f} s"
 
 
-def _explain(snap: ClusterSnapshot, job: JobRequest, policy: str, slot: Slot, key: int, groups: Sequence[Group],
-             ctx: Context, params: AlignParams) -> Placement:
+def explain(gpus: Sequence[GpuView], job: JobRequest, policy: str, got: tuple[int, Group, GpuView],
+            groups: Sequence[Group], ctx: Context, params: AlignParams) -> Placement:
+    """The chosen candidate (``choose``'s answer) as a ``Placement`` with its reasons, score and runners-up
+    (``gpus``: the views by position): the policy's over a snapshot, the balancer mirror's ``AlignIndex``'s over
+    its own groups."""
+    key, g, gpu = got
+    slot = slot_of(gpu, g, key)
     f = unpack(key)
-    gpu = snap.gpu(slot.gpu_id)
-    tables = tables_for(snap.geometry.model(gpu.model))
+    tables = tables_for(g.model)
     after = gpu.busy_mask | span(slot.size, slot.start)
     where = "opens an empty GPU" if not gpu.busy_mask else f"beside running jobs ({gpu.used_compute} slices busy)"
     reasons = [
@@ -186,12 +189,14 @@ def _explain(snap: ClusterSnapshot, job: JobRequest, policy: str, slot: Slot, ke
         reasons.append(f"destroys {len(slot.destroy)} idle instance(s) in the way")
     return Placement(
         job_id=job.job_id, policy=policy, slots=(slot,), tier="any", frag_before=tables.cost(gpu.busy_mask),
-        frag_after=tables.cost(after), reasons=tuple(reasons), candidates=_runners_up(snap, groups, slot, ctx, params),
+        frag_after=tables.cost(after), reasons=tuple(reasons), candidates=_runners_up(gpus, groups, slot, ctx, params),
     )
 
 
-def _runners_up(snap: ClusterSnapshot, groups: Sequence[Group], chosen: Slot, ctx: Context, params: AlignParams,
+def _runners_up(gpus: Sequence[GpuView], groups: Sequence[Group], chosen: Slot, ctx: Context, params: AlignParams,
                 ) -> tuple[Candidate, ...]:
+    """The ``top_k`` best candidates on other GPUs, by (key, position): every GPU tied at the cut is ranked, so
+    the list depends on the keys alone, not on how a group's rows are laid out."""
     top_k = params.top_k
     if top_k <= 0:
         return ()
@@ -201,13 +206,14 @@ def _runners_up(snap: ClusterSnapshot, groups: Sequence[Group], chosen: Slot, ct
         n = min(top_k + 1, g.keys.size)
         if not n:
             continue
-        for row in np.argpartition(g.keys, n - 1)[:n].tolist():
+        rows = np.flatnonzero(g.keys <= np.partition(g.keys, n - 1)[n - 1])
+        for row in rows[np.lexsort((g.pos[rows], g.keys[rows]))[:n]].tolist():
             if int(g.keys[row]) != UNFIT:
                 ranked.append((int(g.keys[row]), int(g.pos[row]), g))
     ranked.sort(key=lambda c: c[:2])
     out: list[Candidate] = []
     for key, p, g in ranked:
-        gpu = snap.gpus[p]
+        gpu = gpus[p]
         if gpu.id == chosen.gpu_id:
             continue
         f = unpack(key)
