@@ -50,13 +50,14 @@ def _apply(gpus: list[GpuView], index: AlignIndex, slot: Slot, job: str, ends_at
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12),
        models=st.lists(st.sampled_from(MODELS), min_size=1, max_size=3, unique=True),
-       params=PARAMS, steps=st.lists(STEP, min_size=1, max_size=25))
+       params=PARAMS, steps=st.lists(STEP, min_size=1, max_size=25), cached=st.sampled_from([1, 3, 64]))
 def test_the_index_places_exactly_as_the_policy_through_a_sequence_of_changes(
     seed: int, n: int, models: list[str], params: AlignParams,
-    steps: list[tuple[str, Demand, float | None, int]],
+    steps: list[tuple[str, Demand, float | None, int]], cached: int,
 ) -> None:
     gpus = list(random_cluster(random.Random(seed), n, tuple(models)).gpus)
     index = AlignIndex(GEO, gpus, params)
+    index.cached_class = cached  # small: the kept columns of large classes are exercised on small clusters
     now = 1000.0
     for k, (what, demand, hint, pick) in enumerate(steps):
         if what == "later":  # the clock moves: running jobs' expected ends come nearer or pass

@@ -52,6 +52,8 @@ class AlignIndex:
 
     memo_limit = 1 << 14
     """Static-key tuples kept by GPU state, and resolved demands (each emptied when full)."""
+    cached_class = 64
+    """Classes of at least this many GPUs keep their columns between decisions (``_class_columns``)."""
 
     def __init__(self, geometry: Geometry, gpus: Sequence[GpuView], params: AlignParams) -> None:
         if not self.supports(params):
@@ -93,6 +95,9 @@ class AlignIndex:
         self._not_mig = {p for p, g in enumerate(self.gpus) if not g.mig}
         """GPUs not in MIG mode: while there is one, a gang may go to plain GPUs first, which only the policy
         answers."""
+        self._columns: dict[tuple[int, int, int], tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], set[int]]] = {}
+        """Per large class (model slot, profile, leading fields): its positions and static keys as arrays, and
+        the GPUs that joined, left or were re-keyed since they were built (``_class_columns``)."""
         self._dirty: set[int] = set(range(n))
         self._asked: dict[Demand, list[tuple[int, GpuModel, str]]] = {}
         """Per demand, the (model slot, model, profile) it resolves to on each model that has one."""
@@ -188,26 +193,23 @@ class AlignIndex:
         classes that together hold at least ``cover`` GPUs (0: every class), the best class's keys full (time
         fields and ties), the others' without them (``Group``; they rank after the best class anyway)."""
         out = []
-        keys, params = self.keys, self.params
+        params = self.params
         for k, model, name in asked:
             j = self._profile_at[k][name]
             classes = self.classes[k][j]
             if not classes:
                 continue
             leads = sorted(classes)
-            best = classes[leads[0]]
-            taken = [classes[lead] for lead in leads] if cover <= 0 else [best]
-            count = len(best)
+            taken = leads if cover <= 0 else leads[:1]
+            count = len(classes[leads[0]])
             for lead in leads[1:] if cover > 0 else ():
                 if count >= cover:
                     break
-                taken.append(classes[lead])
+                taken.append(lead)
                 count += len(classes[lead])
-            members = sorted(best) if len(taken) == 1 else sorted(set().union(*taken))
-            sel = np.array(members, dtype=np.intp)
-            base = np.array([keys[p][j] for p in members], dtype=np.int64)
+            sel, base = self._members(k, j, taken)
             used = self.used[sel]
-            if not scored and cover == 1 and len(members) == 1 and len(asked) == 1:
+            if not scored and cover == 1 and len(sel) == 1 and len(asked) == 1:
                 # the one candidate there is: its time fields order nothing (``choose`` fills them in if its
                 # candidate turns out to be at its max count)
                 out.append(Group(model=model, prof=model.profile(name), pos=sel, keys=base.copy(), exact=False,
@@ -215,7 +217,7 @@ class AlignIndex:
                 continue
             if len(taken) == 1 or cover <= 0:  # every GPU listed has its full key
                 out.append(Group(model=model, prof=model.profile(name), pos=sel,
-                                 keys=base | trailing(ctx, params, sel, used), exact=True, known=len(members),
+                                 keys=base | trailing(ctx, params, sel, used), exact=True, known=len(sel),
                                  used=used, base=base))
                 continue
             rows = np.flatnonzero((base & LEAD) == leads[0])
@@ -224,6 +226,47 @@ class AlignIndex:
             out.append(Group(model=model, prof=model.profile(name), pos=sel, keys=full, exact=False,
                              known=len(rows), used=used, base=base))
         return out
+
+    def _members(self, k: int, j: int, leads: list[int],
+                 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
+        """The GPUs of the classes ``leads`` of model slot ``k``'s profile ``j``, by position, with their static
+        keys."""
+        parts = [self._class_columns(k, j, lead) for lead in leads]
+        if len(parts) == 1:
+            return parts[0]
+        sel = np.concatenate([p for p, _ in parts])
+        order = np.argsort(sel, kind="stable")
+        return sel[order], np.concatenate([b for _, b in parts])[order]
+
+    def _class_columns(self, k: int, j: int, lead: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
+        """One class's positions (sorted) and static keys. A large class keeps them between decisions and
+        applies only the GPUs it gained, lost or re-keyed since: building thousands of them per decision would
+        cost more than the decision."""
+        members = self.classes[k][j][lead]
+        keys = self.keys
+        entry = self._columns.get((k, j, lead)) if len(members) >= self.cached_class else None
+        if entry is None or len(entry[2]) > max(8, len(members) // 8):
+            ordered = sorted(members)
+            sel = np.array(ordered, dtype=np.intp)
+            base = np.array([keys[p][j] for p in ordered], dtype=np.int64)
+            if len(members) >= self.cached_class:
+                sel.setflags(write=False)
+                base.setflags(write=False)
+                self._columns[(k, j, lead)] = (sel, base, set())
+            return sel, base
+        sel, base, touched = entry
+        if touched:
+            keep = ~np.isin(sel, np.fromiter(touched, dtype=np.intp, count=len(touched)))
+            sel, base = sel[keep], base[keep]
+            back = sorted(p for p in touched if p in members)
+            if back:
+                at = np.searchsorted(sel, back)
+                sel = np.insert(sel, at, back)
+                base = np.insert(base, at, [keys[p][j] for p in back])
+            sel.setflags(write=False)
+            base.setflags(write=False)
+            self._columns[(k, j, lead)] = (sel, base, set())
+        return sel, base
 
     def _catch_up(self) -> None:
         """Key again every GPU changed since the last decision, then the time columns of their nodes."""
@@ -273,10 +316,18 @@ class AlignIndex:
             if was != UNFIT:
                 members = sets[was & LEAD]
                 members.discard(pos)
+                cached = self._columns.get((k, j, was & LEAD))
                 if not members:
                     del sets[was & LEAD]
+                    if cached is not None:
+                        del self._columns[(k, j, was & LEAD)]
+                elif cached is not None:
+                    cached[2].add(pos)
             if now != UNFIT:
                 sets.setdefault(now & LEAD, set()).add(pos)
+                cached = self._columns.get((k, j, now & LEAD))
+                if cached is not None:
+                    cached[2].add(pos)
 
     def _static(self, k: int, busy: int, idle: int, idle_starts: list[int]) -> tuple[int, ...]:
         """A usable GPU's static key for each profile of model slot ``k``: its best create or reuse candidate."""
@@ -295,6 +346,11 @@ class AlignIndex:
         fresh = AlignIndex(self.geometry, gpus, self.params)
         fresh._catch_up()
         self._catch_up()
+        for k, j, lead in list(self._columns):
+            sel, base = self._class_columns(k, j, lead)
+            members = sorted(self.classes[k][j][lead])
+            if sel.tolist() != members or base.tolist() != [self.keys[p][j] for p in members]:
+                return False
         return (self.keys == fresh.keys and self.classes == fresh.classes
                 and np.array_equal(self.ends, fresh.ends) and np.array_equal(self.node_end, fresh.node_end)
                 and np.array_equal(self.node_empty, fresh.node_empty) and np.array_equal(self.used, fresh.used)
