@@ -135,11 +135,13 @@ class Decider:
         else:
             req = JobRequest(job_id=sub.job_id, demand=sub.demand, tenant=sub.tenant, priority=sub.priority,
                              latency_sensitive=sub.latency_sensitive, migratable=sub.migratable,
-                             duration_hint_s=sub.duration_hint_s, now=now)
+                             duration_hint_s=sub.duration_hint_s, now=now, submitted_at=sub.submitted_at)
             req = msgspec.structs.replace(req, **within)
             dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
             self.metrics.seconds.observe(time.perf_counter() - t0)
         if isinstance(dec, CannotPlace):
+            if dec.deferred:  # kept waiting by the policy's rule for this job (a long gang): no hold, no memo
+                return self._queue(c, dec, batch, now)
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
             if c.from_queue and self.reserves and not self.ledger.active:
                 gpus_held = holds.consider(mirror.view(), sub, now, within.get("domains", ()),

@@ -32,7 +32,9 @@ def schedule(sim: SimRun) -> None:
     for key in sim.queue[: sim.cfg.backfill_depth]:
         i = key[2]
         memo = memos[i]
-        seen = failed.get(memo)
+        # a long gang may be kept waiting by the clock alone (long_gangs): its failures are not remembered
+        remember = i not in sim.long_gangs
+        seen = failed.get(memo) if remember else None
         if seen is not None:
             if seen == version:  # nothing freed since it failed (may_fit_since would say so, slower)
                 continue
@@ -41,15 +43,17 @@ def schedule(sim: SimRun) -> None:
                 continue
         job = jobs[i]
         if placer is not None and job.within_block is None and placer.handles(job.demand):
-            got = placer.place(job.demand, sim.hint(i), sim.now)
+            got = placer.place(job.demand, sim.hint(i), sim.now, job.arrival)
             if got is None:
-                failed[memo] = version
+                if remember:
+                    failed[memo] = version
                 continue
             slots: tuple[Slot, ...] = got
         else:
             decision = sim.policy(sim.cluster.snapshot(), job.request(sim.hint(i), sim.now, sim.blocks))
             if isinstance(decision, CannotPlace):
-                failed[memo] = version
+                if remember:
+                    failed[memo] = version
                 continue
             slots = decision.slots
         placed.append(key)

@@ -46,6 +46,7 @@ class SimJob(msgspec.Struct, frozen=True, kw_only=True):
         return JobRequest(
             duration_hint_s=hint_s,
             now=now,
+            submitted_at=self.arrival,
             job_id=self.id,
             demand=self.demand,
             tenant=self.tenant,

@@ -19,6 +19,7 @@ import numpy as np
 
 from shared.policy.migration.unblock import plan_unblock
 from shared.policy.placement.decision import CannotPlace, Slot
+from shared.policy.placement.long_gangs import waits
 from shared.policy.reservation import Reservation, may_use, plan, plan_within, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
 from shared.sim.backfill import may_fit_since
@@ -52,19 +53,20 @@ def schedule(sim: SimRun) -> None:
         h = sim.hint(i)
         blocked = [r for r in held if not may_use(h, now, r.start)]
         memo = memos[i]
-        seen = failed.get(memo)
+        remember = i not in sim.long_gangs  # see backfill
+        seen = failed.get(memo) if remember else None
         skip = seen is not None and (seen == version or not _may_fit(sim, i, seen))
         slots: tuple[Slot, ...] | None = None
         if not skip:
             if not blocked and placer is not None and job.within_block is None and placer.handles(job.demand):
-                slots = placer.place(job.demand, h, now)
+                slots = placer.place(job.demand, h, now, job.arrival)
             else:
                 snap = sim.cluster.snapshot()
                 if blocked:
                     snap = _masked(snap, frozenset(g for r in blocked for g in r.gpus))
                 decision = sim.policy(snap, job.request(h, now, sim.blocks))
                 slots = None if isinstance(decision, CannotPlace) else decision.slots
-            if slots is None and not blocked:
+            if slots is None and not blocked and remember:
                 failed[memo] = version
         if slots is not None:
             placed.append(key)
@@ -79,7 +81,7 @@ def schedule(sim: SimRun) -> None:
         if len(held) >= params.max_held or attempts >= 2 * params.max_held or now - job.arrival < params.after_s:
             continue
         need = whole_gpus(sim.cluster.model_list, job.demand)
-        if not need:
+        if not need or _kept_waiting(sim, i):
             continue
         attempts += 1
         patience = job.patience if job.patience is not None else sim.cfg.patience_s
@@ -98,6 +100,17 @@ def schedule(sim: SimRun) -> None:
         del sim.queue[bisect.bisect_left(sim.queue, key)]
     sim.reservations = held
     sim.held_free = _held_free(sim, held)
+
+
+def _kept_waiting(sim: SimRun, i: int) -> bool:
+    """Whether the policy's long-gang rule keeps job ``i`` waiting now: it gets no hold (it would not start on
+    the held GPUs either)."""
+    if i not in sim.long_gangs or sim.align is None:
+        return False
+    job = sim.jobs[i]
+    snap = sim.cluster.snapshot()
+    empty = int(np.count_nonzero(snap.ok & (np.asarray(snap.busy) == 0)))
+    return waits(sim.align, job.demand.gpus, sim.hint(i), sim.now - job.arrival, empty, len(snap)) is not None
 
 
 def _masked(snap: ClusterSnapshot, hold: frozenset[str]) -> ClusterSnapshot:

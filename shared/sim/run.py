@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from shared.policy.migration.unblock import UnblockParams
 from shared.policy.placement.align_index import AlignIndex
+from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.decision import Decision, JobRequest, Slot
 from shared.policy.placement.index import PlacementIndex
 from shared.policy.reservation import Reservation, ReservationParams
@@ -73,6 +74,8 @@ class SimRun(Protocol):
     blocks: tuple[tuple[str, tuple[str, ...]], ...]
     profiles: dict[tuple[str, str], tuple[int, ...]]
     placer: PlacementIndex | AlignIndex | None
+    align: AlignParams | None
+    long_gangs: frozenset[int]
 
     # reservations and unblocking moves
     reservation_params: ReservationParams

@@ -4,6 +4,8 @@ Redis for ``migsched status``."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
 from migsched import clusterview
@@ -71,6 +73,44 @@ async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
             view = await clusterview.read(ns.state, GEO)
             assert [h.job_id for h in view.holds] == ["big"]
             assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held until")
+        finally:
+            await ex.stop()
+            await stack.stop()
+
+
+async def test_a_long_gang_kept_waiting_for_headroom_gets_no_hold_and_says_why(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=4)
+        await ex.start()
+        try:
+            async def ready() -> bool:
+                return len(stack.balancer.mirrors[0]) == 4
+
+            assert await until(ready)
+
+            def in_state(job: str, want: str) -> Callable[[], Awaitable[bool]]:
+                async def check() -> bool:
+                    j = await ns.state.job(job)
+                    return j is not None and j.state == want
+                return check
+
+            for job in ("a", "b"):  # a 4g each, on a GPU of its own: two of the four GPUs stay empty
+                await ns.bus.publish(ns.bus.subjects.jobs_submit, submit(job, "4g.20gb", 10000.0))
+                assert await until(in_state(job, "running"))
+            # 2 GPUs for 100 h is more than 4 h of the 4 GPUs: it would leave none of the one it must empty
+            gang = JobSubmit(id="s-gang", job_id="gang", demand=Demand(kind="gpus", gpus=2),
+                             duration_hint_s=360000.0, submitted_at=now())
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, gang)
+            assert await until(in_state("gang", "pending"))
+            await stack.balancer.backfill()
+            _, holds = await ns.state.holds(0)
+            assert holds == []
+            view = await clusterview.read(ns.state, GEO)
+            assert "a long gang (2 GPUs for 100.0 h" in view.reasons["gang"]
         finally:
             await ex.stop()
             await stack.stop()

@@ -129,9 +129,11 @@ def test_whole_gpu_gangs_go_where_the_policy_puts_them_while_every_gpu_is_in_mig
         demand = gang_step(gpus, index, what, pick)
         if demand is None:
             continue
-        job = JobRequest(job_id=f"j{k}", demand=demand, duration_hint_s=hint, now=now)
+        # waited 0-10,000 s: a long gang is kept waiting for headroom until 7,200 s (long_gangs)
+        job = JobRequest(job_id=f"j{k}", demand=demand, duration_hint_s=hint, now=now,
+                         submitted_at=now - float(pick % 10000))
         decision = place_aligned(snapshot_of(GEO, gpus), job)
-        slots = index.place(demand, hint, now)
+        slots = index.place(demand, hint, now, job.submitted_at)
         assert slots == (decision.slots if isinstance(decision, Placement) else None)
         assert index.decide(job, "migsched") == (decision if isinstance(decision, Placement) else None)
         for slot in slots or ():

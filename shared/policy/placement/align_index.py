@@ -15,7 +15,8 @@ policy over a snapshot of the same GPUs (``tests/unit/test_align_index.py`` chec
 sequences).
 
 Whole-GPU gangs that fit on one node, while every GPU is in MIG mode, go to the node the rule's own
-``migsched.gang_head`` picks among the nodes with enough empty GPUs (counted per node). The index answers only
+``migsched.gang_head`` picks among the nodes with enough empty GPUs (counted per node), unless the rule keeps a
+long one waiting (``long_gangs.waits``, over the same counts). The index answers only
 for parameters whose leading fields never depend on the load (``supports``: no ``keep_empty`` below 1, no
 ``spread``); anything else goes to the policy with a snapshot. ``place`` returns the slots (all the simulator
 reads); ``decide`` the explained ``Placement`` with its runners-up, for the balancer's mirror, which keeps one
@@ -40,6 +41,7 @@ from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context,
 from shared.policy.placement.decision import JobRequest, Placement, Slot
 from shared.policy.placement.explain import whole_placement
 from shared.policy.placement.gang import member_slots
+from shared.policy.placement.long_gangs import is_long, waits
 from shared.policy.placement.plugins.migsched import choose, explain, gang_head, slot_of
 from shared.policy.request import Demand, resolve_profile
 
@@ -133,13 +135,14 @@ class AlignIndex:
         return self._node_count[self._nodes[node]]
 
     def place(self, demand: Demand, hint_s: float | None = None, now: float | None = None,
-              ) -> tuple[Slot, ...] | None:
-        """The policy's slots for a demand the index ``handles``, of a job of ``hint_s`` seconds at ``now``, or
-        None when it cannot place it now."""
+              submitted_at: float | None = None) -> tuple[Slot, ...] | None:
+        """The policy's slots for a demand the index ``handles``, of a job of ``hint_s`` seconds submitted at
+        ``submitted_at``, at ``now``, or None when it cannot place it now."""
         self._catch_up()
         ctx = Context.timed(now, hint_s, self.params, False, self.ends, self.node_end, self.node_empty)
         if demand.kind == "gpus":
-            return self._place_gang(ctx, demand.gpus)
+            waited = None if now is None or submitted_at is None else now - submitted_at
+            return None if self.waits(demand.gpus, hint_s, waited) else self._place_gang(ctx, demand.gpus)
         got, _ = self._choose(ctx, demand, 1, scored=False)
         if got is None:
             return None
@@ -153,10 +156,19 @@ class AlignIndex:
         ctx = Context.timed(job.now, job.duration_hint_s, self.params, False, self.ends, self.node_end,
                             self.node_empty)
         if job.demand.kind == "gpus":
+            if self.waits(job.demand.gpus, job.duration_hint_s, job.waited_s()):
+                return None  # the policy gives the reason
             slots = self._place_gang(ctx, job.demand.gpus)
             return None if slots is None else whole_placement(job, slots, policy)
         got, groups = self._choose(ctx, job.demand, self.params.top_k + 1, scored=True)
         return None if got is None else explain(self.gpus, job, policy, got, groups, ctx, self.params)
+
+    def waits(self, gpus: int, hint_s: float | None, waited_s: float | None) -> str | None:
+        """Why a gang of ``gpus`` waits for headroom now (``shared.policy.placement.long_gangs``), or None."""
+        if not is_long(self.params, gpus, hint_s, len(self.gpus)):
+            return None
+        self._catch_up()
+        return waits(self.params, gpus, hint_s, waited_s, sum(self._node_count), len(self.gpus))
 
     def _choose(self, ctx: Context, demand: Demand, cover: int, scored: bool,
                 ) -> tuple[tuple[int, Group, GpuView] | None, list[Group]]:

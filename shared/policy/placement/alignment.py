@@ -52,6 +52,13 @@ class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
     """Compare the node's extension before the GPU's."""
     top_k: int = 3
     """Runners-up a decision lists (0 in the simulator, which reads only the choice)."""
+    gang_hours: float = 4.0
+    """A gang whose GPUs × duration hint exceed this many hours of every GPU of the cluster is *long*: it starts
+    only with ``gang_room`` to spare, or after ``gang_wait_s`` (``shared.policy.placement.long_gangs``); 0 = off."""
+    gang_room: float = 0.25
+    """Share of the cluster's GPUs a long gang must leave empty when it starts."""
+    gang_wait_s: float = 7200.0
+    """A long gang that has waited this long is placed, and held for, as any gang."""
 
 
 _EDGES = (math.nextafter(0.0, 1.0), *(60.0 * (2.0**k - 1.0) for k in range(1, 63)), math.inf)

@@ -32,6 +32,12 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     """The label the domains are of (``block``, ``rack``), for the reasons."""
     domain_required: bool = False
     """Wait for one domain to hold the gang (True) or place it across domains when none does (False)."""
+    submitted_at: float | None = None
+    """When the job was submitted (with ``now``: how long it has waited); None = unknown."""
+
+    def waited_s(self) -> float | None:
+        """How long the job has waited (None without a clock or a submission time)."""
+        return None if self.now is None or self.submitted_at is None else self.now - self.submitted_at
 
 
 class Slot(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +106,9 @@ class CannotPlace(msgspec.Struct, frozen=True, kw_only=True):
     policy: str
     reasons: tuple[str, ...]
     counts: dict[str, int] = {}
+    deferred: bool = False
+    """The policy keeps the job waiting by its own rule, not for want of room (a long gang,
+    ``shared.policy.placement.long_gangs``): no reservation is planned for it."""
 
     def explain(self) -> str:
         return f"{self.job_id} cannot be placed: " + "; ".join(self.reasons)

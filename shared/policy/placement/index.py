@@ -322,10 +322,10 @@ class PlacementIndex:
         return len(self._empty.get(node, ()))
 
     def place(self, demand: Demand, hint_s: float | None = None, now: float | None = None,
-              ) -> tuple[Slot, ...] | None:
+              submitted_at: float | None = None) -> tuple[Slot, ...] | None:
         """The balancer's slots for a demand the index ``handles``, or None when it cannot place it now. The
-        balancer's rule reads no time: ``hint_s`` and ``now`` are taken so that every simulator index is asked
-        alike (``AlignIndex.place``)."""
+        balancer's rule reads no time: ``hint_s``, ``now`` and ``submitted_at`` are taken so that every
+        simulator index is asked alike (``AlignIndex.place``)."""
         if demand.kind == "gpus":
             return self._place_whole(demand.gpus)
         req = self._request(demand)

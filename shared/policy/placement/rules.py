@@ -63,7 +63,7 @@ def compose(name: str, rules: Rules) -> PlacementPolicy:
                 decision = gang(snap, job)
                 if plain is not None and isinstance(decision, CannotPlace):
                     decision = CannotPlace(job_id=job.job_id, policy=name, reasons=plain.reasons + decision.reasons,
-                                           counts={**plain.counts, **decision.counts})
+                                           counts={**plain.counts, **decision.counts}, deferred=decision.deferred)
         else:
             decision = rules.mig(snap, job)
         return decision if decision.policy == name else msgspec.structs.replace(decision, policy=name)

@@ -22,8 +22,9 @@ All keys pack into one int64 per (GPU, start) so that a decision is a few vector
 over the snapshot's columns (``ClusterSnapshot.ends``, ``node_end`` and ``node_empty`` included; the time fields
 for the best class only, ``shared.policy.placement.alignment``); ``tests/reference_migsched.py`` is the same
 rule as a plain loop. ``gpus: n`` takes the node with ``n`` empty GPUs whose busy period it
-extends least, then the node with the fewest empty GPUs (best fit), once plain GPUs are out; time-sliced shares
-go the way every policy shares (``shared.policy.placement.rules``). The queue side (reservations) is
+extends least, then the node with the fewest empty GPUs (best fit), once plain GPUs are out; a *long* gang (a
+large share of the cluster for hours) waits for headroom first (``shared.policy.placement.long_gangs``);
+time-sliced shares go the way every policy shares (``shared.policy.placement.rules``). The queue side (reservations) is
 ``shared.policy.reservation``.
 """
 
@@ -58,6 +59,7 @@ from shared.policy.placement.alignment import (
 from shared.policy.placement.decision import Candidate, CannotPlace, Decision, JobRequest, Placement, Slot
 from shared.policy.placement.explain import whole_placement
 from shared.policy.placement.gang import member_slots
+from shared.policy.placement.long_gangs import waits
 from shared.policy.placement.registry import PolicySpec, Rules, register
 from shared.policy.placement.rules import compose
 from shared.policy.placement.slots import count_ok, create_slot, reuse_slot
@@ -77,7 +79,7 @@ def rules(params: AlignParams, policy: str = NAME) -> Rules:
         return _mig(snap, job, Context.of_snapshot(snap, job, params), params, policy)
 
     def gang(snap: ClusterSnapshot, job: JobRequest) -> Decision:
-        return _gang(snap, job, Context.of_snapshot(snap, job, params), policy)
+        return _gang(snap, job, Context.of_snapshot(snap, job, params), params, policy)
 
     return Rules(mig=mig, gang=gang, align_params=params)
 
@@ -243,9 +245,12 @@ def _cannot(snap: ClusterSnapshot, job: JobRequest, groups: Sequence[Group], mis
     return CannotPlace(job_id=job.job_id, policy=policy, reasons=reasons, counts=dict(counts))
 
 
-def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, policy: str) -> Decision:
+def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignParams, policy: str) -> Decision:
     n = job.demand.gpus
     empty = np.flatnonzero(snap.ok & (np.asarray(snap.busy) == 0))
+    why = waits(params, n, job.duration_hint_s, job.waited_s(), empty.size, len(snap))
+    if why is not None:
+        return CannotPlace(job_id=job.job_id, policy=policy, reasons=(why,), deferred=True)
     count = np.asarray(snap.node_empty)[empty]  # per empty GPU: its node's empty GPUs (the same ones)
     room = empty[count >= n]
     if not room.size:
@@ -270,6 +275,7 @@ def gang_head(ctx: Context, heads: npt.NDArray[np.intp]) -> int:
 @register(PolicySpec(name=NAME, description="the default: pack in space, align in time (keep empty GPUs, least "
                      "extension of the GPU's and node's busy time, then FragCost), with reservations for large "
                      "waiting jobs", reserves=True),
-          accepts=("keep_empty", "spread", "fit_steps", "in_time", "node_first", "top_k"))
+          accepts=("keep_empty", "spread", "fit_steps", "in_time", "node_first", "top_k", "gang_hours", "gang_room",
+                   "gang_wait_s"))
 def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, Rules]:
     return spec, rules(AlignParams(**params), spec.name)
