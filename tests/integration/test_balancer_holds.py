@@ -4,7 +4,8 @@ Redis for ``migsched status``."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -23,94 +24,87 @@ def submit(job: str, profile: str, hint: float) -> JobSubmit:
                      duration_hint_s=hint, submitted_at=now())
 
 
-async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
-    prefix: str, nats_url: str, redis_url: str
-) -> None:
+@contextlib.asynccontextmanager
+async def one_node(prefix: str, nats_url: str, redis_url: str, gpus: int) -> AsyncIterator[tuple[Namespace, Stack]]:
+    """The stack with one scripted node of ``gpus`` GPUs, once the balancer's mirror holds them all."""
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
         stack = Stack(prefix, nats_url, redis_url)
         await stack.start()
-        ex = ScriptedExecutor(ns.bus, "n1", gpus=2)
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=gpus)
         await ex.start()
         try:
             async def ready() -> bool:
-                return len(stack.balancer.mirrors[0]) == 2
+                return len(stack.balancer.mirrors[0]) == gpus
 
             assert await until(ready)
-
-            async def gpu_of(job: str) -> str | None:
-                j = await ns.state.job(job)
-                return j.gpu if j is not None and j.state == "running" else None
-
-            # a 4g can only start at slice 0: these two take one GPU each; the second ends far sooner
-            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "4g.20gb", 10000.0))
-            assert await until(lambda: gpu_of("a"))
-            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "4g.20gb", 60.0))
-            assert await until(lambda: gpu_of("b"))
-            soon = await gpu_of("b")
-            late = await gpu_of("a")
-            assert soon != late
-
-            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0))
-
-            async def pending() -> bool:
-                j = await ns.state.job("big")
-                return j is not None and j.state == "pending"
-
-            assert await until(pending)
-            await stack.balancer.backfill()  # the pass that plans the holds
-            at, holds = await ns.state.holds(0)
-            assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))] and at > 0
-
-            # a 3g that would run long fits beside either 4g: the held GPU is kept for the waiting job
-            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("long", "3g.20gb", 50000.0))
-            assert await until(lambda: gpu_of("long"))
-            assert await gpu_of("long") == late
-            # one that ends before the hold's start may use the held GPU (the other is full now)
-            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("short", "3g.20gb", 5.0))
-            assert await until(lambda: gpu_of("short"))
-            assert await gpu_of("short") == soon
-
-            view = await clusterview.read(ns.state, GEO)
-            assert [h.job_id for h in view.holds] == ["big"]
-            assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held until")
+            yield ns, stack
         finally:
             await ex.stop()
             await stack.stop()
+
+
+async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with one_node(prefix, nats_url, redis_url, 2) as (ns, stack):
+        async def gpu_of(job: str) -> str | None:
+            j = await ns.state.job(job)
+            return j.gpu if j is not None and j.state == "running" else None
+
+        # a 4g can only start at slice 0: these two take one GPU each; the second ends far sooner
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "4g.20gb", 10000.0))
+        assert await until(lambda: gpu_of("a"))
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "4g.20gb", 60.0))
+        assert await until(lambda: gpu_of("b"))
+        soon = await gpu_of("b")
+        late = await gpu_of("a")
+        assert soon != late
+
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0))
+
+        async def pending() -> bool:
+            j = await ns.state.job("big")
+            return j is not None and j.state == "pending"
+
+        assert await until(pending)
+        await stack.balancer.backfill()  # the pass that plans the holds
+        at, holds = await ns.state.holds(0)
+        assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))] and at > 0
+
+        # a 3g that would run long fits beside either 4g: the held GPU is kept for the waiting job
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("long", "3g.20gb", 50000.0))
+        assert await until(lambda: gpu_of("long"))
+        assert await gpu_of("long") == late
+        # one that ends before the hold's start may use the held GPU (the other is full now)
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("short", "3g.20gb", 5.0))
+        assert await until(lambda: gpu_of("short"))
+        assert await gpu_of("short") == soon
+
+        view = await clusterview.read(ns.state, GEO)
+        assert [h.job_id for h in view.holds] == ["big"]
+        assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held until")
 
 
 async def test_a_long_gang_kept_waiting_for_headroom_gets_no_hold_and_says_why(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url)
-        await stack.start()
-        ex = ScriptedExecutor(ns.bus, "n1", gpus=4)
-        await ex.start()
-        try:
-            async def ready() -> bool:
-                return len(stack.balancer.mirrors[0]) == 4
+    async with one_node(prefix, nats_url, redis_url, 4) as (ns, stack):
+        def in_state(job: str, want: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                j = await ns.state.job(job)
+                return j is not None and j.state == want
+            return check
 
-            assert await until(ready)
-
-            def in_state(job: str, want: str) -> Callable[[], Awaitable[bool]]:
-                async def check() -> bool:
-                    j = await ns.state.job(job)
-                    return j is not None and j.state == want
-                return check
-
-            for job in ("a", "b"):  # a 4g each, on a GPU of its own: two of the four GPUs stay empty
-                await ns.bus.publish(ns.bus.subjects.jobs_submit, submit(job, "4g.20gb", 10000.0))
-                assert await until(in_state(job, "running"))
-            # 2 GPUs for 100 h is more than 4 h of the 4 GPUs: it would leave none of the one it must empty
-            gang = JobSubmit(id="s-gang", job_id="gang", demand=Demand(kind="gpus", gpus=2),
-                             duration_hint_s=360000.0, submitted_at=now())
-            await ns.bus.publish(ns.bus.subjects.jobs_submit, gang)
-            assert await until(in_state("gang", "pending"))
-            await stack.balancer.backfill()
-            _, holds = await ns.state.holds(0)
-            assert holds == []
-            view = await clusterview.read(ns.state, GEO)
-            assert "a long gang (2 GPUs for 100.0 h" in view.reasons["gang"]
-        finally:
-            await ex.stop()
-            await stack.stop()
+        for job in ("a", "b"):  # a 4g each, on a GPU of its own: two of the four GPUs stay empty
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit(job, "4g.20gb", 10000.0))
+            assert await until(in_state(job, "running"))
+        # 2 GPUs for 100 h is more than 4 h of the 4 GPUs: it would leave none of the one it must empty
+        gang = JobSubmit(id="s-gang", job_id="gang", demand=Demand(kind="gpus", gpus=2),
+                         duration_hint_s=360000.0, submitted_at=now())
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, gang)
+        assert await until(in_state("gang", "pending"))
+        await stack.balancer.backfill()
+        _, holds = await ns.state.holds(0)
+        assert holds == []
+        view = await clusterview.read(ns.state, GEO)
+        assert "a long gang (2 GPUs for 100.0 h" in view.reasons["gang"]
