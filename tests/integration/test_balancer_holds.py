@@ -98,7 +98,7 @@ async def test_a_long_gang_kept_waiting_for_headroom_gets_no_hold_and_says_why(
         for job in ("a", "b"):  # a 4g each, on a GPU of its own: two of the four GPUs stay empty
             await ns.bus.publish(ns.bus.subjects.jobs_submit, submit(job, "4g.20gb", 10000.0))
             assert await until(in_state(job, "running"))
-        # 2 GPUs for 100 h is more than 4 h of the 4 GPUs: it would leave none of the one it must empty
+        # 2 GPUs for 100 h is more than 4 h of the 4 GPUs: it would leave none of the two it must empty
         gang = JobSubmit(id="s-gang", job_id="gang", demand=Demand(kind="gpus", gpus=2),
                          duration_hint_s=360000.0, submitted_at=now())
         await ns.bus.publish(ns.bus.subjects.jobs_submit, gang)

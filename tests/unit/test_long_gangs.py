@@ -22,7 +22,7 @@ from shared.sim.jobs import SimJob, Workload
 
 pytestmark = pytest.mark.unit
 GEO = default_geometry()
-P = AlignParams()  # long: more than 4 h of every GPU; keeps 25 % of the GPUs empty; or after 7,200 s
+P = AlignParams()  # long: more than 4 h of every GPU; keeps half the GPUs empty; or after 7,200 s
 HOUR = 3600.0
 
 
@@ -35,10 +35,10 @@ def test_a_gang_is_long_when_its_gpu_time_exceeds_the_share_of_the_cluster() -> 
 
 
 def test_a_long_gang_waits_while_it_would_leave_less_than_the_room_empty() -> None:
-    why = waits(P, 4, 100 * HOUR, 0.0, 5, 8)  # 1 left empty, 2 kept
-    assert why is not None and "waits until 2 GPU(s) stay empty" in why and "(5 empty now)" in why
-    assert waits(P, 4, 100 * HOUR, 0.0, 6, 8) is None  # 2 left: room enough
-    assert waits(P, 4, 100 * HOUR, None, 5, 8) is not None  # waited: unknown
+    why = waits(P, 4, 100 * HOUR, 0.0, 7, 8)  # 3 left empty, 4 kept
+    assert why is not None and "waits until 4 GPU(s) stay empty" in why and "(7 empty now)" in why
+    assert waits(P, 4, 100 * HOUR, 0.0, 8, 8) is None  # 4 left: room enough
+    assert waits(P, 4, 100 * HOUR, None, 7, 8) is not None  # waited: unknown
 
 
 def test_a_long_gang_that_has_waited_its_turn_is_placed_as_any_gang() -> None:
@@ -63,8 +63,8 @@ def _gang(hint_s: float, waited_s: float) -> JobRequest:
 
 
 @pytest.mark.parametrize(("hint_h", "waited_s", "busy", "placed"), [
-    (100.0, 0.0, 3, False),  # long, would leave 1 GPU of 8 empty
-    (100.0, 0.0, 2, True),  # long, leaves 2 empty: room enough
+    (100.0, 0.0, 2, False),  # long, would leave 2 GPUs of 8 empty
+    (100.0, 0.0, 0, True),  # long, leaves 4 empty: room enough
     (100.0, 7200.0, 3, True),  # long, but it has waited its turn
     (2.0, 0.0, 3, True),  # short: placed wherever it fits
 ])
@@ -121,7 +121,7 @@ def test_the_simulator_holds_nothing_for_a_long_gang_kept_waiting_and_starts_it_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sim, gang, held = _run(monkeypatch)
-    # three 7g jobs leave 5 GPUs empty and the gang would leave 1 of the 2 it must: it waits, with no hold,
+    # three 7g jobs leave 5 GPUs empty and the gang would leave 1 of the 4 it must: it waits, with no hold,
     # until the first pass after it has waited 7,200 s (the 1g job's arrival)
     assert "gang" not in held
     assert sim.out.completed[gang] and sim.out.start[gang] == pytest.approx(7300.0, abs=1.0)

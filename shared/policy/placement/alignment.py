@@ -55,7 +55,7 @@ class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
     gang_hours: float = 4.0
     """A gang whose GPUs × duration hint exceed this many hours of every GPU of the cluster is *long*: it starts
     only with ``gang_room`` to spare, or after ``gang_wait_s`` (``shared.policy.placement.long_gangs``); 0 = off."""
-    gang_room: float = 0.25
+    gang_room: float = 0.5
     """Share of the cluster's GPUs a long gang must leave empty when it starts."""
     gang_wait_s: float = 7200.0
     """A long gang that has waited this long is placed, and held for, as any gang."""
