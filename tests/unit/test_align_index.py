@@ -57,7 +57,7 @@ def test_the_index_places_exactly_as_the_policy_through_a_sequence_of_changes(
 ) -> None:
     gpus = list(random_cluster(random.Random(seed), n, tuple(models)).gpus)
     index = AlignIndex(GEO, gpus, params)
-    index.cached_class = cached  # small: the kept columns of large classes are exercised on small clusters
+    index.columns.min_size = cached  # small: the kept columns of large classes are exercised on small clusters
     now = 1000.0
     for k, (what, demand, hint, pick) in enumerate(steps):
         if what == "later":  # the clock moves: running jobs' expected ends come nearer or pass

@@ -38,6 +38,7 @@ from shared.mig.tables import tables_for
 from shared.policy.cluster_snapshot import gpu_end
 from shared.policy.gpu_view import GpuView
 from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context, Group, table, trailing
+from shared.policy.placement.class_columns import ClassColumns
 from shared.policy.placement.decision import JobRequest, Placement, Slot
 from shared.policy.placement.explain import whole_placement
 from shared.policy.placement.gang import member_slots
@@ -54,8 +55,6 @@ class AlignIndex:
 
     memo_limit = 1 << 14
     """Static-key tuples kept by GPU state, and resolved demands (each emptied when full)."""
-    cached_class = 64
-    """Classes of at least this many GPUs keep their columns between decisions (``_class_columns``)."""
 
     def __init__(self, geometry: Geometry, gpus: Sequence[GpuView], params: AlignParams) -> None:
         if not self.supports(params):
@@ -97,9 +96,8 @@ class AlignIndex:
         self._not_mig = {p for p, g in enumerate(self.gpus) if not g.mig}
         """GPUs not in MIG mode: while there is one, a gang may go to plain GPUs first, which only the policy
         answers."""
-        self._columns: dict[tuple[int, int, int], tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], set[int]]] = {}
-        """Per large class (model slot, profile, leading fields): its positions and static keys as arrays, and
-        the GPUs that joined, left or were re-keyed since they were built (``_class_columns``)."""
+        self.columns = ClassColumns()
+        """The large classes' positions and static keys, kept between decisions."""
         self._dirty: set[int] = set(range(n))
         self._asked: dict[Demand, list[tuple[int, GpuModel, str]]] = {}
         """Per demand, the (model slot, model, profile) it resolves to on each model that has one."""
@@ -243,42 +241,12 @@ class AlignIndex:
                  ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
         """The GPUs of the classes ``leads`` of model slot ``k``'s profile ``j``, by position, with their static
         keys."""
-        parts = [self._class_columns(k, j, lead) for lead in leads]
+        parts = [self.columns.read((k, j, lead), self.classes[k][j][lead], self.keys) for lead in leads]
         if len(parts) == 1:
             return parts[0]
         sel = np.concatenate([p for p, _ in parts])
         order = np.argsort(sel, kind="stable")
         return sel[order], np.concatenate([b for _, b in parts])[order]
-
-    def _class_columns(self, k: int, j: int, lead: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]:
-        """One class's positions (sorted) and static keys. A large class keeps them between decisions and
-        applies only the GPUs it gained, lost or re-keyed since: building thousands of them per decision would
-        cost more than the decision."""
-        members = self.classes[k][j][lead]
-        keys = self.keys
-        entry = self._columns.get((k, j, lead)) if len(members) >= self.cached_class else None
-        if entry is None or len(entry[2]) > max(8, len(members) // 8):
-            ordered = sorted(members)
-            sel = np.array(ordered, dtype=np.intp)
-            base = np.array([keys[p][j] for p in ordered], dtype=np.int64)
-            if len(members) >= self.cached_class:
-                sel.setflags(write=False)
-                base.setflags(write=False)
-                self._columns[(k, j, lead)] = (sel, base, set())
-            return sel, base
-        sel, base, touched = entry
-        if touched:
-            keep = ~np.isin(sel, np.fromiter(touched, dtype=np.intp, count=len(touched)))
-            sel, base = sel[keep], base[keep]
-            back = sorted(p for p in touched if p in members)
-            if back:
-                at = np.searchsorted(sel, back)
-                sel = np.insert(sel, at, back)
-                base = np.insert(base, at, [keys[p][j] for p in back])
-            sel.setflags(write=False)
-            base.setflags(write=False)
-            self._columns[(k, j, lead)] = (sel, base, set())
-        return sel, base
 
     def _catch_up(self) -> None:
         """Key again every GPU changed since the last decision, then the time columns of their nodes."""
@@ -328,18 +296,14 @@ class AlignIndex:
             if was != UNFIT:
                 members = sets[was & LEAD]
                 members.discard(pos)
-                cached = self._columns.get((k, j, was & LEAD))
                 if not members:
                     del sets[was & LEAD]
-                    if cached is not None:
-                        del self._columns[(k, j, was & LEAD)]
-                elif cached is not None:
-                    cached[2].add(pos)
+                    self.columns.emptied((k, j, was & LEAD))
+                else:
+                    self.columns.touched((k, j, was & LEAD), pos)
             if now != UNFIT:
                 sets.setdefault(now & LEAD, set()).add(pos)
-                cached = self._columns.get((k, j, now & LEAD))
-                if cached is not None:
-                    cached[2].add(pos)
+                self.columns.touched((k, j, now & LEAD), pos)
 
     def _static(self, k: int, busy: int, idle: int, idle_starts: list[int]) -> tuple[int, ...]:
         """A usable GPU's static key for each profile of model slot ``k``: its best create or reuse candidate."""
@@ -358,8 +322,8 @@ class AlignIndex:
         fresh = AlignIndex(self.geometry, gpus, self.params)
         fresh._catch_up()
         self._catch_up()
-        for k, j, lead in list(self._columns):
-            sel, base = self._class_columns(k, j, lead)
+        for k, j, lead in self.columns.kept():
+            sel, base = self.columns.read((k, j, lead), self.classes[k][j][lead], self.keys)
             members = sorted(self.classes[k][j][lead])
             if sel.tolist() != members or base.tolist() != [self.keys[p][j] for p in members]:
                 return False
