@@ -2,6 +2,7 @@
 
     .venv/bin/python load/bench_sim.py --jobs 100000 --gpus 1000 --policy paper-nomig
     .venv/bin/python load/bench_sim.py --jobs 20000 --gpus 1000 --policy paper --profile
+    .venv/bin/python load/bench_sim.py --policy migsched --policy 'migsched[reserve=off]'   # a variant by label
 
 Prints one JSON object per policy: events, wall_s, events_per_s, cpu_s and events_per_cpu_s (process CPU time
 of the run: the fairer figure on a shared machine), and the share of wall time spent inside the
@@ -100,8 +101,9 @@ def bench(
     wl = synthetic(np.random.default_rng(seed), jobs=jobs, load=load, cluster_slices=gpus * 7)
     gen_s = time.perf_counter() - t0
     cfg = SimConfig(seed=seed)
-    spec, pol = get_policy(policy, **experiment.policy_params(policy, wl, cfg))
-    if policy in experiment.LAYOUT_POLICIES:
+    name, params = experiment.parse_label(policy)  # a label with parameters, as `migsched simulate -p` takes
+    spec, pol = get_policy(name, **{**experiment.policy_params(name, wl, cfg), **params})
+    if name in experiment.LAYOUT_POLICIES:
         spec = msgspec.structs.replace(spec, initial_layout=cfg.static_layout)
     if not breakdown:  # the plain simulator, no timer around any call: the headline figure alone
         sim = Simulator(wl, cluster, spec, pol, cfg, geometry=geo)

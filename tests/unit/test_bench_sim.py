@@ -45,3 +45,10 @@ def test_the_timed_run_leaves_the_move_functions_as_it_found_them() -> None:
     before = (moves.try_move, moves.on_move_done, moves.no_moves_after_exit)
     bench("paper", jobs=200, gpus=4, load=0.85, seed=1, profile=False)
     assert (moves.try_move, moves.on_move_done, moves.no_moves_after_exit) == before
+
+
+def test_a_policy_label_with_parameters_runs_that_variant() -> None:
+    held = bench("migsched", jobs=400, gpus=8, load=1.3, seed=3, profile=False, breakdown=False)
+    plain = bench("migsched[reserve=off]", jobs=400, gpus=8, load=1.3, seed=3, profile=False, breakdown=False)
+    assert plain["policy"] == "migsched[reserve=off]"
+    assert {k: plain[k] for k in _TOTALS} != {k: held[k] for k in _TOTALS}  # reservations change the run
