@@ -46,8 +46,10 @@ class InstanceBook:
 
     def _forget(self, instance_id: str) -> None:
         info = self._known.pop(instance_id, None)
-        if info is not None:
-            self._names.pop((info.gpu_index, info.gi_id), None)
+        key = None if info is None else (info.gpu_index, info.gi_id)
+        # GI ids are reused: the GI this name stood for may carry another instance's name now, which stays
+        if key is not None and self._names.get(key) == instance_id:
+            del self._names[key]
 
     async def at(self, gpu_index: int, start: int, profile_id: int | None) -> InstanceInfo | None:
         """The GI that exists now at ``start`` on the GPU (of ``profile_id`` when given)."""

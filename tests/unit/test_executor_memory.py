@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from services.executor.instances import InstanceBook
 from services.executor.recent import Recent
 from services.executor.service import Executor, ExecutorSettings
 from services.executor.sim_backend import SimBackend
@@ -274,3 +275,23 @@ async def test_an_exit_whose_run_the_tables_lost_still_names_the_instance_it_ran
         with contextlib.suppress(asyncio.CancelledError):
             await reporting
         await rig.backend.close()
+
+
+async def test_forgetting_a_name_whose_gi_id_was_reused_keeps_the_new_instances_name() -> None:
+    backend = SimBackend(node=NODE, models=["A100-40GB"], reconfig_latency_s=0.0)
+    book = InstanceBook(backend, {0: A100})
+    p = A100.profile("1g.5gb")
+
+    def create(iid: str, start: int) -> MigOp:
+        return MigOp(kind="create_gi", gpu_id=f"{NODE}/0", instance_id=iid, profile=p.name, profile_id=p.profile_id,
+                     start=start, size=p.memory_slices)
+
+    await book.apply(0, [create("old", 2)], set())
+    (old,) = await backend.list_instances(0)
+    await backend.destroy_instance(0, old.gi_id)  # gone under another command's name: "old" is still known
+    await book.apply(0, [create("new", 4)], set())
+    (new,) = await backend.list_instances(0)
+    assert new.gi_id == old.gi_id  # the backend reused the GI id
+    assert await book.find(0, "old") is None  # looked up again: gone, so forgotten
+    assert book.name_of(new) == "new"  # a stop naming another instance must not find this one nameless
+    await backend.close()
