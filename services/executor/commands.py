@@ -8,6 +8,7 @@ the state store forgets a failed placement's or an aborted move's instance, so t
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Mapping
@@ -26,6 +27,8 @@ from services.executor.runs import Runs
 from shared.errors import MigschedError
 from shared.events import CmdDone, Command, now
 from shared.policy.partition import MigOp
+
+log = logging.getLogger("migsched.executor")
 
 
 def lane_of(cmd: Command, backend: Backend) -> int:
@@ -87,6 +90,7 @@ class Commands:
                     # here, or was started again by a later command (its current placement, maybe on an instance
                     # of the same id), or no more, and that is not this stop's to end
                     continue
+                self._log_stop(cmd, job)
                 await self.backend.stop_workload(job)
             await self._ops(cmd)
             if cmd.kind == "resync":
@@ -249,6 +253,19 @@ class Commands:
         destroys = any(op.kind == "destroy_gi" for op in cmd.ops)
         busy = {(lane, gi) for gi in self.backend.jobs_on(lane)} if destroys else set()
         return await self.book.apply(lane, cmd.ops, busy, created)
+
+    def _log_stop(self, cmd: Command, job: str) -> None:
+        """Which run a stop ends, and why it took it for the run it names: a stop of one run that ends a run it
+        cannot tell apart (no name for its instance, no record of the command that started it) is a warning,
+        the trail to follow when a job is cancelled that should have run on."""
+        info = self.backend.running().get(job)
+        name = None if info is None else self.book.name_of(info)
+        by = self.runs.started_by.get(job)
+        blind = (cmd.src_instance_id is not None and name is None) or (cmd.src_cmd_id is not None and by is None)
+        (log.warning if blind else log.info)(
+            "%s %s ends %s on %s (started by %s; the stop names %s, started by %s)", cmd.kind, cmd.cmd_id, job,
+            name or "an instance it cannot name", by or "an unknown command", cmd.src_instance_id or "any run",
+            cmd.src_cmd_id or "any command")
 
     def _runs_on(self, job: str, instance_id: str | None) -> bool:
         info = self.backend.running().get(job)

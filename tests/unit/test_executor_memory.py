@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import zlib
 from typing import Any
 
 import msgspec
 import pytest
 
+from services.common.stop_command import stop_command
 from services.executor.instances import InstanceBook
 from services.executor.recent import Recent
 from services.executor.service import Executor, ExecutorSettings
@@ -295,3 +297,25 @@ async def test_forgetting_a_name_whose_gi_id_was_reused_keeps_the_new_instances_
     assert await book.find(0, "old") is None  # looked up again: gone, so forgotten
     assert book.name_of(new) == "new"  # a stop naming another instance must not find this one nameless
     await backend.close()
+
+
+async def test_a_stop_that_ends_a_run_it_cannot_tell_apart_is_logged_as_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="migsched.executor")
+    rig = Rig()
+    first = place("place:j:1", "j", 0, "1g.5gb", 0)
+    await rig.deliver(first)
+    await rig.deliver(stop_command(NODE, "j", "stop:j:1", f"{NODE}/0", first.instance_id, now(), only_that_run=True,
+                                   started_by="place:j:1"))
+    assert [r.levelno for r in caplog.records if "ends j" in r.getMessage()] == [logging.INFO]
+    second = place("place:j:2", "j", 1, "1g.5gb", 0)
+    await rig.deliver(second)
+    rig.ex.runs.started_by.pop("j")  # no record of the command that started the run
+    caplog.clear()
+    await rig.deliver(stop_command(NODE, "j", "stop:j:2", f"{NODE}/1", second.instance_id, now(),
+                                   only_that_run=True, started_by="place:j:2"))
+    (record,) = [r for r in caplog.records if "ends j" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "started by an unknown command" in record.getMessage()
+    assert "j" not in rig.backend.running()
+    await rig.backend.close()
