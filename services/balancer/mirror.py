@@ -93,7 +93,7 @@ class Mirror:
         aligner = self._aligner
         if aligner is None or aligner.params != align:
             aligner = self._aligner = AlignIndex(self.geometry, view.gpus, align)
-        if not aligner.handles(job.demand) or spans_nodes(view, job.demand):
+        if not aligner.handles(job.demand):  # a gang it does not handle spans nodes, or plain GPUs exist
             return policy(view, job)
         dec = aligner.decide(job, getattr(policy, "policy_name", "migsched"))
         return dec if dec is not None else policy(view, job)

@@ -26,7 +26,7 @@ from shared.policy.placement.align_index import AlignIndex
 from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.decision import Slot
-from shared.policy.placement.gang import never_fits
+from shared.policy.placement.gang import never_fits, spans_nodes
 from shared.policy.placement.index import PlacementIndex
 from shared.policy.placement.long_gangs import is_long
 from shared.policy.placement.topology import never_within
@@ -150,11 +150,11 @@ class Simulator:
             # migsched's exact choice for MIG requests, kept incrementally (shared.policy.placement.align_index)
             self.placer = self.cluster.attach_align_index(align)
         self.align = align if isinstance(align, AlignParams) else None
-        largest = max(Counter(g.node for g in self.cluster.views.values()).values(), default=0)
+        snap = self.cluster.snapshot() if self.align is not None else None
         self.long_gangs = frozenset(
             i for i, j in enumerate(self.jobs)
-            if self.align is not None and j.demand.kind == "gpus" and j.demand.gpus <= largest
-            and is_long(self.align, j.demand.gpus, self.hint(i), len(self.cluster.views)))
+            if snap is not None and self.align is not None and j.demand.kind == "gpus"
+            and not spans_nodes(snap, j.demand) and is_long(self.align, j.demand.gpus, self.hint(i), len(snap)))
         """Jobs the policy's long-gang rule may keep waiting (``shared.policy.placement.long_gangs``): whether
         one fits depends on the clock too, so their failures are not remembered (``backfill``)."""
 
