@@ -11,6 +11,7 @@ from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
 from shared.policy.placement.alignment import AlignParams, bucket
 from shared.policy.placement.decision import JobRequest
+from shared.policy.placement.long_gangs import waits
 from shared.policy.placement.slots import count_ok
 from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
@@ -84,6 +85,9 @@ def choose_gang(snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> 
         node_end[g.node] = max(node_end.get(g.node, now), _end(g, now))
         if snap.ok[p] and not g.busy_mask:
             empty.setdefault(g.node, []).append(p)
+    if waits(params, job.demand.gpus, job.duration_hint_s, job.waited_s(), sum(map(len, empty.values())),
+             len(snap)) is not None:
+        return None  # a long gang kept waiting for headroom (the rule of its own, tests/unit/test_long_gangs.py)
     fitting = [(bucket(_ext(ends, node_end[node])), len(ps), ps[0], node)
                for node, ps in empty.items() if len(ps) >= job.demand.gpus]
     return min(fitting)[3] if fitting else None

@@ -3,6 +3,8 @@ reservation while it waits, and is placed the same by the policy, its index and 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from shared.mig.geometry import default_geometry
@@ -11,7 +13,7 @@ from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
 from shared.policy.placement.long_gangs import is_long, waits
 from shared.policy.placement.plugins.migsched import place_aligned
-from shared.policy.placement.registry import get_policy
+from shared.policy.placement.registry import UnknownPolicyError, get_policy
 from shared.policy.request import Demand, mig
 from shared.policy.snapshot import GpuView, InstanceView, snapshot_of
 from shared.sim import reserving
@@ -127,3 +129,16 @@ def test_the_simulator_holds_nothing_for_a_long_gang_kept_waiting_and_starts_it_
     assert sim.out.completed[gang] and sim.out.start[gang] == pytest.approx(7300.0, abs=1.0)
     off, gang_off, _ = _run(monkeypatch, gang_hours=0.0)
     assert off.out.start[gang_off] == pytest.approx(60.0, abs=1.0)  # the rule off: at once, on the empty node
+
+
+@pytest.mark.parametrize(("params", "why"), [
+    ({"gang_room": "abc"}, "Expected `float`, got `str` - at `$.gang_room`"),
+    ({"gang_room": 1.5}, "Expected `float` <= 1.0 - at `$.gang_room`"),
+    ({"gang_hours": -1.0}, "Expected `float` >= 0.0 - at `$.gang_hours`"),
+    ({"fit_steps": -1.0}, "Expected `float` >= 0.0 - at `$.fit_steps`"),
+])
+def test_a_policy_parameter_of_the_wrong_type_or_out_of_bounds_is_refused_with_the_reason(
+    params: dict[str, object], why: str,
+) -> None:
+    with pytest.raises(UnknownPolicyError, match=re.escape(f"policy 'migsched': {why}")):
+        get_policy("migsched", **params)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -38,26 +38,26 @@ FIELDS = (("first", 4), ("load", 4), ("fit", 7), ("t1", 7), ("t2", 7), ("action"
 
 
 class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
-    keep_empty: float = 1.0
+    keep_empty: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
     """Share of usable GPUs kept empty: while more are empty, jobs go to the least loaded GPU (key 1); 1.0 =
     always pack. Spreading while empty GPUs are plenty cuts interference, and in the benchmark matrix the job
     rejection rate, but rejects more GPU-hours (docs/results.md)."""
     spread: bool = False
     """Once at the reserve, the least loaded of the busy GPUs that fit (less interference) before the fit."""
-    fit_steps: float = 20.0
+    fit_steps: Annotated[float, msgspec.Meta(ge=0.0)] = 20.0
     """FragCost increase is compared in steps of 1 / fit_steps."""
     in_time: bool = True
     """Align expected ends; False = space alone."""
     node_first: bool = False
     """Compare the node's extension before the GPU's."""
-    top_k: int = 3
+    top_k: Annotated[int, msgspec.Meta(ge=0)] = 3
     """Runners-up a decision lists (0 in the simulator, which reads only the choice)."""
-    gang_hours: float = 4.0
+    gang_hours: Annotated[float, msgspec.Meta(ge=0.0)] = 4.0
     """A gang whose GPUs × duration hint exceed this many hours of every GPU of the cluster is *long*: it starts
     only with ``gang_room`` to spare, or after ``gang_wait_s`` (``shared.policy.placement.long_gangs``); 0 = off."""
-    gang_room: float = 0.5
+    gang_room: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.5
     """Share of the cluster's GPUs a long gang must leave empty when it starts."""
-    gang_wait_s: float = 7200.0
+    gang_wait_s: Annotated[float, msgspec.Meta(ge=0.0)] = 7200.0
     """A long gang that has waited this long is placed, and held for, as any gang."""
 
 

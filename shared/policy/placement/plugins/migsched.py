@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -62,7 +63,7 @@ from shared.policy.placement.gang import member_slots
 from shared.policy.placement.long_gangs import waits
 from shared.policy.placement.registry import PolicySpec, Rules, register
 from shared.policy.placement.rules import compose
-from shared.policy.placement.slots import count_ok, create_slot, reuse_slot
+from shared.policy.placement.slots import UnknownPolicyError, count_ok, create_slot, reuse_slot
 from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
@@ -278,4 +279,8 @@ def gang_head(ctx: Context, heads: npt.NDArray[np.intp]) -> int:
           accepts=("keep_empty", "spread", "fit_steps", "in_time", "node_first", "top_k", "gang_hours", "gang_room",
                    "gang_wait_s"))
 def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, Rules]:
-    return spec, rules(AlignParams(**params), spec.name)
+    try:  # the constructor checks neither types nor bounds: a typo must not run as a silent variant
+        checked = msgspec.convert(params, AlignParams)
+    except msgspec.ValidationError as exc:
+        raise UnknownPolicyError(f"policy {spec.name!r}: {exc}") from exc
+    return spec, rules(checked, spec.name)
