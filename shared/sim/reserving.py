@@ -15,9 +15,10 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
-from shared.policy.migration.unblock import plan_unblock
+from shared.policy.migration.unblock import free_after_moves, plan_clearing
 from shared.policy.placement.decision import CannotPlace, Slot
 from shared.policy.placement.long_gangs import waits
 from shared.policy.reservation import Reservation, may_use, plan, plan_within, whole_gpus
@@ -89,10 +90,8 @@ def schedule(sim: SimRun) -> None:
         r = (plan_within(snap, job.id, need, now, job.arrival + patience, sim.blocks, bool(job.within_block), taken)
              if job.within_block is not None and job.demand.kind == "gpus"
              else plan(snap, job.id, need, now, job.arrival + patience, taken))
-        if sim.unblocks and (r is None or r.start - now > sim.unblock_params.min_left_s):
-            pin = _unblock(sim, i, taken)
-            if pin is not None:
-                r = pin
+        if sim.unblocks and job.within_block is None and (r is None or r.start - now > sim.unblock_params.min_left_s):
+            r = _unblock(sim, i, taken) or _drain(sim, i, snap, need, patience, taken, r)
         if r is not None:
             held.append(r)
             taken.update(r.gpus)
@@ -122,22 +121,34 @@ def _masked(snap: ClusterSnapshot, hold: frozenset[str]) -> ClusterSnapshot:
 
 
 def _unblock(sim: SimRun, i: int, taken: set[str]) -> Reservation | None:
-    """Start the moves that empty one GPU for job ``i`` (``shared.policy.migration.unblock``), all or none, and
-    hold that GPU for it; None when no GPU can be emptied."""
+    """Start the moves that empty the GPUs job ``i`` needs (``shared.policy.migration.unblock``), all or none,
+    and hold those GPUs for it; None when they cannot be emptied."""
     snap = sim.cluster.snapshot()
     if taken:
         snap = _masked(snap, frozenset(taken))
-    moves = plan_unblock(snap, sim.jobs[i].request(sim.hint(i), sim.now), sim.now, sim.unblock_params)
-    if not moves:
+    clearing = plan_clearing(snap, sim.jobs[i].request(sim.hint(i), sim.now), sim.now, sim.unblock_params)
+    if clearing is None:
         return None
-    for m in moves:  # independent moves (other jobs, other slices): all at once
+    for m in clearing.moves:  # independent moves (other jobs, other slices): all at once
         if try_move(sim, m) < 0:
             raise InvariantError(f"unblock move {m.job_id} -> {m.dst_gpu}@{m.dst_start} did not apply")
-    src = moves[0].src_gpu
-    pin = Reservation(job_id=sim.jobs[i].id, gpus=(src,), node=sim.cluster.gpu(src).node, start=sim.now,
-                      reason=f"being emptied by {len(moves)} move(s)")
+    pin = Reservation(job_id=sim.jobs[i].id, gpus=clearing.gpus, node=sim.cluster.gpu(clearing.gpus[0]).node,
+                      start=sim.now, reason=f"being emptied by {len(clearing.moves)} move(s)")
     sim.pinned[i] = pin
     return pin
+
+
+def _drain(sim: SimRun, i: int, snap: ClusterSnapshot, need: int, patience: float, taken: set[str],
+           waited: Reservation | None) -> Reservation | None:
+    """A hold on the GPUs that free soonest if each node's last few jobs are moved rather than waited for
+    (``free_after_moves``), when that is sooner than ``waited``, the hold that waits for every job: it drains
+    them, and once they are that far, ``_unblock`` moves the rest."""
+    now = sim.now
+    free = free_after_moves(snap, now, sim.unblock_params)
+    r = plan(snap, sim.jobs[i].id, need, now, sim.jobs[i].arrival + patience, taken, free_at=free)
+    if r is None or (waited is not None and r.start >= waited.start):
+        return waited
+    return msgspec.structs.replace(r, reason=f"{r.reason}, once its last jobs are moved")
 
 
 def _may_fit(sim: SimRun, i: int, seen: int) -> bool:
