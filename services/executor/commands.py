@@ -2,7 +2,11 @@
 
 Every path is idempotent: a replayed command finds its ops done and its workload running, and skips them. A
 ``place`` or ``migrate_start`` that fails after creating instances destroys them again (``instances.undo``):
-the state store forgets a failed placement's or an aborted move's instance, so the GPU must too.
+the state store forgets a failed placement's or an aborted move's instance, so the GPU must too. Two commands
+stop runs they do not name by instance: a ``resync`` (every workload here) and a ``place`` that preempts
+(``stop_jobs``). A replay of either could stop a run placed since, so their stops run once: the commands that
+carried them out are remembered by id (``STOPPERS_KEPT``), and a replay skips them (a resync does nothing more,
+a place goes on and finds its work done).
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ from shared.events import CmdDone, Command, now
 from shared.policy.partition import MigOp
 
 log = logging.getLogger("migsched.executor")
+
+STOPPERS_KEPT = 4096
+"""Ids of the commands whose stops were carried out (resyncs and preempting places), oldest dropped first. A
+replay can come after the executor's redelivery window (an acknowledgement lost with a NATS server) and up to
+``ack_wait_s × max_deliver`` after the first delivery (150 s by default): 4,096 outlast that at up to 27
+preemptions a second."""
 
 
 def lane_of(cmd: Command, backend: Backend) -> int:
@@ -58,6 +68,8 @@ class Commands:
         self.gpu_locks: Mapping[int, asyncio.Lock] = gpu_locks if gpu_locks is not None else defaultdict(asyncio.Lock)
         """Each GPU's lane lock (the caller holds the command's own lane): a gang's command on MIG GPUs takes its
         other GPUs' too while it changes them."""
+        self.stopped: dict[str, None] = {}
+        """Commands whose stops were carried out (a resync's registration sent too), oldest first."""
 
     async def apply(self, cmd: Command, ctx: otel_context.Context) -> list[Any]:
         """Carry out one command; the reports to publish (raises MigschedError when it cannot be done)."""
@@ -70,6 +82,10 @@ class Commands:
             command=cmd.kind,
             job_id=cmd.job_id,
         )
+        if cmd.kind == "resync" and cmd.cmd_id in self.stopped:
+            log.info("resync %s was carried out before: the runs here now were placed since; none is stopped",
+                     cmd.cmd_id)
+            return [done]
         if cmd.kind in ("stop", "migrate_stop", "resync"):
             # A resync means the scheduler holds no job on this node (lost: all re-queued; unknown: never
             # registered), so every workload here runs unbeknown to it, including ones started after the
@@ -95,6 +111,7 @@ class Commands:
             await self._ops(cmd)
             if cmd.kind == "resync":
                 await self.registration.register()
+                self._stopped(cmd.cmd_id)
             return [done]
         if cmd.kind == "destroy_idle":
             await self._ops(cmd)
@@ -237,12 +254,21 @@ class Commands:
 
     async def _stop_preempted(self, cmd: Command) -> None:
         """A placement that preempted jobs: stop their workloads before the ops destroy or reuse their
-        instances. The state store re-queued them already, so their stop is not reported as an exit."""
+        instances. The state store re-queued them already, so their stop is not reported as an exit. Once only:
+        on a replay a victim running here again was placed anew since, and stopping it would lose it (its exit is
+        not reported)."""
+        if not cmd.stop_jobs:
+            return
+        if cmd.cmd_id in self.stopped:
+            log.info("place %s stopped its victims before: a victim running here now was placed since, and is "
+                     "left running", cmd.cmd_id)
+            return
         for job in cmd.stop_jobs:
             if job == cmd.job_id or job not in self.backend.running():
                 continue  # a replayed command: stopped already
             self.runs.retired.add(job)
             await self.backend.stop_workload(job)
+        self._stopped(cmd.cmd_id)
 
     async def _ops(self, cmd: Command, created: list[InstanceInfo] | None = None) -> int:
         if not cmd.ops:
@@ -253,6 +279,11 @@ class Commands:
         destroys = any(op.kind == "destroy_gi" for op in cmd.ops)
         busy = {(lane, gi) for gi in self.backend.jobs_on(lane)} if destroys else set()
         return await self.book.apply(lane, cmd.ops, busy, created)
+
+    def _stopped(self, cmd_id: str) -> None:
+        self.stopped[cmd_id] = None
+        while len(self.stopped) > STOPPERS_KEPT:
+            del self.stopped[next(iter(self.stopped))]
 
     def _log_stop(self, cmd: Command, job: str) -> None:
         """Which run a stop ends, and why it took it for the run it names: a stop of one run that ends a run it

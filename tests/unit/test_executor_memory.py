@@ -319,3 +319,36 @@ async def test_a_stop_that_ends_a_run_it_cannot_tell_apart_is_logged_as_a_warnin
     assert record.levelno == logging.WARNING and "started by an unknown command" in record.getMessage()
     assert "j" not in rig.backend.running()
     await rig.backend.close()
+
+
+async def test_a_resync_replayed_after_the_window_leaves_the_runs_placed_since_running() -> None:
+    rig = Rig()
+    await rig.deliver(place("c1", "j1", 0, "1g.5gb", 0))
+    resync = Command(id="resync:n1:1", cmd_id="resync:n1:1", kind="resync", node=NODE, stop_jobs=("j1",), at=now())
+    first = await rig.deliver(resync)
+    assert "j1" not in rig.backend.running() and any(isinstance(m, CmdDone) for m in first)
+    await rig.deliver(place("c2", "j2", 1, "1g.5gb", 0))  # placed once the node registered again
+    rig.clock.t += 10_000.0  # the acknowledgement was lost: the resync comes back after the window
+    again = await rig.deliver(resync)
+    assert rig.applied.count("resync:n1:1") == 2
+    assert [m.id for m in again] == ["resync:n1:1.done"]  # answered, and nothing stopped or registered
+    assert list(rig.backend.running()) == ["j2"]
+    # a new loss of the node is a new resync: it stops what runs
+    await rig.deliver(msgspec.structs.replace(resync, id="resync:n1:2", cmd_id="resync:n1:2", stop_jobs=("j2",)))
+    assert rig.backend.running() == {}
+    await rig.backend.close()
+
+
+async def test_a_preempting_place_replayed_after_the_window_leaves_its_victim_running_where_it_was_placed_since(
+) -> None:
+    rig = Rig()
+    await rig.deliver(place("c1", "victim", 0, "1g.5gb", 0))
+    preempting = msgspec.structs.replace(place("c2", "urgent", 0, "1g.5gb", 1), stop_jobs=("victim",))
+    await rig.deliver(preempting)
+    assert list(rig.backend.running()) == ["urgent"]
+    await rig.deliver(place("c3", "victim", 1, "1g.5gb", 0))  # re-queued by the preemption, placed again
+    rig.clock.t += 10_000.0
+    again = await rig.deliver(preempting)
+    assert [m.id for m in again] == ["c2.done"] and rig.applied.count("c2") == 2
+    assert sorted(rig.backend.running()) == ["urgent", "victim"]
+    await rig.backend.close()
