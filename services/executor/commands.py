@@ -288,12 +288,13 @@ class Commands:
     def _log_stop(self, cmd: Command, job: str) -> None:
         """Which run a stop ends, and why it took it for the run it names: a stop of one run that ends a run it
         cannot tell apart (no name for its instance, no record of the command that started it) is a warning,
-        the trail to follow when a job is cancelled that should have run on."""
+        the trail to follow when a job is cancelled that should have run on; so is every stop of a resync."""
         info = self.backend.running().get(job)
         name = None if info is None else self.book.name_of(info)
         by = self.runs.started_by.get(job)
         blind = (cmd.src_instance_id is not None and name is None) or (cmd.src_cmd_id is not None and by is None)
-        (log.warning if blind else log.info)(
+        # a resync ends every run here: the node was lost to the scheduler, which operators want to see
+        (log.warning if blind or cmd.kind == "resync" else log.info)(
             "%s %s ends %s on %s (started by %s; the stop names %s, started by %s)", cmd.kind, cmd.cmd_id, job,
             name or "an instance it cannot name", by or "an unknown command", cmd.src_instance_id or "any run",
             cmd.src_cmd_id or "any command")

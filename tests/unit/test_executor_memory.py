@@ -352,3 +352,15 @@ async def test_a_preempting_place_replayed_after_the_window_leaves_its_victim_ru
     assert [m.id for m in again] == ["c2.done"] and rig.applied.count("c2") == 2
     assert sorted(rig.backend.running()) == ["urgent", "victim"]
     await rig.backend.close()
+
+
+async def test_every_run_a_resync_ends_is_logged_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="migsched.executor")
+    rig = Rig()
+    await rig.deliver(place("c1", "j1", 0, "1g.5gb", 0))
+    await rig.deliver(place("c2", "j2", 1, "1g.5gb", 0))
+    await rig.deliver(Command(id="r", cmd_id="r", kind="resync", node=NODE, stop_jobs=("j1",), at=now()))
+    ends = [r for r in caplog.records if "resync r ends" in r.getMessage()]
+    assert sorted(r.getMessage().split()[3] for r in ends) == ["j1", "j2"]
+    assert {r.levelno for r in ends} == {logging.WARNING}
+    await rig.backend.close()
