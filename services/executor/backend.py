@@ -52,6 +52,10 @@ class WorkloadError(BackendError):
     """A workload could not be started, stopped or moved (bad argv, unknown user, target died in a move)."""
 
 
+class BusyInstanceError(WorkloadError):
+    """The instance a job was to start on runs another job: the state took it for idle (drift)."""
+
+
 class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     uuid: str

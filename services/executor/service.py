@@ -31,7 +31,7 @@ from opentelemetry import trace
 
 from services.common import health
 from services.executor import nvml_codes
-from services.executor.backend import Backend, BackendError
+from services.executor.backend import Backend, BackendError, BusyInstanceError
 from services.executor.commands import Commands, lane_of
 from services.executor.config import ExecutorError, ExecutorSettings, build_backend, hosted_nodes, parse_gpus
 from services.executor.exits import ExitReports
@@ -175,7 +175,8 @@ class Executor:
         await self.bus.publish_batch(out)
         if self._drift_seen:
             # A create refused for overlap means this node holds an instance the state does not know (left by
-            # a command that ran after its job was re-queued elsewhere). Re-registering after the failure
+            # a command that ran after its job was re-queued elsewhere); a start refused because the instance
+            # runs another job, that the state took a busy instance for idle. Re-registering after the failure
             # reports (same subject, so the registry applies them first) lets the state adopt it as idle or
             # stop its job, instead of the balancer choosing the same slot again until the job fails. Once per
             # batch that saw it, never throttled in time: the balancer retries within a round trip, so a
@@ -235,7 +236,8 @@ class Executor:
             msgs = await self.apply(cmd, ctx)
         except MigschedError as exc:
             code = exc.code if isinstance(exc, BackendError) else None
-            if code == nvml_codes.INSUFFICIENT_RESOURCES and cmd.kind in ("place", "migrate_start"):
+            drift = code == nvml_codes.INSUFFICIENT_RESOURCES or isinstance(exc, BusyInstanceError)
+            if drift and cmd.kind in ("place", "migrate_start"):
                 self._drift_seen = True
             if span is not None:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))

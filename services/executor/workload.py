@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 import msgspec
 
-from services.executor.backend import InstanceInfo, WorkloadError, WorkloadExit
+from services.executor.backend import BusyInstanceError, InstanceInfo, WorkloadError, WorkloadExit
 
 
 class RunResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -218,7 +218,7 @@ class JobTable:
             )
         other = self.job_on(instance.gpu_index, instance.gi_id)
         if other is not None:
-            raise WorkloadError(f"GPU {instance.gpu_index} GI {instance.gi_id} is busy with job {other}")
+            raise BusyInstanceError(f"GPU {instance.gpu_index} GI {instance.gi_id} is busy with job {other}")
         return False
 
     def add(self, job_id: str, run: Run) -> None:

@@ -183,6 +183,18 @@ async def test_every_placement_refused_for_overlap_is_followed_at_once_by_a_regi
     await rig.backend.close()
 
 
+async def test_a_start_refused_because_its_instance_runs_another_job_is_followed_by_a_registration_showing_it(
+) -> None:
+    rig = Rig()
+    await rig.deliver(place("c1", "j1", 0, "1g.5gb", 0))  # a run the state took for gone, its instance for idle
+    reports = await rig.deliver(place("c2", "j2", 0, "1g.5gb", 0))
+    assert [type(m).__name__ for m in reports] == ["CmdFailed", "Registered"]
+    assert "busy with job j1" in reports[0].error
+    gpu0 = next(g for g in reports[1].gpus if g.index == 0)
+    assert [(i.profile, i.start, i.job_id) for i in gpu0.instances] == [("1g.5gb", 0, "j1")]
+    await rig.backend.close()
+
+
 async def test_a_command_older_than_the_window_is_applied_again_as_an_unknown_one_and_finds_its_work_done() -> None:
     rig = Rig()
     cmd = place("c1", "j1", 0, "1g.5gb", 0)
