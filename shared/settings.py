@@ -139,6 +139,13 @@ class BalancerSettings(Settings):
     """
     backfill_batch: int = 256
     """Pending jobs examined per backfill pass, in priority-then-age order."""
+    retry_backoff_s: float = 0.25
+    """A job re-queued after a refused placement (or a lost node) waits this long before it is decided again,
+    twice as long after each further one, up to ``retry_backoff_max_s``: the refusal's drift registration, or
+    the stop it set off, lands first, instead of the same slot being chosen again until ``max_attempts`` runs
+    out. 0 retries at once."""
+    retry_backoff_max_s: float = 5.0
+    """The longest wait between two placements of one job (``retry_backoff_s``)."""
     mirror_refresh_s: float = 10.0
     """Full reload of the local cluster mirror from Redis (conflicts also reload the GPUs concerned)."""
     tenancy_file: str = ""

@@ -1,8 +1,9 @@
 """The balancer's backfill: queued jobs are tried again when room appears (a job exit, a capacity change, a
 re-queue by another service or replica, the periodic sweep). Signals coalesce into one pass per tick over the
 head of each shard's queue (priority, then age; with tenancy, fair share between tenants), decided and
-committed like fresh submits; a job that waited past its patience is rejected. With a policy that reserves,
-each pass plans the holds anew and stores them.
+committed like fresh submits; a job that waited past its patience is rejected. A job re-queued after a refused
+placement waits out its back-off first (``retry_wait``), so the state heals before the same slot is chosen
+again. With a policy that reserves, each pass plans the holds anew and stores them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ from shared.ports import StateStore, TransitionBatch
 from shared.settings import BalancerSettings
 
 _SUBMIT = msgspec.json.Decoder(JobSubmit)
+
+
+def retry_wait(requeues: int, base_s: float, cap_s: float) -> float:
+    """How long a job re-queued ``requeues`` times (preemptions not counted) waits before it is decided again."""
+    if requeues <= 0 or base_s <= 0:
+        return 0.0
+    return min(cap_s, base_s * 2.0 ** min(requeues - 1, 30))
 
 
 class Backfill:
@@ -95,6 +103,10 @@ class Backfill:
                 if rec is None:
                     continue
                 spec, attempts, preempted = rec.spec, rec.attempts, rec.preempted > 0
+                st = self.settings
+                if now - rec.updated < retry_wait(rec.attempts - rec.preempted, st.retry_backoff_s,
+                                                  st.retry_backoff_max_s):
+                    continue  # the periodic sweep tries it again
                 ctx = telemetry.extract({"traceparent": rec.traceparent}) if rec.traceparent else None
                 try:
                     sub = _SUBMIT.decode(spec)
