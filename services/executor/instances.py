@@ -125,7 +125,8 @@ class InstanceBook:
         return changed
 
 
-def report(info: InstanceInfo, instance_id: str | None, job_id: str | None = None) -> InstanceReport:
+def report(info: InstanceInfo, instance_id: str | None, job_id: str | None = None,
+           started_by: str | None = None) -> InstanceReport:
     return InstanceReport(
         instance_id=instance_id,
         gi_id=info.gi_id,
@@ -136,6 +137,7 @@ def report(info: InstanceInfo, instance_id: str | None, job_id: str | None = Non
         size=info.size,
         uuid=info.uuid,
         job_id=job_id,
+        started_by=started_by if job_id is not None else None,
     )
 
 

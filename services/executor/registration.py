@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.executor.backend import Backend, InstanceInfo
 from services.executor.config import ExecutorError, parse_gpu_specs, parse_labels
 from services.executor.instances import InstanceBook, report
 from shared.bus import Outgoing
-from shared.events import Drift, GpuReport, Registered, new_id, now
+from shared.events import Drift, GpuReport, InstanceReport, Registered, new_id, now
 from shared.mig.geometry import default_geometry
 from shared.ports import EventBus
 
@@ -26,19 +26,25 @@ _ADDR = re.compile(r"[A-Za-z0-9.:_-]+")
 
 
 class Registration:
-    def __init__(self, bus: EventBus, backend: Backend, book: InstanceBook, node: str, settings: Any) -> None:
+    def __init__(self, bus: EventBus, backend: Backend, book: InstanceBook, node: str, settings: Any,
+                 started_by: Mapping[str, str] | None = None) -> None:
         self.bus = bus
         self.subjects = bus.subjects
         self.backend = backend
         self.book = book
         self.node = node
         self.settings = settings
+        self.started_by: Mapping[str, str] = started_by if started_by is not None else {}
+        """Per running job, the command that started it (``Runs.started_by``): reported with its instance."""
         self.labels = parse_labels(settings.node_labels)
         self.addr = settings.node_addr or socket.gethostname()
         if not _ADDR.fullmatch(self.addr) or len(self.addr) > 253:
             raise ExecutorError(
                 f"MIGSCHED_NODE_ADDR={self.addr!r} is not a host name or IP address (letters, digits, . : _ -)"
             )
+
+    def _report(self, info: InstanceInfo, job: str | None) -> InstanceReport:
+        return report(info, self.book.name_of(info), job, self.started_by.get(job) if job else None)
 
     async def register(self) -> None:
         """Report every GPU with the instances found on it (adopted, never torn down) and any drift."""
@@ -82,9 +88,7 @@ class Registration:
                     uuid=g.uuid,
                     model=g.model,
                     mig_enabled=g.mig_enabled,
-                    instances=tuple(
-                        report(i, self.book.name_of(i), running.get((g.index, i.gi_id))) for i in instances
-                    ),
+                    instances=tuple(self._report(i, running.get((g.index, i.gi_id))) for i in instances),
                     replicas=replicas,
                     jobs=() if g.mig_enabled else tuple(sorted(plain_jobs.get(g.index, ())))[:1024],
                 )

@@ -90,7 +90,7 @@ class Executor:
         )
         self._drift_seen = False
         self.runs = Runs()
-        self.registration = Registration(bus, backend, self.book, node, settings)
+        self.registration = Registration(bus, backend, self.book, node, settings, self.runs.started_by)
         self.exits = ExitReports(bus, backend, self.book, node, self.runs, self.metrics,
                                  self.redelivery_window_s(settings), clock)
         self.commands = Commands(backend, self.book, node, settings, self.metrics, self.runs, self.exits,

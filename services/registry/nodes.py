@@ -125,8 +125,10 @@ class Nodes:
         until the exit or the stop's confirmation, ``Reports``). One per registration: a redelivered
         registration is a replay, and a later one that still finds the job sends another. Only that run: by the
         time the stop arrives the job may run here again, placed anew (a run the executor cannot name, adopted
-        from the driver, is stopped all the same)."""
-        cmd = stop_command(r.node, job, f"stop:{job}:{r.id}", gpu, iid, now, only_that_run=True)
+        from the driver, is stopped all the same). When the node said which command started that run, only
+        that command's run: a later one of the job on an instance of the same id is left alone too."""
+        by = next((i.started_by for g in r.gpus for i in g.instances if i.job_id == job and i.started_by), None)
+        cmd = stop_command(r.node, job, f"stop:{job}:{r.id}", gpu, iid, now, only_that_run=True, started_by=by)
         return Outgoing(self.subjects.cmd(r.node), cmd, d.ctx)
 
     async def on_heartbeat(self, ds: list[Delivery]) -> None:

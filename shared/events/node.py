@@ -38,6 +38,9 @@ class InstanceReport(msgspec.Struct, frozen=True, kw_only=True):
     size: Size
     uuid: Annotated[str, msgspec.Meta(max_length=128)] = ""
     job_id: JobId | None = None
+    started_by: MsgId | None = None
+    """The command that started ``job_id``'s run on it, when the executor knows it: a stop of that run names
+    it, so a later run of the job on an instance of the same id is left alone."""
 
 
 class GpuReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -191,7 +191,7 @@ async def test_a_start_refused_because_its_instance_runs_another_job_is_followed
     assert [type(m).__name__ for m in reports] == ["CmdFailed", "Registered"]
     assert "busy with job j1" in reports[0].error
     gpu0 = next(g for g in reports[1].gpus if g.index == 0)
-    assert [(i.profile, i.start, i.job_id) for i in gpu0.instances] == [("1g.5gb", 0, "j1")]
+    assert [(i.profile, i.start, i.job_id, i.started_by) for i in gpu0.instances] == [("1g.5gb", 0, "j1", "c1")]
     await rig.backend.close()
 
 

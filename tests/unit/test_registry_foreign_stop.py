@@ -10,7 +10,7 @@ from services.executor.service import Executor, ExecutorSettings
 from services.executor.sim_backend import SimBackend
 from services.registry.service import NodeRegistry
 from shared.bus import MemoryBus
-from shared.events import Command, GpuReport, Registered, now
+from shared.events import Command, GpuReport, InstanceReport, Registered, now
 from shared.mig.geometry import default_geometry
 from shared.policy.partition import MigOp
 from shared.settings import RegistrySettings, load
@@ -32,6 +32,17 @@ def test_the_stop_for_a_foreign_run_names_the_instance_it_was_found_on() -> None
     cmd = out.msg
     assert isinstance(cmd, Command) and cmd.kind == "stop"
     assert (cmd.job_id, cmd.instance_id, cmd.src_instance_id) == ("j1", "n1/0:1g.5gb@0:j1", "n1/0:1g.5gb@0:j1")
+
+
+def test_the_stop_for_a_foreign_run_names_the_command_that_started_it_when_the_node_said_so() -> None:
+    st = load(RegistrySettings, env={}, metrics_port=0)
+    reg = NodeRegistry(st, MemoryBus(st), MemoryState())
+    iid = "n1/0:1g.5gb@0:j1"
+    found = InstanceReport(instance_id=iid, profile="1g.5gb", start=0, size=1, job_id="j1", started_by="place:j1:1")
+    r = Registered(id="reg-1", node="n1", at=now(),
+                   gpus=(GpuReport(index=0, model="A100-40GB", uuid="GPU-0", instances=(found,)),))
+    cmd = reg.nodes.stop_foreign(r, "j1", "n1/0", iid, now(), _Delivery()).msg  # type: ignore[arg-type]
+    assert isinstance(cmd, Command) and (cmd.src_instance_id, cmd.src_cmd_id) == (iid, "place:j1:1")
 
 
 async def running(start: int, started_by: str) -> tuple[Executor, str]:
