@@ -2,11 +2,11 @@
 
 Every path is idempotent: a replayed command finds its ops done and its workload running, and skips them. A
 ``place`` or ``migrate_start`` that fails after creating instances destroys them again (``instances.undo``):
-the state store forgets a failed placement's or an aborted move's instance, so the GPU must too. Two commands
-stop runs they do not name by instance: a ``resync`` (every workload here) and a ``place`` that preempts
-(``stop_jobs``). A replay of either could stop a run placed since, so their stops run once: the commands that
-carried them out are remembered by id (``STOPPERS_KEPT``), and a replay skips them (a resync does nothing more,
-a place goes on and finds its work done).
+the state store forgets a failed placement's or an aborted move's instance, so the GPU must too. Stops are the
+exception: a replay could end a run placed since, on an instance of the same id (a ``stop`` of a foreign run,
+a gang member's ``stop``), or any run here (a ``resync``, a ``place`` that preempts: ``stop_jobs``). So the
+commands that carried out their stops are remembered by id (``STOPPERS_KEPT``), and a replay skips the stops
+(a stop command does nothing more; a place goes on and finds its work done).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from shared.policy.partition import MigOp
 
 log = logging.getLogger("migsched.executor")
 
-STOPPERS_KEPT = 4096
-"""Ids of the commands whose stops were carried out (resyncs and preempting places), oldest dropped first. A
-replay can come after the executor's redelivery window (an acknowledgement lost with a NATS server) and up to
-``ack_wait_s × max_deliver`` after the first delivery (150 s by default): 4,096 outlast that at up to 27
-preemptions a second."""
+STOPPERS_KEPT = 16384
+"""Ids of the commands whose stops were carried out, oldest dropped first. A replay can come after the
+executor's redelivery window (an acknowledgement lost with a NATS server) and up to ``ack_wait_s ×
+max_deliver`` after the first delivery (150 s by default): 16,384 outlast that at up to 100 stopping commands a
+second (about 1.5 MB)."""
 
 
 def lane_of(cmd: Command, backend: Backend) -> int:
@@ -69,7 +69,7 @@ class Commands:
         """Each GPU's lane lock (the caller holds the command's own lane): a gang's command on MIG GPUs takes its
         other GPUs' too while it changes them."""
         self.stopped: dict[str, None] = {}
-        """Commands whose stops were carried out (a resync's registration sent too), oldest first."""
+        """Commands whose stops were carried out to the end (a resync's registration sent too), oldest first."""
 
     async def apply(self, cmd: Command, ctx: otel_context.Context) -> list[Any]:
         """Carry out one command; the reports to publish (raises MigschedError when it cannot be done)."""
@@ -82,8 +82,8 @@ class Commands:
             command=cmd.kind,
             job_id=cmd.job_id,
         )
-        if cmd.kind == "resync" and cmd.cmd_id in self.stopped:
-            log.info("resync %s was carried out before: the runs here now were placed since; none is stopped",
+        if cmd.kind in ("stop", "migrate_stop", "resync") and cmd.cmd_id in self.stopped:
+            log.info("%s %s was carried out before: a run here now was placed since; none is stopped", cmd.kind,
                      cmd.cmd_id)
             return [done]
         if cmd.kind in ("stop", "migrate_stop", "resync"):
@@ -111,7 +111,7 @@ class Commands:
             await self._ops(cmd)
             if cmd.kind == "resync":
                 await self.registration.register()
-                self._stopped(cmd.cmd_id)
+            self._stopped(cmd.cmd_id)
             return [done]
         if cmd.kind == "destroy_idle":
             await self._ops(cmd)

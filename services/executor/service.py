@@ -10,8 +10,8 @@ skipped (``instances.InstanceBook``), a workload already running where asked is 
 seen before by this process, within the time a redelivery comes (two ``ack_wait_s``, ``redelivery_window_s``), is
 answered with the reports it produced the first time (same message ids, so the stream's duplicate window drops
 them if they had already gone out). One seen longer ago is applied again like any other, which finds its work
-done (see above); its reports carry the same ids (``<cmd_id>.done`` / ``.failed``). The stops of a ``resync``
-and of a preempting ``place`` are the exception: they name no instance, so they run once (``commands``).
+done (see above); its reports carry the same ids (``<cmd_id>.done`` / ``.failed``). Stops are the exception:
+a replay could end a run placed since, so they run once (``commands``).
 """
 
 from __future__ import annotations

@@ -376,3 +376,19 @@ async def test_every_run_a_resync_ends_is_logged_as_a_warning(caplog: pytest.Log
     assert sorted(r.getMessage().split()[3] for r in ends) == ["j1", "j2"]
     assert {r.levelno for r in ends} == {logging.WARNING}
     await rig.backend.close()
+
+
+async def test_a_stop_replayed_after_the_window_leaves_a_new_run_on_an_instance_of_the_same_id_running() -> None:
+    rig = Rig()
+    first = place("c1", "j", 0, "1g.5gb", 0)
+    await rig.deliver(first)
+    # a registration found the run where the state does not hold it: stop that run, named by its instance
+    stop = stop_command(NODE, "j", "stop:j:reg-1", f"{NODE}/0", first.instance_id, now(), only_that_run=True)
+    await rig.deliver(stop)
+    assert "j" not in rig.backend.running()
+    await rig.deliver(place("c2", "j", 0, "1g.5gb", 0))  # placed anew on the same slot: the same instance id
+    rig.clock.t += 10_000.0
+    again = await rig.deliver(stop)
+    assert [m.id for m in again] == ["stop:j:reg-1.done"] and rig.applied.count("stop:j:reg-1") == 2
+    assert list(rig.backend.running()) == ["j"]
+    await rig.backend.close()
