@@ -89,6 +89,7 @@ class Backfill:
     async def _candidates(self, ids: list[str], now: float) -> list[Candidate]:
         """The queued jobs as candidates, in queue order; the unreadable and the impatient are rejected."""
         known = self.waiting.specs
+        st = self.settings
         unknown = [j for j in ids if j not in known]
         records = {j.job_id: j for j in await self.state.jobs(unknown) if j is not None} if unknown else {}
         cands: list[Candidate] = []
@@ -103,7 +104,6 @@ class Backfill:
                 if rec is None:
                     continue
                 spec, attempts, preempted = rec.spec, rec.attempts, rec.preempted > 0
-                st = self.settings
                 if now - rec.updated < retry_wait(rec.attempts - rec.preempted, st.retry_backoff_s,
                                                   st.retry_backoff_max_s):
                     continue  # the periodic sweep tries it again

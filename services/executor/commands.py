@@ -5,8 +5,9 @@ Every path is idempotent: a replayed command finds its ops done and its workload
 the state store forgets a failed placement's or an aborted move's instance, so the GPU must too. Stops are the
 exception: a replay could end a run placed since, on an instance of the same id (a ``stop`` of a foreign run,
 a gang member's ``stop``), or any run here (a ``resync``, a ``place`` that preempts: ``stop_jobs``). So the
-commands that carried out their stops are remembered by id (``STOPPERS_KEPT``), and a replay skips the stops
-(a stop command does nothing more; a place goes on and finds its work done).
+commands that carried out their stops are remembered by id for as long as a message may come back
+(``redelivery_horizon_s``, past the executor's redelivery window), and a replay skips the stops (a stop command
+does nothing more; a place goes on and finds its work done).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ from services.executor.exits import ExitReports
 from services.executor.instances import InstanceBook, gpu_index_of, report, undo
 from services.executor.launch import Proc, gang_procs
 from services.executor.plain import plain_target
+from services.executor.recent import Recent
 from services.executor.registration import Registration
 from services.executor.runs import Runs
 from shared.errors import MigschedError
@@ -34,11 +36,8 @@ from shared.policy.partition import MigOp
 
 log = logging.getLogger("migsched.executor")
 
-STOPPERS_KEPT = 16384
-"""Ids of the commands whose stops were carried out, oldest dropped first. A replay can come after the
-executor's redelivery window (an acknowledgement lost with a NATS server) and up to ``ack_wait_s ×
-max_deliver`` after the first delivery (150 s by default): 16,384 outlast that at up to 100 stopping commands a
-second (about 1.5 MB)."""
+STOPPERS_KEPT = 65536
+"""Hard cap of ``Commands.stopped`` (a safety net: the redelivery horizon bounds it, ~rate × horizon)."""
 
 
 def lane_of(cmd: Command, backend: Backend) -> int:
@@ -56,7 +55,8 @@ def lane_of(cmd: Command, backend: Backend) -> int:
 class Commands:
     def __init__(self, backend: Backend, book: InstanceBook, node: str, settings: Any, metrics: Any, runs: Runs,
                  exits: ExitReports, registration: Registration,
-                 gpu_locks: Mapping[int, asyncio.Lock] | None = None) -> None:
+                 gpu_locks: Mapping[int, asyncio.Lock] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
         self.book = book
         self.node = node
@@ -68,8 +68,8 @@ class Commands:
         self.gpu_locks: Mapping[int, asyncio.Lock] = gpu_locks if gpu_locks is not None else defaultdict(asyncio.Lock)
         """Each GPU's lane lock (the caller holds the command's own lane): a gang's command on MIG GPUs takes its
         other GPUs' too while it changes them."""
-        self.stopped: dict[str, None] = {}
-        """Commands whose stops were carried out to the end (a resync's registration sent too), oldest first."""
+        self.stopped: Recent[None] = Recent(settings.redelivery_horizon_s, STOPPERS_KEPT, clock=clock)
+        """Commands whose stops were carried out to the end (a resync's registration sent too)."""
 
     async def apply(self, cmd: Command, ctx: otel_context.Context) -> list[Any]:
         """Carry out one command; the reports to publish (raises MigschedError when it cannot be done)."""
@@ -82,11 +82,11 @@ class Commands:
             command=cmd.kind,
             job_id=cmd.job_id,
         )
-        if cmd.kind in ("stop", "migrate_stop", "resync") and cmd.cmd_id in self.stopped:
-            log.info("%s %s was carried out before: a run here now was placed since; none is stopped", cmd.kind,
-                     cmd.cmd_id)
-            return [done]
         if cmd.kind in ("stop", "migrate_stop", "resync"):
+            if cmd.cmd_id in self.stopped:
+                log.info("%s %s was carried out before: a run here now was placed since; none is stopped",
+                         cmd.kind, cmd.cmd_id)
+                return [done]
             # A resync means the scheduler holds no job on this node (lost: all re-queued; unknown: never
             # registered), so every workload here runs unbeknown to it, including ones started after the
             # heartbeat that ``stop_jobs`` was read from; left running, registration would report their
@@ -111,7 +111,7 @@ class Commands:
             await self._ops(cmd)
             if cmd.kind == "resync":
                 await self.registration.register()
-            self._stopped(cmd.cmd_id)
+            self.stopped.put(cmd.cmd_id, None)
             return [done]
         if cmd.kind == "destroy_idle":
             await self._ops(cmd)
@@ -268,7 +268,7 @@ class Commands:
                 continue  # a replayed command: stopped already
             self.runs.retired.add(job)
             await self.backend.stop_workload(job)
-        self._stopped(cmd.cmd_id)
+        self.stopped.put(cmd.cmd_id, None)
 
     async def _ops(self, cmd: Command, created: list[InstanceInfo] | None = None) -> int:
         if not cmd.ops:
@@ -279,11 +279,6 @@ class Commands:
         destroys = any(op.kind == "destroy_gi" for op in cmd.ops)
         busy = {(lane, gi) for gi in self.backend.jobs_on(lane)} if destroys else set()
         return await self.book.apply(lane, cmd.ops, busy, created)
-
-    def _stopped(self, cmd_id: str) -> None:
-        self.stopped[cmd_id] = None
-        while len(self.stopped) > STOPPERS_KEPT:
-            del self.stopped[next(iter(self.stopped))]
 
     def _log_stop(self, cmd: Command, job: str) -> None:
         """Which run a stop ends, and why it took it for the run it names: a stop of one run that ends a run it

@@ -94,7 +94,7 @@ class Executor:
         self.exits = ExitReports(bus, backend, self.book, node, self.runs, self.metrics,
                                  self.redelivery_window_s(settings), clock)
         self.commands = Commands(backend, self.book, node, settings, self.metrics, self.runs, self.exits,
-                                 self.registration, self._gpu_locks)
+                                 self.registration, self._gpu_locks, clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._consumer: Any = None
         self._seq = 0

@@ -340,7 +340,7 @@ async def test_a_resync_replayed_after_the_window_leaves_the_runs_placed_since_r
     first = await rig.deliver(resync)
     assert "j1" not in rig.backend.running() and any(isinstance(m, CmdDone) for m in first)
     await rig.deliver(place("c2", "j2", 1, "1g.5gb", 0))  # placed once the node registered again
-    rig.clock.t += 10_000.0  # the acknowledgement was lost: the resync comes back after the window
+    rig.clock.t += 120.0  # its acknowledgement lost twice: back after the window (60 s), within the horizon
     again = await rig.deliver(resync)
     assert rig.applied.count("resync:n1:1") == 2
     assert [m.id for m in again] == ["resync:n1:1.done"]  # answered, and nothing stopped or registered
@@ -359,7 +359,7 @@ async def test_a_preempting_place_replayed_after_the_window_leaves_its_victim_ru
     await rig.deliver(preempting)
     assert list(rig.backend.running()) == ["urgent"]
     await rig.deliver(place("c3", "victim", 1, "1g.5gb", 0))  # re-queued by the preemption, placed again
-    rig.clock.t += 10_000.0
+    rig.clock.t += 120.0  # after the redelivery window, within the horizon
     again = await rig.deliver(preempting)
     assert [m.id for m in again] == ["c2.done"] and rig.applied.count("c2") == 2
     assert sorted(rig.backend.running()) == ["urgent", "victim"]
@@ -387,8 +387,13 @@ async def test_a_stop_replayed_after_the_window_leaves_a_new_run_on_an_instance_
     await rig.deliver(stop)
     assert "j" not in rig.backend.running()
     await rig.deliver(place("c2", "j", 0, "1g.5gb", 0))  # placed anew on the same slot: the same instance id
-    rig.clock.t += 10_000.0
+    rig.clock.t += 120.0  # after the redelivery window, within the horizon
     again = await rig.deliver(stop)
     assert [m.id for m in again] == ["stop:j:reg-1.done"] and rig.applied.count("stop:j:reg-1") == 2
     assert list(rig.backend.running()) == ["j"]
     await rig.backend.close()
+
+
+async def test_the_stops_carried_out_are_remembered_for_the_redelivery_horizon() -> None:
+    rig = Rig()
+    assert rig.ex.commands.stopped.window_s == rig.settings.redelivery_horizon_s == 210.0

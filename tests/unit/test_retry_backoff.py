@@ -11,7 +11,7 @@ import pytest
 from services.balancer.backfill import Backfill, retry_wait
 from services.balancer.waiting import Waiting
 from shared.events import Demand, JobSubmit
-from shared.settings import BalancerSettings, load
+from shared.settings import BalancerSettings, SettingsError, load
 from shared.state.memory_store import MemoryState
 from shared.state.model import JobRecord
 
@@ -43,3 +43,9 @@ async def test_a_requeued_job_is_a_candidate_again_only_once_its_back_off_has_pa
     assert early == ["preempted", "never-placed"]  # twice refused: 0.5 s to wait
     later = [c.submit.job_id for c in await backfill._candidates(ids, now=100.5)]
     assert later == ids
+
+
+@pytest.mark.parametrize("var", ["MIGSCHED_RETRY_BACKOFF_S", "MIGSCHED_RETRY_BACKOFF_MAX_S"])
+def test_a_negative_back_off_is_refused_with_the_variables_name(var: str) -> None:
+    with pytest.raises(SettingsError, match="MIGSCHED_RETRY_BACKOFF"):
+        load(BalancerSettings, env={var: "-1"})

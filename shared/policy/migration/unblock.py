@@ -32,6 +32,7 @@ from shared.policy.migration.moves import Move
 from shared.policy.placement.decision import JobRequest
 from shared.policy.placement.gang import spans_nodes
 from shared.policy.request import full_profile, resolve_profile
+from shared.policy.reservation import whole_gpus
 from shared.policy.snapshot import ClusterSnapshot, InstanceView
 
 
@@ -47,16 +48,6 @@ class Clearing(msgspec.Struct, frozen=True, kw_only=True):
 
     gpus: tuple[str, ...]
     moves: tuple[Move, ...]
-
-
-def needs_whole_gpu(snap: ClusterSnapshot, job: JobRequest) -> bool:
-    if job.demand.kind != "mig":
-        return False
-    for model in snap.model_list:
-        prof = resolve_profile(job.demand, model)
-        if prof is not None and prof.memory_slices == full_profile(model).memory_slices:
-            return True
-    return False
 
 
 def _movable(inst: InstanceView, now: float, params: UnblockParams, gangs: Collection[str]) -> bool:
@@ -88,10 +79,11 @@ def plan_clearing(
 ) -> Clearing | None:
     """The GPUs to empty for ``job`` and the moves that do it; None when no moves would let it start."""
     params = params or UnblockParams()
-    if needs_whole_gpu(snap, job):
+    need = whole_gpus(snap.model_list, job.demand)
+    if job.demand.kind == "mig" and need:
         return _clear_one(snap, job, now, params, _gangs(snap))
-    if job.demand.kind == "gpus" and job.demand.gpus > 1 and not spans_nodes(snap, job.demand):
-        return _clear_node(snap, job.demand.gpus, now, params, _gangs(snap))
+    if job.demand.kind == "gpus" and need > 1 and not spans_nodes(snap, job.demand):
+        return _clear_node(snap, need, now, params, _gangs(snap))
     return None
 
 
