@@ -47,8 +47,8 @@ Redis Cluster (each shard's keys in one slot)."""
     Redis keys ``{migsched:0}:...``); 'x' gives streams ``x_JOBS``, subjects ``x.jobs.submit`` and Redis keys
     ``{x:0}:...``."""
     shards: int = 1
-    """Scheduling cells in Redis; a node lives in shard crc32(node) % shards, a job in crc32(job_id) % shards.
-    """
+    """Scheduling cells in Redis: a node lives in shard crc32(its ``block`` label, else its name) % shards, a job
+    in crc32(job_id) % shards, placed only on its shard's GPUs; keep every shard holding nodes."""
     max_attempts: int = 3
     """Placements of one job that may fail (on executors, or unplannable) before the job is failed for good."""
     stream_storage: str = "file"

@@ -7,6 +7,8 @@ Lua script so a live system cannot change under the read):
   exceeds its max count; the occupancy byte equals the busy mask (``shared.state.check.audit``);
 - every job is in exactly one known state: ``pending`` exactly when queued, ``placing`` exactly when in the
   placing set (``placing``), and an active job holds the instance it names (``reservation``/``orphan``);
+- with several shards, every shard holds a node once any does: a job is placed only on its own shard's GPUs, so
+  the jobs of a shard without one would wait for nothing (``shard``);
 - with ``--executors SECONDS``: the reservations match what the executors report (their heartbeats' running
   jobs, listened to for that long): a job the state has running on a node that the node does not run, or a
   workload a node runs that the state does not have running there (``executor``).
@@ -32,7 +34,7 @@ import click
 from migsched import endpoints
 from shared.errors import MigschedError
 from shared.mig.geometry import default_geometry
-from shared.state import RedisState, Violation
+from shared.state import RedisState, Violation, empty_shard
 from shared.state.check import audit
 from shared.state.codec import _s, script_source
 
@@ -104,6 +106,20 @@ async def cross_checks(
     for job in sorted(placing - set(jobs)):
         out.append(Violation(kind="placing", subject=job, detail="in the placing set but unknown"))
     return out, jobs
+
+
+async def shard_checks(state: RedisState, waiting: Sequence[int]) -> list[Violation]:
+    """A shard that holds no node while another does (``shared.state.empty_shard``): the jobs whose ids fall in
+    it can never be placed. ``waiting``: the pending jobs of each shard."""
+    if len(waiting) <= 1:
+        return []
+    sizes = [len(await state.nodes(s)) for s in range(len(waiting))]
+    out = []
+    for s, n in enumerate(waiting):
+        why = empty_shard(s, sizes)
+        if why is not None:
+            out.append(Violation(kind="shard", subject=f"shard {s}", detail=f"{why}; {n} job(s) wait there"))
+    return out
 
 
 def executor_checks(
@@ -193,10 +209,13 @@ async def run_check(
         beats = await listen_heartbeats(nats_url, namespace, executors_s) if executors_s > 0 else {}
         out = list(await audit(state, geometry))
         jobs: dict[str, tuple[str, str, float]] = {}
+        waiting: list[int] = []
         for shard in range(shards):
             extra, js = await cross_checks(state, shard)
             out.extend(extra)
             jobs.update(js)
+            waiting.append(sum(1 for st, _, _ in js.values() if st == "pending"))
+        out.extend(await shard_checks(state, waiting))
         if executors_s > 0:
             nodes = await state.nodes()
             lost = {n for n, h in nodes.items() if h.get("state") == "lost"}

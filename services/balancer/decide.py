@@ -36,7 +36,7 @@ from shared.policy.preemption import Victim
 from shared.policy.request import Demand
 from shared.policy.snapshot import ClusterSnapshot
 from shared.ports import TransitionBatch
-from shared.state import Eviction, Reservation, SlotReservation
+from shared.state import Eviction, Reservation, SlotReservation, empty_shard
 from shared.state.model import PLAIN_PROFILES
 
 
@@ -114,6 +114,9 @@ class Decider:
             batch.settle(sub.job_id, "rejected", too_big, now, ("-", "pending"))
             self.metrics.outcome["rejected"].inc()
             return None
+        stranded = empty_shard(shard, [len(mm) for mm in self.shards.mirrors]) if self.shards.count > 1 else None
+        if stranded is not None:  # waits (nodes may still register there), saying why nothing else will help
+            return self._queue(c, CannotPlace(job_id=sub.job_id, policy="shards", reasons=(stranded,)), batch, now)
         if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
             hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology)
             adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now, within)

@@ -29,6 +29,7 @@ from shared.state.model import (
     StoredGpu,
     StoredInstance,
     Violation,
+    empty_shard,
     gpu_id_of,
     shard_of,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "Violation",
     "audit",
     "check_state",
+    "empty_shard",
     "gpu_id_of",
     "shard_of",
 ]

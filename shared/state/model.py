@@ -355,6 +355,18 @@ def shard_of(name: str, shards: int) -> int:
     return 0 if shards <= 1 else zlib.crc32(name.encode()) % shards
 
 
+def empty_shard(shard: int, sizes: Sequence[int]) -> str | None:
+    """Why nothing in ``shard`` can ever be placed while its shard holds no GPU (``sizes``: the GPUs, or nodes,
+    each shard holds): a job is placed only on the GPUs of the shard of its id. None when the shard holds some,
+    or when no shard does (nothing has registered yet)."""
+    if len(sizes) <= 1 or sizes[shard] or not any(sizes):
+        return None
+    others = ", ".join(str(s) for s, n in enumerate(sizes) if n)
+    return (f"shard {shard} holds no GPU while shard(s) {others} do, and a job is placed only on the GPUs of its "
+            f"own shard (crc32 of its id % {len(sizes)}): run fewer shards (MIGSCHED_SHARDS) than blocks or "
+            f"nodes, so that every shard holds some")
+
+
 def node_shard(node: str, labels: Mapping[str, str], shards: int) -> int:
     """A new node's shard: its ``block`` label's (a block's nodes share one shard, so a gang within a block fits
     in one Lua script), else its name's. A node keeps the shard of its first registration."""

@@ -17,7 +17,7 @@ from services.common.testing import make_settings
 from shared import access
 from shared.localservers import start_redis
 from shared.mig.geometry import default_geometry
-from shared.state import RedisState, Reservation, StoredInstance, audit
+from shared.state import RedisState, Reservation, StoredInstance, audit, shard_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -163,6 +163,29 @@ async def test_counts_over_the_maximum_and_unknown_states_are_reported(
     assert code == 1
     assert "wait1: unknown state 'limbo'" in out
     assert "2 x 7g.40gb > max 1" in out
+
+
+async def test_a_shard_without_a_node_while_another_has_one_is_reported_with_the_jobs_that_wait_there(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    st = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=2))
+    try:
+        now = time.time()
+        await st.register_node("n1", [gpu(0)], now)
+        home = shard_of("n1", 2)
+        stranded = next(f"w{i}" for i in range(100) if shard_of(f"w{i}", 2) != home)
+        await st.enqueue(stranded, b"{}", 0, now, "no room", now)
+        code, out = await run_cli(redis_url, prefix, "--shards", "2")
+        assert code == 1, out
+        assert f"shard (1):\n    - shard {1 - home}: shard {1 - home} holds no GPU while shard(s) {home} do" in out
+        assert "1 job(s) wait there" in out
+        other = next(f"n{i}" for i in range(2, 100) if shard_of(f"n{i}", 2) != home)
+        await st.register_node(other, [gpu(0) | {"id": f"{other}/0"}], now)  # a node there too: none stranded
+        code, out = await run_cli(redis_url, prefix, "--shards", "2")
+        assert code == 0, out
+    finally:
+        await st.wipe()
+        await st.close()
 
 
 def test_an_unreachable_redis_exits_two_with_a_clear_message() -> None:

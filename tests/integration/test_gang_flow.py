@@ -287,3 +287,44 @@ async def test_an_urgent_gang_that_requires_one_block_preempts_within_one(
         job = await e.ns.state.job("u")
         assert job is not None and len({blocks[g.rpartition("/")[0]] for g, _ in job.slots}) == 1
         await e.clean()
+
+
+def _two_shard_blocks(shards: int) -> tuple[str, str]:
+    """Two block names whose nodes land in different shards."""
+    first = "b0"
+    second = next(f"b{i}" for i in range(1, 1000) if shard_of(f"b{i}", shards) != shard_of(first, shards))
+    return first, second
+
+
+async def test_a_gang_that_fits_the_cluster_but_not_its_shard_is_rejected_at_submit_with_its_reason(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    b1, b2 = _two_shard_blocks(2)
+    blocks = {"n1": b1, "n2": b1, "n3": b2, "n4": b2}
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
+        shard = shard_of(b1, 2)
+        job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 2) == shard)
+        await e.submit(submit(job_id, Demand(kind="gpus", gpus=6)))  # 8 GPUs in all, 4 in each shard
+        assert await until(e.all_in([job_id], "rejected"))
+        job = await e.ns.state.job(job_id)
+        assert job is not None
+        assert f"needs 6 GPUs; its shard {shard} has 4 (a gang runs within one shard)" in job.reason
+        await e.clean()
+
+
+async def test_a_job_whose_shard_holds_no_gpu_waits_saying_so_while_another_shard_runs_jobs(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    shards = 4
+    blocks = {"n1": "b0", "n2": "b0"}  # every node in one shard: three shards hold none
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=shards) as e:
+        home = shard_of("b0", shards)
+        stranded = next(f"j{i}" for i in range(1000) if shard_of(f"j{i}", shards) != home)
+        placed = next(f"j{i}" for i in range(1000) if shard_of(f"j{i}", shards) == home)
+        await e.submit(submit(stranded, Demand(kind="gpus", gpus=1)), submit(placed, Demand(kind="gpus", gpus=1)))
+        assert await until(e.all_in([placed], "running"))
+        assert await until(e.all_in([stranded], "pending"))
+        job = await e.ns.state.job(stranded)
+        assert job is not None
+        assert f"shard {shard_of(stranded, shards)} holds no GPU while shard(s) {home} do" in job.reason
+        await e.clean()
