@@ -146,10 +146,6 @@ class BalancerSettings(Settings):
     out. 0 retries at once."""
     retry_backoff_max_s: float = 5.0
     """The longest wait between two placements of one job (``retry_backoff_s``)."""
-
-    def __post_init__(self) -> None:
-        if self.retry_backoff_s < 0 or self.retry_backoff_max_s < 0:
-            raise SettingsError("MIGSCHED_RETRY_BACKOFF_S and MIGSCHED_RETRY_BACKOFF_MAX_S must be >= 0")
     mirror_refresh_s: float = 10.0
     """Full reload of the local cluster mirror from Redis (conflicts also reload the GPUs concerned)."""
     tenancy_file: str = ""
@@ -160,6 +156,10 @@ class BalancerSettings(Settings):
     tenancy file; 0 turns the reserve off."""
     tenancy_poll_s: float = 2.0
     """How often the tenancy file's mtime/size is checked for a hot reload."""
+
+    def __post_init__(self) -> None:
+        if self.retry_backoff_s < 0 or self.retry_backoff_max_s < 0:
+            raise SettingsError("MIGSCHED_RETRY_BACKOFF_S and MIGSCHED_RETRY_BACKOFF_MAX_S must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
