@@ -192,7 +192,7 @@ class Commands:
             self.runs.start_reported[cmd.job_id] = asyncio.Event()  # set once the cmd_done is out (``exits``)
             started = await self.backend.start_workload(cmd.job_id, target, spec)
         self.runs.ctx[cmd.job_id] = ctx
-        self.runs.instance[cmd.job_id] = (cmd.instance_id, target.gpu_index)
+        self.runs.instance[cmd.job_id] = (cmd.instance_id, target.gpu_index, target.gi_id)
         # a place for the run the job already has on this instance (a command applied late, for an earlier
         # placement the same instance id stood for) started nothing, so it does not claim that run: a stop of
         # the late command's run would otherwise end the job's current one

@@ -13,7 +13,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from services.executor.backend import Backend
+from services.executor.backend import Backend, InstanceInfo
 from services.executor.instances import InstanceBook
 from services.executor.recent import Recent
 from services.executor.runs import Runs
@@ -83,10 +83,17 @@ class ExitReports:
                     # registry would take it for the new run's exit and finish the job while it runs
                     ctx = self.runs.ctx.get(ex.job_id)
                     instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
+                elif ex.instance is not None and _earlier(self.runs.instance.get(ex.job_id), ex.instance):
+                    # the exit of an earlier run, out after the job's latest run here ended too (a stop's exit
+                    # held back while its start report was not out): it names its own instance, and the tables
+                    # stay the latest run's, for that run's exit queued behind it; named by the tables, it would
+                    # end that run's placement in the state, which may be the one that runs the job
+                    ctx = self.runs.ctx.get(ex.job_id)
+                    instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
                 else:
                     ctx = self.runs.ctx.pop(ex.job_id, None)
                     self.runs.started.pop(ex.job_id, None)
-                    instance_id, gpu_index = self.runs.instance.pop(ex.job_id, (None, None))
+                    instance_id, gpu_index, _ = self.runs.instance.pop(ex.job_id, (None, None, None))
                     if instance_id is None and ex.instance is not None:
                         # the tables lost this run (another run's exit took them): the exit still names the
                         # instance it ran on, or the registry would apply it to the job's run wherever it is
@@ -154,3 +161,8 @@ class ExitReports:
                 log.warning("publishing %d job exit(s) failed, retrying: %s", len(out), exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+def _earlier(latest: tuple[str, int, int] | None, ran_on: InstanceInfo) -> bool:
+    """Whether a run on ``ran_on`` is not the job's latest here (``latest``: its ``Runs.instance`` entry)."""
+    return latest is not None and (latest[1], latest[2]) != (ran_on.gpu_index, ran_on.gi_id)

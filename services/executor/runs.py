@@ -16,8 +16,9 @@ class Runs:
     """Job -> (monotonic start, duration asked): a move keeps the rest of the run."""
     start_reported: dict[str, asyncio.Event] = field(default_factory=dict)
     """Job -> set once its place's ``cmd_done`` is out: an exit never overtakes its start report."""
-    instance: dict[str, tuple[str, int]] = field(default_factory=dict)
-    """Job -> (instance id, GPU index) it runs on: its exit names it, so a late exit is recognised as stale."""
+    instance: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    """Job -> (instance id, GPU index, GI id) it runs on: its exit names it, so a late exit is recognised as
+    stale."""
     started_by: dict[str, str] = field(default_factory=dict)
     """Job -> the id of the command that started its run here (a stop of another command's run leaves it)."""
     retired: set[str] = field(default_factory=set)

@@ -291,6 +291,32 @@ async def test_an_exit_whose_run_the_tables_lost_still_names_the_instance_it_ran
         await rig.backend.close()
 
 
+async def test_an_earlier_runs_exit_reported_after_the_latest_run_ended_names_its_own_instance() -> None:
+    # the job ran on GPU 0 and was stopped; placed anew, it ran on GPU 1 and ended too, before the first exit was
+    # out (held back while its start report was not): each exit names its own run, or the first would end the
+    # placement on GPU 1 in the state, which may be the one that runs the job
+    rig = Rig()
+    first, second = place("place:j:0", "j", 0, "1g.5gb", 0), place("place:j:1", "j", 1, "1g.5gb", 0)
+    await rig.deliver(first)
+    await rig.backend.stop_workload("j")
+    await rig.deliver(second)
+    await rig.backend.stop_workload("j")
+    reporting = asyncio.create_task(rig.ex.exits.run())
+    try:
+        exits: list[JobExited] = []
+        for _ in range(200):
+            exits = [m for s, d, _ in rig.bus.sent if isinstance(m := decode(s, d, rig.bus.subjects), JobExited)]
+            if len(exits) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [(e.instance_id, e.gpu_index) for e in exits] == [(first.instance_id, 0), (second.instance_id, 1)]
+    finally:
+        reporting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporting
+        await rig.backend.close()
+
+
 async def test_forgetting_a_name_whose_gi_id_was_reused_keeps_the_new_instances_name() -> None:
     backend = SimBackend(node=NODE, models=["A100-40GB"], reconfig_latency_s=0.0)
     book = InstanceBook(backend, {0: A100})
