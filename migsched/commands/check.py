@@ -108,15 +108,12 @@ async def cross_checks(
     return out, jobs
 
 
-async def shard_checks(state: RedisState, waiting: Sequence[int]) -> list[Violation]:
+def shard_checks(nodes: Sequence[int], waiting: Sequence[int]) -> list[Violation]:
     """A shard that holds no node while another does (``shared.state.empty_shard``): the jobs whose ids fall in
-    it can never be placed. ``waiting``: the pending jobs of each shard."""
-    if len(waiting) <= 1:
-        return []
-    sizes = [len(await state.nodes(s)) for s in range(len(waiting))]
+    it can never be placed. ``nodes``, ``waiting``: each shard's registered nodes and pending jobs."""
     out = []
     for s, n in enumerate(waiting):
-        why = empty_shard(s, sizes)
+        why = empty_shard(s, nodes)
         if why is not None:
             out.append(Violation(kind="shard", subject=f"shard {s}", detail=f"{why}; {n} job(s) wait there"))
     return out
@@ -215,10 +212,10 @@ async def run_check(
             out.extend(extra)
             jobs.update(js)
             waiting.append(sum(1 for st, _, _ in js.values() if st == "pending"))
-        out.extend(await shard_checks(state, waiting))
+        by_shard = [await state.nodes(s) for s in range(shards)] if shards > 1 or executors_s > 0 else []
+        out.extend(shard_checks([len(ns) for ns in by_shard], waiting))
         if executors_s > 0:
-            nodes = await state.nodes()
-            lost = {n for n, h in nodes.items() if h.get("state") == "lost"}
+            lost = {n for ns in by_shard for n, h in ns.items() if h.get("state") == "lost"}
             out.extend(executor_checks(jobs, beats, lost))
         return out
     except rex.NoPermissionError as exc:

@@ -114,7 +114,8 @@ class Decider:
             batch.settle(sub.job_id, "rejected", too_big, now, ("-", "pending"))
             self.metrics.outcome["rejected"].inc()
             return None
-        stranded = empty_shard(shard, [len(mm) for mm in self.shards.mirrors]) if self.shards.count > 1 else None
+        stranded = (empty_shard(shard, [len(mm) for mm in self.shards.mirrors])
+                    if self.shards.count > 1 and not len(mirror) else None)
         if stranded is not None:  # waits (nodes may still register there), saying why nothing else will help
             return self._queue(c, CannotPlace(job_id=sub.job_id, policy="shards", reasons=(stranded,)), batch, now)
         if self.ledger.active:  # quota -> place (behind the reserve) -> preempt

@@ -77,17 +77,13 @@ class ExitReports:
                     continue
                 instance_id: str | None
                 gpu_index: int | None
-                if ex.instance is not None and ex.job_id in self.backend.running():
-                    # the job runs again already (a redelivered or retried place started it after this run
-                    # ended): the tables are the new run's, and this exit must name its own instance, or the
-                    # registry would take it for the new run's exit and finish the job while it runs
-                    ctx = self.runs.ctx.get(ex.job_id)
-                    instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
-                elif ex.instance is not None and _earlier(self.runs.instance.get(ex.job_id), ex.instance):
-                    # the exit of an earlier run, out after the job's latest run here ended too (a stop's exit
-                    # held back while its start report was not out): it names its own instance, and the tables
-                    # stay the latest run's, for that run's exit queued behind it; named by the tables, it would
-                    # end that run's placement in the state, which may be the one that runs the job
+                if ex.instance is not None and (ex.job_id in self.backend.running()
+                                                or _earlier(self.runs.instance.get(ex.job_id), ex.instance)):
+                    # an earlier run's exit: the job runs again already (a redelivered or retried place started
+                    # it after this run ended), or its latest run here ended too (this exit was held back while
+                    # its start report was not out). The tables are the latest run's and stay for that run's own
+                    # exit; this one names its own instance, or the registry would take it for the latest run's
+                    # and end that placement, which may be the one that runs the job
                     ctx = self.runs.ctx.get(ex.job_id)
                     instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
                 else:
