@@ -103,6 +103,9 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A gang's part (``services.executor.launch``): the processes to start, each on its own GPUs with its own
     variables, as one run that ends when all have ended (the first failure stops the others). Empty: one
     process on the whole binding."""
+    started_by: str = ""
+    """The command that starts this run: its exit carries it, so that the registry tells the exit of an earlier
+    placement's run from the current one's, even on the same instance."""
 
 
 class WorkloadExit(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,6 +119,8 @@ class WorkloadExit(msgspec.Struct, frozen=True, kw_only=True):
     """False for a job adopted after an executor restart whose exit status nobody could collect."""
     instance: InstanceInfo | None = None
     """Where the run that ended ran (the job may already run again elsewhere: a replayed or retried place)."""
+    started_by: str = ""
+    """The command that started the run that ended (``WorkloadSpec.started_by``; '' for an adopted run)."""
 
 
 class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):

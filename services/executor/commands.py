@@ -180,6 +180,7 @@ class Commands:
             duration_s=self._remaining(cmd),
             procs=self._procs(cmd),
             bindings=bindings,
+            started_by=cmd.cmd_id,
         )
         started = True
         if cmd.kind == "migrate_start" and cmd.job_id in self.backend.running():

@@ -117,6 +117,7 @@ class ExitReports:
                     gpu_index=gpu_index,
                     exit=kind,
                     reason=(ex.reason + (": " + ex.output_tail if ex.output_tail else ""))[:2000],
+                    started_by=ex.started_by or None,
                 )
                 out.append(Outgoing(subject, msg, ctx))
                 self.metrics.exited(kind)

@@ -61,6 +61,11 @@ class NvmlWorkloads:
         return log_path(self._store.log_dir, job_id, self._serial)
 
     async def _launch(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> ProcessRun | GroupRun:
+        run = await self._processes(job_id, instance, spec)
+        run.started_by = spec.started_by
+        return run
+
+    async def _processes(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> ProcessRun | GroupRun:
         if spec.procs:  # a gang's part started per GPU (or per node): several processes, one run
             group, dropped = await launch_group(job_id, instance, spec, logs=lambda: self._log(job_id),
                                                 allowlist=self._allowlist, keep_log=self._keep_logs,

@@ -219,6 +219,11 @@ class SimBackend:
         return True
 
     async def _run(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> Run:
+        run = await self._start(job_id, instance, spec)
+        run.started_by = spec.started_by
+        return run
+
+    async def _start(self, job_id: str, instance: InstanceInfo, spec: WorkloadSpec) -> Run:
         """A timer for the duration hint, or (process mode) the workload's argv as real processes bound to the
         simulated GPUs' UUIDs (a MIG instance's UUID is made up from its place)."""
         if not self._processes:

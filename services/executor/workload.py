@@ -27,6 +27,9 @@ class Run:
 
     def __init__(self, instance: InstanceInfo) -> None:
         self.instance = instance
+        self.started_by = ""
+        """The command that started it (``WorkloadSpec.started_by``, set by the backend that starts it; '' for
+        an adopted run): its exit names it."""
         self.stopped = False
         """Set by ``stop()``: the exit is reported with reason ``stopped``."""
         self.done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
@@ -248,6 +251,7 @@ class JobTable:
                 output_tail=result.output_tail,
                 status_known=result.status_known,
                 instance=run.instance,
+                started_by=run.started_by,
             )
         )
 

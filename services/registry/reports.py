@@ -106,7 +106,9 @@ class Reports:
                 b.mark_running(r.job_id, r.instance_id, now)
             elif isinstance(r, JobExited):
                 iid = r.instance_id or ""
-                after.append((d, b.release(r.job_id, r.exit, r.reason or f"exit {r.exit}", now, iid, r.node), "exit"))
+                attempt = place_attempt(r.started_by, r.job_id) if r.started_by else None
+                after.append((d, b.release(r.job_id, r.exit, r.reason or f"exit {r.exit}", now, iid, r.node,
+                                           attempt), "exit"))
         results: list[Any] = []
         if len(b):
             with telemetry.step("registry apply reports", [d.ctx for d in ds]):

@@ -101,6 +101,10 @@ class JobExited(_Report, frozen=True, kw_only=True, tag="job_exit"):
     status: Annotated[int, msgspec.Meta(ge=-255, le=255)] = 0
     exit: ExitKind = "completed"
     reason: Reason = ""
+    started_by: MsgId | None = None
+    """The command that started the run that ended (None: not known, e.g. a run adopted after an executor
+    restart). A run started by a place command of an earlier attempt than the job's current one belongs to a
+    placement that is gone: its exit changes nothing, even when it names the instance the job runs on now."""
 
 
 class Drift(_Report, frozen=True, kw_only=True, tag="drift"):

@@ -113,10 +113,13 @@ class Batch:
         )
 
     def release(
-        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = ""
+        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
+        attempt: int | None = None,
     ) -> int:
         """``instance_id``: the instance the exit names ('' = any); ``node``: the node that reported it ('' =
-        any). An exit that names no instance, from a node where the job holds nothing, is stale."""
+        any); ``attempt``: that of the place command that started the run (None: unknown). An exit that names no
+        instance, from a node where the job holds nothing, is stale; so is one of a run an earlier attempt
+        started (that placement is gone, whatever instance the job holds now)."""
         k = self._jk(job_id)
 
         def parse(v: Any) -> ReleaseResult:
@@ -156,7 +159,8 @@ class Batch:
         return self._add(
             "release",
             [k.gpus, k.job(job_id)],
-            [job_id, kind, EXIT_TO_STATE[kind], reason, repr(now), instance_id, node],
+            [job_id, kind, EXIT_TO_STATE[kind], reason, repr(now), instance_id, node,
+             "" if attempt is None else str(attempt)],
             parse,
         )
 

@@ -11,6 +11,8 @@ key                        type    content
 ``{ns:s}:job:<job_id>``    hash    state, reason, spec (JobSubmit JSON), prio, at, gpu, inst, node, attempts,
                                    cancel, mig_gpu, mig_inst, updated, slots (a gang: JSON [[gpu, inst], ...]),
                                    late (",<attempt>,...": place commands whose late run was stopped),
+                                   ra ("<attempts>:<attempt>": the earlier attempt whose late run the
+                                   current placement took as its own),
                                    hn and h<n> (its history, below)
 ``{ns:s}:hist:<job_id>``   list    an older version's history of the job (read, deleted with the job); the job
                                    hash now keeps it: ``h<n>`` = JSON {at, from, to, reason} of its n-th

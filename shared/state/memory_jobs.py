@@ -63,7 +63,8 @@ class JobTransitions(MemoryPrelude):
         return "ok"
 
     def _t_release(
-        self, job: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = ""
+        self, job: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
+        attempt: int | None = None,
     ) -> ReleaseResult:
         sh = self._js(job)
         j = sh.jobs.get(job)
@@ -80,6 +81,12 @@ class JobTransitions(MemoryPrelude):
                         gpu=copy.deepcopy(g0),
                     )
             return ReleaseResult(status="noop", job_id=job, state=j.state if j else "")
+        current = j.attempts
+        ra = sh.ra.get(job)
+        if ra is not None and ra[0] == current:
+            current = ra[1]
+        if attempt is not None and attempt < current:  # an earlier placement's run (see release.lua)
+            return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
         across = bool(instance_id) and spans(j.held())
         if instance_id and instance_id not in (j.inst, j.mig_inst) and not (across and names(j, instance_id)):
             return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
@@ -208,6 +215,8 @@ class JobTransitions(MemoryPrelude):
         for g, i in held:
             i.state, i.started, i.created = "busy", now, False
             self._save(sh, g, bump=False)
+        if attempt is not None and attempt < j.attempts:  # an earlier attempt's late run is this placement's
+            sh.ra[job] = (j.attempts, attempt)
         if waiting:
             self._hist(sh, job, "placing", "placing", f"node {node} started its part of the gang", now)
             return "ok"
@@ -317,6 +326,7 @@ class JobTransitions(MemoryPrelude):
                 sh.jobs.pop(job, None)
                 sh.hist.pop(job, None)
                 sh.late.pop(job, None)  # the job hash's 'late' field in Redis
+                sh.ra.pop(job, None)
                 n += 1
             del sh.done[job]
         return n

@@ -25,6 +25,9 @@ class _Shard:
         self.nodes: dict[str, dict[str, str]] = {}
         self.late: dict[str, set[int]] = {}
         """Per job, the attempts whose late run ``mark_running`` handled (the job hash's ``late`` in Redis)."""
+        self.ra: dict[str, tuple[int, int]] = {}
+        """Per job, (its attempts, the earlier attempt whose late run its placement took): the job hash's
+        ``ra`` in Redis, valid while the job's attempts stay the first."""
         self.occ = bytearray()
         self.holds: bytes | None = None
         """The balancer's reservations, encoded as in Redis (``model.encode_holds``)."""

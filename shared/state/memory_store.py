@@ -155,9 +155,10 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
         return self._t_enqueue(job_id, spec, prio, submitted_at, reason, now, traceparent)
 
     async def release(
-        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = ""
+        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
+        attempt: int | None = None,
     ) -> ReleaseResult:
-        return self._t_release(job_id, kind, reason, now, instance_id, node)
+        return self._t_release(job_id, kind, reason, now, instance_id, node, attempt)
 
     async def mark_running(
         self,

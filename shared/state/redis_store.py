@@ -153,9 +153,10 @@ class RedisState(DerivedReads):
         return await self._one("enqueue", job_id, spec, prio, submitted_at, reason, now, traceparent)
 
     async def release(
-        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = ""
+        self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
+        attempt: int | None = None,
     ) -> ReleaseResult:
-        return await self._one("release", job_id, kind, reason, now, instance_id, node)
+        return await self._one("release", job_id, kind, reason, now, instance_id, node, attempt)
 
     async def mark_running(
         self,

@@ -2,8 +2,8 @@
 
 The scenarios (``tests/contract/state_cases/``) drive the store through its public transitions and read it
 back, each checking its own invariants and ending with ``audit()``: gangs and time-sliced shares, expiry of
-ended jobs, foreign jobs found at registration, late runs of timed-out commands, moves that end without taking,
-and the command tracking a reservation carries.
+ended jobs, foreign jobs found at registration, late runs of timed-out commands, exits of an earlier
+placement's run, moves that end without taking, and the command tracking a reservation carries.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.contract.state_cases import (
+    earlier_exit,
     expiry,
     foreign_job,
     gang_across,
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.timeout(30)
 
 Case = Callable[[Any], Awaitable[None]]
 SUITES = {"plain": plain_state, "expiry": expiry, "foreign": foreign_job, "late-run": late_run,
-          "move-exit": migration_exit, "reserve-track": reserve_track, "gang-across": gang_across}
+          "move-exit": migration_exit, "reserve-track": reserve_track, "gang-across": gang_across,
+          "earlier-exit": earlier_exit}
 CASES: list[tuple[str, Case]] = [(f"{name}:{case.__name__}", case) for name, mod in SUITES.items()
                                  for case in mod.CASES]
 

@@ -61,7 +61,41 @@ async def test_an_earlier_runs_exit_reported_after_the_latest_run_ended_names_it
             if len(exits) == 2:
                 break
             await asyncio.sleep(0.01)
-        assert [(e.instance_id, e.gpu_index) for e in exits] == [(first.instance_id, 0), (second.instance_id, 1)]
+        assert [(e.instance_id, e.gpu_index, e.started_by) for e in exits] == [
+            (first.instance_id, 0, "place:j:0"), (second.instance_id, 1, "place:j:1")]
+    finally:
+        reporting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporting
+        await rig.backend.close()
+
+
+async def test_an_earlier_runs_exit_on_the_instance_the_job_runs_on_again_names_the_command_that_started_it() -> None:
+    # placed again on the very instance it ran on (reused): the instance cannot tell the runs apart, the command
+    # that started each can (the registry judges an exit of an earlier attempt's run stale)
+    rig = Rig()
+    first = place("place:j:0", "j", 0, "1g.5gb", 0)
+    again = msgspec.structs.replace(first, id="place:j:1", cmd_id="place:j:1", ops=())
+    await rig.deliver(first)
+    await rig.backend.stop_workload("j")
+    await rig.deliver(again)
+    assert "j" in rig.backend.running()
+    reporting = asyncio.create_task(rig.ex.exits.run())
+    try:
+        exits: list[JobExited] = []
+        for _ in range(200):
+            exits = [m for s, d, _ in rig.bus.sent if isinstance(m := decode(s, d, rig.bus.subjects), JobExited)]
+            if len(exits) == 1:
+                break
+            await asyncio.sleep(0.01)
+        await rig.backend.stop_workload("j")
+        for _ in range(200):
+            exits = [m for s, d, _ in rig.bus.sent if isinstance(m := decode(s, d, rig.bus.subjects), JobExited)]
+            if len(exits) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [(e.instance_id, e.started_by) for e in exits] == [
+            (first.instance_id, "place:j:0"), (first.instance_id, "place:j:1")]
     finally:
         reporting.cancel()
         with contextlib.suppress(asyncio.CancelledError):

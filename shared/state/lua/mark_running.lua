@@ -6,7 +6,10 @@
 -- finished or cancelled since) that started the job on an instance the job's active placement does not name is
 -- a run nobody expects: {'stop', state}, and the registry stops it. Its instance is held for it (hold_for_stop,
 -- as a registration does) until the node confirms (node.lua 'stopped'); the job is left as it is, but for its
--- field 'late' (the attempts whose late run was handled).
+-- field 'late' (the attempts whose late run was handled). One that started it on the instance the job's placement
+-- names now is that placement's run (one run per job and instance on a node): field 'ra' ('<attempts>:<attempt>',
+-- valid while the job's attempts stay <attempts>) records whose run it is, so that its exit is not taken for an
+-- earlier placement's (release.lua).
 local job, jkey = ARGV[1], KEYS[2]
 local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'slots', 'attempts', 'node')
 if ARGV[4] ~= '' then redis.call('HDEL', CMDS, ARGV[4]) end
@@ -82,6 +85,7 @@ for _, e in ipairs(held) do if not e.skip then
     redis.call('HSET', e.key, 'inst', encode_insts(e.insts))
   end
 end end
+if attempt and attempt < tonumber(f[5] or '0') then redis.call('HSET', jkey, 'ra', f[5] .. ':' .. attempt) end
 if waiting then
   hist(job, 'placing', 'placing', 'node ' .. ARGV[6] .. ' started its part of the gang', tonumber(ARGV[3]))
   return {'ok', 'placing'}

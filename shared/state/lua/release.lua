@@ -1,12 +1,14 @@
 -- release: a job left its instances (every slot of a gang). Idempotent: the first call frees them, later ones
 -- are no-ops. KEYS[2] job hash. ARGV: job_id, exit_kind, new_state, reason, now, instance_id ('' = any), node
--- ('' = any: the reporting node; an exit naming no instance from a node where the job holds nothing is stale).
+-- ('' = any: the reporting node; an exit naming no instance from a node where the job holds nothing is stale),
+-- attempt (of the place command that started the run; '' = unknown): older than that of the placement's run, the
+-- run's placement is gone and the exit is stale, even when it names the instance a later placement reuses.
 -- Returns {status, state, gpu, node, profile, insts, ver, model, index, slots[, stop node, stop gpu, stop
 -- instance, given back[, member stops]]} (see ReleaseResult); {'member', state, gpu, node, '', freed slots}
 -- when one member of a gang across nodes completed and others still run.
 local job, jkey = ARGV[1], KEYS[2]
 local now = tonumber(ARGV[5])
-local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'node', 'slots')
+local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'node', 'slots', 'attempts', 'ra')
 local st = f[1]
 if st ~= 'placing' and st ~= 'running' and st ~= 'migrating' then
   -- already released: still hand back the GPU as it is now when the exit names the job's last instance, so a
@@ -18,6 +20,14 @@ if st ~= 'placing' and st ~= 'running' and st ~= 'migrating' then
     end
   end
   return {'noop', st or '', '', '', '', ''}
+end
+-- the attempt whose run the placement is: the job's, or an earlier one's late run it took (mark_running.lua 'ra')
+local current = tonumber(f[8] or '0')
+local ra_of, ra = string.match(f[9] or '', '^(%d+):(%d+)$')
+if ra_of and tonumber(ra_of) == current then current = tonumber(ra) end
+local attempt = tonumber(ARGV[8] or '')
+if attempt and attempt < current then
+  return {'stale', st, f[2], f[6] or '', '', ''}
 end
 local slots = job_slots(f[2], f[3], f[7])
 local across = ARGV[6] ~= '' and spans(slots)
