@@ -120,7 +120,8 @@ class WorkloadExit(msgspec.Struct, frozen=True, kw_only=True):
     instance: InstanceInfo | None = None
     """Where the run that ended ran (the job may already run again elsewhere: a replayed or retried place)."""
     started_by: str = ""
-    """The command that started the run that ended (``WorkloadSpec.started_by``; '' for an adopted run)."""
+    """The command that started the run that ended (``WorkloadSpec.started_by``, kept across an executor restart
+    by the nvml backend's state file; '' when not known)."""
 
 
 class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):

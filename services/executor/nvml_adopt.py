@@ -95,8 +95,11 @@ class NvmlAdoption:
                     more = AdoptedRun(p.instance, p.pid, p.start_time, Path(p.log), self._poll_s)
                     more.gpu_uuid = p.gpu_uuid or rec.gpu_uuid
                     parts.append(more)
-                self._jobs.add(rec.job_id, GroupRun(instance, parts, self._grace))
+                group = GroupRun(instance, parts, self._grace)
+                group.started_by = rec.started_by
+                self._jobs.add(rec.job_id, group)
                 continue
+            run.started_by = rec.started_by
             self._jobs.add(rec.job_id, run)  # a lost one reports its exit (status unknown) at the first poll
         found = sorted(g.builtin.name if g.builtin else g.raw.name for g in self._gpus)
         if self._expected and sorted(self._expected) != found:

@@ -186,6 +186,7 @@ class NvmlBackend(NvmlAdoption, NvmlWorkloads):
                     more=[PartProcess(instance=p.instance, pid=p.pid, start_time=p.start_time, log=str(p.log),
                                       gpu_uuid=p.gpu_uuid or self._gpus[p.instance.gpu_index].raw.uuid)
                           for p in procs[1:]],
+                    started_by=run.started_by,
                 )
             )
         owned = sorted(self._owned, key=lambda o: (o.gpu_uuid, o.gi_id))

@@ -44,6 +44,8 @@ class JobRecord(msgspec.Struct, frozen=True, kw_only=True):
     log: str
     more: list[PartProcess] = []
     """A gang's part started per GPU: its other processes, adopted together as one run."""
+    started_by: str = ""
+    """The command that started the run: an adopted run's exit still names it."""
 
 
 class StateFile(msgspec.Struct, kw_only=True):

@@ -28,8 +28,8 @@ class Run:
     def __init__(self, instance: InstanceInfo) -> None:
         self.instance = instance
         self.started_by = ""
-        """The command that started it (``WorkloadSpec.started_by``, set by the backend that starts it; '' for
-        an adopted run): its exit names it."""
+        """The command that started it (``WorkloadSpec.started_by``, set by the backend that starts or adopts
+        it; '' when not known): its exit names it."""
         self.stopped = False
         """Set by ``stop()``: the exit is reported with reason ``stopped``."""
         self.done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()

@@ -64,7 +64,7 @@ async def test_a_restarted_backend_adopts_its_instances_and_running_job_and_dest
     await first.discover()
     busy = await first.create_instance(0, P3G, 0)
     idle = await first.create_instance(0, P2G, 4)
-    await first.start_workload("long", busy, forever())
+    await first.start_workload("long", busy, msgspec.structs.replace(forever(), started_by="place:long:3"))
     await first.close()  # the executor goes away; its workload and instances stay
 
     seen = len(fake.calls)
@@ -90,6 +90,7 @@ async def test_a_restarted_backend_adopts_its_instances_and_running_job_and_dest
     await second.stop_workload("long")
     done = await asyncio.wait_for(second.next_exit(), 20)
     assert (done.job_id, done.reason, done.status_known) == ("long", "stopped", False)
+    assert done.started_by == "place:long:3"  # the registry still tells this run from a later placement's
     await second.destroy_instance(0, busy.gi_id)
     assert fake.snapshot(0) == [("1g.5gb", 6, 1)]
     await second.close()
