@@ -268,8 +268,9 @@ class Executor:
         after one ``ack_wait_s``; the second wait covers the handling and a slow server. A command whose ack
         is lost twice (``max_deliver`` allows more) is applied again like after a restart of the executor:
         its ops find their work done and its reports keep their ids; a run the state did not expect is
-        stopped by the registry (docs/operations.md, Faults item 10). Keeping the full ``ack_wait_s × max_deliver``
-        (150 s) held ~20,000 commands per executor at 125 commands/s and kept RSS growing for minutes."""
+        stopped by the registry (docs/architecture.md, data flow step 6). Keeping the full
+        ``ack_wait_s × max_deliver`` (150 s) held ~20,000 commands per executor at 125 commands/s and kept RSS
+        growing for minutes."""
         return 2.0 * settings.ack_wait_s
 
     def _remember(self, cmd_id: str, outgoing: list[Outgoing]) -> None:

@@ -1,6 +1,6 @@
 """A ``stop`` that names the run it ends (``src_instance_id``: the registry's stop of a run a late place command
-started, docs/operations.md, Faults item 10) ends the job only where it runs on that instance: the job's current run on
-another instance of the node carries on. The rig of ``test_executor_commands.py`` (a real NATS, the sim
+started, docs/architecture.md, data flow step 6) ends the job only where it runs on that instance: the job's
+current run on another instance of the node carries on. The rig of ``test_executor_commands.py`` (a real NATS, the sim
 backend)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A place command the registry timed out, applied late by an executor that restarted mid-load
-(docs/operations.md, Faults item 10): the registry stops that run (and only it), holds its instance until the
+(docs/architecture.md, data flow step 6): the registry stops that run (and only it), holds its instance until the
 node confirms, and the job, re-placed on another node, ends exactly once. Real NATS and Redis, the in-process
 stack; the time-out is applied by calling what the command sweep calls, so no clock is involved."""
 

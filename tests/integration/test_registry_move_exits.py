@@ -1,5 +1,5 @@
 """Moves that end without taking, through the node registry and registry on real NATS and Redis
-(docs/operations.md, Faults items 12 and 13): the state and the GPU must agree on every instance afterwards.
+(docs/architecture.md, data flow steps 5 and 9): the state and the GPU must agree on every instance afterwards.
 
 - A job whose source copy exits during its move to another node: that node created the target and may run the
   job's copy there. The registry sends it a ``stop`` of that run only and holds the target until it confirms.

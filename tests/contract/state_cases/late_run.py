@@ -1,6 +1,6 @@
-"""A place command the state gave up on, applied late by its executor (docs/operations.md, Faults item 10), written once
-against the store interface: ``tests/contract/test_state_store.py`` runs the scenarios on ``MemoryState`` and on
-``RedisState`` (``lua/mark_running.lua``, ``lua/fail_placement.lua``).
+"""A place command the state gave up on, applied late by its executor (docs/architecture.md, data flow step 6),
+written once against the store interface: ``tests/contract/test_state_store.py`` runs the scenarios on
+``MemoryState`` and on ``RedisState`` (``lua/mark_running.lua``, ``lua/fail_placement.lua``).
 
 The command's ``cmd_done`` (``mark_running`` with the command's attempt) answers ``stop``; the instance of that
 run stays ``retiring`` with the job until ``node_stopped``; the job's own placement and state are untouched."""

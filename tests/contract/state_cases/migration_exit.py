@@ -8,10 +8,10 @@ the move when the job's exit comes from the source copy (whether the abort comes
 idles it when the exit comes from the target copy. Idling it in the first case left an instance the GPU did not
 have: placements reused it and failed until jobs ran out of attempts (the 10-minute soak lost 24 of 600,000).
 
-That holds on the source's node only (docs/operations.md, Faults item 12): a target on another node was created by that
-node, which may run the job's copy there. The state keeps such a target ``retiring`` with the job (its slices
-taken) and the release names it in ``stop`` (the registry sends that node a ``stop`` of that run only); the
-node's confirmation (``node_stopped``) idles it, a failed ``migrate_start`` (the node undid it) drops it.
+That holds on the source's node only (docs/architecture.md, data flow step 9): a target on another node was
+created by that node, which may run the job's copy there. The state keeps such a target ``retiring`` with the job
+(its slices taken) and the release names it in ``stop`` (the registry sends that node a ``stop`` of that run
+only); the node's confirmation (``node_stopped``) idles it, a failed ``migrate_start`` (the node undid it) drops it.
 
 A move that ends without taking gives back the idle instances its reservation removed from the target's way
 (item 13): an abort before its command went out restores them idle (they were never touched); an abort after
