@@ -47,8 +47,9 @@ Redis Cluster (each shard's keys in one slot)."""
     Redis keys ``{migsched:0}:...``); 'x' gives streams ``x_JOBS``, subjects ``x.jobs.submit`` and Redis keys
     ``{x:0}:...``."""
     shards: int = 1
-    """Scheduling cells in Redis: a node lives in shard crc32(its ``block`` label, else its name) % shards, a job
-    in crc32(job_id) % shards, placed only on its shard's GPUs; keep every shard holding nodes."""
+    """Scheduling cells in Redis: a node with a ``block`` label lives in its block's shard (a new block gets the
+    shard holding the fewest blocks), one without in crc32(name) % shards; a job in crc32(job_id) % shards,
+    placed only on its shard's GPUs. Run no more shards than blocks, so that every shard holds nodes."""
     max_attempts: int = 3
     """Placements of one job that may fail (on executors, or unplannable) before the job is failed for good."""
     stream_storage: str = "file"

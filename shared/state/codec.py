@@ -46,6 +46,12 @@ def script_source(name: str) -> str:
     return lua.joinpath("prelude.lua").read_text() + "\n" + lua.joinpath(f"{name}.lua").read_text()
 
 
+@functools.cache
+def block_script_source() -> str:
+    """``lua/block_shard.lua``, alone: it touches the namespace's block map, not a shard."""
+    return resources.files("shared.state").joinpath("lua").joinpath("block_shard.lua").read_text()
+
+
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else ("" if v is None else str(v))
 

@@ -32,7 +32,8 @@ key                        type    content
                                    waiting jobs (``shared.policy.reservation``), for ``migsched status``
 =========================  ======  ===========================================================================
 
-``ns`` is ``MIGSCHED_NAMESPACE`` or ``migsched`` when that is empty.
+``ns`` is ``MIGSCHED_NAMESPACE`` or ``migsched`` when that is empty. One key lies outside every shard:
+``{ns:blocks}`` (hash), block label -> the shard its nodes live in (``lua/block_shard.lua``).
 """
 
 from __future__ import annotations

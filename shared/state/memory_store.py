@@ -28,7 +28,8 @@ from shared.state.model import (
     Reservation,
     ReserveResult,
     StoredInstance,
-    node_shard,
+    block_shard,
+    shard_of,
 )
 
 
@@ -93,6 +94,8 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
         self.namespace = namespace
         self.shards = shards
         self._s = [_Shard() for _ in range(shards)]
+        self._blocks: dict[str, int] = {}
+        """Block label -> its shard (the block map in Redis)."""
 
     def batch(self) -> MemoryBatch:
         return MemoryBatch(self)
@@ -105,6 +108,7 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
 
     async def wipe(self) -> int:
         self._s = [_Shard() for _ in range(self.shards)]
+        self._blocks.clear()
         return 0
 
     # --- transitions (one per Lua script) -------------------------------------------------------------------
@@ -202,8 +206,21 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
         from shared.state.memory_nodes import register
 
         known = any(node in sh.nodes for sh in self._s)
-        sh = self._ns(node) if known else self._s[node_shard(node, labels or {}, self.shards)]
+        block = (labels or {}).get("block")
+        new = self.block_shard(block) if block and self.shards > 1 else shard_of(node, self.shards)
+        sh = self._ns(node) if known else self._s[new]
         return register(self, sh, node, gpus, now, reg_id, addr, dict(labels or {}))
+
+    def block_shard(self, block: str) -> int:
+        """As ``RedisState.block_shard``: chosen when the block's first node registers, then kept."""
+        got = self._blocks.get(block)
+        if got is None or got >= self.shards:
+            counts = [0] * self.shards
+            for s in self._blocks.values():
+                if s < self.shards:
+                    counts[s] += 1
+            got = self._blocks[block] = block_shard(block, counts)
+        return got
 
     async def node_lost(self, node: str, now: float, reason: str) -> dict[str, Any]:
         from shared.state.memory_nodes import lost

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 import msgspec
@@ -367,10 +367,20 @@ def empty_shard(shard: int, sizes: Sequence[int]) -> str | None:
             f"nodes, so that every shard holds some")
 
 
-def node_shard(node: str, labels: Mapping[str, str], shards: int) -> int:
-    """A new node's shard: its ``block`` label's (a block's nodes share one shard, so a gang within a block fits
-    in one Lua script), else its name's. A node keeps the shard of its first registration."""
-    return shard_of(labels.get("block") or node, shards)
+def block_order(block: str, shards: int) -> list[int]:
+    """The shards a new block prefers, in order: its name's (crc32), then the next ones."""
+    first = shard_of(block, shards)
+    return [(first + k) % shards for k in range(shards)]
+
+
+def block_shard(block: str, counts: Sequence[int]) -> int:
+    """The shard of a new block (a node's ``block`` label), given how many blocks each shard holds: the one
+    holding the fewest, ties to the first in ``block_order``. Its nodes all go there, so a gang within the block
+    fits in one Lua script. Hashing alone would not do: crc32 of names that differ in their last character
+    (``b0``, ``b1``) often agrees modulo a small count, and any hash puts two blocks in one of two shards half
+    the time, leaving a shard, and the jobs whose ids fall in it, without a GPU (``lua/block_shard.lua`` is the
+    same rule, atomic over the namespace's block map)."""
+    return min(block_order(block, len(counts)), key=lambda s: counts[s])
 
 
 def gpu_id_of(node: str, index: int) -> str:

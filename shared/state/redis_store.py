@@ -30,6 +30,7 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     CancelResult,
     StateError,
     _s,
+    block_script_source,
     decode_gpu,
     decode_instances,
     decode_job,
@@ -48,9 +49,9 @@ from shared.state.model import (
     ReserveResult,
     StoredGpu,
     StoredInstance,
+    block_order,
     decode_holds,
     encode_holds,
-    node_shard,
     shard_of,
 )
 from shared.state.reads import DerivedReads
@@ -72,6 +73,9 @@ class RedisState(DerivedReads):
         self._node_shard: dict[str, int] = {}
         """Node -> shard, as learnt (``locate``, ``nodes``, registrations): a node keeps its first shard."""
         self._scripts: dict[str, Any] = {}
+        self.blocks_key = f"{{{namespace or 'migsched'}:blocks}}"
+        """Block label -> its shard (``block_shard``): a key of its own slot, read only at registrations."""
+        self.block_script = redis.register_script(block_script_source())
         self.roundtrips: RoundTrips | ClusterRoundTrips = (
             ClusterRoundTrips(redis) if isinstance(redis, RedisCluster) else RoundTrips(redis))
 
@@ -92,6 +96,7 @@ class RedisState(DerivedReads):
         """SCRIPT LOAD every transition (at start-up, and again after Redis forgot them)."""
         for name in SCRIPTS:
             await self.redis.script_load(script_source(name))
+        await self.redis.script_load(block_script_source())
 
     def script(self, name: str) -> Any:
         s = self._scripts.get(name)
@@ -202,15 +207,24 @@ class RedisState(DerivedReads):
         id, instance id]: jobs running where the state does not hold them, to be stopped]}, plus ``replay:
         True`` (and nothing changed) when ``reg_id`` is the node's last applied registration. ``addr``: the address
         the node's executor declares (a gang's rendezvous host when its first member is there); ``labels``: its
-        topology labels (a new node's shard is its ``block``'s, ``node_shard``)."""
+        topology labels (a new node's shard is its ``block``'s, ``block_shard``, else its name's)."""
         await self.locate([node])
-        self._node_shard.setdefault(node, node_shard(node, labels or {}, self.shards))
+        if node not in self._node_shard:
+            block = (labels or {}).get("block")
+            self._node_shard[node] = (await self.block_shard(block) if block and self.shards > 1
+                                      else shard_of(node, self.shards))
         k = self.node_keys(node)
         raw = await self.script("node")(
             [k.gpus, k.node(node)],
             ["register", node, repr(now), _ENC.encode(gpus), reg_id, addr, _ENC.encode(labels or {})],
         )
         return _lists(msgspec.json.decode(raw))
+
+    async def block_shard(self, block: str) -> int:
+        """The shard of ``block``'s nodes: chosen when its first node registers (``model.block_shard``, atomic
+        in ``lua/block_shard.lua`` so that registries racing on a new block agree), then kept."""
+        order = ",".join(map(str, block_order(block, self.shards)))
+        return int(await self.block_script(keys=[self.blocks_key], args=[block, self.shards, order]))
 
     async def node_lost(self, node: str, now: float, reason: str) -> dict[str, Any]:
         await self.locate([node])
@@ -368,7 +382,7 @@ class RedisState(DerivedReads):
                 match=k.tag.replace("{", "\\{").replace("}", "\\}") + ":*", count=1000
             ):
                 n += int(await self.redis.delete(key))
-        return n
+        return n + int(await self.redis.delete(self.blocks_key))
 
 
 def _lists(d: dict[str, Any]) -> dict[str, Any]:

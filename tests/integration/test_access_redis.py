@@ -11,6 +11,7 @@ import redis.exceptions as rex
 
 from shared import access
 from shared.localservers import AOF_REWRITE_MIN_SIZE, REDIS_TUNING, LocalServer, ServerError, start_redis
+from shared.state.codec import block_script_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -39,6 +40,13 @@ def test_a_service_works_on_its_own_namespace_with_lua(secured) -> None:
     cas = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2]) end"
     assert r.eval(cas, 1, "{migsched:0}:probe", "1", "2") == b"OK"
     assert r.get("{migsched:0}:probe") == b"2"
+
+
+def test_the_registry_may_keep_the_block_map_of_its_namespace(secured) -> None:
+    r = client(*secured, "registry")
+    # a new block's shard is chosen in the namespace's block map, a key outside every shard
+    assert r.eval(block_script_source(), 1, "{migsched:blocks}", "b0", 2, "0,1") == 0
+    assert r.eval(block_script_source(), 1, "{migsched:blocks}", "b1", 2, "0,1") == 1
 
 
 def test_a_service_user_cannot_run_flushall_config_or_keys(secured) -> None:

@@ -235,8 +235,8 @@ async def test_with_several_shards_a_blocks_nodes_share_its_shard_and_a_gang_fit
         fresh = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=4))
         try:
             await fresh.nodes()  # another process learns where each node lives from the shards themselves
-            for node, block in blocks.items():
-                assert fresh.node_shard(node) == shard_of(block, 4)
+            where = {node: fresh.node_shard(node) for node in blocks}
+            assert where["n1"] == where["n2"] != where["n3"] == where["n4"]  # one shard per block
             for ex in e.nodes:  # heartbeats land on the node records in their block's shard
                 await ex.heartbeat()
             seen = await fresh.nodes()
@@ -244,7 +244,7 @@ async def test_with_several_shards_a_blocks_nodes_share_its_shard_and_a_gang_fit
         finally:
             await fresh.close()
         # a gang of four in the shard of b1's nodes (the job's shard is its id's)
-        job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 4) == shard_of("b1", 4))
+        job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 4) == where["n1"])
         await e.submit(submit(job_id, Demand(kind="gpus", gpus=4)))
         assert await until(e.all_in([job_id], "running"))
         job = await e.ns.state.job(job_id)
@@ -289,20 +289,14 @@ async def test_an_urgent_gang_that_requires_one_block_preempts_within_one(
         await e.clean()
 
 
-def _two_shard_blocks(shards: int) -> tuple[str, str]:
-    """Two block names whose nodes land in different shards."""
-    first = "b0"
-    second = next(f"b{i}" for i in range(1, 1000) if shard_of(f"b{i}", shards) != shard_of(first, shards))
-    return first, second
-
-
 async def test_a_gang_that_fits_the_cluster_but_not_its_shard_is_rejected_at_submit_with_its_reason(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    b1, b2 = _two_shard_blocks(2)
-    blocks = {"n1": b1, "n2": b1, "n3": b2, "n4": b2}
+    blocks = {"n1": "b0", "n2": "b0", "n3": "b1", "n4": "b1"}  # names whose crc32 agree modulo 2
     async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
-        shard = shard_of(b1, 2)
+        await e.ns.state.nodes()
+        shard = e.ns.state.node_shard("n1")
+        assert e.ns.state.node_shard("n3") != shard  # each block a shard of its own
         job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 2) == shard)
         await e.submit(submit(job_id, Demand(kind="gpus", gpus=6)))  # 8 GPUs in all, 4 in each shard
         assert await until(e.all_in([job_id], "rejected"))
@@ -318,7 +312,8 @@ async def test_a_job_whose_shard_holds_no_gpu_waits_saying_so_while_another_shar
     shards = 4
     blocks = {"n1": "b0", "n2": "b0"}  # every node in one shard: three shards hold none
     async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=shards) as e:
-        home = shard_of("b0", shards)
+        await e.ns.state.nodes()
+        home = e.ns.state.node_shard("n1")
         stranded = next(f"j{i}" for i in range(1000) if shard_of(f"j{i}", shards) != home)
         placed = next(f"j{i}" for i in range(1000) if shard_of(f"j{i}", shards) == home)
         await e.submit(submit(stranded, Demand(kind="gpus", gpus=1)), submit(placed, Demand(kind="gpus", gpus=1)))
