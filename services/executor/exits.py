@@ -13,7 +13,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from services.executor.backend import Backend, InstanceInfo
+from services.executor.backend import Backend, WorkloadExit
 from services.executor.instances import InstanceBook
 from services.executor.recent import Recent
 from services.executor.runs import Runs
@@ -78,7 +78,7 @@ class ExitReports:
                 instance_id: str | None
                 gpu_index: int | None
                 if ex.instance is not None and (ex.job_id in self.backend.running()
-                                                or _earlier(self.runs.instance.get(ex.job_id), ex.instance)):
+                                                or self._earlier(ex)):
                     # an earlier run's exit: the job runs again already (a redelivered or retried place started
                     # it after this run ended), or its latest run here ended too (this exit was held back while
                     # its start report was not out). The tables are the latest run's and stay for that run's own
@@ -144,6 +144,16 @@ class ExitReports:
             if self._waiters.get(job_id) is ev:
                 del self._waiters[job_id]
 
+    def _earlier(self, ex: WorkloadExit) -> bool:
+        """Whether the run that ended is not the job's latest here: started by another command than the latest
+        run (``Runs.started_by``), or, where either command is not known, on another GPU or GI."""
+        latest_by = self.runs.started_by.get(ex.job_id)
+        if latest_by and ex.started_by:
+            return latest_by != ex.started_by
+        latest, ran_on = self.runs.instance.get(ex.job_id), ex.instance
+        return latest is not None and ran_on is not None and (latest[1], latest[2]) != (ran_on.gpu_index,
+                                                                                         ran_on.gi_id)
+
     async def _publish_reliably(self, out: list[Outgoing]) -> None:
         """Job exits must reach the stream: retry through NATS outages (same ids: the stream dedupes)."""
         delay = 0.1
@@ -159,7 +169,3 @@ class ExitReports:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-
-def _earlier(latest: tuple[str, int, int] | None, ran_on: InstanceInfo) -> bool:
-    """Whether a run on ``ran_on`` is not the job's latest here (``latest``: its ``Runs.instance`` entry)."""
-    return latest is not None and (latest[1], latest[2]) != (ran_on.gpu_index, ran_on.gi_id)
