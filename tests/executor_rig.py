@@ -3,12 +3,15 @@ with an injected clock: what the executor unit tests drive."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from services.executor.service import Executor, ExecutorSettings
 from services.executor.sim_backend import SimBackend
 from shared.bus import MemoryBus
-from shared.events import Command, decode, now
+from shared.events import Command, JobExited, decode, now
 from shared.mig.geometry import default_geometry
 from shared.policy.partition import MigOp
 from shared.settings import load
@@ -63,3 +66,25 @@ class Rig:
         before = len(self.bus.sent)
         assert await self.commands.poll() == 1
         return [decode(subject, data, self.bus.subjects) for subject, data, _ in self.bus.sent[before:]]
+
+    @contextlib.asynccontextmanager
+    async def reporting(self) -> AsyncIterator[None]:
+        """The executor's exit reporter running; the backend closed afterwards."""
+        task = asyncio.create_task(self.ex.exits.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self.backend.close()
+
+    async def exits(self, count: int) -> list[JobExited]:
+        """The exit reports published, once there are ``count`` of them (or as they are after 2 s)."""
+        exits: list[JobExited] = []
+        for _ in range(200):
+            exits = [m for s, d, _ in self.bus.sent if isinstance(m := decode(s, d, self.bus.subjects), JobExited)]
+            if len(exits) >= count:
+                break
+            await asyncio.sleep(0.01)
+        return exits

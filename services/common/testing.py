@@ -11,6 +11,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+import msgspec
+
 from shared.bus import Consumer, Delivery, JetStreamBus, Outgoing
 from shared.events import (
     CmdDone,
@@ -19,6 +21,7 @@ from shared.events import (
     GpuReport,
     Heartbeat,
     InstanceReport,
+    JobExit,
     JobExited,
     Registered,
     new_id,
@@ -309,6 +312,24 @@ class Namespace:
         finally:
             await self.bus.close()
             await self.state.close()
+
+    async def watch_exits(self) -> ExitWatch:
+        """Collect every ``JobExit`` published on ``jobs.exit`` from now on, in order (``ExitWatch.seen``)."""
+        watch = ExitWatch()
+        watch.sub = await self.bus.nc.subscribe(self.bus.subjects.jobs_exit, cb=watch.on)
+        return watch
+
+
+class ExitWatch:
+    def __init__(self) -> None:
+        self.seen: list[JobExit] = []
+        self.sub: Any = None
+
+    async def on(self, msg: Any) -> None:
+        self.seen.append(msgspec.json.decode(msg.data, type=JobExit))
+
+    async def close(self) -> None:
+        await self.sub.unsubscribe()
 
 
 @contextlib.asynccontextmanager

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
-import msgspec
 import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
-from shared.events import JobExit, JobExited, new_id
+from shared.events import JobExited, new_id
 from shared.mig.geometry import default_geometry
 from shared.state import Reservation, StoredInstance, audit
 from tests.integration.test_registry_flow import is_, until
@@ -50,12 +48,7 @@ async def test_an_earlier_runs_exit_on_the_instance_the_job_was_placed_on_again_
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
         stack = Stack(prefix, nats_url, redis_url, node_timeout_s=NEVER, cmd_timeout_s=NEVER)
         await stack.start()
-        exits: list[JobExit] = []
-
-        async def on_exit(msg: Any) -> None:
-            exits.append(msgspec.json.decode(msg.data, type=JobExit))
-
-        sub = await ns.bus.nc.subscribe(ns.bus.subjects.jobs_exit, cb=on_exit)
+        watch = await ns.watch_exits()
         n1 = ScriptedExecutor(ns.bus, "n1", gpus=1, auto_ack=False)
         try:
             await n1.start()
@@ -77,10 +70,10 @@ async def test_an_earlier_runs_exit_on_the_instance_the_job_was_placed_on_again_
             await ns.bus.publish(ns.bus.subjects.node_report("n1"), _exit("completed", f"place:j1:{second}"))
             assert await until(is_(ns, "j1", "finished"))
             await asyncio.sleep(0.3)  # time for a second exit to show, were one published
-            assert [(e.job_id, e.kind) for e in exits] == [("j1", "completed")]
+            assert [(e.job_id, e.kind) for e in watch.seen] == [("j1", "completed")]
             assert "cancelled" not in [h.to for h in await ns.state.history("j1")]
             assert await audit(ns.state, GEO) == []
         finally:
-            await sub.unsubscribe()
+            await watch.close()
             await n1.stop()
             await stack.stop()

@@ -9,12 +9,11 @@ import asyncio
 import time
 from typing import Any
 
-import msgspec
 import pytest
 
 from services.balancer.service import Balancer
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
-from shared.events import CmdDone, InstanceReport, JobExit
+from shared.events import CmdDone, InstanceReport
 from shared.mig.geometry import default_geometry
 from shared.state import audit
 from tests.integration.test_registry_flow import is_, submit, until
@@ -30,12 +29,7 @@ async def test_a_place_applied_after_its_time_out_is_stopped_and_the_job_ends_on
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
         stack = Stack(prefix, nats_url, redis_url, node_timeout_s=NEVER, cmd_timeout_s=NEVER)
         await stack.start()
-        exits: list[JobExit] = []
-
-        async def on_exit(msg: Any) -> None:
-            exits.append(msgspec.json.decode(msg.data, type=JobExit))
-
-        sub = await ns.bus.nc.subscribe(ns.bus.subjects.jobs_exit, cb=on_exit)
+        watch = await ns.watch_exits()
         n1 = ScriptedExecutor(ns.bus, "n1", gpus=1, auto_ack=False)  # restarting: answers nothing for now
         n2 = ScriptedExecutor(ns.bus, "n2", gpus=1)
         balancer: Any = None
@@ -92,10 +86,10 @@ async def test_a_place_applied_after_its_time_out_is_stopped_and_the_job_ends_on
             await n2.exit(["j1"])
             assert await until(is_(ns, "j1", "finished"))
             await asyncio.sleep(0.5)  # time for a second exit to show, were one published
-            assert [(e.job_id, e.node, e.kind) for e in exits] == [("j1", "n2", "completed")]
+            assert [(e.job_id, e.node, e.kind) for e in watch.seen] == [("j1", "n2", "completed")]
             assert await audit(ns.state, GEO) == []
         finally:
-            await sub.unsubscribe()
+            await watch.close()
             if balancer is not None:
                 await balancer.stop()
             await n2.stop()

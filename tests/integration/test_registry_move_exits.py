@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgspec
 import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
@@ -21,7 +20,6 @@ from shared.events import (
     CmdDone,
     CmdFailed,
     Command,
-    JobExit,
     JobExited,
     JobInfo,
     MigrateOrder,
@@ -76,12 +74,7 @@ async def test_a_source_exit_during_a_move_to_another_node_stops_the_target_copy
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
         stack = Stack(prefix, nats_url, redis_url, node_timeout_s=NEVER, cmd_timeout_s=NEVER)
         await stack.start()
-        exits: list[JobExit] = []
-
-        async def on_exit(msg: Any) -> None:
-            exits.append(msgspec.json.decode(msg.data, type=JobExit))
-
-        sub = await ns.bus.nc.subscribe(ns.bus.subjects.jobs_exit, cb=on_exit)
+        watch = await ns.watch_exits()
         n1 = ScriptedExecutor(ns.bus, "n1", gpus=1)
         n2 = ScriptedExecutor(ns.bus, "n2", gpus=1, auto_ack=False)  # the test answers for it
         try:
@@ -114,10 +107,10 @@ async def test_a_source_exit_during_a_move_to_another_node_stops_the_target_copy
                 return await _held(ns, "n2/0") == [(dst.id, "idle", None)]
 
             assert await until(idled)
-            assert [e.job_id for e in exits] == ["j1"]
+            assert [e.job_id for e in watch.seen] == ["j1"]
             assert await audit(ns.state, GEO) == []
         finally:
-            await sub.unsubscribe()
+            await watch.close()
             await n1.stop()
             await n2.stop()
             await stack.stop()

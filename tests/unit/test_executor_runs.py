@@ -4,8 +4,6 @@ redelivery window ends no run placed since. Time is an injected clock: no sleeps
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
 import msgspec
@@ -14,7 +12,7 @@ import pytest
 from services.common.stop_command import stop_command
 from services.executor.instances import InstanceBook
 from services.executor.sim_backend import SimBackend
-from shared.events import CmdDone, Command, JobExited, decode, now
+from shared.events import CmdDone, Command, now
 from shared.policy.partition import MigOp
 from tests.executor_rig import A100, NODE, Rig, place
 
@@ -26,21 +24,10 @@ async def test_an_exit_whose_run_the_tables_lost_still_names_the_instance_it_ran
     cmd = place("c1", "j1", 0, "1g.5gb", 0)
     await rig.deliver(cmd)
     rig.ex.runs.instance.pop("j1")  # as when another run's exit took the entry
-    reporting = asyncio.create_task(rig.ex.exits.run())
-    try:
+    async with rig.reporting():
         await rig.backend.stop_workload("j1")
-        exits: list[JobExited] = []
-        for _ in range(200):
-            exits = [m for s, d, _ in rig.bus.sent if isinstance(m := decode(s, d, rig.bus.subjects), JobExited)]
-            if exits:
-                break
-            await asyncio.sleep(0.01)
+        exits = await rig.exits(1)
         assert [(e.job_id, e.instance_id, e.gpu_index) for e in exits] == [("j1", cmd.instance_id, 0)]
-    finally:
-        reporting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporting
-        await rig.backend.close()
 
 
 async def test_an_earlier_runs_exit_reported_after_the_latest_run_ended_names_its_own_instance() -> None:
@@ -53,21 +40,10 @@ async def test_an_earlier_runs_exit_reported_after_the_latest_run_ended_names_it
     await rig.backend.stop_workload("j")
     await rig.deliver(second)
     await rig.backend.stop_workload("j")
-    reporting = asyncio.create_task(rig.ex.exits.run())
-    try:
-        exits: list[JobExited] = []
-        for _ in range(200):
-            exits = [m for s, d, _ in rig.bus.sent if isinstance(m := decode(s, d, rig.bus.subjects), JobExited)]
-            if len(exits) == 2:
-                break
-            await asyncio.sleep(0.01)
+    async with rig.reporting():
+        exits = await rig.exits(2)
         assert [(e.instance_id, e.gpu_index, e.started_by) for e in exits] == [
             (first.instance_id, 0, "place:j:0"), (second.instance_id, 1, "place:j:1")]
-    finally:
-        reporting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporting
-        await rig.backend.close()
 
 
 async def test_an_earlier_runs_exit_on_the_instance_the_job_runs_on_again_names_the_command_that_started_it() -> None:
@@ -80,27 +56,12 @@ async def test_an_earlier_runs_exit_on_the_instance_the_job_runs_on_again_names_
     await rig.backend.stop_workload("j")
     await rig.deliver(again)
     assert "j" in rig.backend.running()
-    reporting = asyncio.create_task(rig.ex.exits.run())
-    try:
-        exits: list[JobExited] = []
-        for _ in range(200):
-            exits = [m for s, d, _ in rig.bus.sent if isinstance(m := decode(s, d, rig.bus.subjects), JobExited)]
-            if len(exits) == 1:
-                break
-            await asyncio.sleep(0.01)
+    async with rig.reporting():
+        await rig.exits(1)
         await rig.backend.stop_workload("j")
-        for _ in range(200):
-            exits = [m for s, d, _ in rig.bus.sent if isinstance(m := decode(s, d, rig.bus.subjects), JobExited)]
-            if len(exits) == 2:
-                break
-            await asyncio.sleep(0.01)
+        exits = await rig.exits(2)
         assert [(e.instance_id, e.started_by) for e in exits] == [
             (first.instance_id, "place:j:0"), (first.instance_id, "place:j:1")]
-    finally:
-        reporting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reporting
-        await rig.backend.close()
 
 
 async def test_forgetting_a_name_whose_gi_id_was_reused_keeps_the_new_instances_name() -> None:
