@@ -131,6 +131,8 @@ class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
     foreign_instances: int = 0
     adopted_jobs: tuple[str, ...] = ()
     lost_jobs: tuple[str, ...] = ()
+    started_by: dict[str, str] = {}
+    """Adopted job -> the command that started its run, where the previous executor recorded it."""
     notes: tuple[str, ...] = ()
 
 

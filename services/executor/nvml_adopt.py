@@ -81,6 +81,7 @@ class NvmlAdoption:
         by_uuid = {g.raw.uuid: g for g in self._gpus}
         adopted: list[str] = []
         lost: list[str] = []
+        started_by: dict[str, str] = {}
         for rec in state.jobs:
             owner = by_uuid.get(rec.gpu_uuid)
             instance = existing.get((rec.gpu_uuid, rec.instance.gi_id), rec.instance)
@@ -89,6 +90,8 @@ class NvmlAdoption:
             run = AdoptedRun(instance, rec.pid, rec.start_time, Path(rec.log), self._poll_s)
             run.gpu_uuid = rec.gpu_uuid
             (adopted if run.alive() and owner is not None else lost).append(rec.job_id)
+            if rec.started_by:
+                started_by[rec.job_id] = rec.started_by
             if rec.more:  # a gang's part started per GPU: all its processes, one run again
                 parts: list[Run] = [run]
                 for p in rec.more:
@@ -109,6 +112,7 @@ class NvmlAdoption:
             foreign_instances=len(existing) - sum(1 for i in existing.values() if i.owned),
             adopted_jobs=tuple(adopted),
             lost_jobs=tuple(lost),
+            started_by=started_by,
             notes=tuple(notes),
         )
         self._save()

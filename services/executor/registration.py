@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from services.executor.backend import Backend, InstanceInfo
@@ -27,15 +27,16 @@ _ADDR = re.compile(r"[A-Za-z0-9.:_-]+")
 
 class Registration:
     def __init__(self, bus: EventBus, backend: Backend, book: InstanceBook, node: str, settings: Any,
-                 started_by: Mapping[str, str] | None = None) -> None:
+                 started_by: dict[str, str] | None = None) -> None:
         self.bus = bus
         self.subjects = bus.subjects
         self.backend = backend
         self.book = book
         self.node = node
         self.settings = settings
-        self.started_by: Mapping[str, str] = started_by if started_by is not None else {}
-        """Per running job, the command that started it (``Runs.started_by``): reported with its instance."""
+        self.started_by: dict[str, str] = started_by if started_by is not None else {}
+        """Per running job, the command that started it (``Runs.started_by``): reported with its instance. The
+        runs a restarted executor adopted keep theirs (the backend's reconciliation)."""
         self.labels = parse_labels(settings.node_labels)
         self.addr = settings.node_addr or socket.gethostname()
         if not _ADDR.fullmatch(self.addr) or len(self.addr) > 253:
@@ -50,6 +51,12 @@ class Registration:
         """Report every GPU with the instances found on it (adopted, never torn down) and any drift."""
         geometry = default_geometry()
         gpus = await self.backend.discover()
+        rec = getattr(self.backend, "reconciliation", None)
+        if rec is not None:
+            live = self.backend.running()
+            for job, by in rec.started_by.items():
+                if job in live:
+                    self.started_by.setdefault(job, by)
         running = {(i.gpu_index, i.gi_id): job for job, i in self.backend.running().items()}
         plain_jobs: dict[int, list[str]] = {}  # GPU index -> jobs bound to it whole or as a share
         for job, i in self.backend.running().items():
@@ -96,7 +103,6 @@ class Registration:
         expected = [g.model for g in specs] if self.backend.name != "sim" else []
         if expected and [g.model for g in gpus] != expected:
             drift.append(f"configured GPUs {expected} differ from the GPUs found {[g.model for g in gpus]}")
-        rec = getattr(self.backend, "reconciliation", None)
         if rec is not None:
             drift.extend(rec.notes)
         at = now()

@@ -24,13 +24,19 @@ from services.executor.backend import (
     PermissionDeniedError,
     WorkloadSpec,
 )
+from services.executor.instances import InstanceBook
 from services.executor.nvml_backend import NvmlBackend
 from services.executor.nvml_errors import error_for_code
 from services.executor.nvml_fake import FakeGpu, FakeNvml
 from services.executor.nvml_state import StateStore
 from services.executor.process import proc_start_time
+from services.executor.registration import Registration
+from services.executor.service import ExecutorSettings
 from services.executor.workload import GroupRun
+from shared.bus import MemoryBus
+from shared.events import Registered, decode
 from shared.mig.geometry import default_geometry
+from shared.settings import load
 
 pytestmark = pytest.mark.unit
 
@@ -93,6 +99,33 @@ async def test_a_restarted_backend_adopts_its_instances_and_running_job_and_dest
     assert done.started_by == "place:long:3"  # the registry still tells this run from a later placement's
     await second.destroy_instance(0, busy.gi_id)
     assert fake.snapshot(0) == [("1g.5gb", 6, 1)]
+    await second.close()
+
+
+async def test_a_restarted_executor_registers_an_adopted_run_with_the_command_that_started_it(
+    tmp_path: Path,
+) -> None:
+    fake = FakeNvml([FakeGpu("A100-40GB")])
+    first = backend(fake, tmp_path)
+    await first.discover()
+    busy = await first.create_instance(0, P3G, 0)
+    await first.start_workload("long", busy, msgspec.structs.replace(forever(), started_by="place:long:3"))
+    await first.close()
+
+    second = backend(fake, tmp_path)
+    settings = load(ExecutorSettings, env={}, node="n1", executor_gpus="A100-40GB:1", metrics_port=0)
+    bus = MemoryBus(settings)
+    await bus.ensure_streams()
+    runs: dict[str, str] = {}
+    book = InstanceBook(second, {0: default_geometry().model("A100-40GB")})
+    registration = Registration(bus, second, book, "n1", settings, runs)
+    await registration.register()
+    assert second.reconciliation.started_by == {"long": "place:long:3"}
+    assert runs == {"long": "place:long:3"}  # the executor's run table knows it again
+    (reg,) = [m for sub, d, _ in bus.sent if isinstance(m := decode(sub, d, bus.subjects), Registered)]
+    (inst,) = reg.gpus[0].instances
+    assert (inst.job_id, inst.started_by) == ("long", "place:long:3")  # a stop of it names that command
+    await second.stop_workload("long")
     await second.close()
 
 
