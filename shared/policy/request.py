@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Annotated, Literal
@@ -116,6 +117,8 @@ def profile_for_fraction(model: GpuModel, fraction: float) -> Profile:
     return min(fitting, key=lambda p: (p.memory_slices, p.compute_slices))
 
 
+@functools.cache
 def full_profile(model: GpuModel) -> Profile:
-    """The profile that takes the whole GPU (7g on A100/H100, 4g on A30)."""
+    """The profile that takes the whole GPU (7g on A100/H100, 4g on A30). Kept per model: the reservation
+    pass asks it for every GPU model at each plan."""
     return max(model.scoring_profiles(), key=lambda p: (p.memory_slices, p.compute_slices))

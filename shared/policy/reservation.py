@@ -13,6 +13,7 @@ The rule is pure: the caller hands in the snapshot (and with it the expected end
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Collection, Sequence
 
@@ -143,10 +144,16 @@ def hosts_small_jobs(snap: ClusterSnapshot) -> npt.NDArray[np.bool_]:
     mig_busy = (np.asarray(snap.busy) != 0) & np.asarray(snap.mig, dtype=bool)
     if not mig_busy.any():
         return mig_busy
-    full = np.array([tables_for(m).index[full_profile(m).name] for m in snap.model_list], dtype=np.intp)
+    full = _full_columns(tuple(snap.model_list))
     whole = snap.busy_starts[np.arange(len(snap)), full[np.asarray(snap.model_idx, dtype=np.intp)]] != 0
     small: npt.NDArray[np.bool_] = mig_busy & ~whole
     return small
+
+
+@functools.cache
+def _full_columns(models: tuple[GpuModel, ...]) -> npt.NDArray[np.intp]:
+    """Per model of a snapshot, the column of its whole-GPU profile in ``busy_starts``."""
+    return np.array([tables_for(m).index[full_profile(m).name] for m in models], dtype=np.intp)
 
 
 def _soonest(
@@ -166,8 +173,10 @@ def _soonest(
     nodes = np.asarray(snap.node_idx)[pos]
     order = np.lexsort((pos, free, nodes))  # by node, then free time, then position
     t, n, p_sorted = free[order], nodes[order], pos[order]
-    first = np.flatnonzero(np.r_[True, n[1:] != n[:-1]])
-    counts = np.diff(np.r_[first, n.size])
+    # plain concatenations: np.r_ parses its index each call, and a plan runs at every queue pass on a busy
+    # cluster
+    first = np.flatnonzero(np.concatenate(([True], n[1:] != n[:-1])))
+    counts = np.diff(first, append=n.size)
     big = counts >= need
     if not big.any():
         return None
