@@ -8,7 +8,8 @@ Lua script so a live system cannot change under the read):
 - every job is in exactly one known state: ``pending`` exactly when queued, ``placing`` exactly when in the
   placing set (``placing``), and an active job holds the instance it names (``reservation``/``orphan``);
 - with several shards, every shard holds a node once any does: a job is placed only on its own shard's GPUs, so
-  the jobs of a shard without one would wait for nothing (``shard``);
+  the jobs of a shard without one would wait for nothing (``shard``), and every topology block's nodes live in
+  one shard (``block``);
 - with ``--executors SECONDS``: the reservations match what the executors report (their heartbeats' running
   jobs, listened to for that long): a job the state has running on a node that the node does not run, or a
   workload a node runs that the state does not have running there (``executor``).
@@ -26,7 +27,7 @@ import json
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import click
@@ -116,6 +117,30 @@ def shard_checks(nodes: Sequence[int], waiting: Sequence[int]) -> list[Violation
         why = empty_shard(s, nodes)
         if why is not None:
             out.append(Violation(kind="shard", subject=f"shard {s}", detail=f"{why}; {n} job(s) wait there"))
+    return out
+
+
+def block_checks(by_shard: Sequence[Mapping[str, Mapping[str, str]]]) -> list[Violation]:
+    """A topology block whose nodes live in more than one shard (``by_shard``: each shard's node records, with
+    their ``labels`` JSON): a gang kept within the block is placed on one shard's nodes only. A block's nodes
+    follow its first node's shard, so this takes nodes registered before the block map was (or that were
+    relabelled without their records removed)."""
+    where: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for s, nodes in enumerate(by_shard):
+        for node, h in nodes.items():
+            try:
+                block = json.loads(h.get("labels") or "{}").get("block")
+            except (ValueError, AttributeError):
+                continue
+            if block:
+                where[block][s].append(node)
+    out = []
+    for block, shards in sorted(where.items()):
+        if len(shards) > 1:
+            parts = " and ".join(f"{s} ({', '.join(sorted(ns))})" for s, ns in sorted(shards.items()))
+            out.append(Violation(kind="block", subject=f"block {block}", detail=(
+                f"its nodes live in shards {parts}: a gang kept within the block is placed on one shard's nodes "
+                "only; remove the records of the nodes outside the block's shard and let them register again")))
     return out
 
 
@@ -214,6 +239,7 @@ async def run_check(
             waiting.append(sum(1 for st, _, _ in js.values() if st == "pending"))
         by_shard = [await state.nodes(s) for s in range(shards)] if shards > 1 or executors_s > 0 else []
         out.extend(shard_checks([len(ns) for ns in by_shard], waiting))
+        out.extend(block_checks(by_shard))
         if executors_s > 0:
             lost = {n for ns in by_shard for n, h in ns.items() if h.get("state") == "lost"}
             out.extend(executor_checks(jobs, beats, lost))

@@ -188,6 +188,29 @@ async def test_a_shard_without_a_node_while_another_has_one_is_reported_with_the
         await st.close()
 
 
+async def test_a_block_whose_nodes_live_in_two_shards_is_reported_with_them(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    st = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=2))
+    try:
+        now = time.time()
+        home = await st.block_shard("b")
+        await st.register_node("n1", [gpu(0)], now, labels={"block": "b"})
+        code, out = await run_cli(redis_url, prefix, "--shards", "2")
+        assert "block b" not in out, out
+        # the block map names the other shard now (as after a change of the shard count): the next node of the
+        # block registers there
+        await st.redis.hset(st.blocks_key, "b", 1 - home)
+        await st.register_node("n2", [gpu(0) | {"id": "n2/0"}], now, labels={"block": "b"})
+        code, out = await run_cli(redis_url, prefix, "--shards", "2")
+        assert code == 1, out
+        assert f"block b: its nodes live in shards {min(home, 1 - home)} (" in out
+        assert "(n1)" in out and "(n2)" in out
+    finally:
+        await st.wipe()
+        await st.close()
+
+
 def test_an_unreachable_redis_exits_two_with_a_clear_message() -> None:
     code, out = run_cli_sync("redis://127.0.0.1:1/0", "nowhere")
     assert code == 2
