@@ -363,8 +363,8 @@ def empty_shard(shard: int, sizes: Sequence[int]) -> str | None:
         return None
     others = ", ".join(str(s) for s, n in enumerate(sizes) if n)
     return (f"shard {shard} holds no GPU while shard(s) {others} do, and a job is placed only on the GPUs of its "
-            f"own shard (crc32 of its id % {len(sizes)}): run fewer shards (MIGSCHED_SHARDS) than blocks or "
-            f"nodes, so that every shard holds some")
+            f"own shard (crc32 of its id % {len(sizes)}): run no more shards (MIGSCHED_SHARDS) than topology "
+            f"blocks (each new block goes to the shard holding the fewest), so that every shard holds some")
 
 
 def block_order(block: str, shards: int) -> list[int]:
