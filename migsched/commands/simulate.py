@@ -171,9 +171,10 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
 @click.option(
     "--reserve-after",
     type=float,
-    default=0.0,
+    default=1200.0,
     show_default=True,
-    help="a large job (whole GPUs) waiting this long gets a reservation (policies that reserve)",
+    help="a large job (whole GPUs) that fits on one node and has waited this long gets a reservation (policies "
+    "that reserve); a gang bigger than every node gets one at once",
 )
 @click.option("--max-reservations", type=int, default=2, show_default=True, help="reservations held at once")
 @click.option("--sweep-threshold", default=None, help="run paper at each t, e.g. 0.2,0.3,0.4,0.5,0.6")

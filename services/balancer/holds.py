@@ -13,7 +13,16 @@ import math
 from collections.abc import Sequence
 
 from shared.events import JobSubmit
-from shared.policy.reservation import Reservation, ReservationParams, may_use, plan, plan_within, whole_gpus
+from shared.policy.placement.gang import node_sizes
+from shared.policy.reservation import (
+    Reservation,
+    ReservationParams,
+    due,
+    may_use,
+    plan,
+    plan_within,
+    whole_gpus,
+)
 from shared.policy.snapshot import ClusterSnapshot
 
 
@@ -48,10 +57,11 @@ class Holds:
         ``domains``: a gang kept within one topology domain is held within one (``plan_within``)."""
         if self._next is None or len(self._next) >= self.params.max_held:
             return None
-        if self._attempts >= 2 * self.params.max_held or now - sub.submitted_at < self.params.after_s:
+        if self._attempts >= 2 * self.params.max_held:
             return None
         need = whole_gpus(snap.model_list, sub.demand)
-        if not need:
+        largest = int(node_sizes(snap).max()) if need > 1 else 1  # one GPU fits on any node
+        if not need or not due(self.params, need, largest, now - sub.submitted_at):
             return None
         self._attempts += 1
         deadline = sub.submitted_at + sub.patience_s if sub.patience_s is not None else math.inf

@@ -1,7 +1,8 @@
 """Reservations for the head of the queue, EASY-backfill style: GPUs held for a waiting large job.
 
-A *large* job needs whole GPUs: a full-size MIG instance or ``gpus: n``. Once it has waited ``after_s`` without
-fitting, it gets the GPUs that free soonest: on the node where its ``n``-th GPU frees first, by the expected
+A *large* job needs whole GPUs: a full-size MIG instance or ``gpus: n``. Once a hold is ``due`` (one that fits
+on one node has waited ``after_s`` without fitting; a gang bigger than every node at once), it gets the GPUs that
+free soonest: on the node where its ``n``-th GPU frees first, by the expected
 ends of the jobs running there (start + duration hint; the snapshot's ``ends`` column), leaving out the GPUs
 that small jobs share (``hosts_small_jobs``) unless no other GPUs would ever free for it. Other jobs may use a
 held GPU only when their own hint says they end before the reservation's expected start; a job without a hint
@@ -28,13 +29,26 @@ from shared.policy.placement.topology import only
 from shared.policy.request import Demand, full_profile, resolve_profile
 from shared.policy.snapshot import ClusterSnapshot
 
+ONE_NODE_AFTER_S = 1200.0
+"""The default ``after_s`` (``MIGSCHED_RESERVE_AFTER_S``, ``migsched simulate --reserve-after``)."""
+
 
 class ReservationParams(msgspec.Struct, frozen=True, kw_only=True):
-    after_s: float = 0.0
-    """A large job gets a reservation once it has waited this long without fitting."""
+    after_s: float = ONE_NODE_AFTER_S
+    """A large job that fits on one node gets a reservation once it has waited this long without fitting; a
+    gang bigger than every node gets one at once (``due``)."""
     max_held: int = 2
     """Reservations held at once (the oldest large jobs, in queue order). A queue pass plans for at most
     twice as many large jobs, so that a queue of them costs a bounded number of plans."""
+
+
+def due(params: ReservationParams, need: int, largest_node: int, waited_s: float) -> bool:
+    """Whether a large job needing ``need`` whole GPUs, waiting for ``waited_s``, gets a hold now. One that fits
+    on one node waits ``after_s`` first, as Slurm's ``bf_min_age_reserve`` does: meanwhile it competes as any
+    job and most find room as the queue moves, where a hold at once drains GPUs that small jobs then queue
+    behind (docs/results.md). A gang bigger than every node is held at once: draining many nodes takes hours,
+    so a later hold only delays it, and more of the big gangs run out of patience."""
+    return need > largest_node or waited_s >= params.after_s
 
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):

@@ -43,9 +43,9 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     hint_factor: float = 1.0
     """Each job's duration hint is its run time times this (users who overestimate give > 1); 0 = jobs give
     no hints. Reservations let only jobs whose hint ends before a hold's start use held GPUs."""
-    reserve_after_s: float = 0.0
-    """A large job (whole GPUs) that has waited this long without fitting gets a reservation (policies that
-    reserve)."""
+    reserve_after_s: float = 1200.0
+    """A large job (whole GPUs) that fits on one node and has waited this long without fitting gets a
+    reservation (policies that reserve); a gang bigger than every node gets one at once."""
     max_reservations: int = 2
     """Reservations held at once."""
     unblock_min_left_s: float = 300.0

@@ -21,7 +21,7 @@ import numpy as np
 from shared.policy.migration.unblock import free_after_moves, plan_clearing
 from shared.policy.placement.decision import CannotPlace, Slot
 from shared.policy.placement.long_gangs import waits
-from shared.policy.reservation import Reservation, may_use, plan, plan_within, whole_gpus
+from shared.policy.reservation import Reservation, due, may_use, plan, plan_within, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
 from shared.sim.backfill import may_fit_since
 from shared.sim.errors import InvariantError
@@ -79,10 +79,10 @@ def schedule(sim: SimRun) -> None:
             held.append(pin)
             taken.update(pin.gpus)
             continue
-        if len(held) >= params.max_held or attempts >= 2 * params.max_held or now - job.arrival < params.after_s:
+        if len(held) >= params.max_held or attempts >= 2 * params.max_held:
             continue
         need = whole_gpus(sim.cluster.model_list, job.demand)
-        if not need or _kept_waiting(sim, i):
+        if not need or not due(params, need, sim.largest_node, now - job.arrival) or _kept_waiting(sim, i):
             continue
         attempts += 1
         patience = job.patience if job.patience is not None else sim.cfg.patience_s

@@ -26,9 +26,10 @@ def submit(job: str, profile: str, hint: float) -> JobSubmit:
 
 @contextlib.asynccontextmanager
 async def one_node(prefix: str, nats_url: str, redis_url: str, gpus: int) -> AsyncIterator[tuple[Namespace, Stack]]:
-    """The stack with one scripted node of ``gpus`` GPUs, once the balancer's mirror holds them all."""
+    """The stack with one scripted node of ``gpus`` GPUs, once the balancer's mirror holds them all. Holds are
+    due at once (``MIGSCHED_RESERVE_AFTER_S=0``): these tests are about what a hold does."""
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url)
+        stack = Stack(prefix, nats_url, redis_url, reserve_after_s=0.0)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=gpus)
         await ex.start()

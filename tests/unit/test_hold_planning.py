@@ -8,7 +8,7 @@ import pytest
 from services.balancer.holds import Holds
 from shared.events import Demand, JobSubmit
 from shared.mig.geometry import default_geometry
-from shared.policy.reservation import ReservationParams
+from shared.policy.reservation import ReservationParams, due
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit
@@ -28,7 +28,7 @@ def _sub(job: str, profile: str, at: float = 0.0, patience: float | None = None)
 
 
 def test_a_pass_holds_the_gpu_that_frees_first_and_later_decisions_see_it() -> None:
-    h = Holds(ReservationParams())
+    h = Holds(ReservationParams(after_s=0.0))
     h.begin()
     r = h.consider(_snap(), _sub("big", "7g.40gb"), now=100.0)
     assert r is not None and r.gpus == ("n1/1",) and r.start == 200.0
@@ -40,7 +40,7 @@ def test_a_pass_holds_the_gpu_that_frees_first_and_later_decisions_see_it() -> N
 
 
 def test_only_large_jobs_get_holds_and_never_outside_a_pass_or_past_patience() -> None:
-    h = Holds(ReservationParams())
+    h = Holds(ReservationParams(after_s=0.0))
     assert h.consider(_snap(), _sub("big", "7g.40gb"), now=100.0) is None  # no pass running
     h.begin()
     assert h.consider(_snap(), _sub("small", "3g.20gb"), now=100.0) is None
@@ -49,10 +49,20 @@ def test_only_large_jobs_get_holds_and_never_outside_a_pass_or_past_patience() -
 
 
 def test_a_placed_job_gives_its_hold_back_and_the_next_pass_starts_afresh() -> None:
-    h = Holds(ReservationParams(max_held=1))
+    h = Holds(ReservationParams(after_s=0.0, max_held=1))
     h.begin()
     assert h.consider(_snap(), _sub("a", "7g.40gb"), now=0.0) is not None
     assert h.consider(_snap(), _sub("b", "7g.40gb"), now=0.0) is None  # one hold at most
     h.end()
     h.placed("a")
     assert h.current == [] and h.blocked("x", None, 0.0) == set()
+
+
+def test_a_job_that_fits_on_one_node_is_held_only_once_it_has_waited_and_a_gang_across_nodes_at_once() -> None:
+    h = Holds(ReservationParams(after_s=600.0))
+    h.begin()
+    assert h.consider(_snap(), _sub("big", "7g.40gb", at=0.0), now=599.0) is None  # competes as any job first
+    r = h.consider(_snap(), _sub("big", "7g.40gb", at=0.0), now=600.0)
+    assert r is not None and r.gpus == ("n1/1",)
+    assert due(ReservationParams(after_s=600.0), need=16, largest_node=8, waited_s=0.0)  # bigger than a node
+    assert not due(ReservationParams(after_s=600.0), need=8, largest_node=8, waited_s=599.0)

@@ -206,7 +206,8 @@ def test_no_job_that_would_delay_a_reservation_ever_starts_on_its_gpus(monkeypat
     for wl, gpus, per_node in runs:
         for name in ("migsched", "first-fit"):
             spec, pol = get_policy(name, reserve=True)
-            cfg = SimConfig(interference=InterferenceParams(beta=0.0), patience_s=1800.0, check_invariants=True)
+            cfg = SimConfig(interference=InterferenceParams(beta=0.0), patience_s=1800.0, check_invariants=True,
+                            reserve_after_s=0.0)
             s = Checked(wl, parse_cluster([gpus], GEO, per_node), spec, pol, cfg)
             k = s.run().kpis
             assert k.completed + k.rejected == k.jobs
@@ -226,16 +227,19 @@ def _backfill() -> Workload:
 def test_a_short_job_backfills_onto_held_gpus_and_a_long_one_waits_behind_the_gang() -> None:
     wl = _backfill()
     starts = {}
-    for reserve in (True, False):
+    for reserve, after in ((True, 0.0), (False, 0.0), (True, 1200.0)):
         spec, pol = get_policy("first-fit", reserve=reserve)
-        cfg = SimConfig(interference=InterferenceParams(beta=0.0), check_invariants=True, reconfig_latency_s=0.0)
+        cfg = SimConfig(interference=InterferenceParams(beta=0.0), check_invariants=True, reconfig_latency_s=0.0,
+                        reserve_after_s=after)
         s = Simulator(wl, parse_cluster(["A100-40GB:2"], GEO, 2), spec, pol, cfg)
         s.run()
-        starts[reserve] = {j.id: s.out.start[s.index[j.id]] for j in wl.jobs}
-    held, greedy = starts[True], starts[False]
+        starts[reserve, after] = {j.id: s.out.start[s.index[j.id]] for j in wl.jobs}
+    held, greedy, later = starts[True, 0.0], starts[False, 0.0], starts[True, 1200.0]
     assert held["short"] == 500.0 and held["gang"] == 1000.0 and held["long"] == 1500.0
     # without the hold the long job takes the GPU the short one leaves, and the gang times out
     assert greedy["long"] == 800.0 and math.isnan(greedy["gang"])
+    # a gang that fits on one node is held only once it has waited 1,200 s: until then it competes as any job
+    assert later["short"] == 500.0 and later["long"] == 800.0 and math.isnan(later["gang"])
 
 
 def test_without_hints_nothing_backfills_onto_held_gpus() -> None:

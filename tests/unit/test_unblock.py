@@ -97,7 +97,8 @@ def test_in_the_simulator_a_blocked_whole_gpu_job_starts_after_one_move() -> Non
     results = {}
     for unblock in (False, True):
         spec, pol = get_policy("spread", reserve=True, unblock=unblock)  # spread puts a and b on both GPUs
-        cfg = SimConfig(check_invariants=True, interference=InterferenceParams(beta=0.0), patience_s=600.0)
+        cfg = SimConfig(check_invariants=True, interference=InterferenceParams(beta=0.0), patience_s=600.0,
+                        reserve_after_s=0.0)
         s = Simulator(_wl(), parse_cluster(["A100-40GB:2"], GEO, 2), spec, pol, cfg)
         k = s.run().kpis
         results[unblock] = (k, s)

@@ -114,7 +114,8 @@ def test_in_the_simulator_a_blocked_gang_starts_once_a_node_is_emptied_by_moves(
     results = {}
     for unblock in (False, True):
         spec, pol = get_policy("spread", reserve=True, unblock=unblock)
-        cfg = SimConfig(check_invariants=True, interference=InterferenceParams(beta=0.0), patience_s=600.0)
+        cfg = SimConfig(check_invariants=True, interference=InterferenceParams(beta=0.0), patience_s=600.0,
+                        reserve_after_s=0.0)
         s = Simulator(_gang_wl(), parse_cluster(["A100-40GB:4"], GEO, 2), spec, pol, cfg)
         results[unblock] = (s.run().kpis, s)
     without, _ = results[False]
