@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from shared.events import JobSubmit
-from shared.policy.placement.gang import node_sizes
+from shared.policy.placement.gang import spans_nodes
 from shared.policy.reservation import (
     Reservation,
     ReservationParams,
@@ -60,8 +60,7 @@ class Holds:
         if self._attempts >= 2 * self.params.max_held:
             return None
         need = whole_gpus(snap.model_list, sub.demand)
-        largest = int(node_sizes(snap).max()) if need > 1 else 1  # one GPU fits on any node
-        if not need or not due(self.params, need, largest, now - sub.submitted_at):
+        if not need or not due(self.params, now - sub.submitted_at, spans_nodes(snap, sub.demand)):
             return None
         self._attempts += 1
         deadline = sub.submitted_at + sub.patience_s if sub.patience_s is not None else math.inf

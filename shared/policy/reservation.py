@@ -42,13 +42,14 @@ class ReservationParams(msgspec.Struct, frozen=True, kw_only=True):
     twice as many large jobs, so that a queue of them costs a bounded number of plans."""
 
 
-def due(params: ReservationParams, need: int, largest_node: int, waited_s: float) -> bool:
-    """Whether a large job needing ``need`` whole GPUs, waiting for ``waited_s``, gets a hold now. One that fits
+def due(params: ReservationParams, waited_s: float, spans_nodes: bool) -> bool:
+    """Whether a large job waiting for ``waited_s`` gets a hold now (``spans_nodes``: a gang bigger than every
+    node, ``shared.policy.placement.gang.spans_nodes``). One that fits
     on one node waits ``after_s`` first, as Slurm's ``bf_min_age_reserve`` does: meanwhile it competes as any
     job and most find room as the queue moves, where a hold at once drains GPUs that small jobs then queue
     behind (docs/results.md). A gang bigger than every node is held at once: draining many nodes takes hours,
     so a later hold only delays it, and more of the big gangs run out of patience."""
-    return need > largest_node or waited_s >= params.after_s
+    return spans_nodes or waited_s >= params.after_s
 
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):

@@ -82,7 +82,7 @@ def schedule(sim: SimRun) -> None:
         if len(held) >= params.max_held or attempts >= 2 * params.max_held:
             continue
         need = whole_gpus(sim.cluster.model_list, job.demand)
-        if not need or not due(params, need, sim.largest_node, now - job.arrival) or _kept_waiting(sim, i):
+        if not need or not due(params, now - job.arrival, need > sim.largest_node) or _kept_waiting(sim, i):
             continue
         attempts += 1
         patience = job.patience if job.patience is not None else sim.cfg.patience_s

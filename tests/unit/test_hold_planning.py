@@ -64,5 +64,5 @@ def test_a_job_that_fits_on_one_node_is_held_only_once_it_has_waited_and_a_gang_
     assert h.consider(_snap(), _sub("big", "7g.40gb", at=0.0), now=599.0) is None  # competes as any job first
     r = h.consider(_snap(), _sub("big", "7g.40gb", at=0.0), now=600.0)
     assert r is not None and r.gpus == ("n1/1",)
-    assert due(ReservationParams(after_s=600.0), need=16, largest_node=8, waited_s=0.0)  # bigger than a node
-    assert not due(ReservationParams(after_s=600.0), need=8, largest_node=8, waited_s=599.0)
+    assert due(ReservationParams(after_s=600.0), waited_s=0.0, spans_nodes=True)  # a gang bigger than a node
+    assert not due(ReservationParams(after_s=600.0), waited_s=599.0, spans_nodes=False)
