@@ -24,10 +24,8 @@ whose parent is the ``traceparent`` in its headers (``Delivery.ctx`` carries it,
 batch is timed and counted per consumer (``migsched_consumer_batch_seconds``, ``..._batch_size``,
 ``..._messages_total{outcome}``).
 
-The transport (``Transport``: JetStream, or the in-memory bus) only subscribes and publishes raw bytes.
-
-Past 400 lines on purpose: the loop, its settling, the dead-letter path and the middleware are one concept, and
-apart each would reach into the others' state.
+The transport (``shared.bus.transport.Transport``: JetStream, or the in-memory bus) only subscribes and publishes
+raw bytes.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -47,8 +45,8 @@ from prometheus_client import Counter, Histogram
 from shared import telemetry
 from shared.bus.dead_letters import DEAD_LETTERS, reason_class
 from shared.bus.errors import SubscriptionClosed
-from shared.events import DecodeError, Subjects, decode
-from shared.settings import Settings
+from shared.bus.transport import ConsumerSpec, Inbound, Subscription, Transport
+from shared.events import DecodeError, decode
 
 log = logging.getLogger("migsched.bus")
 _tracer = telemetry.tracer("migsched.bus")
@@ -65,52 +63,6 @@ MESSAGES = Counter(
     "migsched_consumer_messages_total", "Messages a consumer settled, by outcome (ack, retry, dead, unacked).",
     ["consumer", "outcome"],
 )
-class Inbound(Protocol):
-    """One message as a transport delivers it."""
-
-    @property
-    def subject(self) -> str: ...
-    @property
-    def data(self) -> bytes: ...
-    @property
-    def headers(self) -> Mapping[str, str] | None: ...
-    @property
-    def deliveries(self) -> int: ...
-    @property
-    def stream_seq(self) -> int: ...
-    async def ack(self) -> None: ...
-    async def nak(self, delay: float) -> None: ...
-
-
-class Subscription(Protocol):
-    async def next_batch(self, timeout: float) -> list[Any]: ...
-    async def stop(self) -> None: ...
-
-
-class ConsumerSpec(NamedTuple):
-    """What a transport needs to make (or find) a consumer on the broker and subscribe to it."""
-
-    stream: str
-    name: str
-    subject: str
-    acks: bool
-    max_deliver: int  # the broker's own limit: one above the consumer's, so the consumer dead-letters first
-    ack_wait_s: float
-    deliver_new: bool
-    ephemeral: bool
-    batch: int
-    linger_s: float
-    fetch_timeout_s: float
-
-
-class Transport(Protocol):
-    settings: Settings
-    subjects: Subjects
-
-    async def subscribe(self, spec: ConsumerSpec) -> Subscription: ...
-    async def publish_raw(self, subject: str, data: bytes, headers: dict[str, str]) -> Any: ...
-
-
 class Delivery:
     """One decoded message handed to a handler, with its trace context and its outcome."""
 

@@ -25,93 +25,19 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 from opentelemetry import context as otel_context
 
 from shared import access, telemetry
-from shared.bus.consumer import Consumer, ConsumerSpec, Handler
+from shared.bus.consumer import Consumer, Handler
 from shared.bus.errors import BusError, SubscriptionClosed
 from shared.bus.health import BusHealth
 from shared.bus.outgoing import Outgoing, count_published
+from shared.bus.publish_acks import PublishAcks, reply_decoder
 from shared.bus.puller import Puller
+from shared.bus.transport import ConsumerSpec
 from shared.events import Subjects, encode
 from shared.settings import Settings
 
 log = logging.getLogger("migsched.bus")
 STREAM_SETUP_S = 60.0
 """How long a service waits at start for JetStream to set its streams up (a cluster electing leaders)."""
-
-
-class _AckReply(msgspec.Struct):
-    """A JetStream publish acknowledgement (or its error) as the server sends it."""
-
-    stream: str = ""
-    seq: int = 0
-    duplicate: bool = False
-    domain: str | None = None
-    error: dict[str, Any] | None = None
-
-
-_ack_decoder = msgspec.json.Decoder(_AckReply)
-
-
-class PublishAcks:
-    """Acknowledgements of asynchronous JetStream publishes on one wildcard inbox of this connection.
-
-    Why not nats-py's ``publish_async``: per message it waits on a semaphore through ``asyncio.wait_for``,
-    draws a random token, and decodes the ack with ``json.loads`` and a dataclass walk, about a third of a
-    publish's CPU; its futures also never time out, so an ack lost in a reconnect would hold the batch forever.
-    Here a publish is a counter token, one dict entry and one msgspec decode; ``wait`` bounds the wait.
-    """
-
-    def __init__(self, nc: NATS) -> None:
-        self.nc = nc
-        self.prefix = ""
-        self.futures: dict[str, asyncio.Future[api.PubAck]] = {}
-        self._seq = 0
-        self._sub: Any = None
-
-    async def _start(self) -> None:
-        self.prefix = self.nc.new_inbox() + "."
-        self._sub = await self.nc.subscribe(
-            self.prefix + "*", cb=self._on_ack, pending_msgs_limit=1_000_000, pending_bytes_limit=64 * 1024 * 1024
-        )
-
-    async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[api.PubAck]:
-        if self._sub is None:
-            await self._start()
-        self._seq += 1
-        token = str(self._seq)
-        fut: asyncio.Future[api.PubAck] = asyncio.get_running_loop().create_future()
-        self.futures[token] = fut
-        try:
-            await self.nc.publish(subject, payload, reply=self.prefix + token, headers=headers)
-        except BaseException:
-            self.futures.pop(token, None)
-            raise
-        return fut
-
-    async def _on_ack(self, msg: Any) -> None:
-        fut = self.futures.pop(msg.subject[len(self.prefix) :], None)
-        if fut is None or fut.done():
-            return
-        if not msg.data:  # a status only: 503 when no stream takes the subject
-            status = (msg.headers or {}).get("Status", "no data")
-            fut.set_exception(BusError(f"no stream acknowledged a publish: status {status} (no stream takes its "
-                                       "subject, or its stream has no leader right now)"))
-            return
-        try:
-            r = _ack_decoder.decode(msg.data)
-        except msgspec.DecodeError as exc:
-            fut.set_exception(BusError(f"unreadable publish acknowledgement: {exc}"))
-            return
-        if r.error is not None:
-            fut.set_exception(BusError(f"publish refused: {r.error}"))
-            return
-        fut.set_result(api.PubAck(stream=r.stream, seq=r.seq, domain=r.domain, duplicate=r.duplicate))
-
-    def forget(self, futures: Sequence[asyncio.Future[api.PubAck]]) -> None:
-        """Drop the entries of futures that will never be answered (timed out)."""
-        pending = {id(f) for f in futures if not f.done()}
-        if pending:
-            for token in [t for t, f in self.futures.items() if id(f) in pending]:
-                del self.futures[token]
 
 
 def _read_secret(path: str) -> str:
@@ -337,7 +263,7 @@ class JetStreamBus:
         """Remove a durable consumer (one an older version left). Asked directly of the API, so that a user
         granted exactly that subject may do it."""
         reply = await self.nc.request(f"$JS.API.CONSUMER.DELETE.{stream}.{durable}", b"", timeout=2.0)
-        error = _ack_decoder.decode(reply.data).error if reply.data else None
+        error = reply_decoder.decode(reply.data).error if reply.data else None
         if error and error.get("code") != 404:
             raise BusError(f"cannot delete consumer {durable} on {stream}: {error}")
 

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared import telemetry
-from shared.bus.consumer import Consumer, ConsumerSpec, Handler
+from shared.bus.consumer import Consumer, Handler
 from shared.bus.errors import BusError
 from shared.bus.health import BusHealth
 from shared.bus.outgoing import Outgoing, Stored, count_published
+from shared.bus.transport import ConsumerSpec
 from shared.events import Subjects, encode
 from shared.settings import Settings
 
