@@ -10,21 +10,18 @@ Examples::
         --csv-map arrival=submit_ts,duration=runtime,gpu_fraction=gpu,tenant=user \\
         --cluster H100-80GB:16 --policy migsched --policy first-fit --out out/csv
     migsched simulate --matrix --out out/matrix      # every policy over every trace, size and seed
-
-Past 400 lines on purpose: most of it is the click options, one per simulator setting, which read best in one
-place beside the command they belong to.
 """
 
 from __future__ import annotations
 
-import shlex
-import sys
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from migsched.commands.simulate_modes import command_line, config, params_text, run_matrix, run_tenancy
 from shared.errors import MigschedError
 
 
@@ -38,10 +35,11 @@ def _floats(text: str) -> list[float]:
     return vals
 
 
-def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, object]:
+def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, contextlib.AbstractContextManager[Any]]:
+    """A progress callback and the bar to run it under (None and a no-op when disabled)."""
     if not enabled:
-        return None, None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        return None, contextlib.nullcontext()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     bar = Progress(
         TextColumn("{task.description:<24}"),
@@ -51,12 +49,12 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, ob
         TimeElapsedColumn(),
         transient=False,
     )
-    tasks: dict[str, object] = {}
+    tasks: dict[str, TaskID] = {}
 
     def update(label: str, done: int, total: int) -> None:
         if label not in tasks:
             tasks[label] = bar.add_task(label, total=total)
-        bar.update(tasks[label], completed=done)  # type: ignore[arg-type]
+        bar.update(tasks[label], completed=done)
 
     return update, bar
 
@@ -224,7 +222,7 @@ def command(**o: Any) -> None:
 
 def _run(o: dict[str, Any]) -> None:
     if o["matrix"]:
-        _run_matrix(o)
+        run_matrix(o)
         return
 
     from shared.mig.geometry import default_geometry
@@ -253,7 +251,7 @@ def _run(o: dict[str, Any]) -> None:
     if o["gang_topology"]:
         workload = within_blocks(workload, required=o["gang_topology"] == "block:required")
     patience = float(o["patience"])
-    cfg = _config(o, seed, patience)
+    cfg = config(o, seed, patience)
     names = list(o["policies"])
     if not names and not o["sweep_threshold"] and not o["ablation"]:
         names = ["all"]
@@ -266,15 +264,14 @@ def _run(o: dict[str, Any]) -> None:
             f"unknown policy {', '.join(bad)}; known: {', '.join(known)}", param_hint="--policy"
         )
     if o["tenancy_file"]:
-        _run_tenancy(o, workload, cluster, cfg, geo, [n for n in names if n != "all"] or ["paper"])
+        run_tenancy(o, workload, cluster, cfg, geo, [n for n in names if n != "all"] or ["paper"])
         return
     out = Path(str(o["out_dir"]))
-    cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    cmd = command_line()
     update, bar = _progress(bool(o["progress"]))
     sections: list[report.Section] = []
     kw: dict[str, Any] = {"geometry": geo, "progress": update}
-    ctx = bar if bar is not None else _Null()
-    with ctx:  # type: ignore[attr-defined]
+    with bar:
         if names:
             runs = experiment.compare(workload, cluster, names, cfg, **kw)
             sections.append(report.Section(title="Policies compared", kind="compare", runs=runs, command=cmd))
@@ -311,118 +308,10 @@ def _run(o: dict[str, Any]) -> None:
     header = [
         f"- workload: `{workload.name}`, {len(workload.jobs)} jobs; dropped: {workload.dropped or 'none'}",
         f"- cluster: {cluster.label()} ({len(cluster.nodes)} nodes)",
-        f"- parameters: `{_params(cfg)}`",
+        f"- parameters: `{params_text(cfg)}`",
         *[f"- {n}" for n in workload.notes],
     ]
     written = report.write(out, sections, header=header)
     for s in sections:
         click.echo(report.kpi_table([r.kpis for r in s.runs]))
     click.echo(f"wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
-
-
-def _config(o: dict[str, Any], seed: int, patience: float) -> Any:
-    """The run's ``SimConfig`` from the command's options."""
-    from shared.sim.config import InterferenceParams, SimConfig
-
-    return SimConfig(
-        seed=seed,
-        threshold=float(o["threshold"]),
-        reconfig_latency_s=float(o["reconfig_latency"]),
-        migration_downtime_s=float(o["migration_downtime"]),
-        checkpoint_s=float(o["checkpoint"]),
-        cooldown_s=float(o["cooldown"]),
-        defrag_interval_s=float(o["defrag_interval"]),
-        max_moves=int(o["max_moves"]),
-        patience_s=patience,
-        static_layout=str(o["static_layout"]),
-        interference=InterferenceParams(beta=float(o["beta"])),
-        check_invariants=bool(o["check_invariants"]),
-        hint_factor=float(o["hint_factor"]),
-        reserve_after_s=float(o["reserve_after"]),
-        max_reservations=int(o["max_reservations"]),
-    )
-
-
-def _run_matrix(o: dict[str, Any]) -> None:
-    from shared.sim import matrix
-
-    cfg = _config(o, int(o["seed"]), float(o["patience"]))
-    labels = list(o["policies"]) or list(matrix.DEFAULT_POLICIES)
-    cells = matrix.cells(quick=bool(o["quick"]))
-    done = [0]
-
-    def progress(cell: matrix.Cell) -> None:
-        done[0] += 1
-        if o["progress"]:
-            click.echo(f"[{done[0]}/{len(cells)}] {cell.group}", err=True)
-
-    runs = matrix.run_matrix(cells, labels, cfg, workers=max(1, int(o["workers"])), progress=progress)
-    out = Path(str(o["out_dir"]))
-    cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
-    from shared.sim.experiment import parse_label
-
-    candidate = parse_label(labels[0])[0] if "migsched" not in labels else "migsched"
-    written = matrix.write(out, runs, candidate=candidate, command=cmd)
-    click.echo((out / "matrix.md").read_text())
-    click.echo(f"wrote {', '.join(p.name for p in written)} to {out}/")
-
-
-def _run_tenancy(
-    o: dict[str, Any], workload: Any, cluster: Any, cfg: Any, geo: Any, names: list[str]
-) -> None:
-    from shared.sim import report
-    from shared.sim.tenancy import run_tenancy, synthetic_tenants, tenant_table
-    from shared.tenancy import load_tenancy
-
-    tenancy = load_tenancy(str(o["tenancy_file"]), geo)
-    classes: dict[str, str] = {}
-    if o["teams"]:
-        workload, classes = synthetic_tenants(workload, [t for t in str(o["teams"]).split(",") if t])
-    runs = [
-        run_tenancy(
-            workload,
-            cluster,
-            n,
-            cfg,
-            tenancy,
-            classes=classes,
-            reserve_full=int(o["reserve_full"]),
-            preempt=not o["no_preempt"],
-            geometry=geo,
-        )
-        for n in names
-    ]
-    cmd = "migsched simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
-    table = tenant_table(runs)
-    header = [
-        f"- workload: `{workload.name}`, {len(workload.jobs)} jobs; dropped: {workload.dropped or 'none'}",
-        f"- cluster: {cluster.label()} ({len(cluster.nodes)} nodes)",
-        f"- parameters: `{_params(cfg)}`; tenancy `{o['tenancy_file']}`, reserve {o['reserve_full']}",
-        "",
-        "## Tenants",
-        "",
-        table,
-    ]
-    out = Path(str(o["out_dir"]))
-    sections = [report.Section(title="Tenancy", kind="compare", runs=runs, command=cmd)]
-    written = report.write(out, sections, header=header)
-    click.echo(report.kpi_table([r.kpis for r in runs]))
-    click.echo(table)
-    click.echo(f"wrote {len(written)} files to {out}/: {', '.join(p.name for p in written)}")
-
-
-def _params(cfg: Any) -> str:
-    import msgspec
-
-    d = msgspec.to_builtins(cfg)
-    d.pop("interference", None)
-    beta = cfg.interference.beta
-    return ", ".join(f"{k}={v}" for k, v in d.items()) + f", beta={beta}"
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

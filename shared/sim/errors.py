@@ -17,3 +17,8 @@ class ClusterSpecError(SimError, ValueError):
 
 class InvariantError(SimError, AssertionError):
     """The simulated state broke an invariant (double-booked slice, job ended twice): a simulator bug."""
+
+
+class UnsupportedRunError(SimError, ValueError):
+    """A run asks for what the simulator does not model together (tenancy under a policy other than the
+    balancer's)."""

@@ -37,6 +37,7 @@ from shared.sim import events as ev
 from shared.sim.cluster import ClusterSpec
 from shared.sim.config import SimConfig
 from shared.sim.engine import Simulator
+from shared.sim.errors import UnsupportedRunError
 from shared.sim.jobs import QUEUED, RUNNING, STARTING, SimJob, Workload
 from shared.sim.metrics import RunResult, TenantKpis
 from shared.sim.run import Spec
@@ -300,7 +301,7 @@ def run_tenancy(
     from shared.sim.experiment import policy_params
 
     if name not in ("paper", "paper-nomig"):
-        raise ValueError(
+        raise UnsupportedRunError(
             f"tenancy runs use the balancer's placement: policy paper or paper-nomig, not {name}"
         )
     spec, policy = get_policy(name, **policy_params(name, workload, cfg))

@@ -150,3 +150,28 @@ def test_simulate_jitter_replays_the_trace_with_moved_arrivals_and_says_so(tmp_p
 def test_simulate_explains_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
     res = CliRunner().invoke(command, [*args, "--no-progress", "--out", str(tmp_path / "o")])
     assert res.exit_code != 0 and message in res.output
+
+
+def test_simulate_with_a_tenancy_file_reports_each_tenant_and_the_parameters(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    tenancy = Path(__file__).resolve().parents[2] / "examples" / "openb-tenancy.toml"
+    res = CliRunner().invoke(command, [
+        "-w", "synthetic", "--jobs", "80", "--load", "1.2", "--cluster", "A100-40GB:8", "--tenancy", str(tenancy),
+        "-p", "paper-nomig", "--no-progress", "--out", str(out),
+    ])
+    assert res.exit_code == 0, res.output
+    report = (out / "report.md").read_text()
+    assert "## Tenants" in report
+    assert "tenant-0" in report.split("## Tenants")[1]
+    assert f"tenancy `{tenancy}`" in report
+
+
+def test_simulate_with_a_tenancy_file_under_a_policy_it_does_not_model_says_which_it_takes(tmp_path: Path) -> None:
+    tenancy = Path(__file__).resolve().parents[2] / "examples" / "openb-tenancy.toml"
+    res = CliRunner().invoke(command, [
+        "-w", "synthetic", "--jobs", "20", "--cluster", "A100-40GB:8", "--tenancy", str(tenancy), "-p", "first-fit",
+        "--no-progress", "--out", str(tmp_path / "out"),
+    ])
+    assert res.exit_code == 1
+    assert "policy paper or paper-nomig, not first-fit" in res.output
+    assert not (tmp_path / "out").exists()
