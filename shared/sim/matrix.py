@@ -216,9 +216,10 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     gap_closed: float | None
     """Share of the gap between the best baseline and ``fluid`` closed (None without a gap or a fluid run)."""
     no_starving: bool
-    """Worst class (>= 10 jobs) rejects at most half the share of the best baseline's worst class."""
+    """Worst class (>= 10 jobs) rejects at most half the share of the worst class of the baseline whose worst
+    class fares best: the baseline with the fewest rejections is not always the one that starves least."""
     gpu_h_ok: bool
-    """Rejected GPU-hours at most the best baseline's."""
+    """Rejected GPU-hours at most every baseline's (the least any of them rejects), for the same reason."""
     migrated_ok: bool
     reconfig_ok: bool
     """Reconfigurations at most 10 % above first-fit's."""
