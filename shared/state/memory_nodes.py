@@ -11,7 +11,9 @@ from shared.state.model import PLAIN_PROFILES, StoredGpu, StoredInstance
 
 Stops = list[tuple[str, ...]]
 """(job, gpu id, instance id[, node]): jobs a registration found running where the state does not hold them
-(the node: another node's part of a gang across nodes re-queued from this one)."""
+(the node: another node's part of a gang across nodes, or copy of a moving job, re-queued from this one)."""
+Move = tuple[str, tuple[tuple[str, str], ...]]
+"""A re-queued moving job and its (gpu id, instance id) pairs: the source, then the target."""
 
 
 def _stop_foreign(i: StoredInstance, job: str, gid: str, stops: Stops) -> None:
@@ -30,6 +32,7 @@ def _evict(
     now: float,
     requeued: list[str],
     gangs: list[tuple[str, tuple[tuple[str, str], ...]]],
+    moves: list[Move],
 ) -> list[StoredInstance]:
     out = []
     for i in insts:
@@ -40,9 +43,34 @@ def _evict(
             if j is not None and j.state in ("placing", "running", "migrating") and names(j, i.id):
                 if j.slots:
                     gangs.append((i.job, j.slots))
+                if j.state == "migrating":
+                    moves.append((i.job, ((j.gpu, j.inst), (j.mig_gpu, j.mig_inst))))
                 store._requeue(sh, i.job, j.state, reason, now)
                 requeued.append(i.job)
     return out
+
+
+def _free_moves(store: Any, moves: list[Move], node: str, reported: set[str] | None, stops: Stops) -> None:
+    """As ``free_moves`` in node.lua: a re-queued job that was moving leaves its other copy's instance behind.
+    On ``node`` an instance it did not report (``reported``: the instance ids a registration reported; None when
+    the node is lost) is removed and any other idles; on another node the job's copy may run still, so its
+    instance stays taken (``retiring`` with the job) and ``stops`` names it with that node."""
+    for job, pairs in moves:
+        for gid, iid in pairs:
+            sh, g = store._gpu(gid) if gid and iid else (None, None)
+            i = next((x for x in g.instances if x.id == iid), None) if g is not None else None
+            if g is None or i is None or i.job != job or i.state == "idle":
+                continue
+            if g.node != node:
+                hold_for_stop(i, job)
+                stops.append((job, gid, iid, g.node))
+                store._save(sh, g, "claim")
+                continue
+            if reported is not None and iid not in reported:
+                g.instances.remove(i)
+            else:
+                idle(i)
+            store._save(sh, g)
 
 
 def _not_in_way(sh: Any, r: StoredInstance, i: StoredInstance) -> bool:
@@ -79,6 +107,8 @@ def register(
     drift: list[str] = []
     stops: Stops = []
     gangs: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+    moves: list[Move] = []
+    reported_ids = {r["id"] for g in gpus for r in g.get("instances", ())}
     ids = []
     for g in gpus:
         ids.append(g["id"])
@@ -138,6 +168,7 @@ def register(
             now,
             requeued,
             gangs,
+            moves,
         )
         for i in kept:
             job = rjob.get(i.id)
@@ -152,7 +183,8 @@ def register(
                 job = rjob.get(r.id)
                 # as node.lua: a one-GPU reservation in its way is re-queued and what the node has adopted
                 kept = _evict(store, sh, kept, functools.partial(_not_in_way, sh, r),
-                              f"node {node} holds {r.id} where the reservation is", now, requeued, gangs)
+                              f"node {node} holds {r.id} where the reservation is", now, requeued, gangs,
+                              moves)
                 if any(i.mask & r.mask for i in kept):
                     drift.append(f"{g['id']}: reported {r.id} overlaps the state")
                     if job:
@@ -170,6 +202,7 @@ def register(
             int(g.get("replicas", 0)),
         )
         store._save(sh, cur, "claim")
+    _free_moves(store, moves, node, reported_ids, stops)
     _free_gangs(store, sh, gangs, node, stops)
     sh.nodes[node] = {
         "state": "up",
@@ -208,14 +241,16 @@ def lost(store: Any, sh: Any, node: str, now: float, reason: str) -> dict[str, A
         return {"requeued": [], "drift": [], "gpus": []}
     requeued: list[str] = []
     gangs: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+    moves: list[Move] = []
     ids = [g for g in h["gpus"].split(",") if g]
     for gid in ids:
         g = sh.gpus[gid]
-        _evict(store, sh, g.instances, lambda i: False, reason, now, requeued, gangs)
+        _evict(store, sh, g.instances, lambda i: False, reason, now, requeued, gangs, moves)
         g.healthy = False
         g.instances = []
         store._save(sh, g, "claim")
-    stops: list[Any] = []
+    stops: Stops = []
+    _free_moves(store, moves, node, None, stops)
     _free_gangs(store, sh, gangs, node, stops)
     h["state"] = "lost"
     h["lost_at"] = repr(now)

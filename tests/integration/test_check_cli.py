@@ -267,7 +267,9 @@ def test_the_executor_cross_check_reports_only_settled_disagreements() -> None:
 async def test_a_moving_job_requeued_by_its_node_leaves_no_instance_held(
     prefix: str, nats_url: str, redis_url: str, how: str
 ) -> None:
-    """Regression (lua/node.lua): the other instance of a move used to stay held by the re-queued job."""
+    """Regression (lua/node.lua): the other instance of a move used to stay held by the re-queued job. On the
+    node itself it idles at once; on another node, where the job's copy may run, it stays ``retiring`` until that
+    node confirms a stop."""
     st = RedisState.from_settings(make_settings(prefix, nats_url, redis_url))
     try:
         now = time.time()
@@ -285,11 +287,19 @@ async def test_a_moving_job_requeued_by_its_node_leaves_no_instance_held(
             assert status == "ok", (status, node_gpu)
             assert (await st.job("mv")).state == "migrating"  # type: ignore[union-attr]
             if how == "is lost":
-                await st.node_lost("n1", now, "test")
+                out = await st.node_lost("n1", now, "test")
             else:
-                await st.register_node("n1", [gpu(0), gpu(1)], now)
+                out = await st.register_node("n1", [gpu(0), gpu(1)], now)
             assert (await st.job("mv")).state == "pending"  # type: ignore[union-attr]
             assert await audit_ok(st), [str(v) for v in await audit(st, default_geometry())]
+            held = [(g.id, i.id, i.state) for g in await st.load_gpus() for i in g.instances
+                    if i.job == "mv" and i.state != "idle"]
+            if node_gpu == "n2":
+                assert held == [("n2/0", target.id, "retiring")]
+                assert [tuple(x) for x in out["stops"]] == [("mv", "n2/0", target.id, "n2")]
+                assert (await st.node_stopped("n2", "mv", now))["gpus"] == ["n2/0"]
+            else:
+                assert held == []
             for g in await st.load_gpus():
                 assert all(i.job != "mv" or i.state == "idle" for i in g.instances), g
             # back to running on n1 for the next round

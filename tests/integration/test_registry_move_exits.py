@@ -3,6 +3,8 @@
 
 - A job whose source copy exits during its move to another node: that node created the target and may run the
   job's copy there. The registry sends it a ``stop`` of that run only and holds the target until it confirms.
+- A node lost while one of its jobs moves to another node: the job is re-queued and the other node told to
+  ``stop`` its copy, whose instance stays taken until that node confirms.
 - A ``migrate_start`` the target's node failed: the idle instance the move had removed from the target's way
   may or may not be destroyed; the node registry sends it a ``destroy_idle`` and holds it until the answer.
 - A move order consumed after its job ended: no target is made; the node only destroys the idle instance the
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -111,6 +114,56 @@ async def test_a_source_exit_during_a_move_to_another_node_stops_the_target_copy
             assert await audit(ns.state, GEO) == []
         finally:
             await watch.close()
+            await n1.stop()
+            await n2.stop()
+            await stack.stop()
+
+
+async def test_a_node_lost_during_a_move_to_another_node_has_that_node_stop_the_target_copy_before_its_reuse(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, node_timeout_s=1.5, cmd_timeout_s=NEVER)
+        await stack.start()
+        n1 = ScriptedExecutor(ns.bus, "n1", gpus=1)
+        n2 = ScriptedExecutor(ns.bus, "n2", gpus=1, auto_ack=False)  # the test answers for it
+        beating = {"n1", "n2"}
+
+        async def heartbeats() -> None:
+            while True:
+                for ex in (n1, n2):
+                    if ex.node in beating:
+                        await ex.heartbeat()
+                await asyncio.sleep(0.2)
+
+        beats = asyncio.create_task(heartbeats())
+        try:
+            await n1.start()
+            await n2.start()
+            assert await until(lambda: _ready(ns, 2))
+            src = await run_job(ns, "j1", "n1/0", "1g.5gb", 0)
+            dst = StoredInstance(id="n2/0:1g.5gb@6:j1.m1", profile="1g.5gb", start=6, size=1, compute=1)
+            await _move(ns, "j1", src, "n2/0", dst, ())
+            beating.discard("n1")  # n1 falls silent mid-move; n2 may have started the job's copy
+            assert await n2.wait_for(lambda: n2.commands("stop"), timeout=15)
+            (stop,) = n2.commands("stop")
+            assert (stop.job_id, stop.instance_id) == ("j1", dst.id)
+            assert (await ns.state.nodes())["n1"]["state"] == "lost"
+            assert (dst.id, "retiring", "j1") in await _held(ns, "n2/0")  # not offered to other jobs meanwhile
+            assert await audit(ns.state, GEO) == []
+            await ns.bus.publish(
+                ns.bus.subjects.node_report("n2"),
+                CmdDone(id=f"{stop.cmd_id}.done", node="n2", at=time.time(), cmd_id=stop.cmd_id, command="stop",
+                        job_id="j1"),
+            )
+
+            async def idled() -> bool:
+                return (dst.id, "idle", None) in await _held(ns, "n2/0")
+
+            assert await until(idled)
+            assert await audit(ns.state, GEO) == []
+        finally:
+            beats.cancel()
             await n1.stop()
             await n2.stop()
             await stack.stop()

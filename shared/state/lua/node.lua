@@ -17,7 +17,8 @@
 --     re-queued from this one) names that node fourth.
 --   lost ARGV: 'lost', node, now, reason
 --     Every GPU of the node becomes unhealthy and empty; every job on it is re-queued. A gang across nodes keeps
---     its parts on the other nodes taken: 'stops' {job, gpu, instance, node} lists one per node to stop.
+--     its parts on the other nodes taken, and a job moving to or from another node its copy there: 'stops'
+--     {job, gpu, instance, node} lists one per node to stop (so does a registration that re-queues them).
 --   stopped ARGV: 'stopped', node, now, job
 --     The node stopped (or saw end) a job it ran unbeknown to the state (found by a registration, or started by
 --     a place command applied late, mark_running.lua): the instances kept 'retiring' for it become idle. Returns {gpus = the GPUs changed}.
@@ -57,8 +58,10 @@ local function evict(insts, keep, reason)
   return out
 end
 -- A re-queued job that was moving leaves its other copy's instance behind (the target of its move, or the
--- source when the target went): free it, or it stays held by a job that no longer names it. On the node that
--- registers, an instance it did not report does not exist: it is removed; elsewhere it idles.
+-- source when the target went), held by a job that no longer names it. On the node that registers, an instance
+-- it did not report does not exist: it is removed; one it reported idles. On another node the job's copy may
+-- run still (the target once its node applied the move, the source until its migrate_stop): the instance stays
+-- taken, 'retiring' with the job, and 'stops' names it with that node for the registry to stop that run.
 local function free_moves()
   for _, m in ipairs(moves) do
     for _, pair in ipairs({{m[2], m[3]}, {m[4], m[5]}}) do
@@ -67,12 +70,15 @@ local function free_moves()
         local insts = decode_insts(redis.call('HGET', gk(g), 'inst'))
         local n, i = find(insts, iid)
         if i and i.job == m[1] and i.state ~= 'idle' then
-          if op == 'register' and redis.call('HGET', gk(g), 'node') == node and not reported_ids[iid] then
-            table.remove(insts, n)
+          local there = redis.call('HGET', gk(g), 'node')
+          if there ~= node then
+            hold_for_stop(i, m[1])
+            table.insert(stops, {m[1], g, iid, there})
+            save_gpu(gk(g), insts, 'claim')
           else
-            idle(i)
+            if op == 'register' and not reported_ids[iid] then table.remove(insts, n) else idle(i) end
+            save_gpu(gk(g), insts, true)
           end
-          save_gpu(gk(g), insts, true)
         end
       end
     end
