@@ -90,8 +90,9 @@ ROLES: tuple[Role, ...] = (
          publish=("node.{node}.report", "node.{node}.heartbeat", "dlq.cmd.{node}"),
          subscribe=("cmd.{node}",),
          consume=(Consume("CMD", durable="executor-{node}", filter="cmd.{node}"),)),
-    Role("balancer", "decides placements (consumes jobs.*, sched.capacity) and sends their place commands",
-         publish=("cmd.*", "dlq.>"),
+    Role("balancer", "decides placements (consumes jobs.*, sched.capacity), sends their place commands and "
+         "announces preemptions",
+         publish=("cmd.*", "sched.preempted", "dlq.>"),
          consume=(Consume("JOBS"), Consume("SCHED")), redis=SERVICE_REDIS),
     Role("registry", "executor commands after moves, cancels and exits; node registry (reports, heartbeats, "
          "exits)",

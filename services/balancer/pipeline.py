@@ -19,7 +19,7 @@ from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
 from services.balancer.decide import Decided, Decider, DecisionMetrics, RoundMemo, placed_on
 from services.balancer.dispatch import Dispatcher
-from services.balancer.preempting import record_preemptions
+from services.balancer.preempting import preemption_events, record_preemptions
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.balancer.waiting import Waiting, trace_wait
@@ -152,6 +152,8 @@ class Pipeline:
                 r.out.extend(self.dispatcher.victim_stops(placed, victims, c, now))
         else:
             r.unplannable.append(placed)
+        if victims:  # committed: the victims are re-queued whether or not the command could be planned
+            r.out.extend(preemption_events(self.dispatcher.subjects, c, victims, attempt, now))
         if c.delivery is not None:
             sp = c.delivery.span
             sp.set_attribute("migsched.decision", dec.explain()[:1000])

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from shared import telemetry
+from shared.bus import Outgoing
 from shared.errors import RequestError
+from shared.events import Preempted, Subjects
 from shared.policy.admission import Admission, decide
 from shared.policy.charges import capacity_of, request_usages
 from shared.policy.placement.balancer import BalancerParams
@@ -132,3 +134,19 @@ def record_preemptions(
                 v.detail,
                 v.lost_work_s,
             )
+
+
+def preemption_events(subjects: Subjects, c: Candidate, victims: Sequence[Victim], attempt: int, now: float,
+                      ) -> list[Outgoing]:
+    """One ``sched.preempted`` per victim of ``c``'s placement. The id names the victim, the preemptor and its
+    attempt, so a placement published again after a crash announces nothing twice (JetStream's duplicate
+    window)."""
+    by = c.submit.job_id
+    return [
+        Outgoing(subjects.sched_preempted, Preempted(
+            id=f"preempt:{v.job_id}:{by}:{attempt}"[:200], job_id=v.job_id, by=by, tenant=v.tenant,
+            priority=wire_priority(v.priority), reason=v.detail[:2000], lost_work_s=min(max(v.lost_work_s, 0.0), 1e8),
+            gpu_ids=v.gpu_ids[:4096], at=now,
+        ), c.ctx)
+        for v in victims
+    ]

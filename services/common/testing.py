@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -27,6 +27,8 @@ from shared.events import (
     new_id,
 )
 from shared.settings import BalancerSettings, MigrationPlannerSettings, RegistrySettings, Settings, load
+
+M = TypeVar("M", bound=msgspec.Struct)
 
 
 async def until(pred: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, every: float = 0.05) -> bool:
@@ -313,20 +315,26 @@ class Namespace:
             await self.bus.close()
             await self.state.close()
 
-    async def watch_exits(self) -> ExitWatch:
-        """Collect every ``JobExit`` published on ``jobs.exit`` from now on, in order (``ExitWatch.seen``)."""
-        watch = ExitWatch()
-        watch.sub = await self.bus.nc.subscribe(self.bus.subjects.jobs_exit, cb=watch.on)
+    async def watch(self, subject: str, kind: type[M]) -> Watch[M]:
+        """Collect every message published on ``subject`` from now on, decoded as ``kind``, in order
+        (``Watch.seen``)."""
+        watch = Watch(kind)
+        watch.sub = await self.bus.nc.subscribe(subject, cb=watch.on)
         return watch
 
+    async def watch_exits(self) -> Watch[JobExit]:
+        """``watch`` of ``jobs.exit``."""
+        return await self.watch(self.bus.subjects.jobs_exit, JobExit)
 
-class ExitWatch:
-    def __init__(self) -> None:
-        self.seen: list[JobExit] = []
+
+class Watch(Generic[M]):
+    def __init__(self, kind: type[M]) -> None:
+        self.kind = kind
+        self.seen: list[M] = []
         self.sub: Any = None
 
     async def on(self, msg: Any) -> None:
-        self.seen.append(msgspec.json.decode(msg.data, type=JobExit))
+        self.seen.append(msgspec.json.decode(msg.data, type=self.kind))
 
     async def close(self) -> None:
         await self.sub.unsubscribe()

@@ -16,6 +16,7 @@ subject                                 message              publisher -> consum
 ``sched.placed``                        ``Placed``           balancer -> registry
 ``sched.migrate``                       ``MigrateOrder``     migration-planner -> registry
 ``sched.capacity``                      ``CapacityChanged``  registry -> balancer (backfill)
+``sched.preempted``                     ``Preempted``        balancer -> observers (none in the stack)
 ``cmd.<node>``                          ``Command``          registry -> executor of <node>
 ``node.<node>.report``                  ``NodeReport``       executor -> registry (node registry)
 ``node.<node>.heartbeat``               ``Heartbeat``        executor -> registry (node registry)
@@ -31,7 +32,7 @@ The schemas, one module per concern (everything is re-exported here: import from
 - ``envelope``: ``Message`` (``v``, ``id``), ``new_id``, ``now``, ``DecodeError``;
 - ``jobs``: ``jobs.*`` (``JobSubmit``, ``Workload``, ``JobCancel``, ``JobExit``, ``SlotRef``);
 - ``sched``: ``sched.*``, the scheduling decisions (``Placed``, ``MigrateOrder``, ``MoveSpec``,
-  ``CapacityChanged``, ``JobInfo``, ``wire_gpu``);
+  ``CapacityChanged``, ``Preempted``, ``JobInfo``, ``wire_gpu``);
 - ``commands``: ``cmd.<node>`` (``Command``, ``PlainSlot``);
 - ``node``: ``node.<node>.*`` (``NodeReport`` and its kinds, ``GpuReport``, ``InstanceReport``, ``Heartbeat``);
 - ``subjects``: ``Subjects``, subject and stream names per namespace;
@@ -78,7 +79,7 @@ from shared.events.node import (
     NodeReport,
     Registered,
 )
-from shared.events.sched import CapacityChanged, JobInfo, MigrateOrder, MoveSpec, Placed, wire_gpu
+from shared.events.sched import CapacityChanged, JobInfo, MigrateOrder, MoveSpec, Placed, Preempted, wire_gpu
 from shared.events.subjects import Subjects
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.partition import MigOp
@@ -131,6 +132,7 @@ __all__ = [
     "Placed",
     "Placement",
     "PlainSlot",
+    "Preempted",
     "Priority",
     "ProfileName",
     "Reason",

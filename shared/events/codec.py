@@ -13,7 +13,7 @@ from shared.events.demand_schema import demand_schema
 from shared.events.envelope import DecodeError
 from shared.events.jobs import JobCancel, JobExit, JobSubmit
 from shared.events.node import Heartbeat, NodeReport
-from shared.events.sched import CapacityChanged, MigrateOrder, Placed
+from shared.events.sched import CapacityChanged, MigrateOrder, Placed, Preempted
 from shared.events.subjects import Subjects
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.request import Demand, resolve_profile
@@ -25,6 +25,7 @@ _TYPES: dict[str, Any] = {
     "placed": Placed,
     "migrate": MigrateOrder,
     "capacity": CapacityChanged,
+    "preempted": Preempted,
     "cmd": Command,
     "report": NodeReport,
     "heartbeat": Heartbeat,
@@ -100,6 +101,7 @@ EXTERNAL: Mapping[str, Any] = {
     "Placed": Placed,
     "MigrateOrder": MigrateOrder,
     "CapacityChanged": CapacityChanged,
+    "Preempted": Preempted,
     "Command": Command,
     "NodeReport": NodeReport,
     "Heartbeat": Heartbeat,

@@ -108,6 +108,26 @@ class MigrateOrder(Message, frozen=True, kw_only=True):
     decided_at: Timestamp
 
 
+class Preempted(Message, frozen=True, kw_only=True):
+    """``sched.preempted``: a job was preempted so that ``by`` could be placed (a higher priority, or a tenant
+    taking back the quota it lent). The victim is back in the queue already, with its original submit time; its
+    node stops it before the placement's ops run. For observers: nothing in the stack consumes it."""
+
+    job_id: JobId
+    by: JobId
+    tenant: Tenant = "default"
+    """The victim's tenant."""
+    priority: Priority = 0
+    """The victim's priority."""
+    reason: Reason = ""
+    """Why this job was chosen (``Victim.detail``: below the preemptor's priority, or over its tenant's quota)."""
+    lost_work_s: Seconds = 0.0
+    """Work since the victim's last checkpoint, as the preemption policy priced it."""
+    gpu_ids: Annotated[tuple[GpuId, ...], msgspec.Meta(max_length=4096)] = ()
+    """The GPUs it ran on (several for a gang)."""
+    at: Timestamp
+
+
 class CapacityChanged(Message, frozen=True, kw_only=True):
     """``sched.capacity``: GPUs gained room (registration, destroyed instance, failed placement, lost node)"""
 

@@ -25,6 +25,7 @@ class Subjects:
         self.sched_placed = f"{r}sched.placed"
         self.sched_migrate = f"{r}sched.migrate"
         self.sched_capacity = f"{r}sched.capacity"
+        self.sched_preempted = f"{r}sched.preempted"
         self.node_reports = f"{r}node.*.report"
         self.node_heartbeats = f"{r}node.*.heartbeat"
         self.stream_jobs, self.stream_sched = f"{s}JOBS", f"{s}SCHED"
@@ -55,7 +56,7 @@ class Subjects:
         }
 
     def kind_of(self, subject: str) -> tuple[str, str | None]:
-        """(kind, node or None); kind: submit|cancel|exit|placed|migrate|capacity|cmd|report|heartbeat."""
+        """(kind, node or None); kind: submit|cancel|exit|placed|migrate|capacity|preempted|cmd|report|heartbeat."""
         if self.root:
             if not subject.startswith(self.root):
                 raise DecodeError("subject outside this namespace", subject)
@@ -63,7 +64,7 @@ class Subjects:
         parts = subject.split(".")
         if len(parts) == 2 and parts[0] == "jobs" and parts[1] in ("submit", "cancel", "exit"):
             return parts[1], None
-        if len(parts) == 2 and parts[0] == "sched" and parts[1] in ("placed", "migrate", "capacity"):
+        if len(parts) == 2 and parts[0] == "sched" and parts[1] in ("placed", "migrate", "capacity", "preempted"):
             return parts[1], None
         if len(parts) == 2 and parts[0] == "cmd":
             return "cmd", parts[1]

@@ -13,7 +13,7 @@ import pytest
 from migsched import clusterview
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.bus import Outgoing
-from shared.events import Demand, JobSubmit, now
+from shared.events import Demand, JobSubmit, Preempted, now
 from shared.state import audit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -120,6 +120,7 @@ async def test_a_high_priority_training_job_preempts_low_priority_inference_on_a
     await e.submit(*(submit(j, "1g.5gb", "serve", at=t0 + n) for n, j in enumerate(serve)))
     assert await until(lambda: e.all_in(serve, "running"))
 
+    announced = await e.ns.watch(e.ns.bus.subjects.sched_preempted, Preempted)
     await e.submit(submit("train1", "3g.20gb", "train"))
     assert await until(lambda: e.all_in(["train1"], "running"))
 
@@ -136,6 +137,13 @@ async def test_a_high_priority_training_job_preempts_low_priority_inference_on_a
     # the node was told to stop the victims before the training job's instance is made
     place = [c for c in e.ex.commands("place") if c.job_id == "train1"]
     assert place and set(place[0].stop_jobs) == set(victims)
+    # and every preemption is announced on sched.preempted, once, for observers
+    assert await until(lambda: len(announced.seen) >= len(victims))
+    await announced.close()
+    assert sorted(p.job_id for p in announced.seen) == sorted(victims)
+    for p in announced.seen:
+        assert (p.by, p.tenant, p.priority) == ("train1", "serve", 100)
+        assert p.reason and p.gpu_ids == ("n1/0",)
     assert not set(victims) & set(e.ex.running)
     assert await _audit(e) == []
 

@@ -127,6 +127,7 @@ def test_the_rules_the_schema_cannot_state_are_in_its_description_and_enforced()
 
 _SUBJECTS = {"JobSubmit": "jobs.submit", "JobCancel": "jobs.cancel", "JobExit": "jobs.exit",
              "Placed": "sched.placed", "MigrateOrder": "sched.migrate", "CapacityChanged": "sched.capacity",
+             "Preempted": "sched.preempted",
              "Command": "cmd.n1", "NodeReport": "node.n1.report", "Heartbeat": "node.n1.heartbeat"}
 
 
