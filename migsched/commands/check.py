@@ -48,9 +48,10 @@ local P = string.sub(KEYS[1], 1, -6)
 local placing = redis.call('ZRANGE', P .. ':placing', 0, -1)
 local jobs = {}
 for _, id in ipairs(redis.call('SMEMBERS', P .. ':jobs')) do
-  local f = redis.call('HMGET', P .. ':job:' .. id, 'state', 'node', 'updated')
+  local f = redis.call('HMGET', P .. ':job:' .. id, 'state', 'node', 'updated', 'inst', 'slots')
   table.insert(jobs, id)
   for n = 1, 3 do table.insert(jobs, f[n] or '') end
+  table.insert(jobs, (f[5] == false or f[5] == '') and (f[4] or '') or '')  -- a gang's parts are not compared
 end
 return {placing, jobs}
 """
@@ -83,19 +84,23 @@ class ReadOnlyState(RedisState):
 
 async def cross_checks(
     state: RedisState, shard: int
-) -> tuple[list[Violation], dict[str, tuple[str, str, float]]]:
-    """Placing-set violations of one shard, and job -> (state, node, updated) for every known job."""
+) -> tuple[list[Violation], dict[str, tuple[str, str, float]], dict[str, str]]:
+    """Placing-set violations of one shard, job -> (state, node, updated) for every known job, and job -> its
+    instance for the jobs that hold one (not gangs)."""
     k = state.keys(shard)
     placing_raw, raw_jobs = await state.redis.eval_ro(_EXTRA, 1, k.gpus)
     placing = {_s(p) for p in placing_raw}
     jobs: dict[str, tuple[str, str, float]] = {}
-    for n in range(0, len(raw_jobs), 4):
+    insts: dict[str, str] = {}
+    for n in range(0, len(raw_jobs), 5):
         upd = _s(raw_jobs[n + 3])
         try:
             at = float(upd) if upd else 0.0
         except ValueError:
             at = 0.0
         jobs[_s(raw_jobs[n])] = (_s(raw_jobs[n + 1]), _s(raw_jobs[n + 2]), at)
+        if raw_jobs[n + 4]:
+            insts[_s(raw_jobs[n])] = _s(raw_jobs[n + 4])
     out: list[Violation] = []
     for job, (st, _node, _at) in sorted(jobs.items()):
         if st == "placing" and job not in placing:
@@ -106,7 +111,7 @@ async def cross_checks(
             out.append(Violation(kind="placing", subject=job, detail=f"state {st} but in the placing set"))
     for job in sorted(placing - set(jobs)):
         out.append(Violation(kind="placing", subject=job, detail="in the placing set but unknown"))
-    return out, jobs
+    return out, jobs, insts
 
 
 def shard_checks(nodes: Sequence[int], waiting: Sequence[int]) -> list[Violation]:
@@ -149,12 +154,17 @@ def executor_checks(
     heartbeats: dict[str, list[tuple[float, set[str]]]],
     lost_nodes: set[str],
     margin_s: float = 1.0,
+    *,
+    slots: Mapping[str, Mapping[str, str]] | None = None,
+    insts: Mapping[str, str] | None = None,
 ) -> list[Violation]:
-    """Compare the state with what each node reported. ``heartbeats``: node -> [(received at, running)].
+    """Compare the state with what each node reported. ``heartbeats``: node -> [(received at, running)];
+    ``slots``: node -> job -> where its last heartbeat runs it (``slot_text``); ``insts``: job -> the state's
+    instance id (``<gpu id>:<profile>@<start>:...``).
 
     Only what is settled is judged: a job whose state changed after the node's first heartbeat of the window
     (minus ``margin_s``) may legitimately still be on its way, and a lost node is not expected to report."""
-    out: list[Violation] = []
+    out = _slot_checks(jobs, heartbeats, lost_nodes, margin_s, slots or {}, insts or {})
     for node, beats in sorted(heartbeats.items()):
         if not beats or node in lost_nodes:
             continue
@@ -186,16 +196,49 @@ def executor_checks(
     return out
 
 
+def slot_text(gpu_index: int, profile: str, start: int) -> str:
+    """Where a job runs on its node, as ``executor_checks`` compares it: ``<GPU index>:<profile>@<start>``."""
+    return f"{gpu_index}:{profile}@{start}"
+
+
+def _state_slot(inst: str) -> str | None:
+    """``slot_text`` of a state instance id (``<node>/<index>:<profile>@<start>:...``); None if it is not one."""
+    gpu, _, rest = inst.partition(":")
+    index, where = gpu.rpartition("/")[2], rest.partition(":")[0]
+    return f"{index}:{where}" if index.isdigit() and "@" in where else None
+
+
+def _slot_checks(jobs: Mapping[str, tuple[str, str, float]], heartbeats: Mapping[str, list[tuple[float, set[str]]]],
+                 lost_nodes: set[str], margin_s: float, slots: Mapping[str, Mapping[str, str]],
+                 insts: Mapping[str, str]) -> list[Violation]:
+    """A settled running job that its node runs on another MIG instance than the state's."""
+    out = []
+    for node, on in sorted(slots.items()):
+        beats = heartbeats.get(node)
+        if not beats or node in lost_nodes:
+            continue
+        first = min(t for t, _ in beats) - margin_s
+        for job, where in sorted(on.items()):
+            st, jnode, at = jobs.get(job, ("unknown", "", 0.0))
+            expected = _state_slot(insts.get(job, ""))
+            if st == "running" and jnode == node and at < first and expected is not None and where != expected:
+                out.append(Violation(kind="executor", subject=job, detail=(
+                    f"{node} runs it on GPU {where.replace(':', ' ', 1)}, but the state has it on {insts[job]}")))
+    return out
+
+
 async def listen_heartbeats(
     nats_url: str, namespace: str, seconds: float
-) -> dict[str, list[tuple[float, set[str]]]]:
-    """Every node's heartbeats (core NATS subscription, as the audit NATS user may) for ``seconds``."""
+) -> tuple[dict[str, list[tuple[float, set[str]]]], dict[str, dict[str, str]]]:
+    """Every node's heartbeats (core NATS subscription, as the audit NATS user may) for ``seconds``: node ->
+    [(received at, running)], and node -> job -> where its latest heartbeat runs it (``slot_text``)."""
     import nats
 
     from shared.events import DecodeError, Subjects, decode
 
     subjects = Subjects(namespace)
     got: dict[str, list[tuple[float, set[str]]]] = defaultdict(list)
+    slots: dict[str, dict[str, str]] = {}
 
     async def on(msg: Any) -> None:
         try:
@@ -203,6 +246,7 @@ async def listen_heartbeats(
         except DecodeError:
             return
         got[hb.node].append((time.time(), set(hb.running)))
+        slots[hb.node] = {s.job_id: slot_text(s.gpu_index, s.profile, s.start) for s in hb.slots}
 
     try:
         nc = await nats.connect(nats_url, name="migsched-check", connect_timeout=5, max_reconnect_attempts=1)
@@ -213,7 +257,7 @@ async def listen_heartbeats(
         await asyncio.sleep(seconds)
     finally:
         await nc.close()
-    return dict(got)
+    return dict(got), slots
 
 
 async def run_check(
@@ -228,21 +272,23 @@ async def run_check(
     state = ReadOnlyState(client, namespace, shards)
     geometry = default_geometry()
     try:
-        beats = await listen_heartbeats(nats_url, namespace, executors_s) if executors_s > 0 else {}
+        beats, slots = await listen_heartbeats(nats_url, namespace, executors_s) if executors_s > 0 else ({}, {})
         out = list(await audit(state, geometry))
         jobs: dict[str, tuple[str, str, float]] = {}
+        insts: dict[str, str] = {}
         waiting: list[int] = []
         for shard in range(shards):
-            extra, js = await cross_checks(state, shard)
+            extra, js, ins = await cross_checks(state, shard)
             out.extend(extra)
             jobs.update(js)
+            insts.update(ins)
             waiting.append(sum(1 for st, _, _ in js.values() if st == "pending"))
         by_shard = [await state.nodes(s) for s in range(shards)] if shards > 1 or executors_s > 0 else []
         out.extend(shard_checks([len(ns) for ns in by_shard], waiting))
         out.extend(block_checks(by_shard))
         if executors_s > 0:
             lost = {n for ns in by_shard for n, h in ns.items() if h.get("state") == "lost"}
-            out.extend(executor_checks(jobs, beats, lost))
+            out.extend(executor_checks(jobs, beats, lost, slots=slots, insts=insts))
         return out
     except rex.NoPermissionError as exc:
         raise CheckError(f"the Redis user may not run the audit's reads: {exc}") from None

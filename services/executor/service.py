@@ -48,6 +48,7 @@ from shared.events import (
     CmdFailed,
     Command,
     Heartbeat,
+    RunningSlot,
     decode,
     encode,
     now,
@@ -291,7 +292,10 @@ class Executor:
     async def _heartbeats(self) -> None:
         while True:
             self._seq += 1
-            running = tuple(sorted(self.backend.running()))[:4096]
+            on = dict(self.backend.running())  # a copy: the live view changes as runs start and end
+            running = tuple(sorted(on))[:4096]
+            slots = tuple(RunningSlot(job_id=j, gpu_index=i.gpu_index, profile=i.profile, start=i.start)
+                          for j, i in sorted(on.items()) if not i.gpus)[:4096]
             self.metrics.running(len(running))
             try:
                 await self.bus.publish(
@@ -302,6 +306,7 @@ class Executor:
                         seq=self._seq,
                         at=now(),
                         running=running,
+                        slots=slots,
                     ),
                 )
             except MigschedError as exc:

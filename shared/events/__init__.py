@@ -34,7 +34,8 @@ The schemas, one module per concern (everything is re-exported here: import from
 - ``sched``: ``sched.*``, the scheduling decisions (``Placed``, ``MigrateOrder``, ``MoveSpec``,
   ``CapacityChanged``, ``Preempted``, ``JobInfo``, ``wire_gpu``);
 - ``commands``: ``cmd.<node>`` (``Command``, ``PlainSlot``);
-- ``node``: ``node.<node>.*`` (``NodeReport`` and its kinds, ``GpuReport``, ``InstanceReport``, ``Heartbeat``);
+- ``node``: ``node.<node>.*`` (``NodeReport`` and its kinds, ``GpuReport``, ``InstanceReport``, ``Heartbeat``,
+  ``RunningSlot``);
 - ``subjects``: ``Subjects``, subject and stream names per namespace;
 - ``codec``: ``decode``, ``encode``, ``check_demand``, ``json_schemas``.
 """
@@ -78,6 +79,7 @@ from shared.events.node import (
     JobStarted,
     NodeReport,
     Registered,
+    RunningSlot,
 )
 from shared.events.sched import CapacityChanged, JobInfo, MigrateOrder, MoveSpec, Placed, Preempted, wire_gpu
 from shared.events.subjects import Subjects
@@ -137,6 +139,7 @@ __all__ = [
     "ProfileName",
     "Reason",
     "Registered",
+    "RunningSlot",
     "Seconds",
     "Size",
     "Slice",

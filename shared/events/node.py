@@ -115,8 +115,20 @@ class Drift(_Report, frozen=True, kw_only=True, tag="drift"):
 NodeReport = Registered | CmdDone | CmdFailed | JobStarted | JobExited | Drift
 
 
+class RunningSlot(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a job runs on the node: the MIG instance (GPU index, profile, start) its workload is bound to."""
+
+    job_id: JobId
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, le=1023)]
+    profile: ProfileName
+    start: Slice
+
+
 class Heartbeat(Message, frozen=True, kw_only=True):
     node: NodeName
     seq: Annotated[int, msgspec.Meta(ge=0)]
     at: Timestamp
     running: Annotated[tuple[JobId, ...], msgspec.Meta(max_length=4096)] = ()
+    slots: Annotated[tuple[RunningSlot, ...], msgspec.Meta(max_length=4096)] = ()
+    """Of ``running``, the jobs on a MIG instance and where: ``migsched check --executors`` holds them against
+    the state's instance (plain bindings are left out)."""

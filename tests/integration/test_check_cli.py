@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from migsched.commands import check
 from services.common.testing import make_settings
 from shared import access
+from shared.events import Heartbeat, RunningSlot, Subjects, encode
 from shared.localservers import start_redis
 from shared.mig.geometry import default_geometry
 from shared.state import RedisState, Reservation, StoredInstance, audit, shard_of
@@ -101,6 +102,32 @@ async def test_a_clean_state_passes_with_exit_zero(
     assert code == 0, out
     code, out = await run_cli(redis_url, prefix, "--json")
     assert code == 0 and json.loads(out) == {"namespace": prefix, "ok": True, "violations": []}
+
+
+async def test_a_job_its_node_runs_on_another_instance_than_the_states_is_reported(
+    state: RedisState, redis_url: str, nats_url: str, prefix: str
+) -> None:
+    import nats
+
+    await asyncio.sleep(1.2)  # only what changed before the listening window (less a second) is judged
+    nc = await nats.connect(nats_url)
+    subject = Subjects(prefix).node_heartbeat("n1")
+
+    async def beat() -> None:
+        for seq in range(1, 1000):
+            hb = Heartbeat(id=f"hb-{seq}", node="n1", seq=seq, at=time.time(), running=("run1",),
+                           slots=(RunningSlot(job_id="run1", gpu_index=1, profile="3g.20gb", start=4),))
+            await nc.publish(subject, encode(hb))
+            await asyncio.sleep(0.1)
+
+    beats = asyncio.create_task(beat())
+    try:
+        code, out = await run_cli(redis_url, prefix, "--nats-url", nats_url, "--executors", "0.6")
+    finally:
+        beats.cancel()
+        await nc.close()
+    assert code == 1, out
+    assert "run1: n1 runs it on GPU 1 3g.20gb@4, but the state has it on n1/0:3g.20gb@4:run1" in out
 
 
 async def test_an_overlap_written_by_hand_is_reported_by_gpu_and_instance(
@@ -261,6 +288,18 @@ def test_the_executor_cross_check_reports_only_settled_disagreements() -> None:
     msgs = {v.subject: v.detail for v in check.executor_checks(jobs, beats, lost_nodes={"n3"})}
     assert msgs["ghost"] == "n1 runs it, but the state has it finished"
     assert msgs["elsewhere"] == "n1 runs it, but the state has it running on n2"
+
+
+def test_the_executor_cross_check_reports_a_job_run_on_another_instance_than_the_states() -> None:
+    t = 1000.0
+    jobs = {j: ("running", "n1", t - 10) for j in ("same", "moved", "gang")} | {"new": ("running", "n1", t + 0.5)}
+    beats = {"n1": [(t, {"same", "moved", "gang", "new"})]}
+    slots = {"n1": {"same": "0:1g.5gb@6", "moved": "1:1g.5gb@6", "gang": "3:7g.40gb@0", "new": "2:3g.20gb@4"}}
+    insts = {"same": "n1/0:1g.5gb@6:same", "moved": "n1/0:1g.5gb@6:moved", "new": "n1/2:3g.20gb@0:new"}
+    found = check.executor_checks(jobs, beats, lost_nodes=set(), slots=slots, insts=insts)
+    # a gang's parts are not compared (no single instance); a job placed within the window may be on its way
+    assert [(v.subject, v.detail) for v in found] == [
+        ("moved", "n1 runs it on GPU 1 1g.5gb@6, but the state has it on n1/0:1g.5gb@6:moved")]
 
 
 @pytest.mark.parametrize("how", ["re-registers without its instances", "is lost"])

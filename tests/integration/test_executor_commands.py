@@ -177,13 +177,16 @@ def is_done(cmd_id: str) -> Any:
     return lambda m: isinstance(m, CmdDone | CmdFailed) and m.cmd_id == cmd_id
 
 
-async def test_an_executor_registers_its_gpus_and_heartbeats(rig: Rig) -> None:
+async def test_an_executor_registers_its_gpus_and_heartbeats_what_runs_where(rig: Rig) -> None:
     reg = await rig.watch.until(lambda m: isinstance(m, Registered))
     assert [(g.index, g.model, g.instances) for g in reg.gpus] == [(0, "A100-40GB", ()), (1, "A100-40GB", ())]
     assert reg.backend == "sim"
     await rig.watch.until(lambda m: isinstance(m, Heartbeat) and m.seq >= 2)
     seqs = [h.seq for h in rig.watch.of(Heartbeat)]
     assert seqs == sorted(seqs)
+    await rig.send(place("c1", "j1", 1, "3g.20gb", 4, duration=60.0))
+    hb = await rig.watch.until(lambda m: isinstance(m, Heartbeat) and "j1" in m.running)
+    assert [(s.job_id, s.gpu_index, s.profile, s.start) for s in hb.slots] == [("j1", 1, "3g.20gb", 4)]
 
 
 async def test_a_place_command_creates_the_instance_starts_the_job_and_reports_its_exit(rig: Rig) -> None:
