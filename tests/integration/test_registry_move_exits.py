@@ -64,6 +64,15 @@ async def _destroy_confirmed(ns: Namespace, destroy: Command, gpu: str) -> bool:
     return await until(dropped) and await audit(ns.state, GEO) == []
 
 
+async def _confirm_stop(ns: Namespace, stop: Command) -> None:
+    """n2 confirms ``stop`` (of j1's copy there)."""
+    await ns.bus.publish(
+        ns.bus.subjects.node_report("n2"),
+        CmdDone(id=f"{stop.cmd_id}.done", node="n2", at=time.time(), cmd_id=stop.cmd_id, command="stop",
+                job_id="j1"),
+    )
+
+
 async def _move(ns: Namespace, job: str, src: str, dst_gpu: str, dst: StoredInstance, destroy: tuple[str, ...]) -> None:
     (g,) = await ns.state.get_gpus([dst_gpu])
     b = ns.state.batch()
@@ -100,11 +109,7 @@ async def test_a_source_exit_during_a_move_to_another_node_stops_the_target_copy
             assert await _held(ns, "n2/0") == [(dst.id, "retiring", "j1")]  # not offered to other jobs
             assert await audit(ns.state, GEO) == []
             # n2 confirms the stop: the instance it holds is idle, as it is on the GPU
-            await ns.bus.publish(
-                ns.bus.subjects.node_report("n2"),
-                CmdDone(id=f"{stop.cmd_id}.done", node="n2", at=time.time(), cmd_id=stop.cmd_id, command="stop",
-                        job_id="j1"),
-            )
+            await _confirm_stop(ns, stop)
 
             async def idled() -> bool:
                 return await _held(ns, "n2/0") == [(dst.id, "idle", None)]
@@ -151,11 +156,7 @@ async def test_a_node_lost_during_a_move_to_another_node_has_that_node_stop_the_
             assert (await ns.state.nodes())["n1"]["state"] == "lost"
             assert (dst.id, "retiring", "j1") in await _held(ns, "n2/0")  # not offered to other jobs meanwhile
             assert await audit(ns.state, GEO) == []
-            await ns.bus.publish(
-                ns.bus.subjects.node_report("n2"),
-                CmdDone(id=f"{stop.cmd_id}.done", node="n2", at=time.time(), cmd_id=stop.cmd_id, command="stop",
-                        job_id="j1"),
-            )
+            await _confirm_stop(ns, stop)
 
             async def idled() -> bool:
                 return (dst.id, "idle", None) in await _held(ns, "n2/0")
