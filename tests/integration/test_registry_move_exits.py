@@ -64,6 +64,18 @@ async def _destroy_confirmed(ns: Namespace, destroy: Command, gpu: str) -> bool:
     return await until(dropped) and await audit(ns.state, GEO) == []
 
 
+async def _moving_across(ns: Namespace, n1: ScriptedExecutor, n2: ScriptedExecutor,
+                         ) -> tuple[str, StoredInstance]:
+    """j1 running on n1/0 and being moved to n2/0: its source instance id and the move's target."""
+    await n1.start()
+    await n2.start()
+    assert await until(lambda: _ready(ns, 2))
+    src = await run_job(ns, "j1", "n1/0", "1g.5gb", 0)
+    dst = StoredInstance(id="n2/0:1g.5gb@6:j1.m1", profile="1g.5gb", start=6, size=1, compute=1)
+    await _move(ns, "j1", src, "n2/0", dst, ())
+    return src, dst
+
+
 async def _confirm_stop(ns: Namespace, stop: Command) -> None:
     """n2 confirms ``stop`` (of j1's copy there)."""
     await ns.bus.publish(
@@ -90,12 +102,7 @@ async def test_a_source_exit_during_a_move_to_another_node_stops_the_target_copy
         n1 = ScriptedExecutor(ns.bus, "n1", gpus=1)
         n2 = ScriptedExecutor(ns.bus, "n2", gpus=1, auto_ack=False)  # the test answers for it
         try:
-            await n1.start()
-            await n2.start()
-            assert await until(lambda: _ready(ns, 2))
-            src = await run_job(ns, "j1", "n1/0", "1g.5gb", 0)
-            dst = StoredInstance(id="n2/0:1g.5gb@6:j1.m1", profile="1g.5gb", start=6, size=1, compute=1)
-            await _move(ns, "j1", src, "n2/0", dst, ())
+            src, dst = await _moving_across(ns, n1, n2)
             # n2 started the copy (its migrate_start is in flight); the source copy ends on n1 meanwhile
             await ns.bus.publish(
                 ns.bus.subjects.node_report("n1"),
@@ -143,12 +150,7 @@ async def test_a_node_lost_during_a_move_to_another_node_has_that_node_stop_the_
 
         beats = asyncio.create_task(heartbeats())
         try:
-            await n1.start()
-            await n2.start()
-            assert await until(lambda: _ready(ns, 2))
-            src = await run_job(ns, "j1", "n1/0", "1g.5gb", 0)
-            dst = StoredInstance(id="n2/0:1g.5gb@6:j1.m1", profile="1g.5gb", start=6, size=1, compute=1)
-            await _move(ns, "j1", src, "n2/0", dst, ())
+            _, dst = await _moving_across(ns, n1, n2)
             beating.discard("n1")  # n1 falls silent mid-move; n2 may have started the job's copy
             assert await n2.wait_for(lambda: n2.commands("stop"), timeout=15)
             (stop,) = n2.commands("stop")
