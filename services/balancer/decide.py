@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
@@ -98,6 +99,8 @@ class Decider:
         holds = self.shards.holds[shard]
         blocked = (frozenset(holds.blocked(sub.job_id, sub.duration_hint_s, now))
                    if self.reserves and not self.ledger.active else frozenset())
+        mig = mig_gpus(mirror.view()) if launches_per_node(sub) else frozenset()
+        blocked |= mig  # a per-node gang's process sees every GPU of its node: never a MIG device
         known = memo.no_room.get((shard, sub.demand, blocked, sub.topology))
         if known is not None:
             return self._queue(c, known, batch, now)
@@ -108,6 +111,8 @@ class Decider:
         dec: Placement | CannotPlace
         within = self._within(shard, sub)
         too_big = bigger_than_shard(mirror.view(), sub.demand, shard, self.shards.count)
+        if too_big is None and mig:
+            too_big = too_few_plain(mirror.view(), sub.demand.gpus, mig)
         if too_big is None and within.get("domain_required"):
             too_big = never_within_shard(mirror.view(), sub.demand.gpus, within)
         if too_big is not None:  # no set of nodes here could ever host it: rejected at once, with the reason
@@ -119,8 +124,9 @@ class Decider:
         if stranded is not None:  # waits (nodes may still register there), saying why nothing else will help
             return self._queue(c, CannotPlace(job_id=sub.job_id, policy="shards", reasons=(stranded,)), batch, now)
         if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
-            hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology)
-            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot(), c, self.params, now, within)
+            hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, bool(mig))
+            adm = memo.held.get(hk) or admit_job(self.ledger, without(mirror.snapshot(), mig), c, self.params, now,
+                                                 within)
             self.metrics.seconds.observe(time.perf_counter() - t0)
             if isinstance(adm, str):  # a request error (unknown priority class): never placeable
                 batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"))
@@ -148,7 +154,7 @@ class Decider:
                 return self._queue(c, dec, batch, now)
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
             if c.from_queue and self.reserves and not self.ledger.active:
-                gpus_held = holds.consider(mirror.view(), sub, now, within.get("domains", ()),
+                gpus_held = holds.consider(without(mirror.view(), mig), sub, now, within.get("domains", ()),
                                            within.get("domain_required", False))
                 if gpus_held is not None:
                     dec = msgspec.structs.replace(dec, reasons=(f"reserved: {gpus_held.explain()}", *dec.reasons))
@@ -239,6 +245,33 @@ def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, shards:
     if why is None or shards == 1:
         return why
     return f"needs {demand.gpus} GPUs; its shard {shard} has {len(snap)} (a gang runs within one shard)"
+
+
+def launches_per_node(sub: JobSubmit) -> bool:
+    """A gang whose workload starts once per node with all of that node's GPUs (``Workload.launch``)."""
+    return sub.demand.kind == "gpus" and sub.demand.gpus > 1 and sub.workload.launch == "per-node"
+
+
+def mig_gpus(snap: ClusterSnapshot) -> frozenset[str]:
+    """The GPUs in MIG mode: a process sees one MIG device, so a per-node launch cannot use them."""
+    return frozenset(g.id for g in snap.gpus if g.mig)
+
+
+def too_few_plain(snap: ClusterSnapshot, gpus: int, mig: frozenset[str]) -> str | None:
+    """Why a per-node gang can never run here: fewer GPUs out of MIG mode than it needs (lost nodes' included;
+    none while no node has registered yet)."""
+    plain = len(snap) - len(mig)
+    if len(snap) == 0 or plain >= gpus:
+        return None
+    return (f"launch per-node needs {gpus} GPUs not in MIG mode (a process sees one MIG device); "
+            f"its shard has {plain}")
+
+
+def without(snap: ClusterSnapshot, gone: frozenset[str]) -> ClusterSnapshot:
+    """``snap`` with the GPUs ``gone`` unusable (the same snapshot when none is)."""
+    if not gone:
+        return snap
+    return snap.with_columns(healthy=np.array([g.healthy and g.id not in gone for g in snap.gpus], dtype=bool))
 
 
 def never_within_shard(snap: ClusterSnapshot, gpus: int, within: dict[str, Any]) -> str | None:

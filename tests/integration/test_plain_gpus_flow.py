@@ -1,14 +1,16 @@
 """Whole-GPU gangs and time-sliced shares through the live services (balancer, registry, node registry) on
 real NATS + Redis, with scripted executors whose GPUs are not in MIG mode: a 2-GPU gang placed on one node and
 finished, shares up to ``replicas`` on one GPU with the next one waiting, a mixed cluster where MIG requests
-never land on non-MIG GPUs and plain requests never on MIG GPUs, and a gang on full-size MIG instances."""
+never land on non-MIG GPUs and plain requests never on MIG GPUs, a gang on full-size MIG instances, and a
+gang launched once per node, which never takes MIG GPUs (a process sees one MIG device)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from plain_cluster import Env, env_of, submit, until
 
-from shared.events import Demand
+from shared.events import Demand, JobSubmit, Workload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -17,6 +19,12 @@ shared_node = env_of(1, {0: 3})
 mixed_node = env_of(4, {2: 0, 3: 2})
 mig_pair_node = env_of(3, {2: 0})
 tenant_node = env_of(4, {0: 0, 1: 0, 2: 0, 3: 2}, tenancy=True)
+half_mig_node = env_of(4, {2: 0, 3: 0})
+
+
+def per_node(job: str, gpus: int) -> JobSubmit:
+    """A gang whose workload starts once per node with all of that node's GPUs."""
+    return msgspec.structs.replace(submit(job, Demand(kind="gpus", gpus=gpus)), workload=Workload(launch="per-node"))
 
 
 async def test_a_two_gpu_gang_is_placed_on_one_node_and_finished(plain_node: Env) -> None:
@@ -145,4 +153,36 @@ async def test_a_high_priority_share_preempts_a_low_priority_one(tenant_node: En
     assert cmd.stop_jobs == (victim,) and cmd.plain[0].profile == "shared"
     g3 = (await e.ns.state.get_gpus(["n1/3"]))[0]
     assert sorted(i.job or "" for i in g3.instances) == sorted(["hi", next(j for j in states if j != victim)])
+    await e.clean()
+
+
+async def test_a_per_node_gang_waits_for_gpus_out_of_mig_mode_rather_than_take_free_mig_ones(
+    half_mig_node: Env,
+) -> None:
+    e = half_mig_node  # GPUs 0, 1 in MIG mode and empty; GPUs 2, 3 whole-only
+    await e.submit(submit("one", Demand(kind="gpus", gpus=1)))
+    assert await until(e.all_in(["one"], "running"))
+    assert (await e.ns.state.job("one")).gpu in ("n1/2", "n1/3")  # type: ignore[union-attr]
+    await e.submit(per_node("pn", 2))
+    assert await until(e.all_in(["pn"], "pending"))
+    assert not [c for c in e.ex.commands("place") if c.job_id == "pn"]  # the free MIG GPUs are not for it
+    await e.ex.exit(["one"])
+    assert await until(e.all_in(["pn"], "running"))
+    (cmd,) = [c for c in e.ex.commands("place") if c.job_id == "pn"]
+    assert sorted(s.gpu_index for s in cmd.plain) == [2, 3] and cmd.mig_members == ()
+    assert cmd.gang is not None and cmd.gang.launch == "per-node"
+    await e.ex.exit(["pn"])
+    assert await until(e.all_in(["pn"], "finished"))
+    await e.clean()
+
+
+async def test_a_per_node_gang_bigger_than_the_gpus_out_of_mig_mode_is_rejected_with_the_reason(
+    mig_pair_node: Env,
+) -> None:
+    e = mig_pair_node  # GPUs 0, 1 in MIG mode; GPU 2 whole-only
+    await e.submit(per_node("pn", 2))
+    assert await until(e.all_in(["pn"], "rejected"))
+    hist = await e.ns.state.history("pn")
+    assert hist[-1].reason == ("launch per-node needs 2 GPUs not in MIG mode (a process sees one MIG device); "
+                               "its shard has 1")
     await e.clean()
