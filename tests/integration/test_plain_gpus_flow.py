@@ -20,6 +20,7 @@ mixed_node = env_of(4, {2: 0, 3: 2})
 mig_pair_node = env_of(3, {2: 0})
 tenant_node = env_of(4, {0: 0, 1: 0, 2: 0, 3: 2}, tenancy=True)
 half_mig_node = env_of(4, {2: 0, 3: 0})
+half_mig_tenant_node = env_of(4, {2: 0, 3: 0}, tenancy=True)
 
 
 def per_node(job: str, gpus: int) -> JobSubmit:
@@ -159,7 +160,15 @@ async def test_a_high_priority_share_preempts_a_low_priority_one(tenant_node: En
 async def test_a_per_node_gang_waits_for_gpus_out_of_mig_mode_rather_than_take_free_mig_ones(
     half_mig_node: Env,
 ) -> None:
-    e = half_mig_node  # GPUs 0, 1 in MIG mode and empty; GPUs 2, 3 whole-only
+    await _per_node_waits_for_plain_gpus(half_mig_node)
+
+
+async def test_with_tenancy_a_per_node_gang_also_waits_for_gpus_out_of_mig_mode(half_mig_tenant_node: Env) -> None:
+    await _per_node_waits_for_plain_gpus(half_mig_tenant_node)
+
+
+async def _per_node_waits_for_plain_gpus(e: Env) -> None:
+    """GPUs 0, 1 in MIG mode and empty; GPUs 2, 3 whole-only."""
     await e.submit(submit("one", Demand(kind="gpus", gpus=1)))
     assert await until(e.all_in(["one"], "running"))
     assert (await e.ns.state.job("one")).gpu in ("n1/2", "n1/3")  # type: ignore[union-attr]
