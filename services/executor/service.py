@@ -294,8 +294,10 @@ class Executor:
             self._seq += 1
             on = dict(self.backend.running())  # a copy: the live view changes as runs start and end
             running = tuple(sorted(on))[:4096]
+            # only what the schema bounds: a heartbeat its readers cannot decode would count as silence
             slots = tuple(RunningSlot(job_id=j, gpu_index=i.gpu_index, profile=i.profile, start=i.start)
-                          for j, i in sorted(on.items()) if not i.gpus)[:4096]
+                          for j, i in sorted(on.items())
+                          if not i.gpus and i.profile and 0 <= i.start <= 7 and 0 <= i.gpu_index <= 1023)[:4096]
             self.metrics.running(len(running))
             try:
                 await self.bus.publish(
