@@ -31,6 +31,7 @@ from rich.table import Table
 from migsched import clusterview, livekpis, replayer
 from migsched.stack import Stack, StackConfig, StackError, gpus_per_node
 from shared.mig.geometry import default_geometry
+from shared.settings import BalancerSettings
 from shared.state import TERMINAL_STATES
 
 MODEL = "A100-40GB"
@@ -105,6 +106,8 @@ def command(
             "MIGSCHED_MIN_LEFT_S": repr(30.0 / speedup),
             "MIGSCHED_DEFRAG_INTERVAL_S": repr(300.0 / speedup),
             "MIGSCHED_RETENTION_WINDOW_S": repr(300.0 / speedup),
+            # holds for one-node jobs are due after this wait, in trace seconds as the simulator counts it
+            "MIGSCHED_RESERVE_AFTER_S": repr(BalancerSettings.reserve_after_s / speedup),
             "MIGSCHED_LOG_LEVEL": "WARNING",
         }
         latency = 0.15 / speedup
