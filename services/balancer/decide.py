@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import numpy as np
 
 from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
@@ -125,7 +124,7 @@ class Decider:
             return self._queue(c, CannotPlace(job_id=sub.job_id, policy="shards", reasons=(stranded,)), batch, now)
         if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
             hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, bool(mig))
-            adm = memo.held.get(hk) or admit_job(self.ledger, without(mirror.snapshot(), mig), c, self.params, now,
+            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot().without(mig), c, self.params, now,
                                                  within)
             self.metrics.seconds.observe(time.perf_counter() - t0)
             if isinstance(adm, str):  # a request error (unknown priority class): never placeable
@@ -154,7 +153,7 @@ class Decider:
                 return self._queue(c, dec, batch, now)
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
             if c.from_queue and self.reserves and not self.ledger.active:
-                gpus_held = holds.consider(without(mirror.view(), mig), sub, now, within.get("domains", ()),
+                gpus_held = holds.consider(mirror.view().without(mig), sub, now, within.get("domains", ()),
                                            within.get("domain_required", False))
                 if gpus_held is not None:
                     dec = msgspec.structs.replace(dec, reasons=(f"reserved: {gpus_held.explain()}", *dec.reasons))
@@ -265,13 +264,6 @@ def too_few_plain(snap: ClusterSnapshot, gpus: int, mig: frozenset[str]) -> str 
         return None
     return (f"launch per-node needs {gpus} GPUs not in MIG mode (a process sees one MIG device); "
             f"its shard has {plain}")
-
-
-def without(snap: ClusterSnapshot, gone: frozenset[str]) -> ClusterSnapshot:
-    """``snap`` with the GPUs ``gone`` unusable (the same snapshot when none is)."""
-    if not gone:
-        return snap
-    return snap.with_columns(healthy=np.array([g.healthy and g.id not in gone for g in snap.gpus], dtype=bool))
 
 
 def never_within_shard(snap: ClusterSnapshot, gpus: int, within: dict[str, Any]) -> str | None:

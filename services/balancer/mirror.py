@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-import numpy as np
-
 from shared.mig.geometry import Geometry
 from shared.policy.partition import new_instance_id
 from shared.policy.placement.align_index import AlignIndex
@@ -70,10 +68,7 @@ class Mirror:
         placer where it can answer. GPUs in ``blocked`` (held for another job) look unusable to the policy. A gang
         kept within a topology domain or spanning nodes is the policy's own rule to apply (the placer keeps one
         node's GPUs)."""
-        view = self.view()
-        if blocked:
-            healthy = np.array([g.healthy and g.id not in blocked for g in view.gpus], dtype=bool)
-            view = view.with_columns(healthy=healthy)
+        view = self.view().without(blocked)
         if policy is not None:
             align = getattr(policy, "align_params", None)
             if blocked or job.domains or not isinstance(align, AlignParams) or not AlignIndex.supports(align):

@@ -6,7 +6,7 @@ some columns replaced; columns a hand-built snapshot lacks are derived on first 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -296,6 +296,16 @@ class ClusterSnapshot:
             current["node_end"] = self._node_end
         return ClusterSnapshot(self.geometry, self.gpus, groups=self.groups, position=self.position,
                                model_list=self.model_list, **current)
+
+    def without(self, gone: Collection[str]) -> ClusterSnapshot:
+        """The same snapshot with the GPUs ``gone`` (ids) unusable, e.g. held for another job (itself when none
+        is; no copy of any other column)."""
+        if not gone:
+            return self
+        healthy = np.array(self.healthy, dtype=bool)
+        for g in gone:
+            healthy[self.position[g]] = False
+        return self.with_columns(healthy=healthy)
 
     def __len__(self) -> int:
         return len(self.gpus)

@@ -64,7 +64,7 @@ def schedule(sim: SimRun) -> None:
             else:
                 snap = sim.cluster.snapshot()
                 if blocked:
-                    snap = _masked(snap, frozenset(g for r in blocked for g in r.gpus))
+                    snap = snap.without({g for r in blocked for g in r.gpus})
                 decision = sim.policy(snap, job.request(h, now, sim.blocks))
                 slots = None if isinstance(decision, CannotPlace) else decision.slots
             if slots is None and not blocked and remember:
@@ -112,20 +112,10 @@ def _kept_waiting(sim: SimRun, i: int) -> bool:
     return waits(sim.align, job.demand.gpus, sim.hint(i), sim.now - job.arrival, empty, len(snap)) is not None
 
 
-def _masked(snap: ClusterSnapshot, hold: frozenset[str]) -> ClusterSnapshot:
-    """The snapshot with the held GPUs unusable (no copy of any other column)."""
-    healthy = np.array(snap.healthy, dtype=bool)
-    for g in hold:
-        healthy[snap.position[g]] = False
-    return snap.with_columns(healthy=healthy)
-
-
 def _unblock(sim: SimRun, i: int, taken: set[str]) -> Reservation | None:
     """Start the moves that empty the GPUs job ``i`` needs (``shared.policy.migration.unblock``), all or none,
     and hold those GPUs for it; None when they cannot be emptied."""
-    snap = sim.cluster.snapshot()
-    if taken:
-        snap = _masked(snap, frozenset(taken))
+    snap = sim.cluster.snapshot().without(taken)
     clearing = plan_clearing(snap, sim.jobs[i].request(sim.hint(i), sim.now), sim.now, sim.unblock_params)
     if clearing is None:
         return None
