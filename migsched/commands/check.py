@@ -164,7 +164,8 @@ def executor_checks(
 
     Only what is settled is judged: a job whose state changed after the node's first heartbeat of the window
     (minus ``margin_s``) may legitimately still be on its way, and a lost node is not expected to report."""
-    out = _slot_checks(jobs, heartbeats, lost_nodes, margin_s, slots or {}, insts or {})
+    out: list[Violation] = []
+    slots, insts = slots or {}, insts or {}
     for node, beats in sorted(heartbeats.items()):
         if not beats or node in lost_nodes:
             continue
@@ -193,6 +194,12 @@ def executor_checks(
                         detail=f"{node} runs it, but the state has it {st}{where}",
                     )
                 )
+        for job, on in sorted(slots.get(node, {}).items()):  # a MIG job on another instance than the state's
+            st, jnode, at = jobs.get(job, ("unknown", "", 0.0))
+            expected = _state_slot(insts.get(job, ""))
+            if st == "running" and jnode == node and at < first and expected is not None and on != expected:
+                out.append(Violation(kind="executor", subject=job, detail=(
+                    f"{node} runs it on GPU {on.replace(':', ' ', 1)}, but the state has it on {insts[job]}")))
     return out
 
 
@@ -206,25 +213,6 @@ def _state_slot(inst: str) -> str | None:
     gpu, _, rest = inst.partition(":")
     index, where = gpu.rpartition("/")[2], rest.partition(":")[0]
     return f"{index}:{where}" if index.isdigit() and "@" in where else None
-
-
-def _slot_checks(jobs: Mapping[str, tuple[str, str, float]], heartbeats: Mapping[str, list[tuple[float, set[str]]]],
-                 lost_nodes: set[str], margin_s: float, slots: Mapping[str, Mapping[str, str]],
-                 insts: Mapping[str, str]) -> list[Violation]:
-    """A settled running job that its node runs on another MIG instance than the state's."""
-    out = []
-    for node, on in sorted(slots.items()):
-        beats = heartbeats.get(node)
-        if not beats or node in lost_nodes:
-            continue
-        first = min(t for t, _ in beats) - margin_s
-        for job, where in sorted(on.items()):
-            st, jnode, at = jobs.get(job, ("unknown", "", 0.0))
-            expected = _state_slot(insts.get(job, ""))
-            if st == "running" and jnode == node and at < first and expected is not None and where != expected:
-                out.append(Violation(kind="executor", subject=job, detail=(
-                    f"{node} runs it on GPU {where.replace(':', ' ', 1)}, but the state has it on {insts[job]}")))
-    return out
 
 
 async def listen_heartbeats(

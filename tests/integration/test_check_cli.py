@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from migsched.commands import check
-from services.common.testing import make_settings
+from services.common.testing import make_settings, private_state
 from shared import access
 from shared.events import Heartbeat, RunningSlot, Subjects, encode
 from shared.localservers import start_redis
@@ -195,8 +195,7 @@ async def test_counts_over_the_maximum_and_unknown_states_are_reported(
 async def test_a_shard_without_a_node_while_another_has_one_is_reported_with_the_jobs_that_wait_there(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    st = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=2))
-    try:
+    async with private_state(prefix, nats_url, redis_url, shards=2) as st:
         now = time.time()
         await st.register_node("n1", [gpu(0)], now)
         home = shard_of("n1", 2)
@@ -210,16 +209,12 @@ async def test_a_shard_without_a_node_while_another_has_one_is_reported_with_the
         await st.register_node(other, [gpu(0) | {"id": f"{other}/0"}], now)  # a node there too: none stranded
         code, out = await run_cli(redis_url, prefix, "--shards", "2")
         assert code == 0, out
-    finally:
-        await st.wipe()
-        await st.close()
 
 
 async def test_a_block_whose_nodes_live_in_two_shards_is_reported_with_them(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    st = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=2))
-    try:
+    async with private_state(prefix, nats_url, redis_url, shards=2) as st:
         now = time.time()
         home = await st.block_shard("b")
         await st.register_node("n1", [gpu(0)], now, labels={"block": "b"})
@@ -233,9 +228,6 @@ async def test_a_block_whose_nodes_live_in_two_shards_is_reported_with_them(
         assert code == 1, out
         assert f"block b: its nodes live in shards {min(home, 1 - home)} (" in out
         assert "(n1)" in out and "(n2)" in out
-    finally:
-        await st.wipe()
-        await st.close()
 
 
 def test_an_unreachable_redis_exits_two_with_a_clear_message() -> None:
