@@ -101,6 +101,7 @@ class Sampler:
 
 async def outcomes(state: RedisState, job_ids: Iterable[str]) -> dict[str, JobOutcome | None]:
     ids = list(job_ids)
+    await state.locate_jobs(ids)
     pipe = state.redis.pipeline(transaction=False)
     for j in ids:
         pipe.hgetall(state.job_keys(j).job(j))

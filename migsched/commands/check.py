@@ -115,8 +115,9 @@ async def cross_checks(
 
 
 def shard_checks(nodes: Sequence[int], waiting: Sequence[int]) -> list[Violation]:
-    """A shard that holds no node while another does (``shared.state.empty_shard``): the jobs whose ids fall in
-    it can never be placed. ``nodes``, ``waiting``: each shard's registered nodes and pending jobs."""
+    """A shard that holds no node while another does (``shared.state.empty_shard``): the jobs recorded in it
+    cannot be placed until one registers there. ``nodes``, ``waiting``: each shard's registered nodes and
+    pending jobs."""
     out = []
     for s, n in enumerate(waiting):
         why = empty_shard(s, nodes)

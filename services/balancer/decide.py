@@ -10,7 +10,6 @@ larger waiting jobs.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,21 +19,17 @@ from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
 from services.balancer.mirror import reservation_instance
 from services.balancer.preempting import admit_job, placed_view
+from services.balancer.routing import launches_per_node, mig_gpus, never_here
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.common.metric_cache import child
-from shared.events import JobSubmit
 from shared.mig.geometry import Geometry
 from shared.policy.admission import Hold, Start
 from shared.policy.charges import slot_usages
 from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.decision import CannotPlace, JobRequest, Placement, Slot
-from shared.policy.placement.gang import never_fits
 from shared.policy.placement.registry import PlacementPolicy
-from shared.policy.placement.topology import domains, never_within
 from shared.policy.preemption import Victim
-from shared.policy.request import Demand
-from shared.policy.snapshot import ClusterSnapshot
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation, empty_shard
 from shared.state.model import PLAIN_PROFILES
@@ -108,12 +103,8 @@ class Decider:
         usage: dict[str, float] = {}
         t0 = time.perf_counter()
         dec: Placement | CannotPlace
-        within = self._within(shard, sub)
-        too_big = bigger_than_shard(mirror.view(), sub.demand, shard, self.shards.count)
-        if too_big is None and mig:
-            too_big = too_few_plain(mirror.view(), sub.demand.gpus, mig)
-        if too_big is None and within.get("domain_required"):
-            too_big = never_within_shard(mirror.view(), sub.demand.gpus, within)
+        within = self.shards.within(shard, sub)
+        too_big = never_here(self.shards, shard, sub)
         if too_big is not None:  # no set of nodes here could ever host it: rejected at once, with the reason
             batch.settle(sub.job_id, "rejected", too_big, now, ("-", "pending"))
             self.metrics.outcome["rejected"].inc()
@@ -160,16 +151,6 @@ class Decider:
             return self._queue(c, dec, batch, now)
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
-
-    def _within(self, shard: int, sub: JobSubmit) -> dict[str, Any]:
-        """A gang's topology domains as ``JobRequest`` fields (the nodes of each block or rack of the shard);
-        none for any other job."""
-        if sub.topology is None or sub.demand.kind != "gpus":
-            return {}
-        nodes = {g.node for g in self.shards.mirrors[shard].view().gpus}
-        doms = domains(self.shards.labels, sub.topology.level, nodes)
-        return {"domains": tuple((d, tuple(sorted(ns))) for d, ns in sorted(doms.items())),
-                "domain_level": sub.topology.level, "domain_required": sub.topology.mode == "required"}
 
     @staticmethod
     def _queue(c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:
@@ -232,45 +213,3 @@ class Decider:
 
 def placed_on(dec: Placement) -> list[str]:
     return [s.gpu_id for s in dec.slots]
-
-
-def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, shards: int) -> str | None:
-    """Why a gang can never run here: it needs more GPUs than its shard (a scheduling cell: one Lua script
-    reserves a gang, so it runs within one shard) has ever registered, lost nodes' GPUs included; None when it
-    could, or while no node has registered yet (nothing is known of the cluster)."""
-    if demand.kind != "gpus" or len(snap) == 0:
-        return None
-    why = never_fits(demand, len(snap))
-    if why is None or shards == 1:
-        return why
-    return f"needs {demand.gpus} GPUs; its shard {shard} has {len(snap)} (a gang runs within one shard)"
-
-
-def launches_per_node(sub: JobSubmit) -> bool:
-    """A gang whose workload starts once per node with all of that node's GPUs (``Workload.launch``)."""
-    return sub.demand.kind == "gpus" and sub.demand.gpus > 1 and sub.workload.launch == "per-node"
-
-
-def mig_gpus(snap: ClusterSnapshot) -> frozenset[str]:
-    """The GPUs in MIG mode: a process sees one MIG device, so a per-node launch cannot use them."""
-    return frozenset(g.id for g in snap.gpus if g.mig)
-
-
-def too_few_plain(snap: ClusterSnapshot, gpus: int, mig: frozenset[str]) -> str | None:
-    """Why a per-node gang can never run here: fewer GPUs out of MIG mode than it needs (lost nodes' included;
-    none while no node has registered yet)."""
-    plain = len(snap) - len(mig)
-    if len(snap) == 0 or plain >= gpus:
-        return None
-    return (f"launch per-node needs {gpus} GPUs not in MIG mode (a process sees one MIG device); "
-            f"its shard has {plain}")
-
-
-def never_within_shard(snap: ClusterSnapshot, gpus: int, within: dict[str, Any]) -> str | None:
-    """Why a gang that requires one topology domain (``within``: its ``JobRequest`` domain fields) can never run
-    here: every domain has fewer GPUs, lost nodes' included; None while no node has registered yet."""
-    if len(snap) == 0:
-        return None
-    domain_of = {n: d for d, nodes in within["domains"] for n in nodes}
-    sizes = Counter(domain_of[g.node] for g in snap.gpus if g.node in domain_of)
-    return never_within(gpus, within["domain_level"], sizes)

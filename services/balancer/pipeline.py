@@ -20,6 +20,7 @@ from services.balancer.candidate import Candidate
 from services.balancer.decide import Decided, Decider, DecisionMetrics, RoundMemo, placed_on
 from services.balancer.dispatch import Dispatcher
 from services.balancer.preempting import preemption_events, record_preemptions
+from services.balancer.routing import route_for
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.balancer.waiting import Waiting, trace_wait
@@ -29,6 +30,7 @@ from shared.bus import Outgoing
 from shared.events import Placed
 from shared.policy.placement.decision import CannotPlace
 from shared.ports import StateStore
+from shared.state import shard_of
 
 
 @dataclass(slots=True)
@@ -61,6 +63,7 @@ class Pipeline:
         unplannable: list[Placed] = []
         todo = cands
         await self._catch_up(cands)
+        await self._route(cands)
         for _round in range(self.max_rounds):
             if not todo:
                 break
@@ -85,17 +88,40 @@ class Pipeline:
         return out
 
     async def _catch_up(self, cands: list[Candidate]) -> None:
-        """A gang bigger than its shard's mirror is judged on the shard as Redis holds it now: a node that just
-        registered may not be in the mirror yet, and a gang is rejected for its size only if the shard, every
-        GPU ever registered there, is too small (one read per such shard and batch; such gangs are rare)."""
+        """A gang bigger than a shard's mirror is judged on the shards as Redis holds them now: a node that just
+        registered may not be in the mirror yet, and a gang is routed, or rejected for its size, only on every
+        GPU ever registered (one read per such shard and batch; such gangs are rare)."""
         short: set[int] = set()
         for c in cands:
-            shard = self.shards.of_job(c.submit.job_id)
-            if c.submit.demand.kind == "gpus" and c.submit.demand.gpus > len(self.shards.mirrors[shard].vers):
-                short.add(shard)
+            if c.submit.demand.kind != "gpus":
+                continue
+            # a new job may be routed to any shard; a queued one lives in its own
+            look = [self.shards.of_job(c.submit.job_id)] if c.from_queue else range(self.shards.count)
+            short.update(s for s in look if c.submit.demand.gpus > len(self.shards.mirrors[s].vers))
         for shard in short:
             known = self.shards.mirrors[shard].vers
             await self.shards.reload(self.state, {g for g in await self.state.gpu_ids(shard) if g not in known})
+
+    async def _route(self, cands: list[Candidate]) -> None:
+        """Learn where each job lives, and route each new one its home shard could never host
+        (``routing.route_for``) before anything of it is recorded."""
+        await self.state.locate_jobs(c.submit.job_id for c in cands)
+        if self.shards.count <= 1:
+            return
+        wanted: dict[str, int] = {}
+        for c in cands:
+            job = c.submit.job_id
+            home = shard_of(job, self.shards.count)
+            if c.from_queue or self.state.job_shard(job) != home:
+                continue
+            target = route_for(self.shards, c.submit, home)
+            if target is not None:
+                wanted[job] = target
+        if wanted:
+            for job, shard in (await self.state.route(wanted, time.time())).items():
+                home = shard_of(job, self.shards.count)
+                if shard != home:
+                    self.log.info("job %s lives in shard %d: its home shard %d could never host it", job, shard, home)
 
     def _settle(self, d: Decided, results: list[Any], now: float, r: RoundResult) -> None:
         c, dec = d.cand, d.dec

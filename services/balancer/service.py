@@ -81,7 +81,7 @@ class Balancer(Service):
         # tenancy (quotas, priority classes, preemption); inactive without MIGSCHED_TENANCY_FILE
         self.ledger = TenantLedger(st.tenancy_file, st.reserve_full, st.tenancy_poll_s, self.geometry)
         hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations)
-        self.shards = Shards(st.shards, self.geometry, hold, self.ledger)
+        self.shards = Shards(st.shards, self.geometry, hold, self.ledger, self.state.job_shard)
         self.waiting = Waiting()
         metrics = DecisionMetrics()
         decider = Decider(self.shards, self.ledger, self.params, self.policy, self.reserves, self.geometry, metrics)
@@ -204,7 +204,7 @@ class Balancer(Service):
         stale: set[str] = set()
         for d in ds:
             e = d.data
-            mirror = self.mirrors[self.shards.of_job(e.job_id)]  # a job's GPUs are all in its shard
+            mirror = self.mirrors[self.state.node_shard(e.node)]  # a job's GPUs are all in its shard
             slots = [(s.gpu_id, s.instance_id) for s in e.slots] or [(e.gpu_id, e.instance_id)]
             missed = [g for g, i in slots if not mirror.release(g, i, e.job_id)]
             if len(missed) < len(slots):

@@ -6,20 +6,28 @@ with tenancy the quota charges of the GPUs read are derived again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import msgspec
 
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
 from services.balancer.tenancy import TenantLedger
+from shared.events import JobSubmit
 from shared.mig.geometry import Geometry
+from shared.policy.placement.topology import domains
 from shared.policy.reservation import ReservationParams
 from shared.ports import StateStore
 from shared.state import StoredGpu, shard_of
 
 
 class Shards:
-    def __init__(self, count: int, geometry: Geometry, hold: ReservationParams, ledger: TenantLedger) -> None:
+    def __init__(self, count: int, geometry: Geometry, hold: ReservationParams, ledger: TenantLedger,
+                 job_shard: Callable[[str], int] | None = None) -> None:
         self.count = count
+        self._job_shard = job_shard or (lambda job_id: shard_of(job_id, count))
+        """Where a job lives (``StateStore.job_shard``: its home, unless it was routed)."""
         self.geometry = geometry
         self.ledger = ledger
         self.mirrors = [Mirror(geometry) for _ in range(count)]
@@ -28,7 +36,21 @@ class Shards:
         """Node -> the topology labels it registered with (gangs within a block or rack)."""
 
     def of_job(self, job_id: str) -> int:
-        return shard_of(job_id, self.count)
+        return self._job_shard(job_id)
+
+    def largest(self) -> int:
+        """The GPUs of the largest shard; 0 with one shard."""
+        return max(len(m) for m in self.mirrors) if self.count > 1 else 0
+
+    def within(self, shard: int, sub: JobSubmit) -> dict[str, Any]:
+        """A gang's topology domains as ``JobRequest`` fields (the nodes of each block or rack of the shard);
+        none for any other job."""
+        if sub.topology is None or sub.demand.kind != "gpus":
+            return {}
+        nodes = {g.node for g in self.mirrors[shard].view().gpus}
+        doms = domains(self.labels, sub.topology.level, nodes)
+        return {"domains": tuple((d, tuple(sorted(ns))) for d, ns in sorted(doms.items())),
+                "domain_level": sub.topology.level, "domain_required": sub.topology.mode == "required"}
 
     def knows(self, gpu_id: str) -> bool:
         return any(gpu_id in m.vers for m in self.mirrors)

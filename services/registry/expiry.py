@@ -35,6 +35,8 @@ class Expiry:
                 total += n
                 if n < EXPIRE_LIMIT:
                     break
+        if total and st.shards > 1:  # the routes of jobs gone with them (a route outlives its job's record)
+            await self.state.prune_routes(settled)
         if total:
             m.JOBS_EXPIRED.inc(total)
             self.log.info("expired %d ended job(s) (retention %.0f s, at most %d kept per shard)", total,

@@ -4,7 +4,7 @@ singly caps a hop near 2.5-3k events/s; one pipeline per fetched batch reaches ~
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -23,6 +23,7 @@ from shared.state.model import (
     ReserveResult,
     StoredGpu,
     StoredInstance,
+    shard_of,
 )
 
 _tracer = telemetry.tracer("migsched.state")
@@ -45,12 +46,33 @@ class ScriptHost(Protocol):
     def roundtrips(self) -> Trips: ...
     wait_replicas: int
     wait_timeout_ms: int
+    shards: int
 
     def keys(self, shard: int) -> Keys: ...
     def job_keys(self, job_id: str) -> Keys: ...
+    async def locate_jobs(self, job_ids: Iterable[str]) -> None: ...
     def node_keys(self, node: str) -> Keys: ...
     def sha(self, name: str) -> str: ...
     async def load_scripts(self) -> None: ...
+
+
+class JobKeys:
+    """The keys of a call about one job, named once the batch runs: the job's shard is known only after
+    ``locate_jobs`` (it may have been routed away from its home)."""
+
+    __slots__ = ("job_id", "of")
+
+    def __init__(self, job_id: str, of: Callable[[Keys, str], list[str]]) -> None:
+        self.job_id = job_id
+        self.of = of
+
+    def names(self, store: ScriptHost) -> list[str]:
+        return self.of(store.job_keys(self.job_id), self.job_id)
+
+
+def _job_script_keys(k: Keys, job_id: str) -> list[str]:
+    """A job transition's keys: the shard's GPU index (the prelude derives the others from it) and the job."""
+    return [k.gpus, k.job(job_id)]
 
 
 class Batch:
@@ -58,20 +80,22 @@ class Batch:
 
     def __init__(self, store: ScriptHost) -> None:
         self.store = store
-        self._calls: list[tuple[str, Sequence[str], Sequence[Any], Any]] = []
+        self._calls: list[tuple[str, Sequence[str] | JobKeys, Sequence[Any], Any]] = []
 
     def __len__(self) -> int:
         return len(self._calls)
 
-    def _add(self, script: str, keys: Sequence[str], args: Sequence[Any], parse: Any) -> int:
+    def _add(self, script: str, keys: Sequence[str] | JobKeys, args: Sequence[Any], parse: Any) -> int:
         self._calls.append((script, keys, args, parse))
         return len(self._calls) - 1
 
-    def _jk(self, job_id: str) -> Keys:
-        return self.store.job_keys(job_id)
+    def route(self, job_id: str, shard: int, now: float) -> int:
+        """Send a new job to ``shard`` (``lua/route.lua``, in its home shard) -> the shard it lives in, -1 for
+        its home. ``RedisState.route`` is the caller."""
+        home = self.store.keys(shard_of(job_id, self.store.shards))
+        return self._add("route", [home.gpus], [job_id, shard, repr(now)], int)
 
     def reserve(self, r: Reservation, now: float) -> int:
-        k = self._jk(r.job_id)
         # the spec travels as its own argument: it is JSON already and is stored as it came
         args = [_ENC.encode(msgspec.structs.replace(r, spec=b"")), repr(now), r.spec]
 
@@ -81,7 +105,8 @@ class Batch:
                 master_addr=_s(v[3]) if len(v) > 3 else "",
             )
 
-        return self._add("reserve", [k.gpus, k.gpu(r.gpu_id), k.job(r.job_id)], args, parse)
+        keys = JobKeys(r.job_id, lambda k, j: [k.gpus, k.gpu(r.gpu_id), k.job(j)])
+        return self._add("reserve", keys, args, parse)
 
     def enqueue(
         self,
@@ -94,20 +119,18 @@ class Batch:
         traceparent: str = "",
     ) -> int:
         """``traceparent``: the job's trace, so that its placement from the queue continues it."""
-        k = self._jk(job_id)
         return self._add(
             "enqueue",
-            [k.gpus, k.job(job_id)],
+            JobKeys(job_id, _job_script_keys),
             [job_id, spec, prio, repr(submitted_at), reason, repr(now), traceparent],
             _s,
         )
 
     def settle(self, job_id: str, to: str, reason: str, now: float, from_states: Iterable[str]) -> int:
         """A job-only transition from one of ``from_states`` ('-' = unknown job) to ``to``; 'ok' or 'noop'."""
-        k = self._jk(job_id)
         return self._add(
             "settle",
-            [k.gpus, k.job(job_id)],
+            JobKeys(job_id, _job_script_keys),
             [job_id, to, reason, repr(now), ",".join(from_states)],
             lambda v: _s(v[0]),
         )
@@ -120,7 +143,6 @@ class Batch:
         any); ``attempt``: that of the place command that started the run (None: unknown). An exit that names no
         instance, from a node where the job holds nothing, is stale; so is one of a run an earlier attempt
         started (that placement is gone, whatever instance the job holds now)."""
-        k = self._jk(job_id)
 
         def parse(v: Any) -> ReleaseResult:
             status = _s(v[0])
@@ -158,7 +180,7 @@ class Batch:
 
         return self._add(
             "release",
-            [k.gpus, k.job(job_id)],
+            JobKeys(job_id, _job_script_keys),
             [job_id, kind, EXIT_TO_STATE[kind], reason, repr(now), instance_id, node,
              "" if attempt is None else str(attempt)],
             parse,
@@ -177,10 +199,9 @@ class Batch:
         """-> ok | noop | stale | gone | stop. ``attempt``: the place command's (None: unknown); ``node`` and
         ``found`` (the instance the node reports): where a run the state no longer expects is held, 'stop'
         (``lua/mark_running.lua``)."""
-        k = self._jk(job_id)
         return self._add(
             "mark_running",
-            [k.gpus, k.job(job_id)],
+            JobKeys(job_id, _job_script_keys),
             [
                 job_id,
                 instance_id,
@@ -204,16 +225,14 @@ class Batch:
     ) -> int:
         """-> (status, new state, the GPU id freed: several comma-separated for a gang). A command of an older
         ``attempt`` than the job's is a no-op."""
-        k = self._jk(job_id)
         return self._add(
             "fail_placement",
-            [k.gpus, k.job(job_id)],
+            JobKeys(job_id, _job_script_keys),
             [job_id, reason, repr(now), max_attempts, cmd_id, "" if attempt is None else attempt],
             lambda v: PlacementFailure(_s(v[0]), _s(v[1]), _s(v[2]), decode_stops(v[3]) if len(v) > 3 else ()),
         )
 
     def cancel(self, job_id: str, reason: str, now: float) -> int:
-        k = self._jk(job_id)
 
         def parse(v: Any) -> CancelResult:
             st = _s(v[0])
@@ -225,7 +244,7 @@ class Batch:
                 instance_id=_s(v[3]),
             )
 
-        return self._add("cancel", [k.gpus, k.job(job_id)], [job_id, reason, repr(now)], parse)
+        return self._add("cancel", JobKeys(job_id, _job_script_keys), [job_id, reason, repr(now)], parse)
 
     def instance(self, op: str, node: str, gpu_id: str, instance_id: str, now: float) -> int:
         """op: retire | drop | restore (see instance.lua) -> status."""
@@ -248,7 +267,6 @@ class Batch:
         now: float,
     ) -> int:
         """-> (status, detail): ok with the target instance id, or why not."""
-        k = self._jk(job_id)
         args = [
             "reserve",
             job_id,
@@ -262,7 +280,7 @@ class Batch:
             cooldown_s,
             reason,
         ]
-        return self._add("migrate", [k.gpus, k.job(job_id)], args, lambda v: (_s(v[0]), _s(v[1])))
+        return self._add("migrate", JobKeys(job_id, _job_script_keys), args, lambda v: (_s(v[0]), _s(v[1])))
 
     def migrate_finish(
         self, op: str, job_id: str, reason: str, now: float, gone: str = "destroy", node: str = "",
@@ -273,10 +291,9 @@ class Batch:
         they are kept retiring and the detail names them (``gpu|id,id``: send each a destroy_idle). For a job
         no longer migrating, ``node`` and ``target`` (the target id's tail ``:<job>.<nonce>``) name a target a
         release kept retiring for a stop there: the abort drops it (see ``lua/migrate.lua``)."""
-        k = self._jk(job_id)
         return self._add(
             "migrate",
-            [k.gpus, k.job(job_id)],
+            JobKeys(job_id, _job_script_keys),
             [op, job_id, repr(now), reason, gone, node, target],
             lambda v: (_s(v[0]), _s(v[1])),
         )
@@ -310,8 +327,9 @@ class Batch:
                                 f"within {self.store.wait_timeout_ms} ms")
         return raw
 
-    def _command(self, call: tuple[str, Sequence[str], Sequence[Any], Any]) -> tuple[Any, ...]:
-        name, keys, args, _ = call
+    def _command(self, call: tuple[str, Sequence[str] | JobKeys, Sequence[Any], Any]) -> tuple[Any, ...]:
+        name, named, args, _ = call
+        keys = named.names(self.store) if isinstance(named, JobKeys) else named
         if name:
             return ("EVALSHA", self.store.sha(name), len(keys), *keys, *args)
         return ("HSET", keys[0], args[0], args[1])  # track_command
@@ -333,6 +351,7 @@ class Batch:
         return await self._run()
 
     async def _run(self) -> list[Any]:
+        await self.store.locate_jobs(c[1].job_id for c in self._calls if isinstance(c[1], JobKeys))
         raw = await self._trip(self.commands())
         missing = [n for n, v in enumerate(raw) if isinstance(v, NoScriptError)]
         if missing:

@@ -33,6 +33,7 @@ SCRIPTS = (
     "node",
     "dump",
     "expire",
+    "route",
 )
 
 

@@ -28,6 +28,9 @@ key                        type    content
 ``{ns:s}:placing``         zset    jobs in placing, score = when they entered it (lost-placement sweep)
 ``{ns:s}:nodes``           set     node names
 ``{ns:s}:node:<node>``     hash    state (up|lost), last_seen, registered_at, lost_at, gpus (JSON ids)
+``{ns:s}:routes``          hash    job id -> "<shard>:<routed at>": jobs whose home is this shard (crc32 of the
+                                   id) that live in another, because no set of this shard's GPUs could ever
+                                   host them (``lua/route.lua``); the registry prunes those whose job is gone
 ``{ns:s}:holds``           string  JSON {at, holds}: the GPUs the balancer's last backfill pass held for large
                                    waiting jobs (``shared.policy.reservation``), for ``migsched status``
 =========================  ======  ===========================================================================
@@ -40,7 +43,8 @@ from __future__ import annotations
 
 
 class Keys:
-    __slots__ = ("cmds", "done", "gpus", "holds", "jobs", "nodes", "occ", "pending", "placing", "shard", "tag")
+    __slots__ = ("cmds", "done", "gpus", "holds", "jobs", "nodes", "occ", "pending", "placing", "routes", "shard",
+                 "tag")
 
     def __init__(self, namespace: str, shard: int) -> None:
         self.shard = shard
@@ -55,6 +59,7 @@ class Keys:
         self.placing = f"{t}:placing"
         self.done = f"{t}:done"
         self.holds = f"{t}:holds"
+        self.routes = f"{t}:routes"
 
     def gpu(self, gpu_id: str) -> str:
         return f"{self.tag}:gpu:{gpu_id}"

@@ -7,7 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from shared.state.model import HISTORY_MAX, TERMINAL_STATES, HistoryEntry, JobRecord, StoredGpu, prio_score, shard_of
+from shared.state.model import (
+    HISTORY_MAX,
+    TERMINAL_STATES,
+    HistoryEntry,
+    JobRecord,
+    StoredGpu,
+    prio_score,
+    route_shard,
+    shard_of,
+)
 
 _ACTIVE = ("placing", "running", "migrating")
 
@@ -31,6 +40,8 @@ class _Shard:
         self.occ = bytearray()
         self.holds: bytes | None = None
         """The balancer's reservations, encoded as in Redis (``model.encode_holds``)."""
+        self.routes: dict[str, str] = {}
+        """Jobs whose home is this shard that live in another: job -> ``"<shard>:<routed at>"`` (``:routes``)."""
 
 
 class MemoryPrelude:
@@ -41,7 +52,27 @@ class MemoryPrelude:
     _s: list[_Shard]
 
     def _js(self, job: str) -> _Shard:
-        return self._s[shard_of(job, self.shards)]
+        return self._s[self.job_shard(job)]
+
+    def job_shard(self, job_id: str) -> int:
+        """As ``RedisState.job_shard``: the shard the job was routed to, else its home."""
+        home = shard_of(job_id, self.shards)
+        raw = self._s[home].routes.get(job_id)
+        return home if raw is None else route_shard(raw, self.shards, home)
+
+    async def locate_jobs(self, job_ids: Iterable[str]) -> None:
+        """Nothing to learn: every route is at hand (``RedisState.locate_jobs``)."""
+
+    def _t_route(self, job: str, shard: int, now: float) -> int:
+        """Mirrors ``lua/route.lua``."""
+        home = self._s[shard_of(job, self.shards)]
+        raw = home.routes.get(job)
+        if raw is not None:
+            return int(raw.partition(":")[0])
+        if job in home.jobs:
+            return -1
+        home.routes[job] = f"{shard}:{now!r}"
+        return shard
 
     def _ns(self, node: str) -> _Shard:
         return self._s[self.node_shard(node)]

@@ -82,6 +82,9 @@ class MemoryBatch:
     def track_command(self, *args: Any, **kw: Any) -> int:
         return self._queue("track_command", args, kw)
 
+    def route(self, *args: Any, **kw: Any) -> int:
+        return self._queue("route", args, kw)
+
 
     async def run(self) -> list[Any]:
         return [getattr(self.store, "_t_" + name)(*args, **kw) for name, args, kw in self._calls]
@@ -198,6 +201,27 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
 
     async def expire(self, shard: int, before: float, limit: int, cap: int = 0, settled: float = 0.0) -> int:
         return self._t_expire(shard, before, limit, cap, settled)
+
+    async def route(self, wanted: Mapping[str, int], now: float) -> dict[str, int]:
+        if self.shards <= 1:
+            return {j: 0 for j in wanted}
+        out = {}
+        for j in sorted(wanted):
+            got = self._t_route(j, wanted[j], now)
+            home = shard_of(j, self.shards)
+            out[j] = home if got < 0 or got >= self.shards else got
+        return out
+
+    async def prune_routes(self, before: float) -> int:
+        n = 0
+        for sh in self._s:
+            for job, raw in list(sh.routes.items()):
+                head, _, at = raw.partition(":")
+                cell = int(head)
+                if float(at) < before and cell < self.shards and job not in self._s[cell].jobs:
+                    del sh.routes[job]
+                    n += 1
+        return n
 
     async def register_node(
         self, node: str, gpus: list[dict[str, Any]], now: float, reg_id: str = "", addr: str = "",

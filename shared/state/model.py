@@ -355,16 +355,25 @@ def shard_of(name: str, shards: int) -> int:
     return 0 if shards <= 1 else zlib.crc32(name.encode()) % shards
 
 
+def route_shard(raw: str, shards: int, home: int) -> int:
+    """The shard a route (``:routes`` entry ``"<shard>:<routed at>"``) names; ``home`` when it names none that
+    exists (fewer shards now)."""
+    head = raw.partition(":")[0]
+    return int(head) if head.isdigit() and int(head) < shards else home
+
+
 def empty_shard(shard: int, sizes: Sequence[int]) -> str | None:
-    """Why nothing in ``shard`` can ever be placed while its shard holds no GPU (``sizes``: the GPUs, or nodes,
-    each shard holds): a job is placed only on the GPUs of the shard of its id. None when the shard holds some,
-    or when no shard does (nothing has registered yet)."""
+    """Why the jobs recorded in ``shard`` cannot be placed while it holds no GPU (``sizes``: the GPUs, or nodes,
+    each shard holds): a job is placed only on the GPUs of the shard it lives in, and a new job whose home
+    holds none is routed to one that does, but jobs recorded there before its nodes left stay. None when the
+    shard holds some, or when no shard does (nothing has registered yet)."""
     if len(sizes) <= 1 or sizes[shard] or not any(sizes):
         return None
     others = ", ".join(str(s) for s, n in enumerate(sizes) if n)
-    return (f"shard {shard} holds no GPU while shard(s) {others} do, and a job is placed only on the GPUs of its "
-            f"own shard (crc32 of its id % {len(sizes)}): run no more shards (MIGSCHED_SHARDS) than topology "
-            f"blocks (each new block goes to the shard holding the fewest), so that every shard holds some")
+    return (f"shard {shard} holds no GPU while shard(s) {others} do, and a job is placed only on the GPUs of the "
+            f"shard it lives in: the jobs recorded there wait until a node registers in it (new jobs go to a "
+            f"shard with GPUs); run no more shards (MIGSCHED_SHARDS) than topology blocks (each new block goes "
+            f"to the shard holding the fewest), so that every shard holds some")
 
 
 def block_order(block: str, shards: int) -> list[int]:

@@ -38,6 +38,7 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     history_raw,
     script_source,
 )
+from shared.state.job_routes import JobRoutes
 from shared.state.keys import Keys
 from shared.state.model import (
     HistoryEntry,
@@ -71,6 +72,7 @@ class RedisState(DerivedReads):
         self.shards = shards
         self._keys = [Keys(namespace, s) for s in range(shards)]
         self._node_shard: dict[str, int] = {}
+        self.routes = JobRoutes(redis, self._keys)
         """Node -> shard, as learnt (``locate``, ``nodes``, registrations): a node keeps its first shard."""
         self._scripts: dict[str, Any] = {}
         self.blocks_key = f"{{{namespace or 'migsched'}:blocks}}"
@@ -108,7 +110,21 @@ class RedisState(DerivedReads):
         return self._keys[shard]
 
     def job_keys(self, job_id: str) -> Keys:
-        return self._keys[shard_of(job_id, self.shards)]
+        return self._keys[self.job_shard(job_id)]
+
+    def job_shard(self, job_id: str) -> int:
+        """The job's shard as this process knows it (``locate_jobs``, ``route``): the one it was routed to,
+        else its home (crc32 of its id)."""
+        return self.routes.learnt.shard(job_id)
+
+    async def locate_jobs(self, job_ids: Iterable[str]) -> None:
+        await self.routes.locate(job_ids)
+
+    async def route(self, wanted: Mapping[str, int], now: float) -> dict[str, int]:
+        return await self.routes.route(self.batch(), wanted, now)
+
+    async def prune_routes(self, before: float) -> int:
+        return await self.routes.prune(before)
 
     def node_keys(self, node: str) -> Keys:
         return self._keys[self.node_shard(node)]
@@ -281,16 +297,19 @@ class RedisState(DerivedReads):
         return raw if isinstance(raw, bytes) else b""
 
     async def job(self, job_id: str) -> JobRecord | None:
+        await self.locate_jobs([job_id])
         raw: dict[bytes, bytes] = await self.redis.hgetall(self.job_keys(job_id).job(job_id))  # type: ignore[assignment]
         return decode_job(job_id, raw)
 
     async def jobs(self, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        await self.locate_jobs(job_ids)
         pipe = self.redis.pipeline(transaction=False)
         for j in job_ids:
             pipe.hgetall(self.job_keys(j).job(j))
         return [decode_job(j, h) for j, h in zip(job_ids, await pipe.execute(), strict=True)]
 
     async def history(self, job_id: str) -> list[HistoryEntry]:
+        await self.locate_jobs([job_id])
         k = self.job_keys(job_id)
         # one instant (MULTI/EXEC): an entry is never seen twice or missed. redis-py's cluster transactions keep
         # state across event loops and fail in the next one; there the two reads go as a plain pipeline (the
@@ -303,8 +322,7 @@ class RedisState(DerivedReads):
 
     async def pending(self, shard: int = 0, limit: int = 256) -> list[JobRecord]:
         """The first ``limit`` pending jobs in queue order (priority, then age)."""
-        ids = [_s(x) for x in await self.redis.zrange(self.keys(shard).pending, 0, limit - 1)]
-        return [j for j in await self.jobs(ids) if j is not None]
+        return [j for j in await self.jobs(await self.pending_ids(shard, limit)) if j is not None]
 
     async def pending_count(self, shard: int | None = None) -> int:
         shards = range(self.shards) if shard is None else (shard,)
@@ -313,7 +331,10 @@ class RedisState(DerivedReads):
     async def pending_ids(self, shard: int = 0, limit: int = -1) -> list[str]:
         """Queued job ids in queue order (all when ``limit`` is -1)."""
         end = -1 if limit < 0 else limit - 1
-        return [_s(x) for x in await self.redis.zrange(self.keys(shard).pending, 0, end)]
+        ids = [_s(x) for x in await self.redis.zrange(self.keys(shard).pending, 0, end)]
+        for j in ids:  # queued here, so they live here
+            self.routes.learnt.learn(j, shard)
+        return ids
 
     async def all_job_ids(self, shard: int) -> list[str]:
         return sorted(_s(x) for x in await self.redis.smembers(self.keys(shard).jobs))

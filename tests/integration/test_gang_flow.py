@@ -289,24 +289,39 @@ async def test_an_urgent_gang_that_requires_one_block_preempts_within_one(
         await e.clean()
 
 
-async def test_a_gang_that_fits_the_cluster_but_not_its_shard_is_rejected_at_submit_with_its_reason(
+async def test_a_gang_bigger_than_every_shard_is_rejected_at_submit_with_its_reason(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
     blocks = {"n1": "b0", "n2": "b0", "n3": "b1", "n4": "b1"}  # names whose crc32 agree modulo 2
     async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
         await e.ns.state.nodes()
-        shard = e.ns.state.node_shard("n1")
-        assert e.ns.state.node_shard("n3") != shard  # each block a shard of its own
-        job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 2) == shard)
-        await e.submit(submit(job_id, Demand(kind="gpus", gpus=6)))  # 8 GPUs in all, 4 in each shard
-        assert await until(e.all_in([job_id], "rejected"))
-        job = await e.ns.state.job(job_id)
+        assert e.ns.state.node_shard("n3") != e.ns.state.node_shard("n1")  # each block a shard of its own
+        await e.submit(submit("g", Demand(kind="gpus", gpus=6)))  # 8 GPUs in all, 4 in each shard
+        assert await until(e.all_in(["g"], "rejected"))
+        job = await e.ns.state.job("g")
         assert job is not None
-        assert f"needs 6 GPUs; its shard {shard} has 4 (a gang runs within one shard)" in job.reason
+        assert "needs 6 GPUs; the largest shard has 4 (a gang runs within one shard)" in job.reason
         await e.clean()
 
 
-async def test_a_job_whose_shard_holds_no_gpu_waits_saying_so_while_another_shard_runs_jobs(
+async def test_a_gang_too_big_for_its_home_shard_runs_in_a_shard_that_can_host_it(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    blocks = {"n1": "big", "n2": "small", "n3": "big", "n4": "big"}  # the first node's block gets shard 0 or 1
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
+        await e.ns.state.nodes()
+        big, small = e.ns.state.node_shard("n1"), e.ns.state.node_shard("n2")
+        assert big != small
+        job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 2) == small)
+        await e.submit(submit(job_id, Demand(kind="gpus", gpus=6)))  # 6 GPUs in its home's block, 2 in the other
+        assert await until(e.all_in([job_id], "running"))
+        job = await e.ns.state.job(job_id)
+        assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n1", "n3", "n4"}
+        assert await e.ns.state.pending_count() == 0 and await e.ns.state.all_job_ids(small) == []
+        await e.clean()
+
+
+async def test_a_job_whose_home_shard_holds_no_gpu_runs_in_one_that_does(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
     shards = 4
@@ -314,12 +329,9 @@ async def test_a_job_whose_shard_holds_no_gpu_waits_saying_so_while_another_shar
     async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=shards) as e:
         await e.ns.state.nodes()
         home = e.ns.state.node_shard("n1")
-        stranded = next(f"j{i}" for i in range(1000) if shard_of(f"j{i}", shards) != home)
+        elsewhere = next(f"j{i}" for i in range(1000) if shard_of(f"j{i}", shards) != home)
         placed = next(f"j{i}" for i in range(1000) if shard_of(f"j{i}", shards) == home)
-        await e.submit(submit(stranded, Demand(kind="gpus", gpus=1)), submit(placed, Demand(kind="gpus", gpus=1)))
-        assert await until(e.all_in([placed], "running"))
-        assert await until(e.all_in([stranded], "pending"))
-        job = await e.ns.state.job(stranded)
-        assert job is not None
-        assert f"shard {shard_of(stranded, shards)} holds no GPU while shard(s) {home} do" in job.reason
+        await e.submit(submit(elsewhere, Demand(kind="gpus", gpus=1)), submit(placed, Demand(kind="gpus", gpus=1)))
+        assert await until(e.all_in([placed, elsewhere], "running"))
+        assert sorted(await e.ns.state.all_job_ids(home)) == sorted([placed, elsewhere])
         await e.clean()

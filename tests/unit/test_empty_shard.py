@@ -1,4 +1,4 @@
-"""Why a shard's jobs can never be placed: it holds no GPU while another shard does."""
+"""Why the jobs recorded in a shard cannot be placed: it holds no GPU while another shard does."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_an_empty_shard_beside_shards_with_gpus_names_them_and_the_setting() -> 
     why = empty_shard(1, [4, 0, 8, 0])
     assert why is not None
     assert why.startswith("shard 1 holds no GPU while shard(s) 0, 2 do")
-    assert "crc32 of its id % 4" in why and "MIGSCHED_SHARDS" in why
+    assert "the jobs recorded there wait until a node registers in it" in why and "MIGSCHED_SHARDS" in why
 
 
 @pytest.mark.parametrize(("shard", "sizes"), [(0, [0]), (0, [3]), (1, [0, 0, 0]), (2, [1, 2, 5])])

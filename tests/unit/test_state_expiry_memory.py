@@ -62,6 +62,19 @@ async def test_the_registry_sweep_repeats_until_every_expired_job_of_every_shard
     assert await p.expire_jobs() == 0
 
 
+async def test_the_registry_sweep_forgets_the_routes_of_the_jobs_it_expired_and_keeps_the_others() -> None:
+    store = MemoryState(shards=2)
+    homes = {j: store.job_shard(j) for j in (f"j{n}" for n in range(20))}
+    gone, alive = [j for j, s in homes.items() if s == 0][:2]
+    await store.route({gone: 1, alive: 1}, NOW)
+    for job in (gone, alive):
+        await store.enqueue(job, b"{}", 0, NOW, "no room", NOW)
+    await store.cancel(gone, "by request", NOW)
+    assert await _registry(store, 60.0).expiry.expire_jobs() == 1
+    assert store.job_shard(gone) == 0 and store.job_shard(alive) == 1
+    assert (await store.job(alive)).state == "pending"  # type: ignore[union-attr]
+
+
 def test_the_registry_sweeps_only_when_a_retention_or_a_cap_is_set() -> None:
     store = MemoryState()
     assert "expire-jobs" in [name for name, _, _ in _registry(store, 86400.0).periodic()]

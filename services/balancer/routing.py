@@ -1,0 +1,103 @@
+"""Which shard a new job lives in.
+
+A job lives in its home shard (crc32 of its id): that spreads jobs evenly over the shards and lets every process
+find one without a lookup. One rule overrides it. A job that no set of its home's GPUs could ever host (a gang
+bigger than the shard, a per-node launch needing more GPUs out of MIG mode than it has, a required topology
+domain it lacks), or whose home holds no GPU while others do, is routed once, before any record of it exists,
+to a shard that can host it: the one with the most empty GPUs (``StateStore.route``). A job no shard could host
+stays at home and is rejected there, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from services.balancer.shards import Shards
+from shared.events import JobSubmit
+from shared.policy.placement.gang import never_fits
+from shared.policy.placement.topology import never_within
+from shared.policy.request import Demand
+from shared.policy.snapshot import ClusterSnapshot
+
+
+def never_here(shards: Shards, shard: int, sub: JobSubmit) -> str | None:
+    """Why no set of ``shard``'s GPUs could ever host ``sub`` (lost nodes' GPUs counted); None when some could,
+    or while no node has registered there (nothing is known of it)."""
+    view = shards.mirrors[shard].view()
+    why = bigger_than_shard(view, sub.demand, shard, shards.largest())
+    if why is None and launches_per_node(sub):
+        why = too_few_plain(view, sub.demand.gpus, mig_gpus(view))
+    if why is None:
+        within = shards.within(shard, sub)
+        if within.get("domain_required"):
+            why = never_within_shard(view, sub.demand.gpus, within)
+    return why
+
+
+def route_for(shards: Shards, sub: JobSubmit, home: int) -> int | None:
+    """The shard a new job should live in instead of its ``home``; None when it stays there (home can host it,
+    or no shard can)."""
+    if shards.count <= 1:
+        return None
+    sizes = [len(m) for m in shards.mirrors]
+    if sizes[home] and never_here(shards, home, sub) is None:
+        return None
+    fits = [s for s in range(shards.count) if s != home and sizes[s] and never_here(shards, s, sub) is None]
+    if not fits:
+        return None
+    return max(fits, key=lambda s: (empty_gpus(shards.mirrors[s].view()), -s))
+
+
+def empty_gpus(snap: ClusterSnapshot) -> int:
+    """Healthy GPUs with no busy slice."""
+    if len(snap) == 0:
+        return 0
+    return int(np.count_nonzero((np.asarray(snap.busy) == 0) & np.asarray(snap.healthy, dtype=bool)))
+
+
+def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, largest: int) -> str | None:
+    """Why a gang can never run here: it needs more GPUs than its shard (a scheduling cell: one Lua script
+    reserves a gang, so it runs within one shard) has ever registered, lost nodes' GPUs included; None when it
+    could, or while no node has registered yet (nothing is known of the cluster). ``largest``: the GPUs of the
+    largest shard (0: one shard)."""
+    if demand.kind != "gpus" or len(snap) == 0:
+        return None
+    why = never_fits(demand, len(snap))
+    if why is None or not largest:
+        return why
+    if demand.gpus > largest:
+        return f"needs {demand.gpus} GPUs; the largest shard has {largest} (a gang runs within one shard)"
+    return f"needs {demand.gpus} GPUs; its shard {shard} has {len(snap)} (a gang runs within one shard)"
+
+
+def launches_per_node(sub: JobSubmit) -> bool:
+    """A gang whose workload starts once per node with all of that node's GPUs (``Workload.launch``)."""
+    return sub.demand.kind == "gpus" and sub.demand.gpus > 1 and sub.workload.launch == "per-node"
+
+
+def mig_gpus(snap: ClusterSnapshot) -> frozenset[str]:
+    """The GPUs in MIG mode: a process sees one MIG device, so a per-node launch cannot use them."""
+    return frozenset(g.id for g in snap.gpus if g.mig)
+
+
+def too_few_plain(snap: ClusterSnapshot, gpus: int, mig: frozenset[str]) -> str | None:
+    """Why a per-node gang can never run here: fewer GPUs out of MIG mode than it needs (lost nodes' included;
+    none while no node has registered yet)."""
+    plain = len(snap) - len(mig)
+    if len(snap) == 0 or plain >= gpus:
+        return None
+    return (f"launch per-node needs {gpus} GPUs not in MIG mode (a process sees one MIG device); "
+            f"its shard has {plain}")
+
+
+def never_within_shard(snap: ClusterSnapshot, gpus: int, within: dict[str, Any]) -> str | None:
+    """Why a gang that requires one topology domain (``within``: its ``JobRequest`` domain fields) can never run
+    here: every domain has fewer GPUs, lost nodes' included; None while no node has registered yet."""
+    if len(snap) == 0:
+        return None
+    domain_of = {n: d for d, nodes in within["domains"] for n in nodes}
+    sizes = Counter(domain_of[g.node] for g in snap.gpus if g.node in domain_of)
+    return never_within(gpus, within["domain_level"], sizes)

@@ -1,0 +1,120 @@
+"""Where jobs live: a job lives in its home shard (crc32 of its id) unless it was routed to another
+(``lua/route.lua``), and a route never changes while the job exists, so what a process has learnt stays true.
+``JobShards`` is what one process has learnt (bounded: the oldest entries are forgotten first, and a forgotten
+job is read again); ``JobRoutes`` reads and writes the routes in Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from shared.state.codec import _s
+from shared.state.keys import Keys
+from shared.state.model import route_shard, shard_of
+
+LEARNT_MAX = 200_000
+"""Jobs remembered per process (about 100 bytes each); past that the oldest learnt are dropped."""
+
+
+class JobShards:
+    def __init__(self, shards: int, limit: int = LEARNT_MAX) -> None:
+        self.shards = shards
+        self.limit = limit
+        self._at: dict[str, int] = {}
+
+    def shard(self, job_id: str) -> int:
+        got = self._at.get(job_id)
+        return shard_of(job_id, self.shards) if got is None else got
+
+    def unknown(self, job_ids: Iterable[str]) -> list[str]:
+        """The ids not learnt yet, each once, in order; none with one shard (every job lives in it)."""
+        if self.shards <= 1:
+            return []
+        return [j for j in dict.fromkeys(job_ids) if j not in self._at]
+
+    def learn(self, job_id: str, shard: int) -> None:
+        if self.shards <= 1:
+            return
+        self._at.pop(job_id, None)
+        self._at[job_id] = shard
+        if len(self._at) > self.limit:  # a tenth at once, so that the scan is paid once per many learnt
+            drop = len(self._at) - self.limit * 9 // 10
+            for old in list(self._at)[:drop]:
+                del self._at[old]
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        for j in job_ids:
+            self._at.pop(j, None)
+
+
+class JobRoutes:
+    """Where jobs live in a deployment of several shards, read from Redis: the routes (``:routes`` of each home
+    shard, ``lua/route.lua``) and what this process has learnt of them (``learnt``)."""
+
+    def __init__(self, redis: Any, keys: Sequence[Keys]) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.shards = len(keys)
+        self.learnt = JobShards(self.shards)
+
+    def home(self, job_id: str) -> Keys:
+        return self.keys[shard_of(job_id, self.shards)]
+
+    async def locate(self, job_ids: Iterable[str]) -> None:
+        """Learn where each job not known here lives (one pipelined read of the home shards): a job that no set
+        of its home's GPUs could host was routed to another shard. A job found nowhere yet stays at its home
+        until ``route`` says otherwise, and is not remembered."""
+        todo = self.learnt.unknown(job_ids)
+        if not todo:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for j in todo:
+            pipe.hget(self.home(j).routes, j)
+            pipe.exists(self.home(j).job(j))
+        got = await pipe.execute()
+        for n, j in enumerate(todo):
+            raw, at_home = got[2 * n], got[2 * n + 1]
+            home = shard_of(j, self.shards)
+            if raw is not None:
+                self.learnt.learn(j, route_shard(_s(raw), self.shards, home))
+            elif at_home:
+                self.learnt.learn(j, home)
+
+    async def route(self, batch: Any, wanted: Mapping[str, int], now: float) -> dict[str, int]:
+        """Send each new job to the shard named (``lua/route.lua``, atomic in its home shard; ``batch``: an empty
+        ``Batch``) -> where each job lives: the first route of a job wins a race or a redelivery, and a job
+        already recorded at home stays there."""
+        if self.shards <= 1 or not wanted:
+            return {j: 0 for j in wanted}
+        ids = sorted(wanted)
+        for j in ids:
+            batch.route(j, wanted[j], now)
+        out: dict[str, int] = {}
+        for j, got in zip(ids, await batch.run(), strict=True):
+            home = shard_of(j, self.shards)
+            out[j] = home if got < 0 or got >= self.shards else got
+            self.learnt.learn(j, out[j])
+        return out
+
+    async def prune(self, before: float) -> int:
+        """Forget the routes, recorded before ``before``, of jobs their shard no longer holds (expired) -> how
+        many. The time guard keeps a route whose job is still on its way to its shard."""
+        if self.shards <= 1:
+            return 0
+        n = 0
+        for k in self.keys:
+            stale: list[tuple[str, int]] = []
+            async for name, raw in self.redis.hscan_iter(k.routes, count=500):
+                head, _, at = _s(raw).partition(":")
+                if float(at or 0) < before and head.isdigit() and int(head) < self.shards:
+                    stale.append((_s(name), int(head)))
+            if not stale:
+                continue
+            pipe = self.redis.pipeline(transaction=False)
+            for job, cell in stale:
+                pipe.exists(self.keys[cell].job(job))
+            gone = [job for (job, _), alive in zip(stale, await pipe.execute(), strict=True) if not alive]
+            if gone:
+                n += int(await self.redis.hdel(k.routes, *gone))
+                self.learnt.forget(gone)
+        return n

@@ -1,0 +1,78 @@
+"""Which shard a new job lives in (``services/balancer/routing.py``): its home (crc32 of its id) whenever some
+set of the home's GPUs could host it, else the shard that can with the most empty GPUs, else its home again
+(where it is rejected, with the reason)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.balancer.routing import never_here, route_for
+from services.balancer.shards import Shards
+from services.balancer.tenancy import TenantLedger
+from shared.events import JobSubmit
+from shared.events.jobs import Topology, Workload
+from shared.mig.geometry import default_geometry
+from shared.policy.request import Demand
+from shared.policy.reservation import ReservationParams
+from shared.state import StoredGpu, StoredInstance
+
+pytestmark = pytest.mark.unit
+GEO = default_geometry()
+
+
+def cluster(*shards: dict[str, tuple[int, int, bool]]) -> Shards:
+    """Shards of nodes: ``{node: (GPUs, of them busy, in MIG mode)}`` each; a node's block is its name's first
+    letter."""
+    out = Shards(len(shards), GEO, ReservationParams(), TenantLedger("", 0))
+    for s, nodes in enumerate(shards):
+        for node, (gpus, busy, mig) in nodes.items():
+            out.labels[node] = {"block": node[0]}
+            for i in range(gpus):
+                busy_gpu = i < busy and not mig
+                insts = ([StoredInstance(id=f"{node}/{i}:gpu", profile="gpu", start=0, size=8, compute=7,
+                                         state="running", job=f"j-{node}-{i}", mig=False)] if busy_gpu else [])
+                out.mirrors[s].put(StoredGpu(id=f"{node}/{i}", node=node, index=i, model="A100-40GB", mig=mig,
+                                             instances=insts))
+    return out
+
+
+def gang(gpus: int, **kw: object) -> JobSubmit:
+    return JobSubmit(id="s", job_id="g", demand=Demand(kind="gpus", gpus=gpus), submitted_at=0.0, **kw)  # type: ignore[arg-type]
+
+
+def test_a_job_its_home_can_host_stays_there_whatever_the_other_shards_hold() -> None:
+    shards = cluster({"a1": (8, 8, False)}, {"b1": (8, 0, False), "b2": (8, 0, False)})
+    assert route_for(shards, gang(8), 0) is None  # busy now, but it fits: it waits at home
+
+
+def test_a_gang_bigger_than_its_home_goes_to_the_shard_with_the_most_empty_gpus_that_can_host_it() -> None:
+    shards = cluster({"a1": (4, 0, False)},
+                     {"b1": (8, 6, False), "b2": (8, 0, False)},
+                     {"c1": (8, 0, False), "c2": (8, 0, False)},
+                     {"d1": (4, 0, False)})
+    assert route_for(shards, gang(12), 0) == 2  # shard 1 holds 16 GPUs too, but 6 of them run jobs
+    assert route_for(shards, gang(24), 0) is None  # no shard can: it is rejected at home
+    assert never_here(shards, 0, gang(24)) == ("needs 24 GPUs; the largest shard has 16 "
+                                               "(a gang runs within one shard)")
+
+
+def test_a_job_whose_home_holds_no_gpu_goes_where_there_are_some() -> None:
+    shards = cluster({}, {"b1": (2, 2, False)}, {"c1": (2, 0, False)})
+    one = JobSubmit(id="s", job_id="j", demand=Demand(kind="mig", profile="1g.5gb"), submitted_at=0.0)
+    assert route_for(shards, one, 0) == 2
+    assert route_for(cluster({}, {}), one, 0) is None  # nothing registered anywhere yet: nothing to choose
+
+
+def test_a_per_node_gang_goes_to_a_shard_with_enough_gpus_out_of_mig_mode() -> None:
+    shards = cluster({"a1": (8, 0, True)}, {"b1": (8, 0, False)})
+    per_node = gang(8, workload=Workload(launch="per-node"))
+    assert route_for(shards, per_node, 0) == 1
+    assert route_for(shards, gang(8), 0) is None  # per GPU, its home's MIG GPUs do
+
+
+def test_a_gang_that_requires_one_block_goes_to_a_shard_holding_a_block_big_enough() -> None:
+    shards = cluster({"a1": (4, 0, False), "x1": (4, 0, False)}, {"b1": (4, 0, False), "b2": (4, 0, False)})
+    required = gang(8, topology=Topology(level="block", mode="required"))
+    assert route_for(shards, required, 0) == 1  # home's 8 GPUs are in two blocks of 4
+    preferred = gang(8, topology=Topology(level="block", mode="preferred"))
+    assert route_for(shards, preferred, 0) is None
