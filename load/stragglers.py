@@ -35,7 +35,7 @@ from typing import Any
 
 from shared.state.codec import history_raw
 from shared.state.keys import Keys
-from shared.state.model import shard_of
+from shared.state.model import route_shard, shard_of
 
 TERMINAL = frozenset({"finished", "failed", "cancelled", "rejected"})
 LIST_AT_MOST = 2000
@@ -107,6 +107,22 @@ CHUNK = 250
 Redis (and time out the read)."""
 
 
+async def _shards_of(redis: Any, namespace: str, shards: int, jobs: list[str]) -> dict[str, int]:
+    """Each job's shard: its home's (crc32 of its id), unless its home routed it to another (``:routes``)."""
+    where = {j: shard_of(j, shards) for j in jobs}
+    if shards <= 1:
+        return where
+    for i in range(0, len(jobs), CHUNK * 8):
+        part = jobs[i: i + CHUNK * 8]
+        pipe = redis.pipeline(transaction=False)
+        for j in part:
+            pipe.hget(Keys(namespace, where[j]).routes, j)
+        for j, raw in zip(part, await pipe.execute(), strict=True):
+            if raw is not None:
+                where[j] = route_shard(_s(raw), shards, where[j])
+    return where
+
+
 async def snapshot(redis: Any, namespace: str, shards: int, timelines: Mapping[str, Mapping[str, int]],
                    watched: Iterable[str], *, limit: int = LIST_AT_MOST) -> dict[str, Any]:
     """What Redis holds about each job of ``timelines`` (job id -> stage -> monotonic ns, with ``submit``).
@@ -114,9 +130,10 @@ async def snapshot(redis: Any, namespace: str, shards: int, timelines: Mapping[s
     Every job's state is counted; at most ``limit`` are listed in full: those not ``pending`` first (a queued
     job is backlog), then by submit instant, the oldest first."""
     watched = tuple(watched)
+    where = await _shards_of(redis, namespace, shards, list(timelines))
     by_shard: dict[int, list[str]] = {}
     for j in timelines:
-        by_shard.setdefault(shard_of(j, shards), []).append(j)
+        by_shard.setdefault(where[j], []).append(j)
     state_of: dict[str, str] = {}
     for shard, members in sorted(by_shard.items()):
         keys = Keys(namespace, shard)
@@ -130,9 +147,9 @@ async def snapshot(redis: Any, namespace: str, shards: int, timelines: Mapping[s
     states: Counter[str] = Counter(state_of.values())
     chosen = sorted(timelines, key=lambda j: (state_of[j] == "pending", timelines[j].get("submit", 0), j))[:limit]
     out: dict[str, dict[str, Any]] = {}
-    for shard in sorted({shard_of(j, shards) for j in chosen}):
+    for shard in sorted({where[j] for j in chosen}):
         keys = Keys(namespace, shard)
-        members = [j for j in chosen if shard_of(j, shards) == shard]
+        members = [j for j in chosen if where[j] == shard]
         cmds_by_job: dict[str, dict[str, Any]] = {}
         for cid, raw in ((await redis.hgetall(keys.cmds)) or {}).items():
             v = _json(raw)

@@ -103,9 +103,9 @@ class Pipeline:
             await self.shards.reload(self.state, {g for g in await self.state.gpu_ids(shard) if g not in known})
 
     async def _route(self, cands: list[Candidate]) -> None:
-        """Learn where each job lives, and route each new one its home shard could never host
-        (``routing.route_for``) before anything of it is recorded."""
-        await self.state.locate_jobs(c.submit.job_id for c in cands)
+        """Route each new job its home shard could never host (``routing.route_for``) before anything of it is
+        recorded. Others are decided where this process knows they live: a redelivered submit of a job routed
+        earlier is answered 'routed' by its home, and decided again in its shard (``Batch``)."""
         if self.shards.count <= 1:
             return
         wanted: dict[str, int] = {}

@@ -23,6 +23,7 @@ from shared.state.model import (
     ReserveResult,
     StoredGpu,
     StoredInstance,
+    route_shard,
     shard_of,
 )
 
@@ -50,15 +51,17 @@ class ScriptHost(Protocol):
 
     def keys(self, shard: int) -> Keys: ...
     def job_keys(self, job_id: str) -> Keys: ...
-    async def locate_jobs(self, job_ids: Iterable[str]) -> None: ...
+    def job_shard(self, job_id: str) -> int: ...
+    def learn_job(self, job_id: str, shard: int) -> None: ...
     def node_keys(self, node: str) -> Keys: ...
     def sha(self, name: str) -> str: ...
     async def load_scripts(self) -> None: ...
 
 
 class JobKeys:
-    """The keys of a call about one job, named once the batch runs: the job's shard is known only after
-    ``locate_jobs`` (it may have been routed away from its home)."""
+    """The keys of a call about one job, named when the batch runs: in the shard where this process knows the
+    job lives (its home, unless it learnt a route), and again in another if the home answers that the job was
+    routed there."""
 
     __slots__ = ("job_id", "of")
 
@@ -327,6 +330,30 @@ class Batch:
                                 f"within {self.store.wait_timeout_ms} ms")
         return raw
 
+    async def _again(self, calls: list[int], raw: list[Any]) -> None:
+        for n, v in zip(calls, await self._trip([self._command(self._calls[n]) for n in calls]), strict=True):
+            raw[n] = v
+
+    def _routed(self, raw: list[Any]) -> list[int]:
+        """The calls that reached a job's home after the job was routed to another shard (the prelude's
+        answer ``['routed', '<shard>:<at>']``): each job's shard is learnt, and the calls to send again are
+        returned. A reservation is not sent again, since its GPUs were chosen in the wrong shard: it comes back
+        lost (status 'routed'), and the balancer decides again on the right shard."""
+        again = []
+        for n, v in enumerate(raw):
+            if not (isinstance(v, list) and len(v) == 2 and _s(v[0]) == "routed"):
+                continue
+            name, keys, _, _ = self._calls[n]
+            if not isinstance(keys, JobKeys):
+                continue
+            home = shard_of(keys.job_id, self.store.shards)
+            self.store.learn_job(keys.job_id, route_shard(_s(v[1]), self.store.shards, home))
+            if name == "reserve":
+                raw[n] = ["routed", 0, f"the job lives in shard {self.store.job_shard(keys.job_id)}"]
+            else:
+                again.append(n)
+        return again
+
     def _command(self, call: tuple[str, Sequence[str] | JobKeys, Sequence[Any], Any]) -> tuple[Any, ...]:
         name, named, args, _ = call
         keys = named.names(self.store) if isinstance(named, JobKeys) else named
@@ -351,14 +378,14 @@ class Batch:
         return await self._run()
 
     async def _run(self) -> list[Any]:
-        await self.store.locate_jobs(c[1].job_id for c in self._calls if isinstance(c[1], JobKeys))
         raw = await self._trip(self.commands())
         missing = [n for n, v in enumerate(raw) if isinstance(v, NoScriptError)]
         if missing:
             await self.store.load_scripts()
-            again = await self._trip([self._command(self._calls[n]) for n in missing])
-            for n, v in zip(missing, again, strict=True):
-                raw[n] = v
+            await self._again(missing, raw)
+        routed = self._routed(raw)
+        if routed:  # sent to the job's home, which routed it elsewhere: now learnt, sent there once more
+            await self._again(routed, raw)
         out: list[Any] = []
         for (name, _, _, parse), v in zip(self._calls, raw, strict=True):
             if isinstance(v, Exception):

@@ -1,11 +1,12 @@
 """Where jobs live: a job lives in its home shard (crc32 of its id) unless it was routed to another
-(``lua/route.lua``), and a route never changes while the job exists, so what a process has learnt stays true.
-``JobShards`` is what one process has learnt (bounded: the oldest entries are forgotten first, and a forgotten
-job is read again); ``JobRoutes`` reads and writes the routes in Redis."""
+(``lua/route.lua``), and a route never changes while the job exists. ``JobShards`` is what one process has
+learnt (bounded in size and in age: a job forgotten, or learnt too long ago, is read again); ``JobRoutes`` reads
+and writes the routes in Redis."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from shared.state.codec import _s
@@ -14,29 +15,43 @@ from shared.state.model import route_shard, shard_of
 
 LEARNT_MAX = 200_000
 """Jobs remembered per process (about 100 bytes each); past that the oldest learnt are dropped."""
+LEARNT_FOR_S = 60.0
+"""How long what was learnt of a job is used before it is read again. A route never changes while its job
+exists, but a job's id may come back once its record has expired (the registry forgets its route then), and the
+new job may live elsewhere: re-reading bounds how long a process could look for it in the old place."""
 
 
 class JobShards:
-    def __init__(self, shards: int, limit: int = LEARNT_MAX) -> None:
+    def __init__(self, shards: int, limit: int = LEARNT_MAX, for_s: float = LEARNT_FOR_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.shards = shards
         self.limit = limit
-        self._at: dict[str, int] = {}
+        self.for_s = for_s
+        self.clock = clock
+        self._at: dict[str, tuple[int, float]] = {}
 
     def shard(self, job_id: str) -> int:
+        """Where the job lives, as learnt; its home when never learnt, or learnt too long ago (a transition sent
+        home learns a route again: ``Batch``)."""
         got = self._at.get(job_id)
-        return shard_of(job_id, self.shards) if got is None else got
+        if got is None or got[1] < self.clock() - self.for_s:
+            return shard_of(job_id, self.shards)
+        return got[0]
 
     def unknown(self, job_ids: Iterable[str]) -> list[str]:
-        """The ids not learnt yet, each once, in order; none with one shard (every job lives in it)."""
+        """The ids not learnt, or learnt too long ago, each once, in order; none with one shard (every job
+        lives in it)."""
         if self.shards <= 1:
             return []
-        return [j for j in dict.fromkeys(job_ids) if j not in self._at]
+        since = self.clock() - self.for_s
+        at = self._at
+        return [j for j in dict.fromkeys(job_ids) if (got := at.get(j)) is None or got[1] < since]
 
     def learn(self, job_id: str, shard: int) -> None:
         if self.shards <= 1:
             return
         self._at.pop(job_id, None)
-        self._at[job_id] = shard
+        self._at[job_id] = (shard, self.clock())
         if len(self._at) > self.limit:  # a tenth at once, so that the scan is paid once per many learnt
             drop = len(self._at) - self.limit * 9 // 10
             for old in list(self._at)[:drop]:

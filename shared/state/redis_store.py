@@ -117,7 +117,11 @@ class RedisState(DerivedReads):
         else its home (crc32 of its id)."""
         return self.routes.learnt.shard(job_id)
 
+    def learn_job(self, job_id: str, shard: int) -> None:
+        self.routes.learnt.learn(job_id, shard)
+
     async def locate_jobs(self, job_ids: Iterable[str]) -> None:
+        """Learn where each job not known here lives, before a read (transitions find out by themselves)."""
         await self.routes.locate(job_ids)
 
     async def route(self, wanted: Mapping[str, int], now: float) -> dict[str, int]:

@@ -78,6 +78,26 @@ async def a_routed_job_is_found_in_its_shard_by_every_process(make: Make) -> Non
     assert await balancer.all_job_ids(0) == [] and await balancer.all_job_ids(1) == [job]
 
 
+async def a_transition_sent_to_a_routed_jobs_home_runs_in_its_shard(make: Make) -> None:
+    balancer = await make()
+    node = await node_in(balancer, 1)
+    job = job_at_home(0)
+    await balancer.route({job: 1}, NOW)
+    (g,) = await balancer.get_gpus([f"{node}/0"])
+    whole = StoredInstance(id=f"{node}/0:gpu:{job}", profile="gpu", start=0, size=8, compute=7)
+    r = Reservation(job_id=job, gpu_id=g.id, expected_ver=g.ver, instance=whole, action="create", max_count=1,
+                    spec=b"{}", submitted_at=NOW)
+    assert (await balancer.reserve(r, NOW)).ok
+    replica = await make()  # a process of its own has learnt nothing: it sends to the job's home first
+    res = await replica.reserve(r, NOW + 1)  # the decision is not sent on: it is lost, and made again
+    assert res.status == ("known" if replica is balancer else "routed") and replica.job_shard(job) == 1
+    registry = await make()
+    assert await registry.mark_running(job, whole.id, NOW + 2) == "ok"
+    assert registry.job_shard(job) == 1
+    assert (await registry.release(job, "completed", "done", NOW + 3, whole.id, node)).state == "finished"
+    assert await audit(balancer, GEO) == []
+
+
 async def the_first_route_of_a_job_wins(make: Make) -> None:
     one, two = await make(), await make()
     job = job_at_home(0)
@@ -128,7 +148,8 @@ async def the_routes_of_expired_jobs_are_forgotten_and_no_others(make: Make) -> 
     assert await later.route({fresh: 0}, NOW + 200) == {fresh: 1}
 
 
-CASES = [a_routed_job_is_found_in_its_shard_by_every_process, the_first_route_of_a_job_wins,
+CASES = [a_routed_job_is_found_in_its_shard_by_every_process, a_transition_sent_to_a_routed_jobs_home_runs_in_its_shard,
+         the_first_route_of_a_job_wins,
          a_job_already_recorded_at_home_stays_there,
          a_gang_routed_to_another_shard_reserves_and_releases_its_gpus_there,
          the_routes_of_expired_jobs_are_forgotten_and_no_others]

@@ -14,7 +14,7 @@ from shared.events.jobs import Topology, Workload
 from shared.mig.geometry import default_geometry
 from shared.policy.request import Demand
 from shared.policy.reservation import ReservationParams
-from shared.state import StoredGpu, StoredInstance
+from shared.state import StoredGpu, StoredInstance, shard_of
 
 pytestmark = pytest.mark.unit
 GEO = default_geometry()
@@ -76,3 +76,18 @@ def test_a_gang_that_requires_one_block_goes_to_a_shard_holding_a_block_big_enou
     assert route_for(shards, required, 0) == 1  # home's 8 GPUs are in two blocks of 4
     preferred = gang(8, topology=Topology(level="block", mode="preferred"))
     assert route_for(shards, preferred, 0) is None
+
+
+def test_what_a_process_learnt_of_a_job_is_read_again_once_it_is_old_or_crowded_out() -> None:
+    from shared.state.job_routes import JobShards
+
+    now = [0.0]
+    learnt = JobShards(2, limit=10, for_s=60.0, clock=lambda: now[0])
+    learnt.learn("a", 1)
+    assert learnt.shard("a") == 1 and learnt.unknown(["a", "b", "a"]) == ["b"]
+    now[0] = 61.0
+    assert learnt.unknown(["a"]) == ["a"] and learnt.shard("a") == shard_of("a", 2)  # home asks again
+    for n in range(11):
+        learnt.learn(f"j{n}", 0)
+    assert learnt.unknown(["a", "j10"]) == ["a"]  # the oldest went first
+    assert JobShards(1).unknown(["a"]) == []  # one shard: every job lives in it

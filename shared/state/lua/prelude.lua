@@ -185,3 +185,15 @@ local function names(job, iid)
   for _, s in ipairs(job_slots(nil, nil, f[3])) do if s[2] == iid then return true end end
   return false
 end
+-- A job routed away from this shard, its home (lua/route.lua), lives in another: a transition of it sent here
+-- (by a process that has not learnt the route yet) changes nothing and answers where it lives, and the caller
+-- sends it there (shared/state/batch.py). KEYS[2] or KEYS[3] is the job's key in the job transitions.
+do
+  local pre = P .. ':job:'
+  for n = 2, #KEYS do
+    if string.sub(KEYS[n], 1, #pre) == pre then
+      local routed = redis.call('HGET', P .. ':routes', string.sub(KEYS[n], #pre + 1))
+      if routed then return {'routed', routed} end
+    end
+  end
+end
