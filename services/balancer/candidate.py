@@ -23,6 +23,8 @@ class Candidate:
     attempt: int = 0
     prio: int | None = None
     """The priority resolved from the tenancy's classes (None: the submit's own ``priority``)."""
+    routed: bool = False
+    """Its shard was chosen (``routing``): a new job is routed at most once."""
 
     @property
     def priority(self) -> int:

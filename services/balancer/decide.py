@@ -19,7 +19,7 @@ from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
 from services.balancer.mirror import reservation_instance
 from services.balancer.preempting import admit_job, placed_view
-from services.balancer.routing import launches_per_node, mig_gpus, never_here
+from services.balancer.routing import empty_gpus, launches_per_node, mig_gpus, never_here
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.common.metric_cache import child
@@ -31,7 +31,7 @@ from shared.policy.placement.decision import CannotPlace, JobRequest, Placement,
 from shared.policy.placement.registry import PlacementPolicy
 from shared.policy.preemption import Victim
 from shared.ports import TransitionBatch
-from shared.state import Eviction, Reservation, SlotReservation, empty_shard
+from shared.state import Eviction, Reservation, SlotReservation, empty_shard, shard_of
 from shared.state.model import PLAIN_PROFILES
 
 
@@ -56,6 +56,8 @@ class Decided:
     dec: Placement | CannotPlace
     idx: int
     booking: Booking | None = None
+    route: int | None = None
+    """A new job its home shard cannot place now, but this shard can: routed there, then decided again."""
 
 
 @dataclass(slots=True)
@@ -143,6 +145,9 @@ class Decider:
             if dec.deferred:  # kept waiting by the policy's rule for this job (a long gang): no hold, no memo
                 return self._queue(c, dec, batch, now)
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
+            there = self._now_elsewhere(c, req, shard, now, memo) if not self.ledger.active else None
+            if there is not None:
+                return Decided(c, dec, -1, route=there)
             if c.from_queue and self.reserves and not self.ledger.active:
                 gpus_held = holds.consider(mirror.view().without(mig), sub, now, within.get("domains", ()),
                                            within.get("domain_required", False))
@@ -151,6 +156,34 @@ class Decider:
             return self._queue(c, dec, batch, now)
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
+
+    def _now_elsewhere(self, c: Candidate, req: JobRequest, home: int, now: float, memo: RoundMemo) -> int | None:
+        """The shard, other than its ``home``, that can place a new job now (the one with the most empty GPUs
+        first), so that shards of unequal size fill alike rather than queue at one while another idles; None
+        when none can. Asked once per job, before anything of it is recorded; a job that waits, waits at home."""
+        sub = c.submit
+        count = self.shards.count
+        if c.from_queue or c.routed or count <= 1 or home != shard_of(sub.job_id, count):
+            return None
+        c.routed = True
+        views = {s: self.shards.mirrors[s].view() for s in range(count) if s != home and len(self.shards.mirrors[s])}
+        for s in sorted(views, key=lambda s: (-empty_gpus(views[s]), s)):
+            if never_here(self.shards, s, sub) is not None:
+                continue
+            blocked = (frozenset(self.shards.holds[s].blocked(sub.job_id, sub.duration_hint_s, now))
+                       if self.reserves else frozenset())
+            if launches_per_node(sub):
+                blocked |= mig_gpus(views[s])
+            key = (s, sub.demand, blocked, sub.topology)
+            if key in memo.no_room:
+                continue
+            within = self.shards.within(s, sub)
+            dec = self.shards.mirrors[s].decide(msgspec.structs.replace(req, **within) if within else req,
+                                                self.params, self.policy, blocked)
+            if isinstance(dec, Placement):
+                return s
+            memo.no_room[key] = dec
+        return None
 
     @staticmethod
     def _queue(c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:

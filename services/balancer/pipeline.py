@@ -39,6 +39,7 @@ class RoundResult:
     unplannable: list[Placed] = field(default_factory=list)
     retry: list[Candidate] = field(default_factory=list)
     reload: set[str] = field(default_factory=set)
+    route: dict[str, int] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -81,6 +82,7 @@ class Pipeline:
             out += r.out
             unplannable += r.unplannable
             await self.shards.reload(self.state, r.reload)
+            await self._send(r.route)
             todo = r.retry
         if todo:
             await self._requeue_losers(todo)
@@ -116,15 +118,25 @@ class Pipeline:
                 continue
             target = route_for(self.shards, c.submit, home)
             if target is not None:
+                c.routed = True
                 wanted[job] = target
-        if wanted:
-            for job, shard in (await self.state.route(wanted, time.time())).items():
-                home = shard_of(job, self.shards.count)
-                if shard != home:
-                    self.log.info("job %s lives in shard %d: its home shard %d could never host it", job, shard, home)
+        await self._send(wanted, "could never host it")
+
+    async def _send(self, wanted: dict[str, int], why: str = "cannot place it now") -> None:
+        """Record where each of these new jobs lives (``StateStore.route``); the first route of a job wins."""
+        if not wanted:
+            return
+        for job, shard in (await self.state.route(wanted, time.time())).items():
+            home = shard_of(job, self.shards.count)
+            if shard != home:
+                self.log.info("job %s lives in shard %d: its home shard %d %s", job, shard, home, why)
 
     def _settle(self, d: Decided, results: list[Any], now: float, r: RoundResult) -> None:
         c, dec = d.cand, d.dec
+        if d.route is not None:  # decided again next round, in the shard it is routed to
+            r.route[c.submit.job_id] = d.route
+            r.retry.append(c)
+            return
         if isinstance(dec, CannotPlace):
             self.metrics.outcome["pending"].inc()
             self.waiting.queued(c.submit, c.spec, c.ctx, "; ".join(dec.reasons), now)

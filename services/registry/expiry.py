@@ -16,11 +16,17 @@ EXPIRE_LIMIT = 250
 while a call deleted this many, so a backlog drains within one sweep, between other clients' commands)."""
 
 
+PRUNE_EVERY_S = 60.0
+"""Routes of expired jobs are looked for at most this often: a pass reads every route (one per job its home
+shard could not take), so each sweep would cost more than the expiry it follows."""
+
+
 class Expiry:
     def __init__(self, ctx: Context) -> None:
         self.state = ctx.state
         self.settings = ctx.settings
         self.log = ctx.log
+        self._prune_at = 0.0
 
     async def expire_jobs(self) -> int:
         """Delete the jobs of every shard that ended more than ``job_retention_s`` ago, and the oldest beyond
@@ -35,7 +41,9 @@ class Expiry:
                 total += n
                 if n < EXPIRE_LIMIT:
                     break
-        if total and st.shards > 1:  # the routes of jobs gone with them (a route outlives its job's record)
+        if total and st.shards > 1 and time.monotonic() >= self._prune_at:
+            # the routes of jobs gone (a route outlives its job's record): each route is checked, so not often
+            self._prune_at = time.monotonic() + PRUNE_EVERY_S
             await self.state.prune_routes(settled)
         if total:
             m.JOBS_EXPIRED.inc(total)
