@@ -49,7 +49,7 @@ Redis Cluster (each shard's keys in one slot)."""
     shards: int = 1
     """Scheduling cells in Redis: a node with a ``block`` label lives in its block's shard (a new block gets the
     shard holding the fewest blocks), one without in crc32(name) % shards; a job in crc32(job_id) % shards, or,
-    when that shard could never host it (or, without tenancy, cannot place it now), in a shard that can; it is
+    when that shard could never host it, or cannot place it now, in a shard that can; it is
     placed only on its shard's GPUs. Run no more shards than blocks, so that every shard holds nodes."""
     max_attempts: int = 3
     """Placements of one job that may fail (on executors, or unplannable) before the job is failed for good."""

@@ -10,6 +10,7 @@ larger waiting jobs.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,10 @@ from shared.policy.preemption import Victim
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation, empty_shard, shard_of
 from shared.state.model import PLAIN_PROFILES
+
+Places = Callable[[int, frozenset[str], frozenset[str], dict[str, Any]], bool]
+"""Whether a job can start on shard ``s`` now, given the GPUs held there, its MIG GPUs (a per-node launch) and
+its topology fields there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +134,10 @@ class Decider:
                 memo.held[hk] = adm
                 why = f"{answer.reason}: {answer.detail}"[:1000]
                 hold = CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=(why, *answer.reasons))
+                there = (self._now_elsewhere(c, shard, now, memo, self._admitted(c, now))
+                         if answer.reason == "capacity" else None)
+                if there is not None:
+                    return Decided(c, hold, -1, route=there)
                 idx = batch.enqueue(sub.job_id, c.spec, c.priority, sub.submitted_at, why, now, c.traceparent)
                 return Decided(c, hold, idx)
             assert isinstance(answer, Start)
@@ -145,7 +154,7 @@ class Decider:
             if dec.deferred:  # kept waiting by the policy's rule for this job (a long gang): no hold, no memo
                 return self._queue(c, dec, batch, now)
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
-            there = self._now_elsewhere(c, req, shard, now, memo) if not self.ledger.active else None
+            there = None if self.ledger.active else self._now_elsewhere(c, shard, now, memo, self._placed(req))
             if there is not None:
                 return Decided(c, dec, -1, route=there)
             if c.from_queue and self.reserves and not self.ledger.active:
@@ -157,10 +166,11 @@ class Decider:
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
 
-    def _now_elsewhere(self, c: Candidate, req: JobRequest, home: int, now: float, memo: RoundMemo) -> int | None:
-        """The shard, other than its ``home``, that can place a new job now (the one with the most empty GPUs
-        first), so that shards of unequal size fill alike rather than queue at one while another idles; None
-        when none can. Asked once per job, before anything of it is recorded; a job that waits, waits at home."""
+    def _now_elsewhere(self, c: Candidate, home: int, now: float, memo: RoundMemo, places: Places) -> int | None:
+        """The shard, other than its ``home``, that can place a new job now (``places``; the one with the most
+        empty GPUs first), so that shards of unequal size fill alike rather than queue at one while another
+        idles; None when none can. Asked once per job, before anything of it is recorded; a job that waits,
+        waits at home."""
         sub = c.submit
         count = self.shards.count
         if c.from_queue or c.routed or count <= 1 or home != shard_of(sub.job_id, count):
@@ -171,19 +181,29 @@ class Decider:
             if never_here(self.shards, s, sub) is not None:
                 continue
             blocked = (frozenset(self.shards.holds[s].blocked(sub.job_id, sub.duration_hint_s, now))
-                       if self.reserves else frozenset())
-            if launches_per_node(sub):
-                blocked |= mig_gpus(views[s])
-            key = (s, sub.demand, blocked, sub.topology)
+                       if self.reserves and not self.ledger.active else frozenset())
+            mig = mig_gpus(views[s]) if launches_per_node(sub) else frozenset()
+            key = (s, sub.demand, blocked | mig, sub.topology)
             if key in memo.no_room:
                 continue
-            within = self.shards.within(s, sub)
-            dec = self.shards.mirrors[s].decide(msgspec.structs.replace(req, **within) if within else req,
-                                                self.params, self.policy, blocked)
-            if isinstance(dec, Placement):
+            if places(s, blocked, mig, self.shards.within(s, sub)):
                 return s
-            memo.no_room[key] = dec
+            memo.no_room[key] = CannotPlace(job_id=sub.job_id, policy="shards", reasons=("no room now",))
         return None
+
+    def _placed(self, req: JobRequest) -> Places:
+        """Whether the policy places ``req`` on a shard's mirror now."""
+        def places(s: int, blocked: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> bool:
+            job = msgspec.structs.replace(req, **within) if within else req
+            return isinstance(self.shards.mirrors[s].decide(job, self.params, self.policy, blocked | mig), Placement)
+        return places
+
+    def _admitted(self, c: Candidate, now: float) -> Places:
+        """Whether the tenancy's admission starts ``c`` on a shard now (by preemption, too)."""
+        def places(s: int, blocked: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> bool:
+            got = admit_job(self.ledger, self.shards.mirrors[s].snapshot().without(mig), c, self.params, now, within)
+            return not isinstance(got, str) and isinstance(got[2], Start)
+        return places
 
     @staticmethod
     def _queue(c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:

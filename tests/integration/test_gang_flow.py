@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from plain_cluster import GANG_TENANCY, GEO, Env, mirror_has, scripted_cluster, submit, until
@@ -321,18 +322,23 @@ async def test_a_gang_too_big_for_its_home_shard_runs_in_a_shard_that_can_host_i
         await e.clean()
 
 
+@pytest.mark.parametrize("tenancy", [False, True], ids=["plain", "tenancy"])
 async def test_a_new_job_its_full_home_shard_cannot_place_runs_in_a_shard_with_room(
-    prefix: str, nats_url: str, redis_url: str
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path, tenancy: bool
 ) -> None:
     blocks = {"n1": "a", "n2": "b"}  # a shard each, two GPUs each
-    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
+    extra: dict[str, Any] = {}
+    if tenancy:  # one tenant, one class: no job may preempt another, so the home shard holds it for capacity
+        (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
+        extra = {"tenancy_file": str(tmp_path / "tenancy.toml")}
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2, **extra) as e:
         await e.ns.state.nodes()
         home = e.ns.state.node_shard("n1")
         jobs = [j for j in (f"j{i}" for i in range(1000)) if shard_of(j, 2) == home][:3]
         for job in jobs[:2]:
-            await e.submit(submit(job, Demand(kind="gpus", gpus=1)))
+            await e.submit(submit(job, Demand(kind="gpus", gpus=1), tenant="team"))
         assert await until(e.all_in(jobs[:2], "running"))
-        await e.submit(submit(jobs[2], Demand(kind="gpus", gpus=1)))
+        await e.submit(submit(jobs[2], Demand(kind="gpus", gpus=1), tenant="team"))
         assert await until(e.all_in(jobs[2:3], "running"))  # its home is full: it runs on the other shard's node
         third = await e.ns.state.job(jobs[2])
         assert third is not None and third.node == "n2"
