@@ -35,9 +35,9 @@ from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation, empty_shard, shard_of
 from shared.state.model import PLAIN_PROFILES
 
-Places = Callable[[int, frozenset[str], frozenset[str], dict[str, Any]], bool]
-"""Whether a job can start on shard ``s`` now, given the GPUs held there, its MIG GPUs (a per-node launch) and
-its topology fields there."""
+Places = Callable[[int, frozenset[str], frozenset[str], dict[str, Any]], CannotPlace | None]
+"""Whether a job can start on shard ``s`` now (None), or why not, given the GPUs held there, its MIG GPUs (a
+per-node launch) and its topology fields there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,23 +186,28 @@ class Decider:
             key = (s, sub.demand, blocked | mig, sub.topology)
             if key in memo.no_room:
                 continue
-            if places(s, blocked, mig, self.shards.within(s, sub)):
+            why = places(s, blocked, mig, self.shards.within(s, sub))
+            if why is None:
                 return s
-            memo.no_room[key] = CannotPlace(job_id=sub.job_id, policy="shards", reasons=("no room now",))
+            if not self.ledger.active:  # an admission depends on the tenant and priority: never remembered
+                memo.no_room[key] = why
         return None
 
     def _placed(self, req: JobRequest) -> Places:
-        """Whether the policy places ``req`` on a shard's mirror now."""
-        def places(s: int, blocked: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> bool:
+        """Whether the policy places ``req`` on a shard's mirror now: None if so, else why not."""
+        def places(s: int, blocked: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> CannotPlace | None:
             job = msgspec.structs.replace(req, **within) if within else req
-            return isinstance(self.shards.mirrors[s].decide(job, self.params, self.policy, blocked | mig), Placement)
+            dec = self.shards.mirrors[s].decide(job, self.params, self.policy, blocked | mig)
+            return dec if isinstance(dec, CannotPlace) else None
         return places
 
     def _admitted(self, c: Candidate, now: float) -> Places:
-        """Whether the tenancy's admission starts ``c`` on a shard now (by preemption, too)."""
-        def places(s: int, blocked: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> bool:
+        """Whether the tenancy's admission starts ``c`` on a shard now (by preemption, too): None if so."""
+        def places(s: int, blocked: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> CannotPlace | None:
             got = admit_job(self.ledger, self.shards.mirrors[s].snapshot().without(mig), c, self.params, now, within)
-            return not isinstance(got, str) and isinstance(got[2], Start)
+            if not isinstance(got, str) and isinstance(got[2], Start):
+                return None
+            return CannotPlace(job_id=c.submit.job_id, policy="tenancy", reasons=("held in that shard too",))
         return places
 
     @staticmethod
