@@ -249,6 +249,6 @@ def simulate(
         checkpoint_s=0.0,
         interference=InterferenceParams(beta=0.0),
     )
-    # the live balancer places with the default policy but holds no GPUs for waiting jobs (no reservations)
-    k = msgspec.to_builtins(run_one(workload, cluster, "migsched", cfg, params={"reserve": False}).kpis)
+    # the live balancer runs the default policy, holds for waiting large jobs included, on the replay's clock
+    k = msgspec.to_builtins(run_one(workload, cluster, "migsched", cfg).kpis)
     return {key: k[key] for key in KPI_KEYS}

@@ -28,6 +28,22 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEDULERS = ("balancer", "registry", "migration_planner")
 
 
+def replay_timers(speedup: float) -> dict[str, str]:
+    """The policy timers of a stack that replays a trace ``speedup`` times faster than it was recorded: the
+    simulator's defaults, in trace seconds, divided by the speed-up, so that the live stack and the simulator
+    run the same policy on the same clock (the stack runs on wall time)."""
+    from shared.settings import BalancerSettings
+
+    return {
+        "MIGSCHED_COOLDOWN_S": repr(120.0 / speedup),
+        "MIGSCHED_MIN_LEFT_S": repr(30.0 / speedup),
+        "MIGSCHED_DEFRAG_INTERVAL_S": repr(300.0 / speedup),
+        "MIGSCHED_RETENTION_WINDOW_S": repr(300.0 / speedup),
+        # holds for one-node jobs are due after this wait, in trace seconds as the simulator counts it
+        "MIGSCHED_RESERVE_AFTER_S": repr(BalancerSettings.reserve_after_s / speedup),
+    }
+
+
 class StackError(MigschedError):
     """A stack process failed to start or died, or the stack did not become ready in time."""
 

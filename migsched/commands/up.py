@@ -29,9 +29,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from migsched import clusterview, livekpis, replayer
-from migsched.stack import Stack, StackConfig, StackError, gpus_per_node
+from migsched.stack import Stack, StackConfig, StackError, gpus_per_node, replay_timers
 from shared.mig.geometry import default_geometry
-from shared.settings import BalancerSettings
 from shared.state import TERMINAL_STATES
 
 MODEL = "A100-40GB"
@@ -101,15 +100,7 @@ def command(
     latency = 0.15
     if demo:
         # the whole stack runs on wall time: every policy timer shrinks with the replay's clock
-        env = {
-            "MIGSCHED_COOLDOWN_S": repr(120.0 / speedup),
-            "MIGSCHED_MIN_LEFT_S": repr(30.0 / speedup),
-            "MIGSCHED_DEFRAG_INTERVAL_S": repr(300.0 / speedup),
-            "MIGSCHED_RETENTION_WINDOW_S": repr(300.0 / speedup),
-            # holds for one-node jobs are due after this wait, in trace seconds as the simulator counts it
-            "MIGSCHED_RESERVE_AFTER_S": repr(BalancerSettings.reserve_after_s / speedup),
-            "MIGSCHED_LOG_LEVEL": "WARNING",
-        }
+        env = {**replay_timers(speedup), "MIGSCHED_LOG_LEVEL": "WARNING"}
         latency = 0.15 / speedup
     rigs = HaRigs(run_dir / "ha") if ha else None
     if rigs is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from migsched.stack import Stack, StackConfig
+from migsched.stack import Stack, StackConfig, replay_timers
 from shared.bus import JetStreamBus
 from shared.events import JobExit
 from shared.settings import Settings
@@ -18,13 +18,8 @@ from shared.state import RedisState
 
 
 def scaled_env(speedup: float) -> dict[str, str]:
-    """Policy timers on the replay's clock (the simulator's defaults divided by the speed-up)."""
-    return {
-        "MIGSCHED_COOLDOWN_S": repr(120.0 / speedup),
-        "MIGSCHED_DEFRAG_INTERVAL_S": repr(300.0 / speedup),
-        "MIGSCHED_RETENTION_WINDOW_S": repr(300.0 / speedup),
-        "MIGSCHED_LOG_LEVEL": "WARNING",
-    }
+    """Policy timers on the replay's clock (``migsched.stack.replay_timers``), quiet logs."""
+    return {**replay_timers(speedup), "MIGSCHED_LOG_LEVEL": "WARNING"}
 
 
 @contextlib.contextmanager
