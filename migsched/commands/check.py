@@ -8,8 +8,9 @@ Lua script so a live system cannot change under the read):
 - every job is in exactly one known state: ``pending`` exactly when queued, ``placing`` exactly when in the
   placing set (``placing``), and an active job holds the instance it names (``reservation``/``orphan``);
 - with several shards, every shard holds a node once any does: a job is placed only on its own shard's GPUs, so
-  the jobs of a shard without one would wait for nothing (``shard``), and every topology block's nodes live in
-  one shard (``block``);
+  the jobs of a shard without one would wait for nothing (``shard``), every topology block's nodes live in
+  one shard (``block``), and every job recorded outside its home shard is routed there by its home, and none
+  recorded at home is routed away (``route``);
 - with ``--executors SECONDS``: the reservations match what the executors report (their heartbeats' running
   jobs, listened to for that long): a job the state has running on a node that the node does not run, or a
   workload a node runs that the state does not have running there (``executor``).
@@ -35,9 +36,10 @@ import click
 from migsched import endpoints
 from shared.errors import MigschedError
 from shared.mig.geometry import default_geometry
-from shared.state import RedisState, Violation, empty_shard
+from shared.state import RedisState, Violation, empty_shard, shard_of
 from shared.state.check import audit
 from shared.state.codec import _s, script_source
+from shared.state.model import route_shard
 
 ACTIVE = ("placing", "running", "migrating")
 
@@ -123,6 +125,26 @@ def shard_checks(nodes: Sequence[int], waiting: Sequence[int]) -> list[Violation
         why = empty_shard(s, nodes)
         if why is not None:
             out.append(Violation(kind="shard", subject=f"shard {s}", detail=f"{why}; {n} job(s) wait there"))
+    return out
+
+
+def route_checks(recorded: Sequence[set[str]], routes: Sequence[Mapping[str, str]]) -> list[Violation]:
+    """Jobs that transitions would not find (``recorded``: each shard's job ids; ``routes``: each shard's
+    ``:routes``, job -> "<shard>:<at>"): a job recorded outside its home shard (crc32 of its id) that its home
+    does not route there, or one recorded at home that its home routes elsewhere (then recorded twice, or
+    looked for in the wrong shard)."""
+    shards = len(recorded)
+    out = []
+    for s, jobs in enumerate(recorded):
+        for job in sorted(jobs):
+            home = shard_of(job, shards)
+            raw = routes[home].get(job)
+            routed = route_shard(raw, shards, home) if raw is not None else home
+            if routed != s:
+                where = f"routes it to shard {routed}" if raw is not None else "has no route for it"
+                out.append(Violation(kind="route", subject=job,
+                                     detail=f"recorded in shard {s}, but its home shard {home} {where}: "
+                                            f"its transitions go to shard {routed}"))
     return out
 
 
@@ -266,12 +288,18 @@ async def run_check(
         jobs: dict[str, tuple[str, str, float]] = {}
         insts: dict[str, str] = {}
         waiting: list[int] = []
+        recorded: list[set[str]] = []
         for shard in range(shards):
             extra, js, ins = await cross_checks(state, shard)
             out.extend(extra)
             jobs.update(js)
             insts.update(ins)
+            recorded.append(set(js))
             waiting.append(sum(1 for st, _, _ in js.values() if st == "pending"))
+        if shards > 1:
+            routes = [{_s(j): _s(v) for j, v in (await client.hgetall(state.keys(s).routes)).items()}
+                      for s in range(shards)]
+            out.extend(route_checks(recorded, routes))
         by_shard = [await state.nodes(s) for s in range(shards)] if shards > 1 or executors_s > 0 else []
         out.extend(shard_checks([len(ns) for ns in by_shard], waiting))
         out.extend(block_checks(by_shard))

@@ -211,6 +211,28 @@ async def test_a_shard_without_a_node_while_another_has_one_is_reported_with_the
         assert code == 0, out
 
 
+async def test_a_job_recorded_outside_its_home_shard_without_a_route_there_is_reported(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with private_state(prefix, nats_url, redis_url, shards=2) as st:
+        now = time.time()
+        for n in ("n1", next(f"n{i}" for i in range(2, 100) if shard_of(f"n{i}", 2) != shard_of("n1", 2))):
+            await st.register_node(n, [gpu(0) | {"id": f"{n}/0"}], now)  # a node in each shard
+        routed, lost = [j for j in (f"w{i}" for i in range(100)) if shard_of(j, 2) == 0][:2]
+        await st.route({routed: 1}, now)
+        await st.enqueue(routed, b"{}", 0, now, "no room", now)
+        code, out = await run_cli(redis_url, prefix, "--shards", "2")
+        assert code == 0, out  # routed by its home, recorded where the route says
+        await st.redis.hset(st.keys(1).job(lost), mapping={"state": "pending", "at": now})
+        await st.redis.sadd(st.keys(1).jobs, lost)
+        await st.redis.zadd(st.keys(1).pending, {lost: now})  # written there by hand: no route names shard 1
+        code, out = await run_cli(redis_url, prefix, "--shards", "2")
+        assert code == 1, out
+        assert (f"{lost}: recorded in shard 1, but its home shard 0 has no route for it: its transitions go to "
+                "shard 0") in out
+        assert routed not in out
+
+
 async def test_a_block_whose_nodes_live_in_two_shards_is_reported_with_them(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
