@@ -34,7 +34,7 @@ class Settings:
     the URL."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis, the single source of truth: redis://, rediss:// or unix://; redis+sentinel://host:port,...\
-/service for the primary that Sentinel names (failover without a restart); or redis+cluster://host:port,... for a\
+/service for the primary that Sentinel names (failover without a restart); or redis+cluster://host:port,... for a \
 Redis Cluster (each shard's keys in one slot)."""
     redis_wait_replicas: int = 0
     """After each round trip of transitions, wait (Redis ``WAIT``) until this many replicas hold it before acting
