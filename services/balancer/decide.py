@@ -134,7 +134,7 @@ class Decider:
                 memo.held[hk] = adm
                 why = f"{answer.reason}: {answer.detail}"[:1000]
                 hold = CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=(why, *answer.reasons))
-                there = (self._now_elsewhere(c, shard, now, memo, self._admitted(c, now))
+                there = (self._now_elsewhere(c, shard, now, memo, self._admitted(c, now, memo))
                          if answer.reason == "capacity" else None)
                 if there is not None:
                     return Decided(c, hold, -1, route=there)
@@ -201,13 +201,20 @@ class Decider:
             return dec if isinstance(dec, CannotPlace) else None
         return places
 
-    def _admitted(self, c: Candidate, now: float) -> Places:
-        """Whether the tenancy's admission starts ``c`` on a shard now (by preemption, too): None if so."""
+    def _admitted(self, c: Candidate, now: float, memo: RoundMemo) -> Places:
+        """Whether the tenancy's admission starts ``c`` on a shard now (by preemption, too): None if so. A hold
+        is remembered for the round as ``decide`` remembers its own (the same admission, on the same mirror)."""
+        sub = c.submit
+
         def places(s: int, blocked: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> CannotPlace | None:
-            got = admit_job(self.ledger, self.shards.mirrors[s].snapshot().without(mig), c, self.params, now, within)
+            hk = (s, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, bool(mig))
+            got = memo.held.get(hk) or admit_job(self.ledger, self.shards.mirrors[s].snapshot().without(mig), c,
+                                                 self.params, now, within)
             if not isinstance(got, str) and isinstance(got[2], Start):
                 return None
-            return CannotPlace(job_id=c.submit.job_id, policy="tenancy", reasons=("held in that shard too",))
+            if not isinstance(got, str):
+                memo.held[hk] = got
+            return CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=("held in that shard too",))
         return places
 
     @staticmethod
