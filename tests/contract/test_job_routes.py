@@ -78,7 +78,7 @@ async def a_routed_job_is_found_in_its_shard_by_every_process(make: Make) -> Non
     assert await balancer.all_job_ids(0) == [] and await balancer.all_job_ids(1) == [job]
 
 
-async def a_transition_sent_to_a_routed_jobs_home_runs_in_its_shard(make: Make) -> None:
+async def a_routed_job_reserves_runs_and_ends_in_its_shard_whoever_sends_the_transition(make: Make) -> None:
     balancer = await make()
     node = await node_in(balancer, 1)
     job = job_at_home(0)
@@ -116,22 +116,6 @@ async def a_job_already_recorded_at_home_stays_there(make: Make) -> None:
     assert await store.pending_ids(1) == [job] and await store.pending_ids(0) == []
 
 
-async def a_gang_routed_to_another_shard_reserves_and_releases_its_gpus_there(make: Make) -> None:
-    store = await make()
-    node = await node_in(store, 1)
-    job = job_at_home(0)
-    await store.route({job: 1}, NOW)
-    (g,) = await store.get_gpus([f"{node}/0"])
-    whole = StoredInstance(id=f"{node}/0:gpu:{job}", profile="gpu", start=0, size=8, compute=7)
-    res = await store.reserve(Reservation(job_id=job, gpu_id=g.id, expected_ver=g.ver, instance=whole,
-                                          action="create", max_count=1, spec=b"{}", submitted_at=NOW), NOW)
-    assert res.ok, res
-    assert await store.mark_running(job, whole.id, NOW + 1) == "ok"
-    rel = await store.release(job, "completed", "done", NOW + 2, whole.id, node)
-    assert rel.status == "ok" and rel.state == "finished"
-    assert await audit(store, GEO) == []
-
-
 async def the_routes_of_expired_jobs_are_forgotten_and_no_others(make: Make) -> None:
     store = await make()
     gone, alive, fresh = job_at_home(0, 0), job_at_home(0, 1), job_at_home(0, 2)
@@ -148,10 +132,9 @@ async def the_routes_of_expired_jobs_are_forgotten_and_no_others(make: Make) -> 
     assert await later.route({fresh: 0}, NOW + 200) == {fresh: 1}
 
 
-CASES = [a_routed_job_is_found_in_its_shard_by_every_process, a_transition_sent_to_a_routed_jobs_home_runs_in_its_shard,
-         the_first_route_of_a_job_wins,
-         a_job_already_recorded_at_home_stays_there,
-         a_gang_routed_to_another_shard_reserves_and_releases_its_gpus_there,
+CASES = [a_routed_job_is_found_in_its_shard_by_every_process,
+         a_routed_job_reserves_runs_and_ends_in_its_shard_whoever_sends_the_transition,
+         the_first_route_of_a_job_wins, a_job_already_recorded_at_home_stays_there,
          the_routes_of_expired_jobs_are_forgotten_and_no_others]
 
 
