@@ -43,6 +43,10 @@ ADMISSION_WAIT = Histogram(
 PLACEMENTS = Counter("migsched_placements_total", "Jobs placed, per tenant", ["tenant"])
 PREEMPTIONS = Counter("migsched_preemptions_total", "Jobs preempted, per tenant of the victim", ["tenant"])
 CONFLICTS = Counter("migsched_cas_conflicts_total", "Reservations that lost a compare-and-set race")
+ROUTED = Counter("migsched_jobs_routed_total", "New jobs sent to a shard other than their home (crc32 of the id)",
+                 ["reason"])
+"""reason: ``never_fits`` (no set of the home's GPUs could host it), ``no_room_now`` (the home could not place it
+then, another shard could)."""
 QUEUE_DEPTH = Gauge("migsched_queue_depth", "Pending jobs, all tenants")
 PENDING = Gauge("migsched_pending_jobs", "Pending jobs per tenant and priority class",
                 ["tenant", "priority_class"])

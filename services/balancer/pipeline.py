@@ -120,15 +120,17 @@ class Pipeline:
             if target is not None:
                 c.routed = True
                 wanted[job] = target
-        await self._send(wanted, "could never host it")
+        await self._send(wanted, "never_fits")
 
-    async def _send(self, wanted: dict[str, int], why: str = "cannot place it now") -> None:
+    async def _send(self, wanted: dict[str, int], reason: str = "no_room_now") -> None:
         """Record where each of these new jobs lives (``StateStore.route``); the first route of a job wins."""
         if not wanted:
             return
+        why = {"never_fits": "could never host it", "no_room_now": "cannot place it now"}[reason]
         for job, shard in (await self.state.route(wanted, time.time())).items():
             home = shard_of(job, self.shards.count)
             if shard != home:
+                child(m.ROUTED, reason).inc()
                 self.log.info("job %s lives in shard %d: its home shard %d %s", job, shard, home, why)
 
     def _settle(self, d: Decided, results: list[Any], now: float, r: RoundResult) -> None:

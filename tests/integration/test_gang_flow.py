@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from plain_cluster import GANG_TENANCY, GEO, Env, mirror_has, scripted_cluster, submit, until
+from prometheus_client import REGISTRY
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.bus import Outgoing
@@ -200,6 +201,11 @@ def _gang(job: str, gpus: int, topology: Topology, tenant: str = "default") -> J
                      topology=topology, submitted_at=now())
 
 
+def routed(reason: str) -> float:
+    """``migsched_jobs_routed_total{reason}`` as this process's balancer counted it."""
+    return REGISTRY.get_sample_value("migsched_jobs_routed_total", {"reason": reason}) or 0.0
+
+
 def _in_blocks(blocks: dict[str, str], gpus: int = 2) -> dict[str, dict[str, object]]:
     """Nodes of ``gpus`` whole GPUs each, labelled with their block."""
     plain = dict.fromkeys(range(gpus), 0)
@@ -314,8 +320,10 @@ async def test_a_gang_too_big_for_its_home_shard_runs_in_a_shard_that_can_host_i
         big, small = e.ns.state.node_shard("n1"), e.ns.state.node_shard("n2")
         assert big != small
         job_id = next(f"g{i}" for i in range(1000) if shard_of(f"g{i}", 2) == small)
+        before = routed("never_fits")
         await e.submit(submit(job_id, Demand(kind="gpus", gpus=6)))  # 6 GPUs in its home's block, 2 in the other
         assert await until(e.all_in([job_id], "running"))
+        assert routed("never_fits") == before + 1
         job = await e.ns.state.job(job_id)
         assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n1", "n3", "n4"}
         assert await e.ns.state.pending_count() == 0 and await e.ns.state.all_job_ids(small) == []
@@ -338,8 +346,10 @@ async def test_a_new_job_its_full_home_shard_cannot_place_runs_in_a_shard_with_r
         for job in jobs[:2]:
             await e.submit(submit(job, Demand(kind="gpus", gpus=1), tenant="team"))
         assert await until(e.all_in(jobs[:2], "running"))
+        before = routed("no_room_now")
         await e.submit(submit(jobs[2], Demand(kind="gpus", gpus=1), tenant="team"))
         assert await until(e.all_in(jobs[2:3], "running"))  # its home is full: it runs on the other shard's node
+        assert routed("no_room_now") == before + 1
         third = await e.ns.state.job(jobs[2])
         assert third is not None and third.node == "n2"
         await e.clean()
