@@ -29,7 +29,7 @@ def never_here(shards: Shards, shard: int, sub: JobSubmit) -> str | None:
     view = shards.mirrors[shard].view()
     why = bigger_than_shard(view, sub.demand, shard, shards.largest())
     if why is None and launches_per_node(sub):
-        why = too_few_plain(view, sub.demand.gpus, mig_gpus(view))
+        why = too_few_plain(shards, shard, sub.demand.gpus)
     if why is None:
         within = shards.within(shard, sub)
         if within.get("domain_required"):
@@ -83,14 +83,21 @@ def mig_gpus(snap: ClusterSnapshot) -> frozenset[str]:
     return frozenset(g.id for g in snap.gpus if g.mig)
 
 
-def too_few_plain(snap: ClusterSnapshot, gpus: int, mig: frozenset[str]) -> str | None:
-    """Why a per-node gang can never run here: fewer GPUs out of MIG mode than it needs (lost nodes' included;
-    none while no node has registered yet)."""
-    plain = len(snap) - len(mig)
-    if len(snap) == 0 or plain >= gpus:
+def too_few_plain(shards: Shards, shard: int, gpus: int) -> str | None:
+    """Why a per-node gang can never run in ``shard``: fewer GPUs out of MIG mode than it needs (lost nodes'
+    included; none while no node has registered there)."""
+    def plain(s: int) -> int:
+        view = shards.mirrors[s].view()
+        return len(view) - len(mig_gpus(view))
+
+    here = plain(shard)
+    if not len(shards.mirrors[shard]) or here >= gpus:
         return None
-    return (f"launch per-node needs {gpus} GPUs not in MIG mode (a process sees one MIG device); "
-            f"its shard has {plain}")
+    why = f"launch per-node needs {gpus} GPUs not in MIG mode (a process sees one MIG device); "
+    if shards.count <= 1:
+        return why + f"the cluster has {here}"
+    most = max(plain(s) for s in range(shards.count))
+    return why + (f"no shard has as many (the most: {most})" if most < gpus else f"its shard {shard} has {here}")
 
 
 def never_within_shard(snap: ClusterSnapshot, gpus: int, within: dict[str, Any]) -> str | None:

@@ -193,5 +193,5 @@ async def test_a_per_node_gang_bigger_than_the_gpus_out_of_mig_mode_is_rejected_
     assert await until(e.all_in(["pn"], "rejected"))
     hist = await e.ns.state.history("pn")
     assert hist[-1].reason == ("launch per-node needs 2 GPUs not in MIG mode (a process sees one MIG device); "
-                               "its shard has 1")
+                               "the cluster has 1")
     await e.clean()

@@ -91,3 +91,13 @@ def test_what_a_process_learnt_of_a_job_is_read_again_once_it_is_old_or_crowded_
         learnt.learn(f"j{n}", 0)
     assert learnt.unknown(["a", "j10"]) == ["a"]  # the oldest went first
     assert JobShards(1).unknown(["a"]) == []  # one shard: every job lives in it
+
+
+def test_a_per_node_gang_no_shard_has_enough_plain_gpus_for_stays_home_and_says_so() -> None:
+    shards = cluster({"a1": (8, 0, True)}, {"b1": (4, 0, False), "b2": (4, 0, True)})
+    per_node = gang(8, workload=Workload(launch="per-node"))
+    assert route_for(shards, per_node, 0) is None
+    assert never_here(shards, 0, per_node) == ("launch per-node needs 8 GPUs not in MIG mode (a process sees one "
+                                               "MIG device); no shard has as many (the most: 4)")
+    assert never_here(shards, 0, gang(4, workload=Workload(launch="per-node"))) == (
+        "launch per-node needs 4 GPUs not in MIG mode (a process sees one MIG device); its shard 0 has 0")
