@@ -245,19 +245,25 @@ class JetStreamBus:
             cfg.durable_name = None
             cfg.name = spec.name
             cfg.inactive_threshold = 30.0
-            await self.js.add_consumer(spec.stream, cfg)
-        else:
-            try:
-                await self.js.consumer_info(spec.stream, spec.name)
-            except NotFoundError:
-                try:
-                    await self.js.add_consumer(spec.stream, cfg)
-                except BadRequestError as exc:  # created concurrently by a replica
-                    log.debug("consumer %s: %s", spec.name, exc)
+        # as the streams: on a cluster under load the API may outlast one request's timeout (a service that gave
+        # up here would exit at start-up)
+        await self._retrying(f"setting up consumer {spec.name}", lambda: self._ensure_consumer(spec, cfg))
         puller = Puller(self.nc, spec.stream, spec.name, spec.batch,
                         expires_s=max(1.0, min(30.0, spec.fetch_timeout_s * 100)), linger_s=spec.linger_s)
         await puller.start()
         return PullSubscription(puller)
+
+    async def _ensure_consumer(self, spec: ConsumerSpec, cfg: api.ConsumerConfig) -> None:
+        if spec.ephemeral:
+            await self.js.add_consumer(spec.stream, cfg)  # the same config again is accepted (idempotent)
+            return
+        try:
+            await self.js.consumer_info(spec.stream, spec.name)
+        except NotFoundError:
+            try:
+                await self.js.add_consumer(spec.stream, cfg)
+            except BadRequestError as exc:  # created concurrently by a replica
+                log.debug("consumer %s: %s", spec.name, exc)
 
     async def delete_consumer(self, stream: str, durable: str) -> None:
         """Remove a durable consumer (one an older version left). Asked directly of the API, so that a user
