@@ -1,11 +1,13 @@
 """Which shard a new job lives in.
 
 A job lives in its home shard (crc32 of its id): that spreads jobs evenly over the shards and lets every process
-find one without a lookup. One rule overrides it. A job that no set of its home's GPUs could ever host (a gang
-bigger than the shard, a per-node launch needing more GPUs out of MIG mode than it has, a required topology
-domain it lacks), or whose home holds no GPU while others do, is routed once, before any record of it exists,
-to a shard that can host it: the one with the most empty GPUs (``StateStore.route``). A job no shard could host
-stays at home and is rejected there, with the reason.
+find one without a lookup. Two rules override it, each for a new job only, once, before any record of it exists
+(``StateStore.route``). A job that no set of its home's GPUs could ever host (a gang bigger than the shard, a
+per-node launch needing more GPUs out of MIG mode than it has, a required topology domain it lacks), or whose
+home holds no GPU while others do, goes to a shard that can host it: the one with the most empty GPUs
+(``route_for``, here). A job its home cannot place now goes to a shard that can (``Decider._now_elsewhere``,
+which decides on that shard's mirror). A job no shard could ever host stays at home and is rejected there, with
+the reason.
 """
 
 from __future__ import annotations
