@@ -137,6 +137,9 @@ class BalancerSettings(Settings):
     """Create MIG instances on demand (False: reuse existing idle instances only)."""
     top_k: int = 3
     """Runner-up candidates explained in each placement (1 = the winner only; each costs policy time)."""
+    align_minute_s: float = 60.0
+    """One minute of the clock the ``migsched`` policy aligns expected ends on (its time buckets are minutes on a
+    log-2 scale). Only a replay at speed-up S changes it, to 60 / S (``up --demo`` does)."""
     max_rounds: int = 3
     """Re-decisions of a job that lost a compare-and-set race, within one batch, before it waits in the queue.
     """
@@ -163,6 +166,8 @@ class BalancerSettings(Settings):
     def __post_init__(self) -> None:
         if self.retry_backoff_s < 0 or self.retry_backoff_max_s < 0:
             raise SettingsError("MIGSCHED_RETRY_BACKOFF_S and MIGSCHED_RETRY_BACKOFF_MAX_S must be >= 0")
+        if not self.align_minute_s > 0:
+            raise SettingsError("MIGSCHED_ALIGN_MINUTE_S must be > 0")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

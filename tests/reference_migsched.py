@@ -53,7 +53,8 @@ def choose(snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> tuple
             continue
         tables = tables_for(model)
         before = tables.cost(gpu.busy_mask)
-        g_ext, n_ext = bucket(_ext(ends, _end(gpu, now))), bucket(_ext(ends, node_end[gpu.node]))
+        g_ext = bucket(_ext(ends, _end(gpu, now)), params.minute_s)
+        n_ext = bucket(_ext(ends, node_end[gpu.node]), params.minute_s)
         t1, t2 = (n_ext, g_ext) if params.node_first else (g_ext, n_ext)
         used = gpu.used_compute
         head = (used, 0) if comfortable else (0 if gpu.busy_mask else 1, used if params.spread else 0)
@@ -88,6 +89,6 @@ def choose_gang(snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> 
     if waits(params, job.demand.gpus, job.duration_hint_s, job.waited_s(), sum(map(len, empty.values())),
              len(snap)) is not None:
         return None  # a long gang kept waiting for headroom (the rule of its own, tests/unit/test_long_gangs.py)
-    fitting = [(bucket(_ext(ends, node_end[node])), len(ps), ps[0], node)
+    fitting = [(bucket(_ext(ends, node_end[node]), params.minute_s), len(ps), ps[0], node)
                for node, ps in empty.items() if len(ps) >= job.demand.gpus]
     return min(fitting)[3] if fitting else None

@@ -60,7 +60,8 @@ def placement_policy(st: BalancerSettings) -> tuple[BalancerParams, PlacementPol
         bp = getattr(fn, "balancer_params", None)
         if isinstance(bp, BalancerParams):
             return msgspec.structs.replace(bp, dynamic=st.dynamic), None
-    kw: dict[str, Any] = {"top_k": max(1, st.top_k)} if st.policy == "migsched" else {}
+    kw: dict[str, Any] = ({"top_k": max(1, st.top_k), "minute_s": st.align_minute_s} if st.policy == "migsched"
+                          else {})
     return params, get_policy(st.policy, **kw)[1]
 
 

@@ -27,7 +27,8 @@ DEMANDS = st.one_of(
     st.builds(sized, st.integers(1, 7), st.floats(1, 150)),
 )
 PARAMS = st.builds(AlignParams, fit_steps=st.sampled_from([5.0, 20.0]), in_time=st.booleans(),
-                   node_first=st.booleans(), top_k=st.sampled_from([0, 0, 1, 3, 6]))
+                   node_first=st.booleans(), top_k=st.sampled_from([0, 0, 1, 3, 6]),
+                   minute_s=st.sampled_from([60.0, 0.03]))
 HINTS = st.sampled_from([None, 30.0, 600.0, 7200.0, 200000.0])
 STEP = st.tuples(st.sampled_from(["place", "place", "place", "release", "destroy", "health", "later"]), DEMANDS,
                  HINTS, st.integers(0, 2**16))

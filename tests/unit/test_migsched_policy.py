@@ -27,7 +27,7 @@ DEMANDS = st.sampled_from(["1g", "2g", "3g", "4g", "7g", "1g+me", "1g.10gb", "2g
 PARAMS = st.builds(
     AlignParams, keep_empty=st.sampled_from([0.0, 0.1, 0.5, 1.0]), spread=st.booleans(),
     fit_steps=st.sampled_from([0.0, 5.0, 20.0]), in_time=st.booleans(), node_first=st.booleans(),
-    top_k=st.integers(0, 3), gang_hours=st.sampled_from([0.0, 4.0]),
+    top_k=st.integers(0, 3), gang_hours=st.sampled_from([0.0, 4.0]), minute_s=st.sampled_from([60.0, 0.03]),
 )
 HINTS = st.one_of(st.none(), st.sampled_from([30.0, 600.0, 5000.0, 100000.0]))
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -148,3 +148,5 @@ def test_buckets_agree_with_bucket_on_every_kind_of_extension() -> None:
 
     xs = [-5.0, 0.0, 1.0, 59.0, 60.0, 61.0, 3600.0, 1e6, math.inf]
     assert buckets(np.array(xs)).tolist() == [bucket(x) for x in xs]
+    # a replay at 2000x: the same buckets, on a clock 2000 times faster
+    assert buckets(np.array(xs) / 2000, 60.0 / 2000).tolist() == [bucket(x) for x in xs]

@@ -16,7 +16,6 @@ fields.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 from typing import Annotated, Any
@@ -52,6 +51,9 @@ class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
     """Compare the node's extension before the GPU's."""
     top_k: Annotated[int, msgspec.Meta(ge=0)] = 3
     """Runners-up a decision lists (0 in the simulator, which reads only the choice)."""
+    minute_s: Annotated[float, msgspec.Meta(gt=0.0)] = 60.0
+    """One minute of the clock the hints and ends are in: the time buckets are minutes on a log-2 scale. A stack
+    replaying a trace S times faster runs on wall time with every hint divided by S, and gives 60 / S."""
     gang_hours: Annotated[float, msgspec.Meta(ge=0.0)] = 4.0
     """A gang whose GPUs × duration hint exceed this many hours of every GPU of the cluster is *long*: it starts
     only with ``gang_room`` to spare, or after ``gang_wait_s`` (``shared.policy.placement.long_gangs``); 0 = off."""
@@ -61,21 +63,24 @@ class AlignParams(msgspec.Struct, frozen=True, kw_only=True):
     """A long gang that has waited this long is placed, and held for, as any gang."""
 
 
-_EDGES = (math.nextafter(0.0, 1.0), *(60.0 * (2.0**k - 1.0) for k in range(1, 63)), math.inf)
-"""An extension is in bucket b when it reaches _EDGES[b - 1] and not _EDGES[b]: more than nothing, one minute,
-three, seven, ...; infinity (a job that never ends, as far as anyone knows) is bucket 64."""
-_EDGES_A = np.array(_EDGES)
+@functools.cache
+def time_edges(minute_s: float = 60.0) -> npt.NDArray[np.float64]:
+    """An extension is in bucket b when it reaches edge b - 1 and not edge b: more than nothing, one minute,
+    three, seven, ...; infinity (a job that never ends, as far as anyone knows) is bucket 64."""
+    edges = np.array((math.nextafter(0.0, 1.0), *(minute_s * (2.0**k - 1.0) for k in range(1, 63)), math.inf))
+    edges.setflags(write=False)
+    return edges
 
 
-def bucket(extension_s: float) -> int:
+def bucket(extension_s: float, minute_s: float = 60.0) -> int:
     """An extension on a log-2 scale of minutes: 0 for none, 1 up to a minute, 2 up to three, ...; 64 = never
     known to end."""
-    return bisect.bisect_right(_EDGES, extension_s)
+    return int(np.searchsorted(time_edges(minute_s), extension_s, side="right"))
 
 
-def buckets(extension_s: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:
+def buckets(extension_s: npt.NDArray[np.float64], minute_s: float = 60.0) -> npt.NDArray[np.intp]:
     """``bucket`` of every element."""
-    return np.searchsorted(_EDGES_A, extension_s, side="right")
+    return np.searchsorted(time_edges(minute_s), extension_s, side="right")
 
 
 def extension(ends: float, until: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -111,12 +116,15 @@ class Context:
     that need them only (``trailing``, ``node_end``): a decision compares them within its best (tier, load, fit)
     class, not over every GPU."""
 
-    __slots__ = ("comfortable", "ends", "gpu_ends", "node_empty", "node_ends", "now")
+    __slots__ = ("comfortable", "edges", "ends", "gpu_ends", "node_empty", "node_ends", "now")
 
     def __init__(self, now: float, ends: float, comfortable: bool, gpu_ends: npt.NDArray[np.float64],
-                 node_ends: npt.NDArray[np.float64], node_empty: npt.NDArray[np.int64]) -> None:
+                 node_ends: npt.NDArray[np.float64], node_empty: npt.NDArray[np.int64],
+                 edges: npt.NDArray[np.float64] | None = None) -> None:
         self.now, self.ends, self.comfortable = now, ends, comfortable
         self.gpu_ends, self.node_ends, self.node_empty = gpu_ends, node_ends, node_empty
+        self.edges = time_edges() if edges is None else edges
+        """The time buckets' edges (``time_edges`` of the clock's minute)."""
 
     @classmethod
     def of_snapshot(cls, snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> Context:
@@ -132,7 +140,8 @@ class Context:
               node_empty: npt.NDArray[np.int64]) -> Context:
         """The job's expected end from its hint and the clock (inf without either, or without ``in_time``)."""
         ends = now + hint_s if params.in_time and hint_s is not None and now is not None else math.inf
-        return cls(now if now is not None else 0.0, ends, comfortable, gpu_ends, node_ends, node_empty)
+        return cls(now if now is not None else 0.0, ends, comfortable, gpu_ends, node_ends, node_empty,
+                   time_edges(params.minute_s))
 
     def node_end(self, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """When the node of each GPU at ``pos`` is expected to be free (now at the earliest)."""
@@ -290,7 +299,7 @@ def trailing(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], used:
     a handful of GPUs, where numpy's per-call cost is what counts."""
     k = len(pos)
     until = np.maximum(np.concatenate((ctx.gpu_ends[pos], ctx.node_ends[pos])), ctx.now)
-    b = _EDGES_A.searchsorted(extension(ctx.ends, until), side="right")
+    b = ctx.edges.searchsorted(extension(ctx.ends, until), side="right")
     t1, t2 = (b[k:], b[:k]) if params.node_first else (b[:k], b[k:])
     return ((t1 << SHIFT["t1"]) | (t2 << SHIFT["t2"]) | (np.minimum(ctx.node_empty[pos], 127) << SHIFT["node_empty"])
             | ((15 - used) << SHIFT["fullest"]))

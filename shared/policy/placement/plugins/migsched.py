@@ -269,15 +269,15 @@ def gang_head(ctx: Context, heads: npt.NDArray[np.intp]) -> int:
     """Of the nodes that hold a gang (each by its first empty GPU, ``heads``), the one whose busy period the
     gang extends least, then the one with the fewest empty GPUs (best fit), then the first: its first empty
     GPU. The gang rule's one choice: the policy over a snapshot, the simulator's ``AlignIndex`` over its own."""
-    ext = buckets(extension(ctx.ends, ctx.node_end(heads)))
+    ext = ctx.edges.searchsorted(extension(ctx.ends, ctx.node_end(heads)), side="right")
     return int(heads[np.lexsort((heads, ctx.node_empty[heads], ext))[0]])
 
 
 @register(PolicySpec(name=NAME, description="the default: pack in space, align in time (keep empty GPUs, least "
                      "extension of the GPU's and node's busy time, then FragCost), with reservations for large "
                      "waiting jobs", reserves=True),
-          accepts=("keep_empty", "spread", "fit_steps", "in_time", "node_first", "top_k", "gang_hours", "gang_room",
-                   "gang_wait_s"))
+          accepts=("keep_empty", "spread", "fit_steps", "in_time", "node_first", "top_k", "minute_s", "gang_hours",
+                   "gang_room", "gang_wait_s"))
 def _build(spec: PolicySpec, params: dict[str, Any]) -> tuple[PolicySpec, Rules]:
     try:  # the constructor checks neither types nor bounds: a typo must not run as a silent variant
         checked = msgspec.convert(params, AlignParams)
