@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from shared.state.codec import history_raw
+from shared.state.job_routes import JobRoutes
 from shared.state.keys import Keys
-from shared.state.model import route_shard, shard_of
 
 TERMINAL = frozenset({"finished", "failed", "cancelled", "rejected"})
 LIST_AT_MOST = 2000
@@ -108,18 +108,12 @@ Redis (and time out the read)."""
 
 
 async def _shards_of(redis: Any, namespace: str, shards: int, jobs: list[str]) -> dict[str, int]:
-    """Each job's shard: its home's (crc32 of its id), unless its home routed it to another (``:routes``)."""
-    where = {j: shard_of(j, shards) for j in jobs}
-    if shards <= 1:
-        return where
+    """Each job's shard (``JobRoutes.shards_of``: its home's, unless its home routed it to another), read in
+    chunks."""
+    routes = JobRoutes(redis, [Keys(namespace, s) for s in range(shards)])
+    where: dict[str, int] = {}
     for i in range(0, len(jobs), CHUNK * 8):
-        part = jobs[i: i + CHUNK * 8]
-        pipe = redis.pipeline(transaction=False)
-        for j in part:
-            pipe.hget(Keys(namespace, where[j]).routes, j)
-        for j, raw in zip(part, await pipe.execute(), strict=True):
-            if raw is not None:
-                where[j] = route_shard(_s(raw), shards, where[j])
+        where.update(await routes.shards_of(jobs[i: i + CHUNK * 8]))
     return where
 
 

@@ -39,7 +39,7 @@ from shared.mig.geometry import default_geometry
 from shared.state import RedisState, Violation, empty_shard, shard_of
 from shared.state.check import audit
 from shared.state.codec import _s, script_source
-from shared.state.model import route_shard
+from shared.state.job_routes import route_shard
 
 ACTIVE = ("placing", "running", "migrating")
 

@@ -24,6 +24,7 @@ from services.balancer.routing import empty_gpus, launches_per_node, mig_gpus, n
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.common.metric_cache import child
+from shared.events import JobSubmit
 from shared.mig.geometry import Geometry
 from shared.policy.admission import Hold, Start
 from shared.policy.charges import slot_usages
@@ -72,6 +73,9 @@ class RoundMemo:
 
     no_room: dict[tuple[int, Any, frozenset[str], Any], CannotPlace] = field(default_factory=dict)
     held: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    empty: dict[int, int] = field(default_factory=dict)
+    """Per shard, its empty GPUs at the round's first look: the order in which other shards are tried for a new
+    job (an order only, so not kept up to date within the round)."""
 
 
 class DecisionMetrics:
@@ -98,10 +102,8 @@ class Decider:
         shard = self.shards.of_job(sub.job_id)
         mirror = self.shards.mirrors[shard]
         holds = self.shards.holds[shard]
-        blocked = (frozenset(holds.blocked(sub.job_id, sub.duration_hint_s, now))
-                   if self.reserves and not self.ledger.active else frozenset())
-        mig = mig_gpus(mirror.view()) if launches_per_node(sub) else frozenset()
-        blocked |= mig  # a per-node gang's process sees every GPU of its node: never a MIG device
+        held, mig = self._unusable(shard, sub, now)
+        blocked = held | mig
         known = memo.no_room.get((shard, sub.demand, blocked, sub.topology))
         if known is not None:
             return self._queue(c, known, batch, now)
@@ -176,22 +178,32 @@ class Decider:
         if c.from_queue or c.routed or count <= 1 or home != shard_of(sub.job_id, count):
             return None
         c.routed = True
-        views = {s: self.shards.mirrors[s].view() for s in range(count) if s != home and len(self.shards.mirrors[s])}
-        for s in sorted(views, key=lambda s: (-empty_gpus(views[s]), s)):
+        others = [s for s in range(count) if s != home and len(self.shards.mirrors[s])]
+        for s in others:
+            if s not in memo.empty:
+                memo.empty[s] = empty_gpus(self.shards.mirrors[s].view())
+        for s in sorted(others, key=lambda s: (-memo.empty[s], s)):
             if never_here(self.shards, s, sub) is not None:
                 continue
-            blocked = (frozenset(self.shards.holds[s].blocked(sub.job_id, sub.duration_hint_s, now))
-                       if self.reserves and not self.ledger.active else frozenset())
-            mig = mig_gpus(views[s]) if launches_per_node(sub) else frozenset()
-            key = (s, sub.demand, blocked | mig, sub.topology)
+            held, mig = self._unusable(s, sub, now)
+            key = (s, sub.demand, held | mig, sub.topology)
             if key in memo.no_room:
                 continue
-            why = places(s, blocked, mig, self.shards.within(s, sub))
+            why = places(s, held, mig, self.shards.within(s, sub))
             if why is None:
                 return s
             if not self.ledger.active:  # an admission depends on the tenant and priority: never remembered
                 memo.no_room[key] = why
         return None
+
+    def _unusable(self, shard: int, sub: JobSubmit, now: float) -> tuple[frozenset[str], frozenset[str]]:
+        """The GPUs of ``shard`` that ``sub`` may not use: those held for larger waiting jobs (not with tenancy),
+        and, for a per-node gang, those in MIG mode (its process sees every GPU of its node: never a MIG
+        device)."""
+        held = (frozenset(self.shards.holds[shard].blocked(sub.job_id, sub.duration_hint_s, now))
+                if self.reserves and not self.ledger.active else frozenset())
+        mig = mig_gpus(self.shards.mirrors[shard].view()) if launches_per_node(sub) else frozenset()
+        return held, mig
 
     def _placed(self, req: JobRequest) -> Places:
         """Whether the policy places ``req`` on a shard's mirror now: None if so, else why not."""

@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import numpy as np
-
 from services.balancer.shards import Shards
 from shared.events import JobSubmit
 from shared.policy.placement.gang import never_fits
 from shared.policy.placement.topology import never_within
 from shared.policy.request import Demand
+from shared.policy.reserve import free_full
 from shared.policy.snapshot import ClusterSnapshot
 
 
@@ -54,10 +53,8 @@ def route_for(shards: Shards, sub: JobSubmit, home: int) -> int | None:
 
 
 def empty_gpus(snap: ClusterSnapshot) -> int:
-    """Healthy GPUs with no busy slice."""
-    if len(snap) == 0:
-        return 0
-    return int(np.count_nonzero((np.asarray(snap.busy) == 0) & np.asarray(snap.healthy, dtype=bool)))
+    """Healthy GPUs that could take a full-size job now (``reserve.free_full``: shares of a plain GPU count)."""
+    return int(free_full(snap).sum()) if len(snap) else 0
 
 
 def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, largest: int) -> str | None:

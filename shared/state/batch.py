@@ -14,6 +14,7 @@ from redis.exceptions import NoScriptError
 from shared import telemetry
 from shared.errors import Unavailable
 from shared.state.codec import _ENC, CancelResult, StateError, _s, decode_instances, decode_slots, decode_stops
+from shared.state.job_routes import route_shard
 from shared.state.keys import Keys
 from shared.state.model import (
     EXIT_TO_STATE,
@@ -23,7 +24,6 @@ from shared.state.model import (
     ReserveResult,
     StoredGpu,
     StoredInstance,
-    route_shard,
     shard_of,
 )
 

@@ -1,7 +1,8 @@
 """Where jobs live: a job lives in its home shard (crc32 of its id) unless it was routed to another
 (``lua/route.lua``), and a route never changes while the job exists. ``JobShards`` is what one process has
 learnt (bounded in size and in age: a job forgotten, or learnt too long ago, is read again); ``JobRoutes`` reads
-and writes the routes in Redis."""
+and writes the routes in Redis; ``route_parts``, ``route_shard`` and ``lives_in`` read a route and
+``lua/route.lua``'s answer, for both stores."""
 
 from __future__ import annotations
 
@@ -11,7 +12,29 @@ from typing import Any
 
 from shared.state.codec import _s
 from shared.state.keys import Keys
-from shared.state.model import route_shard, shard_of
+from shared.state.model import shard_of
+
+
+def route_parts(raw: str) -> tuple[int, float]:
+    """A route (``:routes`` entry ``"<shard>:<routed at>"``, ``lua/route.lua``) -> (shard, routed at); shard -1
+    when unreadable."""
+    head, _, at = raw.partition(":")
+    try:
+        return (int(head) if head.isdigit() else -1), float(at or 0)
+    except ValueError:
+        return -1, 0.0
+
+
+def route_shard(raw: str, shards: int, home: int) -> int:
+    """The shard a route names; ``home`` when it names none that exists (fewer shards now)."""
+    return lives_in(route_parts(raw)[0], shards, home)
+
+
+def lives_in(answer: int, shards: int, home: int) -> int:
+    """The shard a job lives in, from ``lua/route.lua``'s answer (-1: at home) or a route's shard: ``home`` for
+    any that names no shard of this deployment."""
+    return answer if 0 <= answer < shards else home
+
 
 LEARNT_MAX = 200_000
 """Jobs remembered per process (about 100 bytes each); past that the oldest learnt are dropped."""
@@ -76,24 +99,32 @@ class JobRoutes:
         return self.keys[shard_of(job_id, self.shards)]
 
     async def locate(self, job_ids: Iterable[str]) -> None:
-        """Learn where each job not known here lives (one pipelined read of the home shards): a job that no set
-        of its home's GPUs could host was routed to another shard. A job found nowhere yet stays at its home
-        until ``route`` says otherwise, and is not remembered."""
+        """Learn where each job not known here lives (one pipelined read of the home shards): its route, else its
+        home once its record is there. A job found nowhere yet stays at its home until ``route`` says otherwise,
+        and is not remembered."""
         todo = self.learnt.unknown(job_ids)
-        if not todo:
-            return
+        for j, (routed, at_home) in zip(todo, await self._read(todo), strict=True):
+            if routed is not None:
+                self.learnt.learn(j, routed)
+            elif at_home:
+                self.learnt.learn(j, shard_of(j, self.shards))
+
+    async def shards_of(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """Where each job lives, read now (one pipelined read; nothing learnt): its route, else its home."""
+        return {j: shard_of(j, self.shards) if routed is None else routed
+                for j, (routed, _) in zip(job_ids, await self._read(job_ids), strict=True)}
+
+    async def _read(self, job_ids: Sequence[str]) -> list[tuple[int | None, bool]]:
+        """Per job: the shard its home routes it to (None: no route), and whether its record is at home."""
+        if not job_ids or self.shards <= 1:
+            return [(None, True)] * len(job_ids)
         pipe = self.redis.pipeline(transaction=False)
-        for j in todo:
+        for j in job_ids:
             pipe.hget(self.home(j).routes, j)
             pipe.exists(self.home(j).job(j))
         got = await pipe.execute()
-        for n, j in enumerate(todo):
-            raw, at_home = got[2 * n], got[2 * n + 1]
-            home = shard_of(j, self.shards)
-            if raw is not None:
-                self.learnt.learn(j, route_shard(_s(raw), self.shards, home))
-            elif at_home:
-                self.learnt.learn(j, home)
+        return [(None if got[2 * n] is None else route_shard(_s(got[2 * n]), self.shards, shard_of(j, self.shards)),
+                 bool(got[2 * n + 1])) for n, j in enumerate(job_ids)]
 
     async def route(self, batch: Any, wanted: Mapping[str, int], now: float) -> dict[str, int]:
         """Send each new job to the shard named (``lua/route.lua``, atomic in its home shard; ``batch``: an empty
@@ -106,8 +137,7 @@ class JobRoutes:
             batch.route(j, wanted[j], now)
         out: dict[str, int] = {}
         for j, got in zip(ids, await batch.run(), strict=True):
-            home = shard_of(j, self.shards)
-            out[j] = home if got < 0 or got >= self.shards else got
+            out[j] = lives_in(got, self.shards, shard_of(j, self.shards))
             self.learnt.learn(j, out[j])
         return out
 
@@ -120,9 +150,9 @@ class JobRoutes:
         for k in self.keys:
             stale: list[tuple[str, int]] = []
             async for name, raw in self.redis.hscan_iter(k.routes, count=500):
-                head, _, at = _s(raw).partition(":")
-                if float(at or 0) < before and head.isdigit() and int(head) < self.shards:
-                    stale.append((_s(name), int(head)))
+                cell, at = route_parts(_s(raw))
+                if at < before and 0 <= cell < self.shards:
+                    stale.append((_s(name), cell))
             if not stale:
                 continue
             pipe = self.redis.pipeline(transaction=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from shared.state.job_routes import route_parts, route_shard
 from shared.state.model import (
     HISTORY_MAX,
     TERMINAL_STATES,
@@ -14,7 +15,6 @@ from shared.state.model import (
     JobRecord,
     StoredGpu,
     prio_score,
-    route_shard,
     shard_of,
 )
 
@@ -68,7 +68,7 @@ class MemoryPrelude:
         home = self._s[shard_of(job, self.shards)]
         raw = home.routes.get(job)
         if raw is not None:
-            return int(raw.partition(":")[0])
+            return route_parts(raw)[0]
         if job in home.jobs:
             return -1
         home.routes[job] = f"{shard}:{now!r}"

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.state.codec import CancelResult
+from shared.state.job_routes import lives_in, route_parts
 from shared.state.memory_jobs import JobTransitions
 from shared.state.memory_migrate import MigrationTransitions
 from shared.state.memory_prelude import _Shard
@@ -205,20 +206,15 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
     async def route(self, wanted: Mapping[str, int], now: float) -> dict[str, int]:
         if self.shards <= 1:
             return {j: 0 for j in wanted}
-        out = {}
-        for j in sorted(wanted):
-            got = self._t_route(j, wanted[j], now)
-            home = shard_of(j, self.shards)
-            out[j] = home if got < 0 or got >= self.shards else got
-        return out
+        return {j: lives_in(self._t_route(j, wanted[j], now), self.shards, shard_of(j, self.shards))
+                for j in sorted(wanted)}
 
     async def prune_routes(self, before: float) -> int:
         n = 0
         for sh in self._s:
             for job, raw in list(sh.routes.items()):
-                head, _, at = raw.partition(":")
-                cell = int(head)
-                if float(at) < before and cell < self.shards and job not in self._s[cell].jobs:
+                cell, at = route_parts(raw)
+                if at < before and 0 <= cell < self.shards and job not in self._s[cell].jobs:
                     del sh.routes[job]
                     n += 1
         return n

@@ -355,13 +355,6 @@ def shard_of(name: str, shards: int) -> int:
     return 0 if shards <= 1 else zlib.crc32(name.encode()) % shards
 
 
-def route_shard(raw: str, shards: int, home: int) -> int:
-    """The shard a route (``:routes`` entry ``"<shard>:<routed at>"``) names; ``home`` when it names none that
-    exists (fewer shards now)."""
-    head = raw.partition(":")[0]
-    return int(head) if head.isdigit() and int(head) < shards else home
-
-
 def empty_shard(shard: int, sizes: Sequence[int]) -> str | None:
     """Why the jobs recorded in ``shard`` cannot be placed while it holds no GPU (``sizes``: the GPUs, or nodes,
     each shard holds): a job is placed only on the GPUs of the shard it lives in, and a new job whose home

@@ -72,8 +72,9 @@ class RedisState(DerivedReads):
         self.shards = shards
         self._keys = [Keys(namespace, s) for s in range(shards)]
         self._node_shard: dict[str, int] = {}
-        self.routes = JobRoutes(redis, self._keys)
         """Node -> shard, as learnt (``locate``, ``nodes``, registrations): a node keeps its first shard."""
+        self.routes = JobRoutes(redis, self._keys)
+        """Where jobs live: routes read and written, and what this process has learnt of them."""
         self._scripts: dict[str, Any] = {}
         self.blocks_key = f"{{{namespace or 'migsched'}:blocks}}"
         """Block label -> its shard (``block_shard``): a key of its own slot, read only at registrations."""

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from services.common.testing import private_state
-from shared.state import Reservation, StoredInstance, audit
+from services.common.testing import make_settings, private_state
+from shared.state import RedisState, Reservation, StoredInstance, audit
 from shared.state.memory_store import MemoryState
 from shared.state.model import shard_of
 from tests.contract.state_cases.expiry import GEO, LATER, NOW
@@ -141,3 +141,18 @@ CASES = [a_routed_job_is_found_in_its_shard_by_every_process,
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 async def test_both_stores_route_jobs_alike(case: Callable[[Make], Awaitable[None]], process: Make) -> None:
     await case(process)
+
+
+@pytest.mark.integration
+async def test_a_routed_jobs_shard_is_read_from_its_home_without_being_learnt(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with private_state(prefix, nats_url, redis_url, shards=2) as store:
+        routed, stays = job_at_home(0, 0), job_at_home(0, 1)
+        await store.route({routed: 1}, NOW)
+        reader = RedisState.from_settings(make_settings(prefix, nats_url, redis_url, shards=2))
+        try:
+            assert await reader.routes.shards_of([routed, stays]) == {routed: 1, stays: 0}
+            assert reader.routes.learnt.unknown([routed]) == [routed]  # read, not remembered
+        finally:
+            await reader.close()
