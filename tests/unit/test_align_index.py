@@ -51,14 +51,16 @@ def _apply(gpus: list[GpuView], index: AlignIndex, slot: Slot, job: str, ends_at
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12),
        models=st.lists(st.sampled_from(MODELS), min_size=1, max_size=3, unique=True),
-       params=PARAMS, steps=st.lists(STEP, min_size=1, max_size=25), cached=st.sampled_from([1, 3, 64]))
+       params=PARAMS, steps=st.lists(STEP, min_size=1, max_size=25), cached=st.sampled_from([1, 3, 64]),
+       few=st.sampled_from([0, 2, 16]))
 def test_the_index_places_exactly_as_the_policy_through_a_sequence_of_changes(
     seed: int, n: int, models: list[str], params: AlignParams,
-    steps: list[tuple[str, Demand, float | None, int]], cached: int,
+    steps: list[tuple[str, Demand, float | None, int]], cached: int, few: int,
 ) -> None:
     gpus = list(random_cluster(random.Random(seed), n, tuple(models)).gpus)
     index = AlignIndex(GEO, gpus, params)
     index.columns.min_size = cached  # small: the kept columns of large classes are exercised on small clusters
+    index.few = few  # and both ways of keying a decision's best classes: one GPU at a time, or as arrays
     now = 1000.0
     for k, (what, demand, hint, pick) in enumerate(steps):
         if what == "later":  # the clock moves: running jobs' expected ends come nearer or pass
@@ -80,8 +82,44 @@ def test_the_index_places_exactly_as_the_policy_through_a_sequence_of_changes(
             index.update(gpus[p])
     assert index.agrees_with(gpus)  # what a fresh index over the same GPUs keys
     snap = snapshot_of(GEO, gpus)  # and the time columns are the snapshot's
-    assert np.array_equal(index.ends, snap.ends) and np.array_equal(index.node_end, snap.node_end)
-    assert np.array_equal(index.node_empty, snap.node_empty)
+    ends, node_end, node_empty, _ = index.times.columns  # up to date: agrees_with flushed them
+    assert np.array_equal(ends, snap.ends) and np.array_equal(node_end, snap.node_end)
+    assert np.array_equal(node_empty, snap.node_empty)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_on_busy_nodes_with_hints_the_index_keys_time_as_the_policy_does(seed: int) -> None:
+    # jobs with hints on 8-GPU nodes, so that the GPU's and the node's extensions differ and the time fields
+    # decide: the index's best classes keyed one GPU at a time, and as arrays, against the policy's snapshot
+    rng = random.Random(seed)
+    gpus = [GpuView.build(id=f"g{i}", node=f"n{i // 8}", index=i % 8, model="A100-40GB", instances=[])
+            for i in range(32)]
+    params = AlignParams(node_first=bool(seed % 2), minute_s=(60.0, 0.03)[seed % 3 == 2], top_k=0)
+    one, arrays = AlignIndex(GEO, gpus, params), AlignIndex(GEO, gpus, params)
+    arrays.few = 0
+    now, agreed, timed = 1000.0, 0, 0
+    for k in range(150):
+        if rng.random() < 0.3:
+            p = rng.randrange(len(gpus))
+            gpus[p] = change_gpu(gpus[p], "release", rng.randrange(8))
+            one.update(gpus[p])
+            arrays.update(gpus[p])
+            continue
+        now += rng.choice([0.0, 5.0, 90.0, 1200.0])
+        demand = mig(rng.choice(["1g", "1g", "2g", "3g", "4g"]))
+        hint = rng.choice([20.0, 300.0, 4000.0, 90000.0, None])
+        decision = place_aligned(snapshot_of(GEO, gpus), JobRequest(job_id=f"j{k}", demand=demand,
+                                                                    duration_hint_s=hint, now=now), params=params)
+        slots, by_arrays = one.place(demand, hint, now), arrays.place(demand, hint, now)
+        if not isinstance(decision, Placement):
+            assert slots is None and by_arrays is None
+            continue
+        assert slots == by_arrays == decision.slots
+        agreed += 1
+        timed += hint is not None and len({g.node for g in gpus if g.busy_mask}) > 1
+        _apply(gpus, one, slots[0], f"j{k}", None if hint is None else now + hint)
+        arrays.update(gpus[next(p for p, g in enumerate(gpus) if g.id == slots[0].gpu_id)])
+    assert agreed >= 50 and timed >= 20  # the sequence really compared timed choices on several nodes
 
 
 def test_among_equal_gpus_the_index_picks_the_one_listed_first() -> None:

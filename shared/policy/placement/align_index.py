@@ -27,7 +27,6 @@ Pure: a data structure the caller drives with ``update``; no clock, I/O or rando
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,17 +36,19 @@ from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.tables import tables_for
 from shared.policy.cluster_snapshot import gpu_end
 from shared.policy.gpu_view import GpuView
-from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context, Group, table, trailing
+from shared.policy.placement.alignment import LEAD, UNFIT, AlignParams, Context, Group, table, trailing, trailing_one
 from shared.policy.placement.class_columns import ClassColumns
 from shared.policy.placement.decision import JobRequest, Placement, Slot
 from shared.policy.placement.explain import whole_placement
 from shared.policy.placement.gang import member_slots
+from shared.policy.placement.gpu_times import GpuTimes
 from shared.policy.placement.long_gangs import is_long, waits
-from shared.policy.placement.plugins.migsched import choose, explain, gang_head, slot_of
+from shared.policy.placement.plugins.migsched import choose, explain, gang_head, legal, slot_at, slot_of
 from shared.policy.request import Demand, resolve_profile
 
 _Tables = tuple[str, int, npt.NDArray[np.int64], npt.NDArray[np.int64]]
 """Per profile of a model: its name, its column in the model's profile index, its create and reuse tables."""
+_Asked = list[tuple[int, GpuModel, str]]
 
 
 class AlignIndex:
@@ -55,6 +56,8 @@ class AlignIndex:
 
     memo_limit = 1 << 14
     """Static-key tuples kept by GPU state, and resolved demands (each emptied when full)."""
+    few = 16
+    """Best classes of at most this many GPUs in all are keyed one GPU at a time (``_few``), not as arrays."""
 
     def __init__(self, geometry: Geometry, gpus: Sequence[GpuView], params: AlignParams) -> None:
         if not self.supports(params):
@@ -72,26 +75,20 @@ class AlignIndex:
         self._index = [tables_for(m).index for m in self.models]
         """Per model slot: profile name -> its column (``tables_for`` hashes the model on every call)."""
         self._profile_at = [{name: j for j, (name, *_) in enumerate(tabs)} for tabs in self._tables]
-        self.keys: list[tuple[int, ...]] = [(int(UNFIT),) * len(self._tables[k]) for k in self.mid]
+        self._unfit = [(int(UNFIT),) * len(tabs) for tabs in self._tables]
+        """Per model slot, the keys of a GPU with no candidate (one object: ``_rekey`` compares by identity)."""
+        self.keys: list[tuple[int, ...]] = [self._unfit[k] for k in self.mid]
         """Per GPU: its static key for each profile of its model (UNFIT: unusable or no room)."""
         self.classes: list[list[dict[int, set[int]]]] = [[{} for _ in tabs] for tabs in self._tables]
         """Per model slot and profile (``_profile_at``): leading fields -> the GPUs whose static key leads with
         them (a GPU without a candidate is in none)."""
         self._memo: dict[tuple[int, int, tuple[int, ...]], tuple[int, ...]] = {}
         """Static keys by (model slot, busy << 8 | idle, idle starts per profile): a cluster shows few states."""
-        self.ends = np.full(n, -math.inf)
-        self.node_end = np.full(n, -math.inf)
-        self.node_empty = np.zeros(n, dtype=np.int64)
-        self.used = np.zeros(n, dtype=np.int64)
-        self._end = [-math.inf] * n
-        self._empty = [False] * n
-        """``ends`` and usable-and-empty per GPU as lists: the node pass reads them one GPU at a time, where a
-        numpy element read costs more than the pass."""
+        self._moves: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[int, int | None, int | None]]] = {}
+        """(old keys, new keys) -> the profiles whose key changed, each with its old and new class (``_moved``)."""
         self._nodes, self._node_of, self._node_at = _number_nodes(self.gpus)
-        self._node_count = [0] * len(self._node_at)
-        """Per node number, its empty usable GPUs (``node_empty`` per node)."""
-        self._node_last = [-math.inf] * len(self._node_at)
-        """Per node number, its GPUs' latest expected end (``node_end`` per node)."""
+        self.times = GpuTimes(self._node_of, self._node_at)
+        """What the keys' time fields read, per GPU and per node."""
         self._largest = max((len(at) for at in self._node_at), default=0)
         self._not_mig = {p for p, g in enumerate(self.gpus) if not g.mig}
         """GPUs not in MIG mode: while there is one, a gang may go to plain GPUs first, which only the policy
@@ -130,18 +127,25 @@ class AlignIndex:
     def empty_on(self, node: str) -> int:
         """GPUs of ``node`` with no busy instance, in MIG mode and healthy (what a whole-GPU gang needs)."""
         self._catch_up()
-        return self._node_count[self._nodes[node]]
+        return self.times.node_count[self._nodes[node]]
 
     def place(self, demand: Demand, hint_s: float | None = None, now: float | None = None,
               submitted_at: float | None = None) -> tuple[Slot, ...] | None:
         """The policy's slots for a demand the index ``handles``, of a job of ``hint_s`` seconds submitted at
         ``submitted_at``, at ``now``, or None when it cannot place it now."""
         self._catch_up()
-        ctx = Context.timed(now, hint_s, self.params, False, self.ends, self.node_end, self.node_empty)
+        ctx = Context.timed(now, hint_s, self.params, False, *self.times.columns[:3])
         if demand.kind == "gpus":
             waited = None if now is None or submitted_at is None else now - submitted_at
             return None if self.waits(demand.gpus, hint_s, waited) else self._place_gang(ctx, demand.gpus)
-        got, _ = self._choose(ctx, demand, 1, scored=False)
+        asked = self._resolve(demand)
+        few = self._few(ctx, asked)
+        if few is not None:
+            key, p, model, name = few
+            gpu, prof = self.gpus[p], model.profile(name)
+            if legal(gpu, prof, key):
+                return (slot_at(gpu, model, prof, key),)
+        got, _ = self._choose(ctx, asked, 1, scored=False)
         if got is None:
             return None
         key, g, gpu = got
@@ -151,14 +155,13 @@ class AlignIndex:
         """The policy's explained ``Placement`` (reasons, score, ``top_k`` runners-up) for a job whose demand the
         index ``handles``, or None when it cannot place it now (the policy then gives the reasons)."""
         self._catch_up()
-        ctx = Context.timed(job.now, job.duration_hint_s, self.params, False, self.ends, self.node_end,
-                            self.node_empty)
+        ctx = Context.timed(job.now, job.duration_hint_s, self.params, False, *self.times.columns[:3])
         if job.demand.kind == "gpus":
             if self.waits(job.demand.gpus, job.duration_hint_s, job.waited_s()):
                 return None  # the policy gives the reason
             slots = self._place_gang(ctx, job.demand.gpus)
             return None if slots is None else whole_placement(job, slots, policy)
-        got, groups = self._choose(ctx, job.demand, self.params.top_k + 1, scored=True)
+        got, groups = self._choose(ctx, self._resolve(job.demand), self.params.top_k + 1, scored=True)
         return None if got is None else explain(self.gpus, job, policy, got, groups, ctx, self.params)
 
     def waits(self, gpus: int, hint_s: float | None, waited_s: float | None) -> str | None:
@@ -166,19 +169,52 @@ class AlignIndex:
         if not is_long(self.params, gpus, hint_s, len(self.gpus)):
             return None
         self._catch_up()
-        return waits(self.params, gpus, hint_s, waited_s, sum(self._node_count), len(self.gpus))
+        return waits(self.params, gpus, hint_s, waited_s, sum(self.times.node_count), len(self.gpus))
 
-    def _choose(self, ctx: Context, demand: Demand, cover: int, scored: bool,
-                ) -> tuple[tuple[int, Group, GpuView] | None, list[Group]]:
-        """``choose`` over the smallest classes holding at least ``cover`` GPUs per model (1: the best class;
-        more for runners-up), and the groups it chose from. ``scored``: the chosen key is full even when it is
-        the only candidate (its score is reported)."""
+    def _resolve(self, demand: Demand) -> _Asked:
+        """The (model slot, model, profile) ``demand`` resolves to on each model that has one."""
         asked = self._asked.get(demand)
         if asked is None:
             if len(self._asked) >= self.memo_limit:
                 self._asked.clear()
             asked = self._asked[demand] = [(k, model, prof.name) for k, model in enumerate(self.models)
                                            if (prof := resolve_profile(demand, model)) is not None]
+        return asked
+
+    def _few(self, ctx: Context, asked: _Asked) -> tuple[int, int, GpuModel, str] | None:
+        """The smallest (full key, position) over the best class of each model asked, with its model and
+        profile, when those classes hold at most ``few`` GPUs in all; None when they hold more or none
+        (``_choose`` answers). What ``choose`` takes first over ``_groups``'s arrays, keyed one GPU at a time
+        (``trailing_one``): most decisions' best class is a handful of GPUs."""
+        picks = []
+        total = 0
+        for k, model, name in asked:
+            j = self._profile_at[k][name]
+            classes = self.classes[k][j]
+            if classes:
+                members = classes[min(classes)]
+                total += len(members)
+                if total > self.few:
+                    return None
+                picks.append((j, members, model, name))
+        best: tuple[int, int, GpuModel, str] | None = None
+        t = self.times
+        keys, ends, used, node_of, node_last, node_count = (self.keys, t.end, t.used, self._node_of, t.node_last,
+                                                           t.node_count)
+        params = self.params
+        for j, members, model, name in picks:
+            for p in members:
+                nid = node_of[p]
+                key = keys[p][j] | trailing_one(ctx, params, ends[p], node_last[nid], node_count[nid], used[p])
+                if best is None or (key, p) < best[:2]:
+                    best = (key, p, model, name)
+        return best
+
+    def _choose(self, ctx: Context, asked: _Asked, cover: int, scored: bool,
+                ) -> tuple[tuple[int, Group, GpuView] | None, list[Group]]:
+        """``choose`` over the smallest classes holding at least ``cover`` GPUs per model (1: the best class;
+        more for runners-up), and the groups it chose from. ``scored``: the chosen key is full even when it is
+        the only candidate (its score is reported)."""
         groups = self._groups(ctx, asked, cover, scored)
         got, at_max = choose(groups, ctx, self.params, self.gpus)
         if at_max:  # a best candidate at its max count: its GPU's next best may rank past other classes
@@ -188,22 +224,24 @@ class AlignIndex:
 
     def _place_gang(self, ctx: Context, n: int) -> tuple[Slot, ...] | None:
         """``n`` whole GPUs on the node the rule picks (``migsched.gang_head``), or None when no node has them."""
-        empty = self._empty
-        heads = [next(p for p in at if empty[p]) for nid, at in enumerate(self._node_at)
-                 if self._node_count[nid] >= n]
+        empty, count = self.times.empty, self.times.node_count
+        heads = [next(p for p in at if empty[p]) for nid, at in enumerate(self._node_at) if count[nid] >= n]
         if not heads:
             return None
+        self.times.flush()
         head = gang_head(ctx, np.array(heads, dtype=np.intp))
         members = [self.gpus[p] for p in self._node_at[self._node_of[head]] if empty[p]]
         return member_slots(self.geometry, members, n)
 
-    def _groups(self, ctx: Context, asked: list[tuple[int, GpuModel, str]], cover: int, scored: bool,
+    def _groups(self, ctx: Context, asked: _Asked, cover: int, scored: bool,
                 ) -> list[Group]:
         """Per model asked, the GPUs with a candidate for its profile, each with its key: those of the smallest
         classes that together hold at least ``cover`` GPUs (0: every class), the best class's keys full (time
         fields and ties), the others' without them (``Group``; they rank after the best class anyway)."""
         out = []
         params = self.params
+        self.times.flush()
+        all_used = self.times.columns[3]
         for k, model, name in asked:
             j = self._profile_at[k][name]
             classes = self.classes[k][j]
@@ -218,7 +256,7 @@ class AlignIndex:
                 taken.append(lead)
                 count += len(classes[lead])
             sel, base = self._members(k, j, taken)
-            used = self.used[sel]
+            used = all_used[sel]
             if not scored and cover == 1 and len(sel) == 1 and len(asked) == 1:
                 # the one candidate there is: its time fields order nothing (``choose`` fills them in if its
                 # candidate turns out to be at its max count)
@@ -252,58 +290,53 @@ class AlignIndex:
         """Key again every GPU changed since the last decision, then the time columns of their nodes."""
         if not self._dirty:
             return
-        nodes = set()
+        node_of = self._node_of
         for pos in self._dirty:
             self._rekey(pos)
-            nodes.add(self._node_of[pos])
+        self.times.settle({node_of[p] for p in self._dirty})
         self._dirty.clear()
-        for nid in nodes:
-            at = self._node_at[nid]
-            end = max(self._end[p] for p in at)
-            empty = sum(self._empty[p] for p in at)
-            if end == self._node_last[nid] and empty == self._node_count[nid]:
-                continue
-            for p in at:
-                self.node_end[p] = end
-                self.node_empty[p] = empty
-            self._node_last[nid], self._node_count[nid] = end, empty
 
     def _rekey(self, pos: int) -> None:
         gpu = self.gpus[pos]
         k = self.mid[pos]
         tabs = self._tables[k]
         busy = gpu.busy_mask
-        end = gpu_end(gpu)
         idle_starts = [0] * len(tabs)  # as the snapshot's idle_starts row, kept as a list: it keys the memo
         index = self._index[k]
         for inst in gpu.instances:
             if inst.job_id is None and (col := index.get(inst.profile)) is not None:
                 idle_starts[col] |= 1 << inst.start
         ok = gpu.mig and gpu.healthy
-        self._end[pos] = end
-        self.ends[pos] = end
-        self._empty[pos] = ok and not busy
-        self.used[pos] = gpu.used_compute
-        keys = self._static(k, busy, gpu.idle_mask, idle_starts) if ok else (int(UNFIT),) * len(tabs)
+        self.times.put(pos, gpu_end(gpu), gpu.used_compute, ok and not busy)
+        keys = self._static(k, busy, gpu.idle_mask, idle_starts) if ok else self._unfit[k]
         old = self.keys[pos]
-        if keys == old:
+        if keys is old:  # memoised tuples: the same state keys to the same object
             return
         self.keys[pos] = keys
-        for j, (was, now) in enumerate(zip(old, keys, strict=True)):
-            if was == now:
+        moved = self._moves.get((old, keys))
+        if moved is None:
+            if len(self._moves) >= self.memo_limit:
+                self._moves.clear()
+            moved = self._moves[(old, keys)] = _moved(old, keys)
+        classes, kept = self.classes[k], self.columns.kept_now
+        for j, was, now in moved:
+            sets = classes[j]
+            if was is not None and was == now:  # re-keyed within its class
+                if (hit := kept.get((k, j, was))) is not None:
+                    hit[2].add(pos)
                 continue
-            sets = self.classes[k][j]
-            if was != UNFIT:
-                members = sets[was & LEAD]
+            if was is not None:
+                members = sets[was]
                 members.discard(pos)
                 if not members:
-                    del sets[was & LEAD]
-                    self.columns.emptied((k, j, was & LEAD))
-                else:
-                    self.columns.touched((k, j, was & LEAD), pos)
-            if now != UNFIT:
-                sets.setdefault(now & LEAD, set()).add(pos)
-                self.columns.touched((k, j, now & LEAD), pos)
+                    del sets[was]
+                    self.columns.emptied((k, j, was))
+                elif (hit := kept.get((k, j, was))) is not None:
+                    hit[2].add(pos)
+            if now is not None:
+                sets.setdefault(now, set()).add(pos)
+                if (hit := kept.get((k, j, now))) is not None:
+                    hit[2].add(pos)
 
     def _static(self, k: int, busy: int, idle: int, idle_starts: list[int]) -> tuple[int, ...]:
         """A usable GPU's static key for each profile of model slot ``k``: its best create or reuse candidate."""
@@ -327,11 +360,21 @@ class AlignIndex:
             members = sorted(self.classes[k][j][lead])
             if sel.tolist() != members or base.tolist() != [self.keys[p][j] for p in members]:
                 return False
+        mine, theirs = self.times, fresh.times
+        mine.flush()
+        fresh.times.flush()
         return (self.keys == fresh.keys and self.classes == fresh.classes
-                and np.array_equal(self.ends, fresh.ends) and np.array_equal(self.node_end, fresh.node_end)
-                and np.array_equal(self.node_empty, fresh.node_empty) and np.array_equal(self.used, fresh.used)
-                and self._node_count == fresh._node_count and self._node_last == fresh._node_last
+                and all(np.array_equal(a, b) for a, b in zip(mine.columns, theirs.columns, strict=True))
+                and (mine.end, mine.used, mine.empty, mine.node_last, mine.node_count)
+                == (theirs.end, theirs.used, theirs.empty, theirs.node_last, theirs.node_count)
                 and self._not_mig == fresh._not_mig)
+
+
+def _moved(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[int, int | None, int | None]]:
+    """Each profile whose static key changed from ``old`` to ``new``: (its column, its old class, its new class),
+    a class being the key's leading fields (None: no candidate)."""
+    return [(j, None if was == UNFIT else was & LEAD, None if now == UNFIT else now & LEAD)
+            for j, (was, now) in enumerate(zip(old, new, strict=True)) if was != now]
 
 
 def _number_models(geometry: Geometry, gpus: Sequence[GpuView]) -> tuple[list[GpuModel], list[int]]:

@@ -16,6 +16,7 @@ fields.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from typing import Annotated, Any
@@ -72,6 +73,12 @@ def time_edges(minute_s: float = 60.0) -> npt.NDArray[np.float64]:
     return edges
 
 
+@functools.cache
+def time_cuts(minute_s: float = 60.0) -> tuple[float, ...]:
+    """``time_edges`` as a tuple of floats (``bisect`` over it costs less than a numpy call)."""
+    return tuple(time_edges(minute_s).tolist())
+
+
 def bucket(extension_s: float, minute_s: float = 60.0) -> int:
     """An extension on a log-2 scale of minutes: 0 for none, 1 up to a minute, 2 up to three, ...; 64 = never
     known to end."""
@@ -97,6 +104,9 @@ _WIDTH = dict(FIELDS)
 LEAD = ((1 << (_WIDTH["first"] + _WIDTH["load"] + _WIDTH["fit"])) - 1) << SHIFT["fit"]
 """The leading fields (tier, load, fit). UNFIT & LEAD is LEAD, which no fitting GPU reaches (a tier is at most
 the 7 compute slices of a GPU, not 15)."""
+_T1, _T2, _NODE_EMPTY, _FULLEST = SHIFT["t1"], SHIFT["t2"], SHIFT["node_empty"], SHIFT["fullest"]
+
+
 
 
 def _at(value: Any, name: str) -> Any:
@@ -116,15 +126,17 @@ class Context:
     that need them only (``trailing``, ``node_end``): a decision compares them within its best (tier, load, fit)
     class, not over every GPU."""
 
-    __slots__ = ("comfortable", "edges", "ends", "gpu_ends", "node_empty", "node_ends", "now")
+    __slots__ = ("comfortable", "cuts", "edges", "ends", "gpu_ends", "node_empty", "node_ends", "now")
 
     def __init__(self, now: float, ends: float, comfortable: bool, gpu_ends: npt.NDArray[np.float64],
                  node_ends: npt.NDArray[np.float64], node_empty: npt.NDArray[np.int64],
-                 edges: npt.NDArray[np.float64] | None = None) -> None:
+                 minute_s: float = 60.0) -> None:
         self.now, self.ends, self.comfortable = now, ends, comfortable
         self.gpu_ends, self.node_ends, self.node_empty = gpu_ends, node_ends, node_empty
-        self.edges = time_edges() if edges is None else edges
+        self.edges = time_edges(minute_s)
         """The time buckets' edges (``time_edges`` of the clock's minute)."""
+        self.cuts = time_cuts(minute_s)
+        """The same edges as plain floats, for ``trailing_one``."""
 
     @classmethod
     def of_snapshot(cls, snap: ClusterSnapshot, job: JobRequest, params: AlignParams) -> Context:
@@ -141,7 +153,7 @@ class Context:
         """The job's expected end from its hint and the clock (inf without either, or without ``in_time``)."""
         ends = now + hint_s if params.in_time and hint_s is not None and now is not None else math.inf
         return cls(now if now is not None else 0.0, ends, comfortable, gpu_ends, node_ends, node_empty,
-                   time_edges(params.minute_s))
+                   params.minute_s)
 
     def node_end(self, pos: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """When the node of each GPU at ``pos`` is expected to be free (now at the earliest)."""
@@ -290,6 +302,22 @@ def _by_load(ctx: Context, params: AlignParams, used: npt.NDArray[np.int64]) -> 
     if params.spread:
         return used << SHIFT["load"]
     return None
+
+
+def trailing_one(ctx: Context, params: AlignParams, gpu_end: float, node_end: float, node_empty: int, used: int,
+                 ) -> int:
+    """``trailing`` for one GPU, from plain numbers (its and its node's expected free time, the node's empty
+    GPUs, its busy compute slices): the same fields by the same arithmetic. A decision whose best class holds a
+    handful of GPUs spends most of its time in numpy's per-call cost; this takes a few hundred nanoseconds."""
+    now, ends, cuts = ctx.now, ctx.ends, ctx.cuts
+    finite = not math.isinf(ends)
+    until = gpu_end if gpu_end > now else now
+    b1 = bisect.bisect_right(cuts, ends - until if finite else (0.0 if math.isinf(until) else math.inf))
+    until = node_end if node_end > now else now
+    b2 = bisect.bisect_right(cuts, ends - until if finite else (0.0 if math.isinf(until) else math.inf))
+    t1, t2 = (b2, b1) if params.node_first else (b1, b2)
+    return ((t1 << _T1) | (t2 << _T2) | ((node_empty if node_empty < 127 else 127) << _NODE_EMPTY)
+            | ((15 - used) << _FULLEST))
 
 
 def trailing(ctx: Context, params: AlignParams, pos: npt.NDArray[np.intp], used: npt.NDArray[np.int64],

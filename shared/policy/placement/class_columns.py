@@ -25,23 +25,25 @@ Columns = tuple[npt.NDArray[np.intp], npt.NDArray[np.int64]]
 class ClassColumns:
     def __init__(self, min_size: int = 64) -> None:
         self.min_size = min_size
-        self._kept: dict[Key, tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], set[int]]] = {}
+        self.kept_now: dict[Key, tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], set[int]]] = {}
+        """Per class kept: its arrays and the positions touched since they were built. The index adds to that set
+        itself (``touched``, inlined) for every GPU it re-keys."""
 
     def touched(self, cls: Key, pos: int) -> None:
         """GPU ``pos`` joined ``cls``, left it (which still holds others) or was re-keyed within it."""
-        kept = self._kept.get(cls)
+        kept = self.kept_now.get(cls)
         if kept is not None:
             kept[2].add(pos)
 
     def emptied(self, cls: Key) -> None:
         """``cls`` holds no GPU any more."""
-        self._kept.pop(cls, None)
+        self.kept_now.pop(cls, None)
 
     def read(self, cls: Key, members: set[int], keys: Sequence[tuple[int, ...]]) -> Columns:
         """The class's positions (sorted) and each one's static key (``keys[pos][profile column]``)."""
         j = cls[1]
         large = len(members) >= self.min_size
-        kept = self._kept.get(cls) if large else None
+        kept = self.kept_now.get(cls) if large else None
         if kept is None or len(kept[2]) > max(8, len(members) // 8):
             ordered = sorted(members)
             sel = np.array(ordered, dtype=np.intp)
@@ -63,10 +65,10 @@ class ClassColumns:
 
     def kept(self) -> list[Key]:
         """The classes whose arrays are kept."""
-        return list(self._kept)
+        return list(self.kept_now)
 
     def _keep(self, cls: Key, sel: npt.NDArray[np.intp], base: npt.NDArray[np.int64]) -> None:
         # read-only: a decision's groups hold them, and nothing may change them under the next read
         sel.setflags(write=False)
         base.setflags(write=False)
-        self._kept[cls] = (sel, base, set())
+        self.kept_now[cls] = (sel, base, set())

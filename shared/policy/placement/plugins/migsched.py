@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from shared.mig.geometry import Profile
+from shared.mig.geometry import GpuModel, Profile
 from shared.mig.occupancy import span
 from shared.mig.tables import tables_for
 from shared.policy.placement.alignment import (
@@ -128,8 +128,7 @@ def choose(groups: Sequence[Group], ctx: Context, params: AlignParams, gpus: Seq
             return None, at_max
         key, p, g, row = best
         gpu = gpus[p]
-        start = 15 - ((key >> SHIFT["start"]) & 0xF)
-        if (key >> SHIFT["action"]) & 1 and not count_ok(gpu, g.prof, span(g.prof.memory_slices, start)):
+        if not legal(gpu, g.prof, key):
             at_max += 1  # at its max count once the idle instances in the way go (+me profiles): its next best
             exact_keys(ctx, params, g)  # which may rank it past its class
             g.keys[row] = _next_best(ctx, params, g, row, gpu)
@@ -139,10 +138,21 @@ def choose(groups: Sequence[Group], ctx: Context, params: AlignParams, gpus: Seq
 
 def slot_of(gpu: GpuView, g: Group, key: int) -> Slot:
     """The slot a chosen key names on ``gpu``."""
+    return slot_at(gpu, g.model, g.prof, key)
+
+
+def slot_at(gpu: GpuView, model: GpuModel, prof: Profile, key: int) -> Slot:
+    """The slot a key for ``prof`` on ``gpu`` (of ``model``) names."""
     start = 15 - ((key >> SHIFT["start"]) & 0xF)
     if (key >> SHIFT["action"]) & 1:
-        return create_slot(gpu, g.model, g.prof, start)
-    return reuse_slot(gpu, g.model, _idle_id(gpu, g.prof, start))
+        return create_slot(gpu, model, prof, start)
+    return reuse_slot(gpu, model, _idle_id(gpu, prof, start))
+
+
+def legal(gpu: GpuView, prof: Profile, key: int) -> bool:
+    """Whether the candidate a key names is legal once max counts are checked (a reuse always is)."""
+    start = 15 - ((key >> SHIFT["start"]) & 0xF)
+    return not (key >> SHIFT["action"]) & 1 or count_ok(gpu, prof, span(prof.memory_slices, start))
 
 
 def _next_best(ctx: Context, params: AlignParams, g: Group, row: int, gpu: GpuView) -> int:
