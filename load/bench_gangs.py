@@ -2,6 +2,7 @@
 reservations; one markdown row per cluster size and policy, means over the seeds.
 
     .venv/bin/python load/bench_gangs.py --gpus 256 --gpus 512 --seed 1 --seed 2 --seed 3
+    .venv/bin/python load/bench_gangs.py --policy migsched --reserve-slack 3600   # holds with an hour of slack
 
 Columns: every job's rejection; the rejection of the *big* gangs (16 GPUs or more); their mean wait (over the
 gangs that ran) and p95 wait (a rejected gang counted at its patience, so that turning a gang away never
@@ -36,12 +37,13 @@ COLUMNS = ("rejected", "big rejected", "big wait mean h", "big wait p95 h", "sma
            "held idle", "utilisation")
 
 
-def run(gpus: int, seed: int, label: str, jobs: int, load: float, patience_s: float) -> list[float]:
-    """One run's figures, in ``COLUMNS`` order."""
+def run(gpus: int, seed: int, label: str, jobs: int, load: float, patience_s: float,
+        slack_s: float = 0.0) -> list[float]:
+    """One run's figures, in ``COLUMNS`` order (``slack_s``: the reservations' slack, ``--reserve-slack``)."""
     geo = default_geometry()
     cluster = parse_cluster([f"A100-40GB:{gpus}"], geo)
     wl = build(WorkloadSpec(name="synthetic:gangs", seed=seed, jobs=jobs, load=load), cluster, geo)
-    cfg = SimConfig(patience_s=patience_s, seed=seed)
+    cfg = SimConfig(patience_s=patience_s, seed=seed, reserve_slack_s=slack_s)
     name, params = parse_label(label)
     spec, policy = get_policy(name, **{**policy_params(name, wl, cfg), **params})
     sim = Simulator(wl, cluster, spec, policy, cfg, geometry=geo)
@@ -61,7 +63,7 @@ def run(gpus: int, seed: int, label: str, jobs: int, load: float, patience_s: fl
     ]
 
 
-def _run(args: tuple[int, int, str, int, float, float]) -> list[float]:
+def _run(args: tuple[int, int, str, int, float, float, float]) -> list[float]:
     return run(*args)
 
 
@@ -73,10 +75,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--load", type=float, default=0.9)
     ap.add_argument("--patience", type=float, default=86400.0, help="seconds a job waits before it is rejected")
+    ap.add_argument("--reserve-slack", type=float, default=0.0,
+                    help="a job may take a held GPU if its hint ends at most this many seconds after the hold's start")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args(argv)
     sizes, seeds, labels = a.gpus or [256, 512], a.seed or [1, 2, 3], a.policy or list(LABELS)
-    tasks = [(g, s, label, a.jobs, a.load, a.patience) for g in sizes for label in labels for s in seeds]
+    tasks = [(g, s, label, a.jobs, a.load, a.patience, a.reserve_slack) for g in sizes for label in labels
+             for s in seeds]
     with ProcessPoolExecutor(a.workers) as ex:
         results = list(ex.map(_run, tasks))
     rows: dict[tuple[int, str], list[list[float]]] = defaultdict(list)

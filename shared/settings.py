@@ -131,6 +131,10 @@ class BalancerSettings(Settings):
     ends first (not with a tenancy file)."""
     max_reservations: int = 2
     """Holds per shard at once; more holds drain more GPUs for large jobs and idle more slices meanwhile."""
+    reserve_slack_s: float = 0.0
+    """A job may take a held GPU if its duration hint ends at most this long after the hold's expected start
+    (relaxed backfill): the held job may start up to this much later, and the queue behind it moves sooner.
+    0 = only jobs that end before the start."""
     threshold: float = 0.4
     """Lazy/Busy load threshold ``t``."""
     dynamic: bool = True
@@ -168,6 +172,8 @@ class BalancerSettings(Settings):
             raise SettingsError("MIGSCHED_RETRY_BACKOFF_S and MIGSCHED_RETRY_BACKOFF_MAX_S must be >= 0")
         if not self.align_minute_s > 0:
             raise SettingsError("MIGSCHED_ALIGN_MINUTE_S must be > 0")
+        if not self.reserve_slack_s >= 0:
+            raise SettingsError("MIGSCHED_RESERVE_SLACK_S must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

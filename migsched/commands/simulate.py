@@ -175,6 +175,14 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, co
     "that reserve); a gang bigger than every node gets one at once",
 )
 @click.option("--max-reservations", type=int, default=2, show_default=True, help="reservations held at once")
+@click.option(
+    "--reserve-slack",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="a job may take a held GPU if its hint ends at most this many seconds after the hold's expected start "
+    "(relaxed backfill); 0 = only if it ends before",
+)
 @click.option("--sweep-threshold", default=None, help="run paper at each t, e.g. 0.2,0.3,0.4,0.5,0.6")
 @click.option(
     "--sweep-policy",

@@ -36,6 +36,7 @@ def config(o: dict[str, Any], seed: int, patience: float) -> Any:
         hint_factor=float(o["hint_factor"]),
         reserve_after_s=float(o["reserve_after"]),
         max_reservations=int(o["max_reservations"]),
+        reserve_slack_s=float(o["reserve_slack"]),
     )
 
 

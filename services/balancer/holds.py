@@ -49,7 +49,9 @@ class Holds:
 
     def blocked(self, job_id: str, hint_s: float | None, now: float) -> set[str]:
         """The held GPUs this job may not use (none of its own hold)."""
-        return {g for r in self.active if r.job_id != job_id and not may_use(hint_s, now, r.start) for g in r.gpus}
+        slack = self.params.slack_s
+        return {g for r in self.active if r.job_id != job_id and not may_use(hint_s, now, r.start, slack)
+                for g in r.gpus}
 
     def consider(self, snap: ClusterSnapshot, sub: JobSubmit, now: float,
                  domains: Sequence[tuple[str, Sequence[str]]] = (), required: bool = False) -> Reservation | None:

@@ -81,7 +81,8 @@ class Balancer(Service):
         self._refresh_wanted = False
         # tenancy (quotas, priority classes, preemption); inactive without MIGSCHED_TENANCY_FILE
         self.ledger = TenantLedger(st.tenancy_file, st.reserve_full, st.tenancy_poll_s, self.geometry)
-        hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations)
+        hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations,
+                                 slack_s=st.reserve_slack_s)
         self.shards = Shards(st.shards, self.geometry, hold, self.ledger, self.state.job_shard)
         self.waiting = Waiting()
         metrics = DecisionMetrics()

@@ -40,6 +40,10 @@ class ReservationParams(msgspec.Struct, frozen=True, kw_only=True):
     max_held: int = 2
     """Reservations held at once (the oldest large jobs, in queue order). A queue pass plans for at most
     twice as many large jobs, so that a queue of them costs a bounded number of plans."""
+    slack_s: float = 0.0
+    """A job may take a held GPU if its hint says it ends at most this long after the hold's expected start
+    (relaxed backfill: the held job may start up to this much later than planned, and the jobs behind it move
+    sooner; docs/results.md). 0 = strict: only jobs that end before the start (EASY backfill)."""
 
 
 def due(params: ReservationParams, waited_s: float, spans_nodes: bool) -> bool:
@@ -82,10 +86,10 @@ def whole_gpus(models: Sequence[GpuModel], demand: Demand) -> int:
     return 0
 
 
-def may_use(hint_s: float | None, now: float, held_until: float) -> bool:
+def may_use(hint_s: float | None, now: float, held_until: float, slack_s: float = 0.0) -> bool:
     """Whether a job that would start now may take a GPU held until ``held_until``: only if its hint says it
-    ends by then."""
-    return hint_s is not None and now + hint_s <= held_until
+    ends by then, or at most ``slack_s`` later (``ReservationParams.slack_s``)."""
+    return hint_s is not None and now + hint_s <= held_until + slack_s
 
 
 def plan_within(

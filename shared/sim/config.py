@@ -48,6 +48,9 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     reservation (policies that reserve); a gang bigger than every node gets one at once."""
     max_reservations: int = 2
     """Reservations held at once."""
+    reserve_slack_s: float = 0.0
+    """A job may take a held GPU if its hint ends at most this long after the hold's expected start (relaxed
+    backfill); 0 = only if it ends before."""
     unblock_min_left_s: float = 300.0
     """Policies that unblock: a job ending within this is waited for rather than moved, and a reservation
     expected to start within it is preferred to moves."""

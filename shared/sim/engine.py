@@ -108,7 +108,8 @@ class Simulator:
         self.defrag_memo: tuple[int, float] | None = None
         self.reserves = bool(getattr(spec, "reserves", False))
         self.reservation_params = ReservationParams(after_s=self.cfg.reserve_after_s,
-                                                    max_held=self.cfg.max_reservations)
+                                                    max_held=self.cfg.max_reservations,
+                                                    slack_s=self.cfg.reserve_slack_s)
         self.unblocks = bool(getattr(spec, "unblocks", False))
         self.unblock_params = UnblockParams(max_moves=2, min_left_s=self.cfg.unblock_min_left_s)
         self.pinned: dict[int, Reservation] = {}

@@ -52,7 +52,7 @@ def schedule(sim: SimRun) -> None:
         i = key[2]
         job = jobs[i]
         h = sim.hint(i)
-        blocked = [r for r in held if not may_use(h, now, r.start)]
+        blocked = [r for r in held if not may_use(h, now, r.start, params.slack_s)]
         memo = memos[i]
         remember = i not in sim.long_gangs  # see backfill
         seen = failed.get(memo) if remember else None

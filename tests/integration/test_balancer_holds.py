@@ -25,11 +25,12 @@ def submit(job: str, profile: str, hint: float) -> JobSubmit:
 
 
 @contextlib.asynccontextmanager
-async def one_node(prefix: str, nats_url: str, redis_url: str, gpus: int) -> AsyncIterator[tuple[Namespace, Stack]]:
+async def one_node(prefix: str, nats_url: str, redis_url: str, gpus: int,
+                   slack_s: float = 0.0) -> AsyncIterator[tuple[Namespace, Stack]]:
     """The stack with one scripted node of ``gpus`` GPUs, once the balancer's mirror holds them all. Holds are
     due at once (``MIGSCHED_RESERVE_AFTER_S=0``): these tests are about what a hold does."""
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url, reserve_after_s=0.0)
+        stack = Stack(prefix, nats_url, redis_url, reserve_after_s=0.0, reserve_slack_s=slack_s)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=gpus)
         await ex.start()
@@ -84,6 +85,39 @@ async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
         view = await clusterview.read(ns.state, GEO)
         assert [h.job_id for h in view.holds] == ["big"]
         assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held until")
+
+
+async def test_with_slack_a_job_ending_soon_after_the_hold_starts_may_use_the_held_gpu(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    async with one_node(prefix, nats_url, redis_url, 2, slack_s=3000.0) as (ns, stack):
+        async def gpu_of(job: str) -> str | None:
+            j = await ns.state.job(job)
+            return j.gpu if j is not None and j.state == "running" else None
+
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "4g.20gb", 10000.0))
+        assert await until(lambda: gpu_of("a"))
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "4g.20gb", 60.0))
+        assert await until(lambda: gpu_of("b"))
+        soon, late = await gpu_of("b"), await gpu_of("a")
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0))
+
+        async def pending() -> bool:
+            j = await ns.state.job("big")
+            return j is not None and j.state == "pending"
+
+        assert await until(pending)
+        await stack.balancer.backfill()
+        _, holds = await ns.state.holds(0)
+        assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))]
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("long", "3g.20gb", 50000.0))
+        assert await until(lambda: gpu_of("long"))
+        assert await gpu_of("long") == late  # far past the hold's start and its slack: kept off the held GPU
+        # ends ~1,000 s after the hold's start, within the 3,000-s slack: strict holds would keep it waiting
+        # (the other GPU is full now)
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("medium", "3g.20gb", 1000.0))
+        assert await until(lambda: gpu_of("medium"))
+        assert await gpu_of("medium") == soon
 
 
 async def test_a_long_gang_kept_waiting_for_headroom_gets_no_hold_and_says_why(

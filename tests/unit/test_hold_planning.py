@@ -10,6 +10,7 @@ from shared.events import Demand, JobSubmit
 from shared.mig.geometry import default_geometry
 from shared.policy.reservation import ReservationParams, due
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
+from shared.settings import BalancerSettings, SettingsError, load
 
 pytestmark = pytest.mark.unit
 GEO = default_geometry()
@@ -37,6 +38,22 @@ def test_a_pass_holds_the_gpu_that_frees_first_and_later_decisions_see_it() -> N
     assert h.blocked("big", None, now=100.0) == set()  # its own hold
     assert h.end() == [r]
     assert h.blocked("other", None, now=120.0) == {"n1/1"}  # fresh submits see the last pass's holds
+
+
+def test_with_slack_a_job_ending_that_little_after_the_hold_may_use_its_gpu() -> None:
+    h = Holds(ReservationParams(after_s=0.0, slack_s=300.0))
+    h.begin()
+    r = h.consider(_snap(), _sub("big", "7g.40gb"), now=100.0)
+    assert r is not None and r.start == 200.0
+    assert h.blocked("other", 400.0, now=100.0) == set()  # ends at 500: 300 s past the start, within the slack
+    assert h.blocked("other", 401.0, now=100.0) == {"n1/1"}
+    assert h.blocked("other", None, now=100.0) == {"n1/1"}  # no hint, no way in
+
+
+def test_a_negative_slack_is_refused() -> None:
+    with pytest.raises(SettingsError, match="MIGSCHED_RESERVE_SLACK_S"):
+        load(BalancerSettings, env={"MIGSCHED_RESERVE_SLACK_S": "-1"})
+    assert load(BalancerSettings, env={"MIGSCHED_RESERVE_SLACK_S": "900"}).reserve_slack_s == 900.0
 
 
 def test_only_large_jobs_get_holds_and_never_outside_a_pass_or_past_patience() -> None:

@@ -126,6 +126,9 @@ def test_only_a_job_whose_hint_ends_before_the_hold_may_use_held_gpus() -> None:
     assert may_use(100.0, now=0.0, held_until=100.0)
     assert not may_use(101.0, now=0.0, held_until=100.0)
     assert not may_use(None, now=0.0, held_until=1e9)  # no hint, no way in
+    assert may_use(150.0, now=0.0, held_until=100.0, slack_s=50.0)  # relaxed: up to the slack past the start
+    assert not may_use(151.0, now=0.0, held_until=100.0, slack_s=50.0)
+    assert not may_use(None, now=0.0, held_until=100.0, slack_s=1e9)
 
 
 def test_large_means_whole_gpus() -> None:
@@ -240,6 +243,29 @@ def test_a_short_job_backfills_onto_held_gpus_and_a_long_one_waits_behind_the_ga
     assert greedy["long"] == 800.0 and math.isnan(greedy["gang"])
     # a gang that fits on one node is held only once it has waited 1,200 s: until then it competes as any job
     assert later["short"] == 500.0 and later["long"] == 800.0 and math.isnan(later["gang"])
+
+
+def test_with_slack_a_job_ending_soon_after_the_hold_backfills_and_delays_the_gang_by_at_most_the_slack() -> None:
+    # one node of two GPUs, busy until 1,000 and 500; the gang waits from t=10 and is held from 1,000 on; a
+    # 600-s job could take the GPU freed at 500 and end at 1,100
+    wl = Workload(name="slack", jobs=(
+        _job("a", 0.0, 1000.0, mig("7g"), "7g"), _job("b", 0.0, 500.0, mig("7g"), "7g"),
+        _job("gang", 10.0, 500.0, Demand(kind="gpus", gpus=2), "7g"),
+        _job("medium", 20.0, 600.0, mig("7g"), "7g"), _job("long", 30.0, 5000.0, mig("7g"), "7g"),
+    ))
+    starts = {}
+    for slack in (0.0, 200.0):
+        spec, pol = get_policy("first-fit", reserve=True)
+        cfg = SimConfig(interference=InterferenceParams(beta=0.0), check_invariants=True, reconfig_latency_s=0.0,
+                        reserve_after_s=0.0, reserve_slack_s=slack)
+        s = Simulator(wl, parse_cluster(["A100-40GB:2"], GEO, 2), spec, pol, cfg)
+        s.run()
+        starts[slack] = {j.id: s.out.start[s.index[j.id]] for j in wl.jobs}
+    strict, relaxed = starts[0.0], starts[200.0]
+    assert strict["gang"] == 1000.0 and strict["medium"] == 1500.0  # strict: it would end after the start
+    # relaxed: it runs at once, and the gang starts 100 s late, within the 200-s slack; the long job, which
+    # would end far past it, still waits behind the gang
+    assert relaxed["medium"] == 500.0 and relaxed["gang"] == 1100.0 and relaxed["long"] >= 1600.0
 
 
 def test_without_hints_nothing_backfills_onto_held_gpus() -> None:
