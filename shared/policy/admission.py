@@ -3,7 +3,8 @@
 This is the composition that the balancer service and the simulator both call, so that they decide alike:
 
 1. quota: ``admit_any`` over the charges the job may get (one per GPU model); over quota -> ``Hold("quota")``;
-2. placement: ``place_reserving`` (``balancer.place`` behind the full-size reserve);
+2. placement: ``place_reserving`` (the placement policy, ``placer``, behind the full-size reserve; without one
+   ``balancer.place``, the seeds' rule);
 3. exact quota check on the chosen placement's charge (the model is known now);
 4. no room: ``choose_victims`` (priority preemption, and cohort reclaim when the job fits its own quota),
    on the held-back snapshot unless the job is full-size, so preemption does not eat the reserve either;
@@ -27,7 +28,7 @@ from shared.policy.placement.topology import only
 from shared.policy.preemption import NoVictims, Victim, Victims, choose_victims
 from shared.policy.priority import PriorityClass
 from shared.policy.quota import QuotaBook, Wait, admit, admit_any
-from shared.policy.reserve import ReserveParams, hold_back, place_reserving
+from shared.policy.reserve import Placer, ReserveParams, hold_back, place_reserving
 from shared.policy.snapshot import ClusterSnapshot
 
 HoldReason = Literal["quota", "capacity", "reserved capacity"]
@@ -51,6 +52,9 @@ class Hold(msgspec.Struct, frozen=True, kw_only=True):
     reason: HoldReason
     detail: str
     reasons: tuple[str, ...] = ()
+    deferred: bool = False
+    """Kept waiting by the placement policy's own rule (``CannotPlace.deferred``, a long gang): neither
+    preemption nor a reservation starts it sooner."""
 
 
 Admission = Start | Hold
@@ -67,17 +71,22 @@ def decide(
     reserve: ReserveParams | None = None,
     checkpoints: Mapping[str, float] | None = None,
     preempt: bool = True,
+    placer: Placer | None = None,
 ) -> Admission:
-    """Quota -> place -> preempt for one job; pure. ``klass`` is the job's resolved priority class."""
+    """Quota -> place -> preempt for one job; pure. ``klass`` is the job's resolved priority class; ``placer``
+    the placement policy (the one ``MIGSCHED_POLICY`` names; None: ``balancer.place`` with ``balancer``)."""
     options = request_usages(snap, job.demand)
     if options:
         pre = admit_any(book, job.tenant, options)
         if isinstance(pre, Wait):
             return Hold(job_id=job.job_id, reason="quota", detail=pre.detail)
     reserve = reserve or ReserveParams()
-    placed = place_reserving(snap, job, reserve, balancer=balancer)
+    placed = place_reserving(snap, job, reserve, placer=placer, balancer=balancer)
     if isinstance(placed, Placement):
         return _charged(snap, book, job, placed, ())
+    if placed.deferred:
+        return Hold(job_id=job.job_id, reason="capacity", detail=_first(placed), reasons=placed.reasons,
+                    deferred=True)
     reserved = bool(placed.reasons) and placed.reasons[0].startswith("reserved capacity")
     if preempt:
         full = job.demand.kind == "gpus"

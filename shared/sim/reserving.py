@@ -34,12 +34,12 @@ if TYPE_CHECKING:
 
 def schedule(sim: SimRun) -> None:
     """One bounded pass over the queue in priority-then-age order, holding GPUs for large jobs."""
-    _account(sim)
+    account(sim)
     for i in [i for i in sim.pinned if sim.state[i] != QUEUED]:
         del sim.pinned[i]  # its job timed out (or was placed elsewhere)
     held: list[Reservation] = []
     if not sim.queue:
-        sim.reservations = held
+        settle(sim, held)
         return
     placed: list[tuple[int, float, int]] = []
     version = sim.version
@@ -81,22 +81,47 @@ def schedule(sim: SimRun) -> None:
             continue
         if len(held) >= params.max_held or attempts >= 2 * params.max_held:
             continue
-        need = whole_gpus(sim.cluster.model_list, job.demand)
-        if not need or not due(params, now - job.arrival, need > sim.largest_node) or _kept_waiting(sim, i):
+        need = wants_hold(sim, i)
+        if not need:
             continue
         attempts += 1
-        patience = job.patience if job.patience is not None else sim.cfg.patience_s
-        snap = sim.cluster.snapshot()
-        r = (plan_within(snap, job.id, need, now, job.arrival + patience, sim.blocks, bool(job.within_block), taken)
-             if job.within_block is not None and job.demand.kind == "gpus"
-             else plan(snap, job.id, need, now, job.arrival + patience, taken))
+        r = hold_for(sim, i, need, taken)
         if sim.unblocks and job.within_block is None and (r is None or r.start - now > sim.unblock_params.min_left_s):
-            r = _unblock(sim, i, taken) or _drain(sim, i, snap, need, patience, taken, r)
+            patience = job.patience if job.patience is not None else sim.cfg.patience_s
+            r = _unblock(sim, i, taken) or _drain(sim, i, sim.cluster.snapshot(), need, patience, taken, r)
         if r is not None:
             held.append(r)
             taken.update(r.gpus)
     for key in placed:
         del sim.queue[bisect.bisect_left(sim.queue, key)]
+    settle(sim, held)
+
+
+def wants_hold(sim: SimRun, i: int) -> int:
+    """How many whole GPUs job ``i`` would be held, when a hold is due for it now (0: none): a large job
+    (``whole_gpus``) past its wait (``due``), unless the policy's long-gang rule keeps it waiting."""
+    job = sim.jobs[i]
+    need = whole_gpus(sim.cluster.model_list, job.demand)
+    if not need or not due(sim.reservation_params, sim.now - job.arrival, need > sim.largest_node):
+        return 0
+    return 0 if _kept_waiting(sim, i) else need
+
+
+def hold_for(sim: SimRun, i: int, need: int, taken: set[str]) -> Reservation | None:
+    """The GPUs that free soonest for job ``i`` (``need`` whole GPUs, none of ``taken``), within one block
+    for a gang kept within one; None when they would not free before its patience runs out."""
+    job = sim.jobs[i]
+    now = sim.now
+    patience = job.patience if job.patience is not None else sim.cfg.patience_s
+    snap = sim.cluster.snapshot()
+    if job.within_block is not None and job.demand.kind == "gpus":
+        return plan_within(snap, job.id, need, now, job.arrival + patience, sim.blocks, bool(job.within_block),
+                           taken)
+    return plan(snap, job.id, need, now, job.arrival + patience, taken)
+
+
+def settle(sim: SimRun, held: list[Reservation]) -> None:
+    """The pass's holds are the reservations until the next pass (their idle slices counted from now)."""
     sim.reservations = held
     sim.held_free = _held_free(sim, held)
 
@@ -156,7 +181,7 @@ def _held_free(sim: SimRun, held: list[Reservation]) -> float:
     return total
 
 
-def _account(sim: SimRun) -> None:
+def account(sim: SimRun) -> None:
     """Add the idle held GPU-seconds since the last pass."""
     sim.reserved_idle_s += sim.held_free * (sim.now - sim.held_since)
     sim.held_since = sim.now

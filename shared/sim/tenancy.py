@@ -32,8 +32,10 @@ from shared.policy.preemption import Victim
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob, order
 from shared.policy.quota import COMPUTE, MEMORY, QuotaBook, Usage, charge, uncharge
+from shared.policy.reservation import Reservation, may_use
 from shared.policy.reserve import ReserveParams
 from shared.sim import events as ev
+from shared.sim import reserving
 from shared.sim.cluster import ClusterSpec
 from shared.sim.config import SimConfig
 from shared.sim.engine import Simulator
@@ -101,7 +103,13 @@ class TenantSimulator(Simulator):
 
     # the queue pass -----
     def _schedule(self) -> None:
+        """``order`` the head of the queue, then ``decide`` each job in that order; with a policy that reserves,
+        a large job held for capacity gets the GPUs that free soonest (``reserving.hold_for``), which the jobs
+        after it in the pass may use only as ``may_use`` allows."""
+        reserving.account(self)
+        held: list[Reservation] = []
         if not self.queue:
+            reserving.settle(self, held)
             return
         snap = self.cluster.snapshot()
         head = [k[2] for k in self.queue[: self.cfg.backfill_depth]]
@@ -115,42 +123,73 @@ class TenantSimulator(Simulator):
             )
             for i in head
         ]
+        taken: set[str] = set()
+        attempts = 0
         for entry in order(pending, self.book, capacity_of(snap)):
             i = int(entry.job.job_id)
             if self.state[i] != QUEUED:
                 continue
-            job = self.jobs[i]
             if entry.status == "quota":
                 self._hold(i, "quota")
                 continue
-            memo = (job.demand.label(), job.gpus, job.priority, job.tenant)
-            if self._memo.get(memo) == self.version:
-                continue  # failed on capacity since the last time room was freed
-            snap = self.cluster.snapshot()
-            d = decide(
-                snap,
-                self.book,
-                job.request(),
-                self.klass[i],
-                self.now,
-                balancer=self.params,
-                reserve=self.reserve,
-                preempt=self.preempt,
-            )
-            if isinstance(d, Hold):
-                self._hold(i, d.reason)
-                if d.reason != "quota":
-                    self._memo[memo] = self.version
-                continue
-            if not self._evict(d, i):
+            d = self._admit(i, held)
+            if isinstance(d, Start):
+                if self._evict(d, i):
+                    self._start(i, d)
+                    continue
                 self._hold(i, "capacity")
+            elif d is not None and (d.reason != "capacity" or d.deferred):
+                continue  # over quota, or the policy keeps it waiting: no hold
+            params = self.reservation_params
+            if not self.reserves or len(held) >= params.max_held or attempts >= 2 * params.max_held:
                 continue
-            self._end_hold(i)
-            self._book_tick()
-            self.book = charge(self.book, job.tenant, d.usage)
-            self.charged[i] = Usage(d.usage)
-            self._remove_queued(i)
-            self.start(i, d.placement.slots)
+            need = reserving.wants_hold(self, i)
+            if need:
+                attempts += 1
+                r = reserving.hold_for(self, i, need, taken)
+                if r is not None:
+                    held.append(r)
+                    taken.update(r.gpus)
+        reserving.settle(self, held)
+
+    def _admit(self, i: int, held: list[Reservation]) -> Start | Hold | None:
+        """``decide`` for queued job ``i``, the GPUs ``held`` for jobs before it hidden unless its hint lets it
+        use them; None when it failed on capacity since room was last freed, with the same GPUs hidden (not
+        asked again)."""
+        job, now = self.jobs[i], self.now
+        hint = self.hint(i)
+        slack = self.reservation_params.slack_s
+        blocked = {g for r in held if not may_use(hint, now, r.start, slack) for g in r.gpus}
+        memo = (job.demand.label(), job.gpus, job.priority, job.tenant)
+        remember = not blocked and i not in self.long_gangs  # a long gang's fit depends on the clock too
+        if remember and self._memo.get(memo) == self.version:
+            return None
+        snap = self.cluster.snapshot()
+        d = decide(
+            snap.without(blocked) if blocked else snap,
+            self.book,
+            job.request(hint, now, self.blocks),
+            self.klass[i],
+            now,
+            balancer=self.params,
+            reserve=self.reserve,
+            preempt=self.preempt,
+            placer=self.policy,
+        )
+        if isinstance(d, Hold):
+            self._hold(i, d.reason)
+            if d.reason != "quota" and remember:
+                self._memo[memo] = self.version
+        return d
+
+    def _start(self, i: int, d: Start) -> None:
+        job = self.jobs[i]
+        self._end_hold(i)
+        self._book_tick()
+        self.book = charge(self.book, job.tenant, d.usage)
+        self.charged[i] = Usage(d.usage)
+        self._remove_queued(i)
+        self.start(i, d.placement.slots)
 
     def _request(self, snap: Any, i: int) -> tuple[Usage, ...]:
         demand = self.jobs[i].demand
@@ -295,16 +334,16 @@ def run_tenancy(
     geometry: Geometry | None = None,
     label: str | None = None,
 ) -> RunResult:
-    """One run of a balancer-family policy (``paper`` or ``paper-nomig``: migration on or off) with
-    tenancy; placement is ``balancer.place`` behind quota and the reserve, as in the service."""
+    """One run of policy ``name`` with tenancy: its placement behind quota and the reserve, then preemption, and
+    its reservations when it reserves, as in the service. Policies that repartition only (not the static
+    layouts)."""
     from shared.policy.placement.registry import get_policy
-    from shared.sim.experiment import policy_params
+    from shared.sim.experiment import parse_label, policy_params
 
-    if name not in ("paper", "paper-nomig"):
-        raise UnsupportedRunError(
-            f"tenancy runs use the balancer's placement: policy paper or paper-nomig, not {name}"
-        )
-    spec, policy = get_policy(name, **policy_params(name, workload, cfg))
+    base, params = parse_label(name)
+    spec, policy = get_policy(base, **{**policy_params(base, workload, cfg), **params})
+    if not spec.repartitions:
+        raise UnsupportedRunError(f"tenancy runs need a policy that repartitions GPUs, not {name} (a static layout)")
     sim = TenantSimulator(
         workload,
         cluster,

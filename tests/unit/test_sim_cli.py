@@ -166,12 +166,25 @@ def test_simulate_with_a_tenancy_file_reports_each_tenant_and_the_parameters(tmp
     assert f"tenancy `{tenancy}`" in report
 
 
-def test_simulate_with_a_tenancy_file_under_a_policy_it_does_not_model_says_which_it_takes(tmp_path: Path) -> None:
+def test_simulate_with_a_tenancy_file_under_a_static_layout_says_why_it_cannot(tmp_path: Path) -> None:
     tenancy = Path(__file__).resolve().parents[2] / "examples" / "openb-tenancy.toml"
     res = CliRunner().invoke(command, [
-        "-w", "synthetic", "--jobs", "20", "--cluster", "A100-40GB:8", "--tenancy", str(tenancy), "-p", "first-fit",
+        "-w", "synthetic", "--jobs", "20", "--cluster", "A100-40GB:8", "--tenancy", str(tenancy), "-p", "static",
         "--no-progress", "--out", str(tmp_path / "out"),
     ])
     assert res.exit_code == 1
-    assert "policy paper or paper-nomig, not first-fit" in res.output
+    assert "tenancy runs need a policy that repartitions GPUs, not static" in res.output
     assert not (tmp_path / "out").exists()
+
+
+def test_simulate_with_a_tenancy_file_runs_the_policies_named(tmp_path: Path) -> None:
+    tenancy = Path(__file__).resolve().parents[2] / "examples" / "openb-tenancy.toml"
+    out = tmp_path / "out"
+    res = CliRunner().invoke(command, [
+        "-w", "synthetic", "--jobs", "200", "--cluster", "A100-40GB:8", "--tenancy", str(tenancy),
+        "--load", "1.2", "-p", "migsched", "-p", "first-fit", "--no-progress", "--out", str(out),
+    ])
+    assert res.exit_code == 0, res.output
+    runs = json.loads((out / "kpis.json").read_text())
+    assert [k["policy"] for k in runs] == ["migsched", "first-fit"]
+    assert all(k["completed"] + k["rejected"] == k["jobs"] == 200 for k in runs)
