@@ -124,11 +124,12 @@ class BalancerSettings(Settings):
     metrics_port: int = 9101
     policy: str = "migsched"
     """Placement policy, by name (``migsched simulate --help`` lists them): ``migsched`` packs and aligns
-    expected ends; ``paper`` is the seeds' Lazy/Busy balancer, the rule tenancy's quota path always uses."""
+    expected ends; ``paper`` is the seeds' Lazy/Busy balancer. With a tenancy file, the same policy places the
+    jobs its quota check admits."""
     reserve_after_s: float = 1200.0
     """A policy that reserves holds GPUs for a large job (whole GPUs) that fits on one node once it has waited
     this long, for a gang bigger than every node at once; later jobs may use them only if their duration hint
-    ends first (not with a tenancy file)."""
+    ends first."""
     max_reservations: int = 2
     """Holds per shard at once; more holds drain more GPUs for large jobs and idle more slices meanwhile."""
     reserve_slack_s: float = 0.0

@@ -122,10 +122,10 @@ class Decider:
                     if self.shards.count > 1 and not len(mirror) else None)
         if stranded is not None:  # waits (nodes may still register there), saying why nothing else will help
             return self._queue(c, CannotPlace(job_id=sub.job_id, policy="shards", reasons=(stranded,)), batch, now)
-        if self.ledger.active:  # quota -> place (behind the reserve) -> preempt
-            hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, bool(mig))
-            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot().without(mig), c, self.params, now,
-                                                 within)
+        if self.ledger.active:  # quota -> place (behind the reserve and the holds) -> preempt
+            hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, blocked)
+            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot().without(blocked), c, self.params,
+                                                 now, within, self.policy)
             self.metrics.seconds.observe(time.perf_counter() - t0)
             if isinstance(adm, str):  # a request error (unknown priority class): never placeable
                 batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"))
@@ -133,14 +133,18 @@ class Decider:
                 return None
             klass, c.prio, answer = adm
             if isinstance(answer, Hold):  # waits: quota | capacity | reserved capacity
-                memo.held[hk] = adm
+                if not answer.deferred:  # the policy's own rule for this job depends on its hint and age
+                    memo.held[hk] = adm
                 why = f"{answer.reason}: {answer.detail}"[:1000]
                 hold = CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=(why, *answer.reasons))
                 there = (self._now_elsewhere(c, shard, now, memo, self._admitted(c, now, memo))
                          if answer.reason == "capacity" else None)
                 if there is not None:
                     return Decided(c, hold, -1, route=there)
-                idx = batch.enqueue(sub.job_id, c.spec, c.priority, sub.submitted_at, why, now, c.traceparent)
+                if answer.reason == "capacity" and not answer.deferred:
+                    hold = self._consider_hold(c, shard, hold, mig, within, now)
+                idx = batch.enqueue(sub.job_id, c.spec, c.priority, sub.submitted_at, hold.reasons[0][:1000], now,
+                                    c.traceparent)
                 return Decided(c, hold, idx)
             assert isinstance(answer, Start)
             dec = answer.placement
@@ -159,14 +163,21 @@ class Decider:
             there = None if self.ledger.active else self._now_elsewhere(c, shard, now, memo, self._placed(req))
             if there is not None:
                 return Decided(c, dec, -1, route=there)
-            if c.from_queue and self.reserves and not self.ledger.active:
-                gpus_held = holds.consider(mirror.view().without(mig), sub, now, within.get("domains", ()),
-                                           within.get("domain_required", False))
-                if gpus_held is not None:
-                    dec = msgspec.structs.replace(dec, reasons=(f"reserved: {gpus_held.explain()}", *dec.reasons))
-            return self._queue(c, dec, batch, now)
+            return self._queue(c, self._consider_hold(c, shard, dec, mig, within, now), batch, now)
         holds.placed(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
+
+    def _consider_hold(self, c: Candidate, shard: int, dec: CannotPlace, mig: frozenset[str],
+                       within: dict[str, Any], now: float) -> CannotPlace:
+        """During a backfill pass, with a policy that reserves: a hold for a large job that cannot be placed
+        (``Holds.consider``), named first among the reasons it waits."""
+        if not (c.from_queue and self.reserves):
+            return dec
+        got = self.shards.holds[shard].consider(self.shards.mirrors[shard].view().without(mig), c.submit, now,
+                                                within.get("domains", ()), within.get("domain_required", False))
+        if got is None:
+            return dec
+        return msgspec.structs.replace(dec, reasons=(f"reserved: {got.explain()}", *dec.reasons))
 
     def _now_elsewhere(self, c: Candidate, home: int, now: float, memo: RoundMemo, places: Places) -> int | None:
         """The shard, other than its ``home``, that can place a new job now (``places``; the one with the most
@@ -197,11 +208,10 @@ class Decider:
         return None
 
     def _unusable(self, shard: int, sub: JobSubmit, now: float) -> tuple[frozenset[str], frozenset[str]]:
-        """The GPUs of ``shard`` that ``sub`` may not use: those held for larger waiting jobs (not with tenancy),
-        and, for a per-node gang, those in MIG mode (its process sees every GPU of its node: never a MIG
-        device)."""
+        """The GPUs of ``shard`` that ``sub`` may not use: those held for larger waiting jobs, and, for a
+        per-node gang, those in MIG mode (its process sees every GPU of its node: never a MIG device)."""
         held = (frozenset(self.shards.holds[shard].blocked(sub.job_id, sub.duration_hint_s, now))
-                if self.reserves and not self.ledger.active else frozenset())
+                if self.reserves else frozenset())
         mig = mig_gpus(self.shards.mirrors[shard].view()) if launches_per_node(sub) else frozenset()
         return held, mig
 
@@ -218,13 +228,14 @@ class Decider:
         is remembered for the round as ``decide`` remembers its own (the same admission, on the same mirror)."""
         sub = c.submit
 
-        def places(s: int, blocked: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> CannotPlace | None:
-            hk = (s, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, bool(mig))
-            got = memo.held.get(hk) or admit_job(self.ledger, self.shards.mirrors[s].snapshot().without(mig), c,
-                                                 self.params, now, within)
+        def places(s: int, held: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> CannotPlace | None:
+            blocked = held | mig
+            hk = (s, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, blocked)
+            got = memo.held.get(hk) or admit_job(self.ledger, self.shards.mirrors[s].snapshot().without(blocked),
+                                                 c, self.params, now, within, self.policy)
             if not isinstance(got, str) and isinstance(got[2], Start):
                 return None
-            if not isinstance(got, str):
+            if not isinstance(got, str) and not (isinstance(got[2], Hold) and got[2].deferred):
                 memo.held[hk] = got
             return CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=("held in that shard too",))
         return places

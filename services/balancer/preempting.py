@@ -24,6 +24,7 @@ from shared.policy.placement.decision import JobRequest
 from shared.policy.preemption import Victim
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob
+from shared.policy.reserve import Placer
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
 if TYPE_CHECKING:
@@ -35,10 +36,11 @@ _tracer = telemetry.tracer("migsched.balancer")
 
 def admit_job(
     ledger: TenantLedger, snap: ClusterSnapshot, c: Candidate, params: BalancerParams, now: float,
-    within: Mapping[str, Any] | None = None,
+    within: Mapping[str, Any] | None = None, placer: Placer | None = None,
 ) -> tuple[PriorityClass, int, Admission] | str:
     """One job's admission; a string is why the request can never be placed (it is rejected). ``within``: a
-    gang's topology domains (``JobRequest`` fields)."""
+    gang's topology domains (``JobRequest`` fields); ``placer``: the placement policy (None: the seeds' rule with
+    ``params``)."""
     sub = c.submit
     try:
         klass, prio = ledger.job_priority(sub.tenant, sub.priority_class, sub.priority)
@@ -51,9 +53,13 @@ def admit_job(
         priority=prio,
         latency_sensitive=sub.latency_sensitive,
         migratable=sub.migratable,
+        duration_hint_s=sub.duration_hint_s,
+        now=now,
+        submitted_at=sub.submitted_at,
         **(within or {}),
     )
-    return klass, prio, decide(snap, ledger.book, req, klass, now, balancer=params, reserve=ledger.reserve)
+    return klass, prio, decide(snap, ledger.book, req, klass, now, balancer=params, reserve=ledger.reserve,
+                               placer=placer)
 
 
 def fair_order(ledger: TenantLedger, snap: ClusterSnapshot, cands: Sequence[Candidate]) -> list[Candidate]:
