@@ -334,9 +334,9 @@ def run_tenancy(
     geometry: Geometry | None = None,
     label: str | None = None,
 ) -> RunResult:
-    """One run of policy ``name`` with tenancy: its placement behind quota and the reserve, then preemption, and
-    its reservations when it reserves, as in the service. Policies that repartition only (not the static
-    layouts)."""
+    """One run of policy ``name`` (a label, parameters included) with tenancy: its placement behind quota and
+    the reserve, then preemption, and its reservations when it reserves, as in the service. Policies that
+    repartition only (not the static layouts). The KPIs are named ``label``, else ``name``."""
     from shared.policy.placement.registry import get_policy
     from shared.sim.experiment import parse_label, policy_params
 
@@ -356,7 +356,8 @@ def run_tenancy(
         preempt=preempt,
         geometry=geometry or default_geometry(),
     )
-    return sim.run()
+    result = sim.run()
+    return msgspec.structs.replace(result, kpis=msgspec.structs.replace(result.kpis, policy=label or name))
 
 
 def tenant_table(results: Sequence[RunResult]) -> str:

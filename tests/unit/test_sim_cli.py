@@ -182,9 +182,11 @@ def test_simulate_with_a_tenancy_file_runs_the_policies_named(tmp_path: Path) ->
     out = tmp_path / "out"
     res = CliRunner().invoke(command, [
         "-w", "synthetic", "--jobs", "200", "--cluster", "A100-40GB:8", "--tenancy", str(tenancy),
-        "--load", "1.2", "-p", "migsched", "-p", "first-fit", "--no-progress", "--out", str(out),
+        "--load", "1.2", "-p", "migsched", "-p", "migsched[reserve=off]", "-p", "first-fit", "--no-progress",
+        "--out", str(out),
     ])
     assert res.exit_code == 0, res.output
     runs = json.loads((out / "kpis.json").read_text())
-    assert [k["policy"] for k in runs] == ["migsched", "first-fit"]
+    assert [k["policy"] for k in runs] == ["migsched", "migsched[reserve=off]", "first-fit"]
     assert all(k["completed"] + k["rejected"] == k["jobs"] == 200 for k in runs)
+    assert runs[1]["reserved_idle_gpu_h"] == 0
