@@ -47,33 +47,50 @@ async def one_node(prefix: str, nats_url: str, redis_url: str, gpus: int, slack_
             await stack.stop()
 
 
+def team_tenancy(folder: Path) -> str:
+    """A tenancy file with one tenant, ``team``, and one priority class."""
+    path = folder / "tenancy.toml"
+    path.write_text('[priority_classes.normal]\nvalue = 100\ndefault = true\n\n[tenants.team]\n')
+    return str(path)
+
+
+def running_gpu(ns: Namespace) -> Callable[[str], Awaitable[str | None]]:
+    """The GPU a job runs on, None while it does not run."""
+    async def gpu_of(job: str) -> str | None:
+        j = await ns.state.job(job)
+        return j.gpu if j is not None and j.state == "running" else None
+    return gpu_of
+
+
+async def hold_one_gpu(ns: Namespace, stack: Stack, tenant: str = "default") -> tuple[str, str]:
+    """On two GPUs: a 4g on each (a 4g can only start at slice 0), the second ending far sooner, then a waiting
+    7g and the backfill pass that holds for it the GPU that frees first. Returns (that GPU, the other)."""
+    gpu_of = running_gpu(ns)
+    await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "4g.20gb", 10000.0, tenant))
+    assert await until(lambda: gpu_of("a"))
+    await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "4g.20gb", 60.0, tenant))
+    assert await until(lambda: gpu_of("b"))
+    soon, late = await gpu_of("b"), await gpu_of("a")
+    assert soon is not None and late is not None and soon != late
+    await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0, tenant))
+
+    async def pending() -> bool:
+        j = await ns.state.job("big")
+        return j is not None and j.state == "pending"
+
+    assert await until(pending)
+    await stack.balancer.backfill()  # the pass that plans the holds
+    at, holds = await ns.state.holds(0)
+    assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))] and at > 0
+    return soon, late
+
+
 async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
     async with one_node(prefix, nats_url, redis_url, 2) as (ns, stack):
-        async def gpu_of(job: str) -> str | None:
-            j = await ns.state.job(job)
-            return j.gpu if j is not None and j.state == "running" else None
-
-        # a 4g can only start at slice 0: these two take one GPU each; the second ends far sooner
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "4g.20gb", 10000.0))
-        assert await until(lambda: gpu_of("a"))
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "4g.20gb", 60.0))
-        assert await until(lambda: gpu_of("b"))
-        soon = await gpu_of("b")
-        late = await gpu_of("a")
-        assert soon != late
-
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0))
-
-        async def pending() -> bool:
-            j = await ns.state.job("big")
-            return j is not None and j.state == "pending"
-
-        assert await until(pending)
-        await stack.balancer.backfill()  # the pass that plans the holds
-        at, holds = await ns.state.holds(0)
-        assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))] and at > 0
+        gpu_of = running_gpu(ns)
+        soon, late = await hold_one_gpu(ns, stack)
 
         # a 3g that would run long fits beside either 4g: the held GPU is kept for the waiting job
         await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("long", "3g.20gb", 50000.0))
@@ -92,28 +109,9 @@ async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
 async def test_with_tenancy_a_waiting_whole_gpu_job_gets_a_hold_that_long_jobs_keep_off(
     prefix: str, nats_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    tenancy = tmp_path / "tenancy.toml"
-    tenancy.write_text('[priority_classes.normal]\nvalue = 100\ndefault = true\n\n[tenants.team]\n')
-    async with one_node(prefix, nats_url, redis_url, 2, tenancy_file=str(tenancy)) as (ns, stack):
-        async def gpu_of(job: str) -> str | None:
-            j = await ns.state.job(job)
-            return j.gpu if j is not None and j.state == "running" else None
-
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "4g.20gb", 10000.0, "team"))
-        assert await until(lambda: gpu_of("a"))
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "4g.20gb", 60.0, "team"))
-        assert await until(lambda: gpu_of("b"))
-        soon, late = await gpu_of("b"), await gpu_of("a")
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0, "team"))
-
-        async def pending() -> bool:
-            j = await ns.state.job("big")
-            return j is not None and j.state == "pending"
-
-        assert await until(pending)
-        await stack.balancer.backfill()
-        _, holds = await ns.state.holds(0)
-        assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))]
+    async with one_node(prefix, nats_url, redis_url, 2, tenancy_file=team_tenancy(tmp_path)) as (ns, stack):
+        gpu_of = running_gpu(ns)
+        soon, late = await hold_one_gpu(ns, stack, "team")
         view = await clusterview.read(ns.state, GEO)
         assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held until")
         await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("filler", "3g.20gb", 50000.0, "team"))
@@ -131,12 +129,8 @@ async def test_with_tenancy_a_waiting_whole_gpu_job_gets_a_hold_that_long_jobs_k
 async def test_with_tenancy_jobs_are_placed_by_the_policy_named(
     prefix: str, nats_url: str, redis_url: str, tmp_path: Path
 ) -> None:
-    tenancy = tmp_path / "tenancy.toml"
-    tenancy.write_text('[priority_classes.normal]\nvalue = 100\ndefault = true\n\n[tenants.team]\n')
-    async with one_node(prefix, nats_url, redis_url, 2, tenancy_file=str(tenancy)) as (ns, _):
-        async def gpu_of(job: str) -> str | None:
-            j = await ns.state.job(job)
-            return j.gpu if j is not None and j.state == "running" else None
+    async with one_node(prefix, nats_url, redis_url, 2, tenancy_file=team_tenancy(tmp_path)) as (ns, _):
+        gpu_of = running_gpu(ns)
 
         await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "3g.20gb", 1000.0, "team"))
         assert await until(lambda: gpu_of("a"))
@@ -150,25 +144,8 @@ async def test_with_slack_a_job_ending_soon_after_the_hold_starts_may_use_the_he
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
     async with one_node(prefix, nats_url, redis_url, 2, slack_s=3000.0) as (ns, stack):
-        async def gpu_of(job: str) -> str | None:
-            j = await ns.state.job(job)
-            return j.gpu if j is not None and j.state == "running" else None
-
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "4g.20gb", 10000.0))
-        assert await until(lambda: gpu_of("a"))
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "4g.20gb", 60.0))
-        assert await until(lambda: gpu_of("b"))
-        soon, late = await gpu_of("b"), await gpu_of("a")
-        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0))
-
-        async def pending() -> bool:
-            j = await ns.state.job("big")
-            return j is not None and j.state == "pending"
-
-        assert await until(pending)
-        await stack.balancer.backfill()
-        _, holds = await ns.state.holds(0)
-        assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))]
+        gpu_of = running_gpu(ns)
+        soon, late = await hold_one_gpu(ns, stack)
         await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("long", "3g.20gb", 50000.0))
         assert await until(lambda: gpu_of("long"))
         assert await gpu_of("long") == late  # far past the hold's start and its slack: kept off the held GPU
