@@ -41,7 +41,7 @@ from shared.policy.placement.class_columns import ClassColumns
 from shared.policy.placement.decision import JobRequest, Placement, Slot
 from shared.policy.placement.explain import whole_placement
 from shared.policy.placement.gang import member_slots
-from shared.policy.placement.gpu_times import GpuTimes
+from shared.policy.placement.gpu_times import GpuTimes, number_nodes
 from shared.policy.placement.long_gangs import is_long, waits
 from shared.policy.placement.plugins.migsched import choose, explain, gang_head, legal, slot_at, slot_of
 from shared.policy.request import Demand, resolve_profile
@@ -86,7 +86,7 @@ class AlignIndex:
         """Static keys by (model slot, busy << 8 | idle, idle starts per profile): a cluster shows few states."""
         self._moves: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[int, int | None, int | None]]] = {}
         """(old keys, new keys) -> the profiles whose key changed, each with its old and new class (``_moved``)."""
-        self._nodes, self._node_of, self._node_at = _number_nodes(self.gpus)
+        self._nodes, self._node_of, self._node_at = number_nodes(self.gpus)
         self.times = GpuTimes(self._node_of, self._node_at)
         """What the keys' time fields read, per GPU and per node."""
         self._largest = max((len(at) for at in self._node_at), default=0)
@@ -390,18 +390,3 @@ def _number_models(geometry: Geometry, gpus: Sequence[GpuView]) -> tuple[list[Gp
             models.append(model)
         mid.append(k)
     return models, mid
-
-
-def _number_nodes(gpus: Sequence[GpuView]) -> tuple[dict[str, int], list[int], list[list[int]]]:
-    """Node name -> node number, each GPU's node number, and per node number its GPUs' positions in order."""
-    nodes: dict[str, int] = {}
-    node_of: list[int] = []
-    node_at: list[list[int]] = []
-    for p, g in enumerate(gpus):
-        nid = nodes.get(g.node)
-        if nid is None:
-            nid = nodes[g.node] = len(node_at)
-            node_at.append([])
-        node_of.append(nid)
-        node_at[nid].append(p)
-    return nodes, node_of, node_at

@@ -4,7 +4,8 @@ Per GPU its expected free time, its busy compute slices and whether it is usable
 expected free time of its GPUs and its usable empty GPUs. Most decisions key a handful of GPUs one at a time
 (``trailing_one``) and read these as Python lists, where a numpy element read costs more than the arithmetic.
 A decision over a large class reads them as arrays (``trailing``, ``gang_head``), so the arrays are brought up
-to date only then, for the GPUs and nodes changed since the last such decision.
+to date only then, for the GPUs and nodes changed since the last such decision. ``number_nodes`` numbers the
+nodes these aggregates are kept by.
 
 Pure: a data structure the index drives; no clock, I/O or randomness.
 """
@@ -12,9 +13,12 @@ Pure: a data structure the index drives; no clock, I/O or randomness.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+from shared.policy.gpu_view import GpuView
 
 
 class GpuTimes:
@@ -71,3 +75,18 @@ class GpuTimes:
                     node_end[p] = end
                     node_empty[p] = empty
             self._stale_nodes.clear()
+
+
+def number_nodes(gpus: Sequence[GpuView]) -> tuple[dict[str, int], list[int], list[list[int]]]:
+    """Node name -> node number, each GPU's node number, and per node number its GPUs' positions in order."""
+    nodes: dict[str, int] = {}
+    node_of: list[int] = []
+    node_at: list[list[int]] = []
+    for p, g in enumerate(gpus):
+        nid = nodes.get(g.node)
+        if nid is None:
+            nid = nodes[g.node] = len(node_at)
+            node_at.append([])
+        node_of.append(nid)
+        node_at[nid].append(p)
+    return nodes, node_of, node_at
