@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="a job may take a held GPU if its hint ends at most this many seconds after the hold's start")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args(argv)
+    if a.reserve_slack < 0:
+        ap.error("--reserve-slack must be >= 0")
     sizes, seeds, labels = a.gpus or [256, 512], a.seed or [1, 2, 3], a.policy or list(LABELS)
     tasks = [(g, s, label, a.jobs, a.load, a.patience, a.reserve_slack) for g in sizes for label in labels
              for s in seeds]

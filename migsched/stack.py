@@ -41,8 +41,6 @@ def replay_timers(speedup: float) -> dict[str, str]:
         "MIGSCHED_RETENTION_WINDOW_S": repr(300.0 / speedup),
         # holds for one-node jobs are due after this wait, in trace seconds as the simulator counts it
         "MIGSCHED_RESERVE_AFTER_S": repr(BalancerSettings.reserve_after_s / speedup),
-        # a held GPU's slack past its hold's start, in trace seconds
-        "MIGSCHED_RESERVE_SLACK_S": repr(BalancerSettings.reserve_slack_s / speedup),
         # the time alignment's buckets: minutes of trace time, as the simulator's
         "MIGSCHED_ALIGN_MINUTE_S": repr(BalancerSettings.align_minute_s / speedup),
     }

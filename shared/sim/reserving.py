@@ -37,22 +37,19 @@ def schedule(sim: SimRun) -> None:
     account(sim)
     for i in [i for i in sim.pinned if sim.state[i] != QUEUED]:
         del sim.pinned[i]  # its job timed out (or was placed elsewhere)
-    held: list[Reservation] = []
+    holds = PassHolds(sim)
     if not sim.queue:
-        settle(sim, held)
+        holds.settle()
         return
     placed: list[tuple[int, float, int]] = []
     version = sim.version
     failed, memos, jobs, placer = sim.failed, sim.memo_keys, sim.jobs, sim.placer
-    params = sim.reservation_params
     now = sim.now
-    taken: set[str] = set()
-    attempts = 0
     for key in sim.queue[: sim.cfg.backfill_depth]:
         i = key[2]
         job = jobs[i]
         h = sim.hint(i)
-        blocked = [r for r in held if not may_use(h, now, r.start, params.slack_s)]
+        blocked = holds.blocking(h)
         memo = memos[i]
         remember = i not in sim.long_gangs  # see backfill
         seen = failed.get(memo) if remember else None
@@ -64,7 +61,7 @@ def schedule(sim: SimRun) -> None:
             else:
                 snap = sim.cluster.snapshot()
                 if blocked:
-                    snap = snap.without({g for r in blocked for g in r.gpus})
+                    snap = snap.without(blocked)
                 decision = sim.policy(snap, job.request(h, now, sim.blocks))
                 slots = None if isinstance(decision, CannotPlace) else decision.slots
             if slots is None and not blocked and remember:
@@ -76,28 +73,60 @@ def schedule(sim: SimRun) -> None:
             continue
         pin = sim.pinned.get(i)
         if pin is not None:  # its GPU is being emptied for it: held until the moves are done
-            held.append(pin)
-            taken.update(pin.gpus)
+            holds.add(pin)
             continue
-        if len(held) >= params.max_held or attempts >= 2 * params.max_held:
-            continue
-        need = wants_hold(sim, i)
-        if not need:
-            continue
-        attempts += 1
-        r = hold_for(sim, i, need, taken)
-        if sim.unblocks and job.within_block is None and (r is None or r.start - now > sim.unblock_params.min_left_s):
-            patience = job.patience if job.patience is not None else sim.cfg.patience_s
-            r = _unblock(sim, i, taken) or _drain(sim, i, sim.cluster.snapshot(), need, patience, taken, r)
-        if r is not None:
-            held.append(r)
-            taken.update(r.gpus)
+        holds.consider(i, unblock=sim.unblocks)
     for key in placed:
         del sim.queue[bisect.bisect_left(sim.queue, key)]
-    settle(sim, held)
+    holds.settle()
 
 
-def wants_hold(sim: SimRun, i: int) -> int:
+class PassHolds:
+    """The holds one queue pass plans, in its order: at most ``max_held``, from at most twice as many plans (so
+    that a queue of large jobs costs a bounded number of plans), none on GPUs an earlier hold took."""
+
+    def __init__(self, sim: SimRun) -> None:
+        self.sim = sim
+        self.held: list[Reservation] = []
+        self.taken: set[str] = set()
+        self.tries = 0
+
+    def blocking(self, hint_s: float | None) -> set[str]:
+        """The held GPUs a job of this hint may not use now (``may_use``)."""
+        if not self.held:
+            return set()
+        now, slack = self.sim.now, self.sim.reservation_params.slack_s
+        return {g for r in self.held if not may_use(hint_s, now, r.start, slack) for g in r.gpus}
+
+    def add(self, r: Reservation) -> None:
+        self.held.append(r)
+        self.taken.update(r.gpus)
+
+    def consider(self, i: int, unblock: bool = False) -> None:
+        """A hold for job ``i``, which could not be placed, when one is due (``_wants_hold``) and the pass has
+        room for it; ``unblock``: moves may empty its GPUs sooner (``_unblock``, ``_drain``)."""
+        sim, params = self.sim, self.sim.reservation_params
+        if len(self.held) >= params.max_held or self.tries >= 2 * params.max_held:
+            return
+        need = _wants_hold(sim, i)
+        if not need:
+            return
+        self.tries += 1
+        r = _hold_for(sim, i, need, self.taken)
+        job = sim.jobs[i]
+        if unblock and job.within_block is None and (r is None or r.start - sim.now > sim.unblock_params.min_left_s):
+            patience = job.patience if job.patience is not None else sim.cfg.patience_s
+            r = _unblock(sim, i, self.taken) or _drain(sim, i, sim.cluster.snapshot(), need, patience, self.taken, r)
+        if r is not None:
+            self.add(r)
+
+    def settle(self) -> None:
+        """The pass's holds are the reservations until the next pass (their idle slices counted from now)."""
+        self.sim.reservations = self.held
+        self.sim.held_free = _held_free(self.sim, self.held)
+
+
+def _wants_hold(sim: SimRun, i: int) -> int:
     """How many whole GPUs job ``i`` would be held, when a hold is due for it now (0: none): a large job
     (``whole_gpus``) past its wait (``due``), unless the policy's long-gang rule keeps it waiting."""
     job = sim.jobs[i]
@@ -107,7 +136,7 @@ def wants_hold(sim: SimRun, i: int) -> int:
     return 0 if _kept_waiting(sim, i) else need
 
 
-def hold_for(sim: SimRun, i: int, need: int, taken: set[str]) -> Reservation | None:
+def _hold_for(sim: SimRun, i: int, need: int, taken: set[str]) -> Reservation | None:
     """The GPUs that free soonest for job ``i`` (``need`` whole GPUs, none of ``taken``), within one block
     for a gang kept within one; None when they would not free before its patience runs out."""
     job = sim.jobs[i]
@@ -118,12 +147,6 @@ def hold_for(sim: SimRun, i: int, need: int, taken: set[str]) -> Reservation | N
         return plan_within(snap, job.id, need, now, job.arrival + patience, sim.blocks, bool(job.within_block),
                            taken)
     return plan(snap, job.id, need, now, job.arrival + patience, taken)
-
-
-def settle(sim: SimRun, held: list[Reservation]) -> None:
-    """The pass's holds are the reservations until the next pass (their idle slices counted from now)."""
-    sim.reservations = held
-    sim.held_free = _held_free(sim, held)
 
 
 def _kept_waiting(sim: SimRun, i: int) -> bool:

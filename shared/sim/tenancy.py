@@ -32,7 +32,6 @@ from shared.policy.preemption import Victim
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob, order
 from shared.policy.quota import COMPUTE, MEMORY, QuotaBook, Usage, charge, uncharge
-from shared.policy.reservation import Reservation, may_use
 from shared.policy.reserve import ReserveParams
 from shared.sim import events as ev
 from shared.sim import reserving
@@ -104,12 +103,12 @@ class TenantSimulator(Simulator):
     # the queue pass -----
     def _schedule(self) -> None:
         """``order`` the head of the queue, then ``decide`` each job in that order; with a policy that reserves,
-        a large job held for capacity gets the GPUs that free soonest (``reserving.hold_for``), which the jobs
+        a large job held for capacity gets the GPUs that free soonest (``reserving.PassHolds``), which the jobs
         after it in the pass may use only as ``may_use`` allows."""
         reserving.account(self)
-        held: list[Reservation] = []
+        holds = reserving.PassHolds(self)
         if not self.queue:
-            reserving.settle(self, held)
+            holds.settle()
             return
         snap = self.cluster.snapshot()
         head = [k[2] for k in self.queue[: self.cfg.backfill_depth]]
@@ -123,8 +122,6 @@ class TenantSimulator(Simulator):
             )
             for i in head
         ]
-        taken: set[str] = set()
-        attempts = 0
         for entry in order(pending, self.book, capacity_of(snap)):
             i = int(entry.job.job_id)
             if self.state[i] != QUEUED:
@@ -132,7 +129,7 @@ class TenantSimulator(Simulator):
             if entry.status == "quota":
                 self._hold(i, "quota")
                 continue
-            d = self._admit(i, held)
+            d = self._admit(i, holds)
             if isinstance(d, Start):
                 if self._evict(d, i):
                     self._start(i, d)
@@ -140,26 +137,17 @@ class TenantSimulator(Simulator):
                 self._hold(i, "capacity")
             elif d is not None and (d.reason != "capacity" or d.deferred):
                 continue  # over quota, or the policy keeps it waiting: no hold
-            params = self.reservation_params
-            if not self.reserves or len(held) >= params.max_held or attempts >= 2 * params.max_held:
-                continue
-            need = reserving.wants_hold(self, i)
-            if need:
-                attempts += 1
-                r = reserving.hold_for(self, i, need, taken)
-                if r is not None:
-                    held.append(r)
-                    taken.update(r.gpus)
-        reserving.settle(self, held)
+            if self.reserves:
+                holds.consider(i)
+        holds.settle()
 
-    def _admit(self, i: int, held: list[Reservation]) -> Start | Hold | None:
-        """``decide`` for queued job ``i``, the GPUs ``held`` for jobs before it hidden unless its hint lets it
-        use them; None when it failed on capacity since room was last freed, with the same GPUs hidden (not
-        asked again)."""
+    def _admit(self, i: int, holds: reserving.PassHolds) -> Start | Hold | None:
+        """``decide`` for queued job ``i``, the GPUs held for jobs before it hidden unless its hint lets it use
+        them; None when it failed on capacity since room was last freed, with the same GPUs hidden (not asked
+        again)."""
         job, now = self.jobs[i], self.now
         hint = self.hint(i)
-        slack = self.reservation_params.slack_s
-        blocked = {g for r in held if not may_use(hint, now, r.start, slack) for g in r.gpus}
+        blocked = holds.blocking(hint)
         memo = (job.demand.label(), job.gpus, job.priority, job.tenant)
         remember = not blocked and i not in self.long_gangs  # a long gang's fit depends on the clock too
         if remember and self._memo.get(memo) == self.version:

@@ -362,7 +362,7 @@ class AlignIndex:
                 return False
         mine, theirs = self.times, fresh.times
         mine.flush()
-        fresh.times.flush()
+        theirs.flush()
         return (self.keys == fresh.keys and self.classes == fresh.classes
                 and all(np.array_equal(a, b) for a, b in zip(mine.columns, theirs.columns, strict=True))
                 and (mine.end, mine.used, mine.empty, mine.node_last, mine.node_count)

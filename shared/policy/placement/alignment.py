@@ -107,8 +107,6 @@ the 7 compute slices of a GPU, not 15)."""
 _T1, _T2, _NODE_EMPTY, _FULLEST = SHIFT["t1"], SHIFT["t2"], SHIFT["node_empty"], SHIFT["fullest"]
 
 
-
-
 def _at(value: Any, name: str) -> Any:
     """``value`` clamped to field ``name``'s width, at its place in the key."""
     return np.minimum(value, (1 << _WIDTH[name]) - 1) << SHIFT[name]

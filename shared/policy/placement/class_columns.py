@@ -26,14 +26,9 @@ class ClassColumns:
     def __init__(self, min_size: int = 64) -> None:
         self.min_size = min_size
         self.kept_now: dict[Key, tuple[npt.NDArray[np.intp], npt.NDArray[np.int64], set[int]]] = {}
-        """Per class kept: its arrays and the positions touched since they were built. The index adds to that set
-        itself (``touched``, inlined) for every GPU it re-keys."""
-
-    def touched(self, cls: Key, pos: int) -> None:
-        """GPU ``pos`` joined ``cls``, left it (which still holds others) or was re-keyed within it."""
-        kept = self.kept_now.get(cls)
-        if kept is not None:
-            kept[2].add(pos)
+        """Per class kept: its arrays and the positions touched since they were built. The index adds each GPU
+        that joins a kept class, leaves it (while it still holds others) or is re-keyed within it to that set
+        itself: it does so for every GPU it re-keys, where a method call per class costs measurably."""
 
     def emptied(self, cls: Key) -> None:
         """``cls`` holds no GPU any more."""
