@@ -280,6 +280,7 @@ class Decider:
             submitted_at=sub.submitted_at,
             reason=dec.explain(runners_up=3)[:1000], traceparent=c.traceparent,
             tenant=sub.tenant if self.ledger.active else "", usage=usage,
+            limits=self.ledger.limits(sub.tenant, usage, shard),
             victims=tuple(Eviction(job_id=v.job_id, instance_id=v.instance_ids[0],
                                    reason=f"preempted by {sub.job_id}: {v.detail}"[:500]) for v in victims),
         )

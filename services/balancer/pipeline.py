@@ -40,6 +40,8 @@ class RoundResult:
     retry: list[Candidate] = field(default_factory=list)
     reload: set[str] = field(default_factory=set)
     route: dict[str, int] = field(default_factory=dict)
+    over_quota: list[tuple[Candidate, str]] = field(default_factory=list)
+    """Refused by the store's quota check (another replica's placements took the room): queued with the reason."""
 
 
 class Pipeline:
@@ -83,6 +85,7 @@ class Pipeline:
             unplannable += r.unplannable
             await self.shards.reload(self.state, r.reload)
             await self._send(r.route)
+            await self._queue(r.over_quota, now)
             todo = r.retry
         if todo:
             await self._requeue_losers(todo)
@@ -162,6 +165,13 @@ class Pipeline:
         if res.status == "known":
             self.metrics.outcome["duplicate"].inc()  # a replayed submit: nothing to do
             return
+        if res.status == "quota":  # this book had not seen another replica's placements yet: the job waits
+            self.metrics.outcome["pending"].inc()
+            why = f"quota: {res.detail}"
+            self.log.info("reservation of %s refused by the store's quota check: %s", c.submit.job_id, res.detail)
+            self.waiting.queued(c.submit, c.spec, c.ctx, why, now)
+            r.over_quota.append((c, why))
+            return
         m.CONFLICTS.inc()
         self.metrics.outcome["conflict"].inc()
         self.log.debug("reservation of %s lost: %s %s", c.submit.job_id, res.status, res.detail)
@@ -199,6 +209,15 @@ class Pipeline:
             sp.set_attribute("migsched.decision", dec.explain()[:1000])
             sp.set_attribute("migsched.gpu", dec.slot.gpu_id)
             sp.set_attribute("migsched.frag_after", dec.frag_after)
+
+    async def _queue(self, jobs: list[tuple[Candidate, str]], now: float) -> None:
+        """Record these jobs as pending with their reasons (a new one gets its record here)."""
+        if not jobs:
+            return
+        b = self.state.batch()
+        for c, why in jobs:
+            b.enqueue(c.submit.job_id, c.spec, c.priority, c.submit.submitted_at, why[:1000], now, c.traceparent)
+        await b.run()
 
     async def _requeue_losers(self, todo: list[Candidate]) -> None:
         """Still losing races after ``max_rounds``: wait in the queue, the next backfill tries again."""

@@ -84,6 +84,8 @@ class Balancer(Service):
         hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations,
                                  slack_s=st.reserve_slack_s)
         self.shards = Shards(st.shards, self.geometry, hold, self.ledger, self.state.job_shard)
+        if st.shards > 1:
+            self.ledger.shard_of = lambda gpu_id: self.state.node_shard(gpu_id.rpartition("/")[0])
         self.waiting = Waiting()
         metrics = DecisionMetrics()
         decider = Decider(self.shards, self.ledger, self.params, self.policy, self.reserves, self.geometry, metrics)

@@ -14,15 +14,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from shared.errors import MigschedError
 from shared.policy.charges import instance_usage
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob, QueueEntry, order
-from shared.policy.quota import GPU, SHARED, QuotaBook, QuotaError, Usage, charge, uncharge
+from shared.policy.quota import (
+    EMPTY,
+    GPU,
+    SHARED,
+    QuotaBook,
+    QuotaError,
+    Usage,
+    charge,
+    uncharge,
+)
 from shared.policy.reserve import ReserveParams
+from shared.policy.shard_quota import QuotaLimit, shard_limits
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 from shared.tenancy import Reload, Tenancy, TenancyWatcher
 
@@ -43,6 +53,10 @@ class TenantLedger:
         # job -> gpu id -> (tenant, the charge of its instance there): a gang has one entry per GPU
         self.charges: dict[str, dict[str, tuple[str, Usage]]] = {}
         self.preemptions = 0
+        self.shard_of: Callable[[str], int] = lambda gpu_id: 0
+        """The shard a GPU lives in (the service sets it when there are several)."""
+        self.in_shard: dict[int, dict[str, Usage]] = {}
+        """Per shard, each tenant's charges there: what a reservation's ``limits`` leave out as used elsewhere."""
 
     # --- configuration --------------------------------------------------------------------------------------
     def poll(self) -> Reload | None:
@@ -78,6 +92,7 @@ class TenantLedger:
     def rebuild(self, snaps: Iterable[ClusterSnapshot]) -> None:
         """Usage from scratch: every job-holding instance of the mirror, charged to its tenant."""
         self.charges = {}
+        self.in_shard = {}
         totals: dict[str, Usage] = {}
         for snap in snaps:
             for g in snap.gpus:
@@ -103,7 +118,13 @@ class TenantLedger:
         if held and not usage.get(GPU) and not usage.get(SHARED):
             return False
         held[gpu_id] = (tenant, usage)
+        self._count(gpu_id, tenant, usage, 1.0)
         return True
+
+    def _count(self, gpu_id: str, tenant: str, usage: Usage, sign: float) -> None:
+        by_tenant = self.in_shard.setdefault(self.shard_of(gpu_id), {})
+        had = by_tenant.get(tenant, EMPTY)
+        by_tenant[tenant] = had + usage if sign > 0 else had - usage
 
     def reloaded(self, snap: ClusterSnapshot, gpu_ids: Iterable[str]) -> None:
         """Some GPUs were re-read: re-derive the charges held on them (one entry per GPU, so a gang's other
@@ -112,7 +133,7 @@ class TenantLedger:
         for job, held in list(self.charges.items()):
             for gid in ids & held.keys():
                 tenant, usage = held.pop(gid)
-                self._give_back(tenant, usage)
+                self._give_back(gid, tenant, usage)
             if not held:
                 del self.charges[job]
         for gid in ids:
@@ -127,8 +148,9 @@ class TenantLedger:
         if job in self.charges:
             return False
         self.charges[job] = {gid: (tenant, Usage(u)) for gid, u in usages.items()}
-        for _, u in self.charges[job].values():
+        for gid, (_, u) in self.charges[job].items():
             self.book = charge(self.book, tenant, u)
+            self._count(gid, tenant, u, 1.0)
         return True
 
     def uncharge(self, job: str) -> bool:
@@ -136,15 +158,29 @@ class TenantLedger:
         held = self.charges.pop(job, None)
         if held is None:
             return False
-        for tenant, usage in held.values():
-            self._give_back(tenant, usage)
+        for gid, (tenant, usage) in held.items():
+            self._give_back(gid, tenant, usage)
         return True
 
-    def _give_back(self, tenant: str, usage: Usage) -> None:
+    def _give_back(self, gpu_id: str, tenant: str, usage: Usage) -> None:
+        self._count(gpu_id, tenant, usage, -1.0)
         try:
             self.book = uncharge(self.book, tenant, usage)
         except QuotaError as exc:  # cannot happen while the charges sum to the book; never go negative
             log.error("quota book out of step (%s); rebuilt at the next refresh", exc)
+
+    def limits(self, tenant: str, usage: Mapping[str, float], shard: int) -> tuple[QuotaLimit, ...]:
+        """The tenant's quota on the resources of ``usage`` as shard ``shard``'s ``reserve`` checks it, against
+        its own usage counters (``shard_quota.shard_limits``); what the tenant and its cohort use in other shards, as
+        this book knows it, is taken off. Nothing without a tenancy file."""
+        if not self.active:
+            return ()
+        here = self.in_shard.get(shard, {})
+
+        def elsewhere(t: str, resource: str) -> float:
+            return max(0.0, self.book.used(t).amount(resource) - here.get(t, EMPTY).amount(resource))
+
+        return shard_limits(self.book.policy, tenant, usage, elsewhere)
 
     # --- queue ----------------------------------------------------------------------------------------------
     def order(self, pending: Iterable[PendingJob], capacity: Mapping[str, float]) -> list[QueueEntry]:

@@ -14,13 +14,16 @@
    ``0..replicas-1`` and at most ``replicas`` of them; plain instances are never idle;
 7. every job in ``:done`` (the ended jobs ``lua/expire.lua`` deletes after the retention) is known and in a
    terminal state. A job expired whole (hash, history, ``:jobs``, ``:done`` in one script) is simply absent:
-   nothing here expects an ended job to stay.
+   nothing here expects an ended job to stay;
+8. the tenants' usage counters (``:usage``) are the sum of the charges of the jobs counted in them, and every
+   such job is active: a counter that drifted would let a quota be overshot, or keep a tenant waiting for room
+   it has.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from shared.errors import UnknownModelError
 from shared.mig.geometry import Geometry
@@ -42,8 +45,10 @@ def check_state(
     pending: set[str],
     occupancy: bytes | None = None,
     done: set[str] | None = None,
+    usage: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[Violation]:
-    """``done``: the shard's ended jobs (``:done``); None skips rule 7."""
+    """``done``: the shard's ended jobs (``:done``); None skips rule 7. ``usage``: its usage counters
+    (``StateStore.tenant_usage``); None skips rule 8."""
     out: list[Violation] = []
     holders: dict[tuple[str, str], str] = {}  # (gpu, instance) -> job
     for g in gpus:
@@ -147,6 +152,28 @@ def check_state(
             out.append(Violation(kind="done", subject=d, detail="listed as ended but unknown"))
         elif states[d] not in TERMINAL_STATES:
             out.append(Violation(kind="done", subject=d, detail=f"listed as ended but {states[d] or 'in no state'}"))
+    if usage is not None:
+        out.extend(_usage_violations(jobs, usage))
+    return out
+
+
+def _usage_violations(jobs: Sequence[JobRecord], usage: Mapping[str, Mapping[str, float]]) -> list[Violation]:
+    """Rule 8: the counters against the charges of the jobs counted in them."""
+    out: list[Violation] = []
+    expected: dict[tuple[str, str], float] = {}
+    for j in jobs:
+        if not j.charged:
+            continue
+        if j.state not in ACTIVE_STATES:
+            out.append(Violation(kind="usage", subject=j.job_id, detail=f"{j.state} but still counted in usage"))
+        for resource, amount in j.charged.items():
+            expected[(j.tenant, resource)] = expected.get((j.tenant, resource), 0.0) + amount
+    counted = {(t, r): v for t, used in usage.items() for r, v in used.items()}
+    for key in sorted(expected.keys() | counted.keys()):
+        want, got = expected.get(key, 0.0), counted.get(key, 0.0)
+        if abs(want - got) > 1e-6:
+            out.append(Violation(kind="usage", subject=key[0],
+                                 detail=f"counts {got:g} {key[1]}; its active jobs are charged {want:g}"))
     return out
 
 
@@ -155,8 +182,8 @@ async def audit(store: object, geometry: Geometry) -> list[Violation]:
     out: list[Violation] = []
     for shard in range(store.shards):  # type: ignore[attr-defined]
         if hasattr(store, "dump"):  # one consistent read (a live system keeps changing between reads)
-            gpus_, jobs_, pend_, occ_, done_ = await store.dump(shard)
-            out.extend(check_state(geometry, gpus_, jobs_, pend_, occ_, done_))
+            gpus_, jobs_, pend_, occ_, done_, usage_ = await store.dump(shard)
+            out.extend(check_state(geometry, gpus_, jobs_, pend_, occ_, done_, usage_))
             continue
         gpus = await store.load_gpus(shard)  # type: ignore[attr-defined]
         ids = await store.all_job_ids(shard)  # type: ignore[attr-defined]

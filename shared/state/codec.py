@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from shared.errors import MigschedError
+from shared.state import usage
 from shared.state.model import (
     HISTORY_MAX,
     HistoryEntry,
@@ -105,7 +106,18 @@ def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
         updated=float(g.get("updated", 0)),
         preempted=int(g.get("preempted", 0)),
         slots=decode_slots(g.get("slots")),
+        tenant=_s(g.get("tenant")),
+        charged=decode_charge(g.get("usage")) if g.get("charged") else {},
     )
+
+
+def decode_charge(raw: bytes | str | None) -> dict[str, float]:
+    """A job hash's ``usage`` (JSON {resource: amount}); {} when absent or unreadable."""
+    try:
+        got = msgspec.json.decode(raw or b"{}")
+    except msgspec.DecodeError:
+        return {}
+    return {str(k): float(v) for k, v in got.items()} if isinstance(got, dict) else {}
 
 
 def history_raw(job_hash: dict[Any, Any] | None, legacy: list[Any] | None = None) -> list[Any]:
@@ -147,3 +159,32 @@ class CancelResult(msgspec.Struct, frozen=True, kw_only=True):
     node: str = ""
     gpu_id: str = ""
     instance_id: str = ""
+
+
+def decode_dump(raw: Any) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes, set[str],
+                                   dict[str, dict[str, float]]]:
+    """``lua/dump.lua``'s reply: GPUs, jobs (state, placement and charge only), the queue, the occupancy array,
+    the ended jobs, the usage counters."""
+    occ, raw_gpus, pend, raw_jobs, done, raw_usage = raw
+    gpus = []
+    for n in range(0, len(raw_gpus), 2):
+        flat = raw_gpus[n + 1]
+        g = decode_gpu(_s(raw_gpus[n]), dict(zip(flat[::2], flat[1::2], strict=True)))
+        if g is not None:
+            gpus.append(g)
+    jobs = [
+        JobRecord(
+            job_id=_s(raw_jobs[n]),
+            state=_s(raw_jobs[n + 1]),
+            gpu=_s(raw_jobs[n + 2]),
+            inst=_s(raw_jobs[n + 3]),
+            mig_gpu=_s(raw_jobs[n + 4]),
+            mig_inst=_s(raw_jobs[n + 5]),
+            slots=decode_slots(raw_jobs[n + 6]),
+            tenant=_s(raw_jobs[n + 7]),
+            charged=decode_charge(raw_jobs[n + 8]) if raw_jobs[n + 9] else {},
+        )
+        for n in range(0, len(raw_jobs), 10)
+    ]
+    counters = usage.decode(dict(zip(raw_usage[::2], raw_usage[1::2], strict=True)))
+    return gpus, jobs, {_s(p) for p in pend}, bytes(occ or b""), {_s(d) for d in done}, counters

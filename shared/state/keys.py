@@ -12,7 +12,8 @@ key                        type    content
                                    cancel, mig_gpu, mig_inst, updated, slots (a gang: JSON [[gpu, inst], ...]),
                                    late (",<attempt>,...": place commands whose late run was stopped),
                                    ra ("<attempts>:<attempt>": the earlier attempt whose late run the
-                                   current placement took as its own),
+                                   current placement took as its own), tenant, usage (JSON {resource:
+                                   amount}: its quota charge), charged ("1" while counted in ``:usage``),
                                    hn and h<n> (its history, below)
 ``{ns:s}:hist:<job_id>``   list    an older version's history of the job (read, deleted with the job); the job
                                    hash now keeps it: ``h<n>`` = JSON {at, from, to, reason} of its n-th
@@ -33,6 +34,9 @@ key                        type    content
                                    host them (``lua/route.lua``); the registry prunes those whose job is gone
 ``{ns:s}:holds``           string  JSON {at, holds}: the GPUs the balancer's last backfill pass held for large
                                    waiting jobs (``shared.policy.reservation``), for ``migsched status``
+``{ns:s}:usage``           hash    "<tenant>\t<resource>" -> amount: the quota charges of the shard's active
+                                   jobs, added by ``lua/reserve.lua`` (which checks a placement's
+                                   ``limits`` against them), taken off when a job leaves the active states
 =========================  ======  ===========================================================================
 
 ``ns`` is ``MIGSCHED_NAMESPACE`` or ``migsched`` when that is empty. One key lies outside every shard:
@@ -44,7 +48,7 @@ from __future__ import annotations
 
 class Keys:
     __slots__ = ("cmds", "done", "gpus", "holds", "jobs", "nodes", "occ", "pending", "placing", "routes", "shard",
-                 "tag")
+                 "tag", "usage")
 
     def __init__(self, namespace: str, shard: int) -> None:
         self.shard = shard
@@ -60,6 +64,7 @@ class Keys:
         self.done = f"{t}:done"
         self.holds = f"{t}:holds"
         self.routes = f"{t}:routes"
+        self.usage = f"{t}:usage"
 
     def gpu(self, gpu_id: str) -> str:
         return f"{self.tag}:gpu:{gpu_id}"

@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from shared.state import usage
 from shared.state.job_routes import route_parts, route_shard
 from shared.state.model import (
+    ACTIVE_STATES,
     HISTORY_MAX,
     TERMINAL_STATES,
     HistoryEntry,
@@ -42,6 +44,8 @@ class _Shard:
         """The balancer's reservations, encoded as in Redis (``model.encode_holds``)."""
         self.routes: dict[str, str] = {}
         """Jobs whose home is this shard that live in another: job -> ``"<shard>:<routed at>"`` (``:routes``)."""
+        self.usage: dict[str, float] = {}
+        """``usage.field(tenant, resource)`` -> the charges of the shard's active jobs (``:usage``)."""
 
 
 class MemoryPrelude:
@@ -99,6 +103,8 @@ class MemoryPrelude:
         return g.ver
 
     def _state(self, sh: _Shard, job: str, prev: str, to: str, reason: str, now: float) -> None:
+        if prev in ACTIVE_STATES and to not in ACTIVE_STATES:  # as set_state: its charge is given back, once
+            self._uncharge(sh, job)
         j = sh.jobs[job]
         j.state, j.reason, j.updated = to, reason, now
         self._hist(sh, job, prev, to, reason, now)
@@ -111,6 +117,28 @@ class MemoryPrelude:
             sh.done[job] = now
         else:
             sh.done.pop(job, None)
+
+    @staticmethod
+    def _charge(sh: _Shard, job: str, tenant: str, amounts: dict[str, float]) -> None:
+        j = sh.jobs[job]
+        j.tenant, j.charged = tenant, dict(amounts)
+        for resource, amount in amounts.items():
+            k = usage.field(tenant, resource)
+            sh.usage[k] = sh.usage.get(k, 0.0) + amount
+
+    @staticmethod
+    def _uncharge(sh: _Shard, job: str) -> None:
+        j = sh.jobs.get(job)
+        if j is None or not j.charged:
+            return
+        amounts, j.charged = j.charged, {}
+        for resource, amount in amounts.items():
+            k = usage.field(j.tenant, resource)
+            left = sh.usage.get(k, 0.0) - amount
+            if left <= 1e-9:
+                sh.usage.pop(k, None)
+            else:
+                sh.usage[k] = left
 
     def _hist(self, sh: _Shard, job: str, prev: str, to: str, reason: str, now: float) -> None:
         sh.hist.setdefault(job, []).append(HistoryEntry(at=now, to=to, reason=reason, prev=prev))

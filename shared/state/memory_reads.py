@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from shared.state import usage
 from shared.state.memory_prelude import MemoryPrelude
 from shared.state.model import HistoryEntry, Hold, JobRecord, StoredGpu, decode_holds, encode_holds
 from shared.state.reads import DerivedReads
@@ -29,6 +30,9 @@ class MemoryReads(DerivedReads, MemoryPrelude):
 
     async def holds(self, shard: int = 0) -> tuple[float, list[Hold]]:
         return decode_holds(self._s[shard].holds)
+
+    async def tenant_usage(self, shard: int = 0) -> dict[str, dict[str, float]]:
+        return usage.decode(self._s[shard].usage)
 
     async def occupancy(self, shard: int = 0) -> bytes:
         return bytes(self._s[shard].occ)
@@ -63,13 +67,14 @@ class MemoryReads(DerivedReads, MemoryPrelude):
 
     async def dump(
         self, shard: int
-    ) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes, set[str]]:
+    ) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes, set[str], dict[str, dict[str, float]]]:
         return (
             await self.load_gpus(shard),
             [j for j in await self.jobs(await self.all_job_ids(shard)) if j],
             set(self._s[shard].pending),
             bytes(self._s[shard].occ),
             set(self._s[shard].done),
+            await self.tenant_usage(shard),
         )
 
     async def commands(self, shard: int = 0) -> dict[str, dict[str, Any]]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from shared.state import usage
 from shared.state.model import (
     PLAIN_PROFILES,
     JobRecord,
@@ -226,6 +227,9 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
             new.state, new.job, new.created = "reserved", r.job_id, True
             insts.append(new)
         new_ids.append((s.gpu_id, new.id))
+    over = over_quota(sh, r)
+    if over is not None:
+        return out("quota", first.ver, over)
     for v in r.victims:
         vj = sh.jobs[v.job_id]
         vj.gpu = vj.inst = vj.node = vj.mig_gpu = vj.mig_inst = ""
@@ -255,6 +259,8 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
         )
     j.gpu, j.inst, j.node = r.gpu_id, new_ids[0][1], first.node
     j.slots = tuple(new_ids) if len(new_ids) > 1 else ()
+    if r.tenant:
+        store._charge(sh, r.job_id, r.tenant, r.usage)
     store._state(sh, r.job_id, prev, "placing", r.reason, now)
     if r.track and r.span:  # one place command per member node: place:<job>:<attempt>/<node rank>
         members: dict[str, str] = {}
@@ -272,3 +278,33 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
     if len(slots) == 1:
         return res
     return msgspec.structs.replace(res, master_addr=sh.nodes.get(first.node, {}).get("addr", ""))
+
+
+def over_quota(sh: Any, r: Reservation) -> str | None:
+    """Why ``r`` would take its tenant past one of its ``limits`` in this shard (the victims' charges given back
+    first), as ``lua/reserve.lua`` checks it; None when it would not."""
+    if not r.tenant or not r.limits:
+        return None
+    freed: dict[str, float] = {}
+    for v in r.victims:
+        vj = sh.jobs.get(v.job_id)
+        for resource, amount in (vj.charged if vj is not None else {}).items():
+            k = usage.field(vj.tenant if vj is not None else "", resource)
+            freed[k] = freed.get(k, 0.0) + amount
+
+    def used(tenant: str, resource: str) -> float:
+        k = usage.field(tenant, resource)
+        return float(sh.usage.get(k, 0.0) - freed.get(k, 0.0))
+
+    for lim in r.limits:
+        q = r.usage.get(lim.resource, 0.0)
+        if q <= 0:
+            continue
+        new = used(r.tenant, lim.resource) + q
+        if lim.cap is not None and new > lim.cap + 1e-9:
+            return f"{r.tenant} would use {new:g} {lim.resource} in this shard; it may {lim.cap:g}"
+        if lim.members and new > lim.nominal + 1e-9:
+            c = q + sum(used(m, lim.resource) for m in lim.members)
+            if c > lim.cohort_cap + 1e-9:
+                return f"its cohort would use {c:g} {lim.resource} in this shard; it may {lim.cohort_cap:g}"
+    return None

@@ -17,6 +17,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from shared.policy.reservation import Reservation as Hold
+from shared.policy.shard_quota import QuotaLimit
 from shared.policy.snapshot import GpuView, InstanceView
 
 JobState = Literal[
@@ -195,6 +196,10 @@ class JobRecord(msgspec.Struct, kw_only=True):
     mig_gone: tuple[StoredInstance, ...] = ()
     """Memory store only (Redis: the job hash's ``mig_gone``): the idle instances a move's reserve removed from
     its target's way, given back when the move is aborted (``lua/migrate.lua``)."""
+    tenant: str = ""
+    """The tenant its last reservation was charged to ('' without tenancy)."""
+    charged: dict[str, float] = {}
+    """Its charge while counted in the shard's usage counters (an active job of a tenant); empty otherwise."""
 
     def held(self) -> tuple[tuple[str, str], ...]:
         """Every (gpu id, instance id) the job's placement names (without a migration target)."""
@@ -251,7 +256,10 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     traceparent: str = ""
     tenant: str = ""
     usage: dict[str, float] = {}
-    """The quota charge of the placement, stored with the job so that its release uncharges exactly it."""
+    """The quota charge of the placement, stored with the job so that its release uncharges exactly it; with a
+    ``tenant``, added to the shard's usage counters, and taken off when the job leaves its instances."""
+    limits: tuple[QuotaLimit, ...] = ()
+    """The tenant's quota on the resources of ``usage``: over any, nothing is done (``quota``)."""
     victims: tuple[Eviction, ...] = ()
     """Running jobs preempted in the same transition: each must still run on the instance the decision saw;
     all its instances are vacated (MIG ones idled, then reused or destroyed per ``action``/``destroy``; plain
@@ -281,7 +289,8 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
 
 class ReserveResult(msgspec.Struct, frozen=True, kw_only=True):
     """``status``: ok | conflict (version moved) | overlap | busy | gone | count | nogpu | unhealthy | mode (a
-    MIG slot on a non-MIG GPU or a plain one on a MIG GPU) | node (a gang across nodes) | victim | known (the
+    MIG slot on a non-MIG GPU or a plain one on a MIG GPU) | node (a gang across nodes) | victim | quota (over one
+    of ``limits``, the victims' charges given back first) | known (the
     job is already past pending: the submit is a replay and nothing was done). ``gpu_id``/``ver``: the first
     slot's; ``detail`` names the GPU that refused a gang."""
 

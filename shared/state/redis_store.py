@@ -20,6 +20,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from shared.state import usage
 from shared.state.batch import Batch
 from shared.state.client import redis_client
 from shared.state.cluster_roundtrip import ClusterRoundTrips
@@ -31,6 +32,8 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     StateError,
     _s,
     block_script_source,
+    decode_charge,
+    decode_dump,
     decode_gpu,
     decode_instances,
     decode_job,
@@ -296,6 +299,10 @@ class RedisState(DerivedReads):
         """(when they were planned, the reservations) as last put; (0, []) when none ever was."""
         return decode_holds(await self.redis.get(self.keys(shard).holds))
 
+    async def tenant_usage(self, shard: int = 0) -> dict[str, dict[str, float]]:
+        """What the shard's active jobs are charged, per tenant and resource (``{ns:s}:usage``)."""
+        return usage.decode(await self.redis.hgetall(self.keys(shard).usage))
+
     async def occupancy(self, shard: int = 0) -> bytes:
         """The shard's compact occupancy array: byte i = busy mask of the GPU at position i."""
         raw = await self.redis.get(self.keys(shard).occ)
@@ -374,31 +381,11 @@ class RedisState(DerivedReads):
 
     async def dump(
         self, shard: int
-    ) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes, set[str]]:
-        """One consistent read of a shard (one Lua script): GPUs, jobs (state and placement only), the queue,
-        the occupancy array, the ended jobs (``:done``). For the audit of a live system, where separate reads
-        would race the services."""
-        k = self.keys(shard)
-        occ, raw_gpus, pend, raw_jobs, done = await self.script("dump")([k.gpus], [])
-        gpus = []
-        for n in range(0, len(raw_gpus), 2):
-            flat = raw_gpus[n + 1]
-            g = decode_gpu(_s(raw_gpus[n]), dict(zip(flat[::2], flat[1::2], strict=True)))
-            if g is not None:
-                gpus.append(g)
-        jobs = [
-            JobRecord(
-                job_id=_s(raw_jobs[n]),
-                state=_s(raw_jobs[n + 1]),
-                gpu=_s(raw_jobs[n + 2]),
-                inst=_s(raw_jobs[n + 3]),
-                mig_gpu=_s(raw_jobs[n + 4]),
-                mig_inst=_s(raw_jobs[n + 5]),
-                slots=decode_slots(raw_jobs[n + 6]),
-            )
-            for n in range(0, len(raw_jobs), 7)
-        ]
-        return gpus, jobs, {_s(p) for p in pend}, bytes(occ or b""), {_s(d) for d in done}
+    ) -> tuple[list[StoredGpu], list[JobRecord], set[str], bytes, set[str], dict[str, dict[str, float]]]:
+        """One consistent read of a shard (one Lua script): GPUs, jobs (state, placement and charge only), the
+        queue, the occupancy array, the ended jobs (``:done``), the tenants' usage counters. For the audit of a
+        live system, where separate reads would race the services."""
+        return decode_dump(await self.script("dump")([self.keys(shard).gpus], []))
 
     async def wipe(self) -> int:
         """Delete every key of this namespace (tests, ``migsched up --fresh``)."""

@@ -3,8 +3,8 @@
 The scenarios (``tests/contract/state_cases/``) drive the store through its public transitions and read it
 back, each checking its own invariants and ending with ``audit()``: gangs and time-sliced shares, expiry of
 ended jobs, foreign jobs found at registration, late runs of timed-out commands, exits of an earlier
-placement's run, moves that end without taking, nodes lost or re-registered during a move, and the command
-tracking a reservation carries.
+placement's run, moves that end without taking, nodes lost or re-registered during a move, the command
+tracking a reservation carries, and tenants' usage counters with the quota check of a reservation.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tests.contract.state_cases import (
     lost_move,
     migration_exit,
     plain_state,
+    quota_usage,
     reserve_track,
 )
 
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.timeout(30)
 Case = Callable[[Any], Awaitable[None]]
 SUITES = {"plain": plain_state, "expiry": expiry, "foreign": foreign_job, "late-run": late_run,
           "move-exit": migration_exit, "reserve-track": reserve_track, "gang-across": gang_across,
-          "earlier-exit": earlier_exit, "lost-move": lost_move}
+          "earlier-exit": earlier_exit, "lost-move": lost_move, "quota": quota_usage}
 CASES: list[tuple[str, Case]] = [(f"{name}:{case.__name__}", case) for name, mod in SUITES.items()
                                  for case in mod.CASES]
 

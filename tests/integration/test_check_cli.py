@@ -252,6 +252,23 @@ async def test_a_block_whose_nodes_live_in_two_shards_is_reported_with_them(
         assert "(n1)" in out and "(n2)" in out
 
 
+async def test_a_tenants_usage_counter_that_drifted_from_its_jobs_charges_is_reported(
+    state: RedisState, redis_url: str, prefix: str
+) -> None:
+    import msgspec
+
+    (g,) = await state.get_gpus(["n1/0"])
+    charged = msgspec.structs.replace(res("team1", "1g.5gb", 0, ver=g.ver), tenant="team",
+                                      usage={"compute_slices": 1.0})
+    assert (await state.reserve(charged, time.time())).ok
+    code, out = await run_cli(redis_url, prefix)
+    assert code == 0, out
+    await state.redis.hincrbyfloat(state.keys(0).usage, "team\tcompute_slices", 2.0)
+    code, out = await run_cli(redis_url, prefix)
+    assert code == 1
+    assert "team: counts 3 compute_slices; its active jobs are charged 1" in out
+
+
 def test_an_unreachable_redis_exits_two_with_a_clear_message() -> None:
     code, out = run_cli_sync("redis://127.0.0.1:1/0", "nowhere")
     assert code == 2

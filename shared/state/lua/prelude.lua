@@ -9,7 +9,9 @@ local NODES = P .. ':nodes'
 local JOBS = P .. ':jobs'
 local PLACING = P .. ':placing'
 local DONE = P .. ':done'
+local USAGE = P .. ':usage'
 local TERMINAL = {finished = true, failed = true, cancelled = true, rejected = true}
+local ACTIVE = {placing = true, running = true, migrating = true}
 local function gk(g) return P .. ':gpu:' .. g end
 local function jk(j) return P .. ':job:' .. j end
 local function hk(j) return P .. ':hist:' .. j end
@@ -61,7 +63,21 @@ end
 local function hist(job, from, to, reason, now)
   redis.call('HSET', jk(job), hist_entry(job, from, to, reason, now))
 end
+-- Tenants' usage in this shard (':usage', field "<tenant>\t<resource>"): a job's charge is added when its
+-- reservation commits ('charged' set in its hash) and taken off, once, when it leaves the active states, so
+-- that reserve.lua can hold a placement to its tenant's quota in the same step.
+local function usage_field(tenant, resource) return tenant .. '\t' .. resource end
+local function uncharge(job)
+  local f = redis.call('HMGET', jk(job), 'charged', 'tenant', 'usage')
+  if not f[1] then return end
+  redis.call('HDEL', jk(job), 'charged')
+  for resource, amount in pairs(cjson.decode(f[3] or '{}')) do
+    local field = usage_field(f[2], resource)
+    if tonumber(redis.call('HINCRBYFLOAT', USAGE, field, -amount)) <= 1e-9 then redis.call('HDEL', USAGE, field) end
+  end
+end
 local function set_state(job, from, to, reason, now)
+  if ACTIVE[from] and not ACTIVE[to] then uncharge(job) end
   local c, n, f, v = hist_entry(job, from, to, reason, now)
   redis.call('HSET', jk(job), 'state', to, 'reason', reason, 'updated', now, c, n, f, v)
   -- jobs in placing, by when: a placement whose command never went out is found and re-queued

@@ -97,6 +97,48 @@ for _, s in ipairs(slots) do
   end
   table.insert(new_ids, {s.gpu_id, new.id})
 end
+-- the tenant's quota against this shard's usage counters, the victims' charges given back first
+local tenant = r.tenant ~= cjson.null and r.tenant or ''
+local usage = (r.usage ~= nil and r.usage ~= cjson.null) and r.usage or {}
+if tenant ~= '' and r.limits and r.limits ~= cjson.null and #r.limits > 0 then
+  local freed = {}
+  for _, v in ipairs(victims) do
+    local f = redis.call('HMGET', jk(v.job_id), 'charged', 'tenant', 'usage')
+    if f[1] then
+      for resource, amount in pairs(cjson.decode(f[3] or '{}')) do
+        local k = usage_field(f[2], resource)
+        freed[k] = (freed[k] or 0) + amount
+      end
+    end
+  end
+  local function used(t, resource)
+    local k = usage_field(t, resource)
+    return tonumber(redis.call('HGET', USAGE, k) or '0') - (freed[k] or 0)
+  end
+  for _, l in ipairs(r.limits) do
+    local q = tonumber(usage[l.resource] or 0)
+    if q > 0 then
+      local new = used(tenant, l.resource) + q
+      if l.cap ~= nil and l.cap ~= cjson.null and new > l.cap + 1e-9 then
+        return {'quota', first.ver, tenant .. ' would use ' .. new .. ' ' .. l.resource .. ' in this shard; it may ' ..
+          l.cap}
+      end
+      local members = (l.members ~= nil and l.members ~= cjson.null) and l.members or {}
+      if #members > 0 and new > (l.nominal or 0) + 1e-9 then
+        local fields = {}
+        for n, m in ipairs(members) do fields[n] = usage_field(m, l.resource) end
+        local c = q
+        for n, v in ipairs(redis.call('HMGET', USAGE, unpack(fields))) do
+          c = c + tonumber(v or '0') - (freed[fields[n]] or 0)
+        end
+        if c > (l.cohort_cap or 0) + 1e-9 then
+          return {'quota', first.ver, 'its cohort would use ' .. c .. ' ' .. l.resource .. ' in this shard; it may ' ..
+            l.cohort_cap}
+        end
+      end
+    end
+  end
+end
 for _, v in ipairs(victims) do
   local vk = jk(v.job_id)
   local f = redis.call('HMGET', vk, 'prio', 'at')
@@ -124,7 +166,10 @@ else
   attempts = '0'
 end
 if #new_ids > 1 then add('slots', cjson.encode(new_ids)) end
-if r.tenant and r.tenant ~= '' then add('tenant', r.tenant, 'usage', cjson.encode(r.usage or {})) end
+if tenant ~= '' then
+  add('tenant', tenant, 'usage', cjson.encode(usage), 'charged', '1')
+  for resource, amount in pairs(usage) do redis.call('HINCRBYFLOAT', USAGE, usage_field(tenant, resource), amount) end
+end
 redis.call('HSET', jkey, unpack(fields))
 set_state(job, st or '', 'placing', r.reason, now)
 if r.track and r.span then
