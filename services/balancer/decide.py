@@ -32,6 +32,7 @@ from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.decision import CannotPlace, JobRequest, Placement, Slot
 from shared.policy.placement.registry import PlacementPolicy
 from shared.policy.preemption import Victim
+from shared.policy.snapshot import ClusterSnapshot
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation, empty_shard, shard_of
 from shared.state.model import PLAIN_PROFILES
@@ -124,8 +125,7 @@ class Decider:
             return self._queue(c, CannotPlace(job_id=sub.job_id, policy="shards", reasons=(stranded,)), batch, now)
         if self.ledger.active:  # quota -> place (behind the reserve and the holds) -> preempt
             hk = (shard, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, blocked)
-            adm = memo.held.get(hk) or admit_job(self.ledger, mirror.snapshot().without(blocked), c, self.params,
-                                                 now, within, self.policy)
+            adm = memo.held.get(hk) or self._admit(shard, c, blocked, within, now)
             self.metrics.seconds.observe(time.perf_counter() - t0)
             if isinstance(adm, str):  # a request error (unknown priority class): never placeable
                 batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"))
@@ -223,6 +223,22 @@ class Decider:
             return dec if isinstance(dec, CannotPlace) else None
         return places
 
+    def _admit(self, shard: int, c: Candidate, blocked: frozenset[str], within: dict[str, Any],
+               now: float) -> tuple[Any, int, Any] | str:
+        """The tenancy's admission of ``c`` on ``shard`` (``admit_job``), placing through the mirror's index:
+        on the shard's whole snapshot the policy's answer is the index's (``Mirror.decide``); only a placement
+        on a part of it (behind the full-size reserve) is the policy's over that part."""
+        mirror = self.shards.mirrors[shard]
+        snap = mirror.snapshot().without(blocked)
+        policy = self.policy
+        if policy is None:
+            return admit_job(self.ledger, snap, c, self.params, now, within, None)
+
+        def placer(part: ClusterSnapshot, job: JobRequest) -> Placement | CannotPlace:
+            return mirror.decide(job, self.params, policy, blocked) if part is snap else policy(part, job)
+
+        return admit_job(self.ledger, snap, c, self.params, now, within, placer)
+
     def _admitted(self, c: Candidate, now: float, memo: RoundMemo) -> Places:
         """Whether the tenancy's admission starts ``c`` on a shard now (by preemption, too): None if so. A hold
         is remembered for the round as ``decide`` remembers its own (the same admission, on the same mirror)."""
@@ -231,8 +247,7 @@ class Decider:
         def places(s: int, held: frozenset[str], mig: frozenset[str], within: dict[str, Any]) -> CannotPlace | None:
             blocked = held | mig
             hk = (s, sub.demand, sub.tenant, sub.priority_class, sub.priority, sub.topology, blocked)
-            got = memo.held.get(hk) or admit_job(self.ledger, self.shards.mirrors[s].snapshot().without(blocked),
-                                                 c, self.params, now, within, self.policy)
+            got = memo.held.get(hk) or self._admit(s, c, blocked, within, now)
             if not isinstance(got, str) and isinstance(got[2], Start):
                 return None
             if not isinstance(got, str) and not (isinstance(got[2], Hold) and got[2].deferred):
