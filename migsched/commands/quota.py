@@ -1,6 +1,8 @@
 """``migsched quota``: validate a tenancy file and show its tenants, cohorts and priority classes.
 
 ``migsched quota check FILE`` prints what the file defines, or every problem with its place in the file.
+``migsched quota recount`` rebuilds each shard's tenant usage counters (what the store checks a reservation's
+quota against) from its active jobs' stored charges: the repair for a ``usage`` finding of ``migsched check``.
 ``migsched quota show FILE`` adds each tenant's usage against its quota, read live from the cluster's state
 store (every job-holding instance charged to its tenant, as the balancer charges it), or from ``--usage
 USAGE.json``: ``{"tenant": {"compute_slices": 3, "memory_gib": 40, "nvidia.com/mig-2g.20gb": 1}, ...}``.
@@ -170,3 +172,32 @@ def show(nats_url: str, redis_url: str, namespace: str, file: str, usage_file: s
         table.add_row(row["tenant"], row["resource"], _num(row["used"]), _num(row["quota"]),
                       _num(row["max_with_borrowing"]), _num(row["borrowed"]) if row["borrowed"] else "")
     _console().print(table)
+
+
+@command.command()
+@endpoints.options
+@click.option("--shards", type=int, default=None, help="Shards of the deployment (default MIGSCHED_SHARDS).")
+def recount(nats_url: str, redis_url: str, namespace: str, shards: int | None) -> None:
+    """Rebuild each shard's tenant usage counters from its active jobs' stored charges (the repair for a
+    ``usage`` finding of ``migsched check``). Writes: needs a Redis user that may run scripts."""
+    from shared.state import RedisState
+    from shared.state.client import redis_client
+
+    st = endpoints.settings(nats_url, redis_url, namespace)
+    count = shards or st.shards
+
+    async def run() -> list[int]:
+        state = RedisState(redis_client(st.redis_url, decode_responses=False), st.namespace, count)
+        try:
+            await state.load_scripts()
+            return [await state.recount_usage(s) for s in range(count)]
+        finally:
+            await state.close()
+
+    try:
+        counted = asyncio.run(run())
+    except (OSError, RedisError) as exc:
+        click.echo(f"error: cannot recount usage in {redis_url}: {exc}", err=True)
+        sys.exit(2)
+    for s, n in enumerate(counted):
+        click.echo(f"shard {s}: {n} active job(s) of a tenant counted")

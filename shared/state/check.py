@@ -162,11 +162,11 @@ def _usage_violations(jobs: Sequence[JobRecord], usage: Mapping[str, Mapping[str
     out: list[Violation] = []
     expected: dict[tuple[str, str], float] = {}
     for j in jobs:
-        if not j.charged:
+        if not j.counted:
             continue
         if j.state not in ACTIVE_STATES:
             out.append(Violation(kind="usage", subject=j.job_id, detail=f"{j.state} but still counted in usage"))
-        for resource, amount in j.charged.items():
+        for resource, amount in j.usage.items():
             expected[(j.tenant, resource)] = expected.get((j.tenant, resource), 0.0) + amount
     counted = {(t, r): v for t, used in usage.items() for r, v in used.items()}
     for key in sorted(expected.keys() | counted.keys()):

@@ -35,6 +35,7 @@ SCRIPTS = (
     "dump",
     "expire",
     "route",
+    "recount_usage",
 )
 
 
@@ -107,7 +108,8 @@ def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
         preempted=int(g.get("preempted", 0)),
         slots=decode_slots(g.get("slots")),
         tenant=_s(g.get("tenant")),
-        charged=decode_charge(g.get("usage")) if g.get("charged") else {},
+        usage=decode_charge(g.get("usage")),
+        counted=bool(g.get("charged")),
     )
 
 
@@ -182,7 +184,8 @@ def decode_dump(raw: Any) -> tuple[list[StoredGpu], list[JobRecord], set[str], b
             mig_inst=_s(raw_jobs[n + 5]),
             slots=decode_slots(raw_jobs[n + 6]),
             tenant=_s(raw_jobs[n + 7]),
-            charged=decode_charge(raw_jobs[n + 8]) if raw_jobs[n + 9] else {},
+            usage=decode_charge(raw_jobs[n + 8]),
+            counted=bool(raw_jobs[n + 9]),
         )
         for n in range(0, len(raw_jobs), 10)
     ]

@@ -121,7 +121,7 @@ class MemoryPrelude:
     @staticmethod
     def _charge(sh: _Shard, job: str, tenant: str, amounts: dict[str, float]) -> None:
         j = sh.jobs[job]
-        j.tenant, j.charged = tenant, dict(amounts)
+        j.tenant, j.usage, j.counted = tenant, dict(amounts), True
         for resource, amount in amounts.items():
             k = usage.field(tenant, resource)
             sh.usage[k] = sh.usage.get(k, 0.0) + amount
@@ -129,16 +129,30 @@ class MemoryPrelude:
     @staticmethod
     def _uncharge(sh: _Shard, job: str) -> None:
         j = sh.jobs.get(job)
-        if j is None or not j.charged:
+        if j is None or not j.counted:
             return
-        amounts, j.charged = j.charged, {}
-        for resource, amount in amounts.items():
+        j.counted = False
+        for resource, amount in j.usage.items():
             k = usage.field(j.tenant, resource)
             left = sh.usage.get(k, 0.0) - amount
             if left <= 1e-9:
                 sh.usage.pop(k, None)
             else:
                 sh.usage[k] = left
+
+    async def recount_usage(self, shard: int) -> int:
+        """As ``lua/recount_usage.lua``."""
+        sh = self._s[shard]
+        sh.usage = {}
+        n = 0
+        for j in sh.jobs.values():
+            j.counted = j.state in ACTIVE_STATES and bool(j.tenant)
+            if j.counted:
+                n += 1
+                for resource, amount in j.usage.items():
+                    k = usage.field(j.tenant, resource)
+                    sh.usage[k] = sh.usage.get(k, 0.0) + amount
+        return n
 
     def _hist(self, sh: _Shard, job: str, prev: str, to: str, reason: str, now: float) -> None:
         sh.hist.setdefault(job, []).append(HistoryEntry(at=now, to=to, reason=reason, prev=prev))

@@ -261,6 +261,8 @@ def reserve(store: Any, r: Reservation, now: float) -> ReserveResult:
     j.slots = tuple(new_ids) if len(new_ids) > 1 else ()
     if r.tenant:
         store._charge(sh, r.job_id, r.tenant, r.usage)
+    else:  # as reserve.lua: no tenant's charge left from an earlier placement
+        j.tenant, j.usage = "", {}
     store._state(sh, r.job_id, prev, "placing", r.reason, now)
     if r.track and r.span:  # one place command per member node: place:<job>:<attempt>/<node rank>
         members: dict[str, str] = {}
@@ -288,7 +290,7 @@ def over_quota(sh: Any, r: Reservation) -> str | None:
     freed: dict[str, float] = {}
     for v in r.victims:
         vj = sh.jobs.get(v.job_id)
-        for resource, amount in (vj.charged if vj is not None else {}).items():
+        for resource, amount in (vj.usage if vj is not None and vj.counted else {}).items():
             k = usage.field(vj.tenant if vj is not None else "", resource)
             freed[k] = freed.get(k, 0.0) + amount
 

@@ -198,8 +198,11 @@ class JobRecord(msgspec.Struct, kw_only=True):
     its target's way, given back when the move is aborted (``lua/migrate.lua``)."""
     tenant: str = ""
     """The tenant its last reservation was charged to ('' without tenancy)."""
-    charged: dict[str, float] = {}
-    """Its charge while counted in the shard's usage counters (an active job of a tenant); empty otherwise."""
+    usage: dict[str, float] = {}
+    """That reservation's quota charge."""
+    counted: bool = False
+    """``usage`` is counted in the shard's usage counters (from its reservation until it leaves the active
+    states)."""
 
     def held(self) -> tuple[tuple[str, str], ...]:
         """Every (gpu id, instance id) the job's placement names (without a migration target)."""

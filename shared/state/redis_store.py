@@ -303,6 +303,11 @@ class RedisState(DerivedReads):
         """What the shard's active jobs are charged, per tenant and resource (``{ns:s}:usage``)."""
         return usage.decode(await self.redis.hgetall(self.keys(shard).usage))
 
+    async def recount_usage(self, shard: int) -> int:
+        """Rebuild the shard's usage counters from its active jobs' stored charges, in one step (a repair;
+        ``lua/recount_usage.lua``) -> how many jobs are counted."""
+        return int(await self.script("recount_usage")([self.keys(shard).gpus], []))
+
     async def occupancy(self, shard: int = 0) -> bytes:
         """The shard's compact occupancy array: byte i = busy mask of the GPU at position i."""
         raw = await self.redis.get(self.keys(shard).occ)

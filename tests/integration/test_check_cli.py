@@ -252,7 +252,7 @@ async def test_a_block_whose_nodes_live_in_two_shards_is_reported_with_them(
         assert "(n1)" in out and "(n2)" in out
 
 
-async def test_a_tenants_usage_counter_that_drifted_from_its_jobs_charges_is_reported(
+async def test_a_tenants_usage_counter_that_drifted_from_its_jobs_charges_is_reported_and_recounted(
     state: RedisState, redis_url: str, prefix: str
 ) -> None:
     import msgspec
@@ -267,6 +267,14 @@ async def test_a_tenants_usage_counter_that_drifted_from_its_jobs_charges_is_rep
     code, out = await run_cli(redis_url, prefix)
     assert code == 1
     assert "team: counts 3 compute_slices; its active jobs are charged 1" in out
+    # the repair: the counters rebuilt from the active jobs' charges
+    from migsched.commands import quota
+
+    r = await asyncio.to_thread(CliRunner().invoke, quota.command,
+                                ["recount", "--redis-url", redis_url, "--namespace", prefix])
+    assert r.exit_code == 0 and "shard 0: 1 active job(s) of a tenant counted" in r.output, r.output
+    code, out = await run_cli(redis_url, prefix)
+    assert code == 0, out
 
 
 def test_an_unreachable_redis_exits_two_with_a_clear_message() -> None:

@@ -169,6 +169,8 @@ if #new_ids > 1 then add('slots', cjson.encode(new_ids)) end
 if tenant ~= '' then
   add('tenant', tenant, 'usage', cjson.encode(usage), 'charged', '1')
   for resource, amount in pairs(usage) do redis.call('HINCRBYFLOAT', USAGE, usage_field(tenant, resource), amount) end
+else  -- no tenant's charge left from an earlier placement (recount_usage.lua reads these)
+  add('tenant', '', 'usage', '{}')
 end
 redis.call('HSET', jkey, unpack(fields))
 set_state(job, st or '', 'placing', r.reason, now)

@@ -114,10 +114,29 @@ async def a_requeued_or_lost_job_gives_its_charge_back_and_is_charged_again_when
     assert await audit(store, GEO) == []
 
 
+async def a_recount_gives_the_counters_the_transitions_keep_and_a_later_exit_gives_back_once(store: Any) -> None:
+    await store.register_node("n1", [gpu(0), gpu(1)], NOW, "reg-1")
+    await _running(store, "a1", new("a1", 0), "team-a")
+    await _running(store, "b1", new("b1", 0, start=1), "team-b")
+    await _running(store, "b2", new("b2", 1), "team-b")
+    assert (await store.release("b1", "completed", "exit 0", NOW + 5, new("b1", 0, start=1).id)).status == "ok"
+    plain = await store.reserve(Reservation(job_id="p1", gpu_id="n1/1", expected_ver=(await store.get_gpus(
+        ["n1/1"]))[0].ver, instance=new("p1", 1, start=1), action="create", max_count=P1.max_count, spec=b"{}",
+        submitted_at=NOW), NOW)
+    assert plain.ok  # no tenant: never counted
+    kept = await store.tenant_usage(0)
+    assert await store.recount_usage(0) == 2
+    assert await store.tenant_usage(0) == kept == {"team-a": ONE, "team-b": ONE}
+    assert (await store.release("b2", "completed", "exit 0", NOW + 6, new("b2", 1).id)).status == "ok"
+    assert await store.tenant_usage(0) == {"team-a": ONE}
+    assert await audit(store, GEO) == []
+
+
 CASES = [
     a_tenants_job_is_counted_while_active_and_given_back_once,
     a_reservation_past_its_tenants_limit_changes_nothing,
     a_cohort_lends_only_what_its_members_leave_unused,
     preempting_a_tenants_own_job_frees_its_charge_for_the_new_one,
     a_requeued_or_lost_job_gives_its_charge_back_and_is_charged_again_when_placed,
+    a_recount_gives_the_counters_the_transitions_keep_and_a_later_exit_gives_back_once,
 ]
