@@ -229,7 +229,8 @@ class Decider:
         on the shard's whole snapshot the policy's answer is the index's (``Mirror.decide``); only a placement
         on a part of it (behind the full-size reserve) is the policy's over that part."""
         mirror = self.shards.mirrors[shard]
-        snap = mirror.snapshot().without(blocked)
+        # the view, not a copy: the admission reads it and returns before the mirror next changes
+        snap = mirror.view().without(blocked)
         policy = self.policy
         if policy is None:
             return admit_job(self.ledger, snap, c, self.params, now, within, None)
