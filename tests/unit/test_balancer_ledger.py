@@ -113,3 +113,18 @@ def test_a_committed_gang_charge_is_given_back_whole(tmp_path: Path) -> None:
     assert led.book.used("team-a")["nvidia.com/gpu"] == 2
     led.uncharge("g1")
     assert led.book.used("team-a").amount("compute_slices") == 0
+
+
+def test_a_shards_limits_take_off_what_the_tenant_uses_in_other_shards(tmp_path: Path) -> None:
+    led = ledger(tmp_path)  # team-a: 4 compute slices
+    led.shard_of = lambda gpu_id: 0 if gpu_id.startswith("n1/") else 1
+    led.charge("here", "team-a", {"n1/0": {"compute_slices": 1.0}})
+    led.charge("there", "team-a", {"n2/0": {"compute_slices": 2.0}})
+    (lim,) = led.limits("team-a", {"compute_slices": 1.0}, 0)
+    assert (lim.resource, lim.cap, lim.nominal) == ("compute_slices", 2.0, 2.0)  # 4 less the 2 used in shard 1
+    led.uncharge("there")
+    (lim,) = led.limits("team-a", {"compute_slices": 1.0}, 0)
+    assert lim.cap == 4.0
+    led.reloaded(snap(), ["n1/0"])  # "here" ended on shard 0: its part is gone, nothing elsewhere
+    assert led.in_shard[0]["team-a"] == {} and led.limits("team-a", {"compute_slices": 1.0}, 1)[0].cap == 4.0
+    assert TenantLedger("", 0).limits("team-a", {"compute_slices": 1.0}, 0) == ()
