@@ -23,7 +23,6 @@ from fault_harness import (
     jobs_for,
     kill9,
     make_stack,
-    private_servers,
     restart,
     settings_of,
     wait_for,
@@ -37,13 +36,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 JOBS = 240
 RATE = 60.0
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    s = private_servers(tmp_path_factory.mktemp("fault-servers"))
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from fault_harness import (
     kill9,
     make_stack,
     placement_pause,
-    private_servers,
     restart,
     settings_of,
 )
@@ -32,13 +31,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
 
 JOBS = 240
 RATE = 60.0
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    s = private_servers(tmp_path_factory.mktemp("replica-servers"))
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_harness import Servers, assert_accounted, converge, make_stack, private_servers, settings_of
+from fault_harness import Servers, assert_accounted, converge, make_stack, settings_of
 
 from migsched.stack import Stack
 from shared.bus import JetStreamBus
@@ -23,13 +23,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
 
 QUOTA = 6  # compute slices: six 1g jobs at once
 JOBS = 72
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    s = private_servers(tmp_path_factory.mktemp("quota-servers"))
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")
