@@ -118,13 +118,14 @@ class TenantLedger:
         if held and not usage.get(GPU) and not usage.get(SHARED):
             return False
         held[gpu_id] = (tenant, usage)
-        self._count(gpu_id, tenant, usage, 1.0)
+        self._count(gpu_id, tenant, usage, True)
         return True
 
-    def _count(self, gpu_id: str, tenant: str, usage: Usage, sign: float) -> None:
+    def _count(self, gpu_id: str, tenant: str, usage: Usage, added: bool) -> None:
+        """Follow a charge (``added``) or its return in the shard of ``gpu_id``."""
         by_tenant = self.in_shard.setdefault(self.shard_of(gpu_id), {})
         had = by_tenant.get(tenant, EMPTY)
-        by_tenant[tenant] = had + usage if sign > 0 else had - usage
+        by_tenant[tenant] = had + usage if added else had - usage
 
     def reloaded(self, snap: ClusterSnapshot, gpu_ids: Iterable[str]) -> None:
         """Some GPUs were re-read: re-derive the charges held on them (one entry per GPU, so a gang's other
@@ -150,7 +151,7 @@ class TenantLedger:
         self.charges[job] = {gid: (tenant, Usage(u)) for gid, u in usages.items()}
         for gid, (_, u) in self.charges[job].items():
             self.book = charge(self.book, tenant, u)
-            self._count(gid, tenant, u, 1.0)
+            self._count(gid, tenant, u, True)
         return True
 
     def uncharge(self, job: str) -> bool:
@@ -163,7 +164,7 @@ class TenantLedger:
         return True
 
     def _give_back(self, gpu_id: str, tenant: str, usage: Usage) -> None:
-        self._count(gpu_id, tenant, usage, -1.0)
+        self._count(gpu_id, tenant, usage, False)
         try:
             self.book = uncharge(self.book, tenant, usage)
         except QuotaError as exc:  # cannot happen while the charges sum to the book; never go negative

@@ -114,12 +114,15 @@ def decode_job(job_id: str, h: dict[bytes, bytes]) -> JobRecord | None:
 
 
 def decode_charge(raw: bytes | str | None) -> dict[str, float]:
-    """A job hash's ``usage`` (JSON {resource: amount}); {} when absent or unreadable."""
+    """A job hash's ``usage`` (JSON {resource: amount}); {} when absent or unreadable, and no entry that is not a
+    number."""
     try:
         got = msgspec.json.decode(raw or b"{}")
     except msgspec.DecodeError:
         return {}
-    return {str(k): float(v) for k, v in got.items()} if isinstance(got, dict) else {}
+    if not isinstance(got, dict):
+        return {}
+    return {str(k): float(v) for k, v in got.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def history_raw(job_hash: dict[Any, Any] | None, legacy: list[Any] | None = None) -> list[Any]:

@@ -1,10 +1,11 @@
-"""A job's history read from its hash's numbered fields (and an older version's list)."""
+"""A job's fields read from its hash: its history from the numbered fields (and an older version's list), and
+the quota charge stored with it."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.state.codec import HISTORY_MAX, history_raw
+from shared.state.codec import HISTORY_MAX, decode_charge, history_raw
 
 pytestmark = pytest.mark.unit
 
@@ -23,3 +24,9 @@ def test_an_older_versions_list_comes_first_and_only_the_last_entries_are_kept()
 
 def test_a_job_without_history_has_none() -> None:
     assert history_raw(None) == [] and history_raw({b"state": b"pending"}, []) == []
+
+
+def test_a_jobs_stored_charge_keeps_only_its_numbers_and_reads_as_none_when_unreadable() -> None:
+    assert decode_charge(b'{"compute_slices": 3, "memory_gib": 20.5}') == {"compute_slices": 3.0, "memory_gib": 20.5}
+    assert decode_charge(b'{"compute_slices": "3", "memory_gib": null, "x": true, "gpu": 1}') == {"gpu": 1.0}
+    assert decode_charge(b"not json") == {} and decode_charge(b"[1, 2]") == {} and decode_charge(None) == {}

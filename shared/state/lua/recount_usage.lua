@@ -1,5 +1,5 @@
 -- recount_usage: the shard's usage counters rebuilt from its jobs, in one step: every active job with a tenant is
--- counted with the charge stored with it, and no other job is. A repair (`migsched check --repair-usage`) for
+-- counted with the charge stored with it, and no other job is. A repair (`migsched quota recount`) for
 -- counters that drifted, or that jobs placed before the counters existed are missing from. O(jobs of the
 -- shard, ended ones kept for their retention included): it blocks Redis while it runs. Returns the jobs counted.
 redis.call('DEL', USAGE)
