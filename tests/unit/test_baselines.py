@@ -143,14 +143,12 @@ def test_fgd_fills_the_hole_of_a_node_that_cannot_host_the_popular_whole_gpu_pod
 
 
 def test_fgd_counts_all_free_capacity_of_a_node_that_cannot_host_a_multi_gpu_pod() -> None:
-    from shared.policy.placement.plugins.fgd import _nodes, _parse
+    from shared.policy.placement.plugins.fgd import Nodes, Target
 
     snap = _cluster(("A100-40GB", [("1g.5gb", 0, "a")]), ("A100-40GB", []), per_node=2)
-    pods = _parse({"7gx2": 1.0})
     # one empty GPU of two: the node cannot host a 2-GPU pod, so its 6 + 7 free compute slices are fragment
-    assert _nodes(snap, pods)["n0"].frag(pods) == 13.0
-    pods = _parse({"1g": 1.0})
-    assert _nodes(snap, pods)["n0"].frag(pods) == 0.0  # every GPU can host a 1g
+    assert Nodes(snap, Target({"7gx2": 1.0})).frag.tolist() == [13 * Target.SCALE]
+    assert Nodes(snap, Target({"1g": 1.0})).frag.tolist() == [0]  # every GPU can host a 1g
 
 
 def test_fgd_places_a_gang_on_the_node_whose_fragmentation_it_raises_least() -> None:
