@@ -206,9 +206,9 @@ def _soonest(
     if not finite.any():
         return None
     heads, last, start = heads[finite], last[finite], start[finite]
-    csum = np.cumsum(np.where(np.isfinite(t), t, 0.0))
-    before = np.where(heads > 0, csum[heads - 1], 0.0)
-    idle = need * start - (csum[last] - before)  # GPU-seconds the chosen GPUs wait, each from its own free time
+    # GPU-seconds the chosen GPUs wait, each from its own free time; summed per node rather than as differences
+    # of one running sum, whose rounding would part nodes that free alike and break their tie by position
+    idle = (start[:, None] - t[heads[:, None] + np.arange(need)]).sum(axis=1)
     k = int(np.lexsort((p_sorted[heads], idle, start))[0])
     if start[k] > deadline:
         return None

@@ -45,6 +45,15 @@ def test_a_reservation_takes_the_node_whose_needed_gpus_free_soonest() -> None:
     assert one is not None and one.gpus == ("g00",) and one.start == 100.0
 
 
+def test_nodes_whose_gpus_free_alike_tie_and_the_hold_goes_to_the_first_in_snapshot_order() -> None:
+    # n1 and n2 free at the same times; summed as differences of one running sum, the idle GPU-seconds of the
+    # two differed in their last bits and the hold went to n2
+    snap = _snap(3, 2)
+    free_at = np.array([3527.5, 2461.7, 749.9, 804.1, 749.9, 804.1])
+    r = plan(snap, "big", 2, now=0.0, deadline=1e9, free_at=free_at)
+    assert r is not None and r.node == "n1" and r.gpus == ("g10", "g11")
+
+
 def test_the_expected_free_times_come_from_the_running_jobs_ends() -> None:
     from shared.policy.snapshot import InstanceView
 
