@@ -13,10 +13,8 @@ from shared.policy.quota import QuotaPolicy
 
 
 class QuotaLimit(msgspec.Struct, frozen=True, kw_only=True):
-    """One resource of a tenant's quota as a shard's ``reserve`` transition checks it, against the shard's usage
-    counters, in the same step as the placement (``shared.state``): so that balancer replicas deciding from
-    books a moment old cannot together overshoot it. The rule is ``admit``'s; the amounts are what the shard
-    itself may hold, the tenant's and its cohort's use in other shards taken off (``shard_limits``)."""
+    """One resource of a tenant's quota as a shard's ``reserve`` checks it: the amounts are what the shard itself
+    may hold, the tenant's and its cohort's use in other shards taken off (``shard_limits``)."""
 
     resource: str
     cap: float | None = None

@@ -122,9 +122,7 @@ class MemoryPrelude:
     def _charge(sh: _Shard, job: str, tenant: str, amounts: dict[str, float]) -> None:
         j = sh.jobs[job]
         j.tenant, j.usage, j.counted = tenant, dict(amounts), True
-        for resource, amount in amounts.items():
-            k = usage.field(tenant, resource)
-            sh.usage[k] = sh.usage.get(k, 0.0) + amount
+        _count(sh, tenant, amounts)
 
     @staticmethod
     def _uncharge(sh: _Shard, job: str) -> None:
@@ -149,9 +147,7 @@ class MemoryPrelude:
             j.counted = j.state in ACTIVE_STATES and bool(j.tenant)
             if j.counted:
                 n += 1
-                for resource, amount in j.usage.items():
-                    k = usage.field(j.tenant, resource)
-                    sh.usage[k] = sh.usage.get(k, 0.0) + amount
+                _count(sh, j.tenant, j.usage)
         return n
 
     def _hist(self, sh: _Shard, job: str, prev: str, to: str, reason: str, now: float) -> None:
@@ -169,3 +165,10 @@ class MemoryPrelude:
     def _gpu(self, gpu_id: str) -> tuple[_Shard, StoredGpu | None]:
         sh = self._ns(gpu_id.rsplit("/", 1)[0])
         return sh, sh.gpus.get(gpu_id)
+
+
+def _count(sh: _Shard, tenant: str, amounts: dict[str, float]) -> None:
+    """Add a job's charge to the shard's usage counters."""
+    for resource, amount in amounts.items():
+        k = usage.field(tenant, resource)
+        sh.usage[k] = sh.usage.get(k, 0.0) + amount

@@ -290,8 +290,10 @@ def over_quota(sh: Any, r: Reservation) -> str | None:
     freed: dict[str, float] = {}
     for v in r.victims:
         vj = sh.jobs.get(v.job_id)
-        for resource, amount in (vj.usage if vj is not None and vj.counted else {}).items():
-            k = usage.field(vj.tenant if vj is not None else "", resource)
+        if vj is None or not vj.counted:
+            continue
+        for resource, amount in vj.usage.items():
+            k = usage.field(vj.tenant, resource)
             freed[k] = freed.get(k, 0.0) + amount
 
     def used(tenant: str, resource: str) -> float:

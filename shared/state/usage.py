@@ -1,6 +1,6 @@
 """Tenants' usage counters of a shard (``{ns:s}:usage``): what the shard's active jobs are charged, per tenant
 and resource, kept by the transitions themselves so that ``reserve`` can hold a placement to its tenant's
-quota atomically (``model.QuotaLimit``)."""
+quota atomically (``shared.policy.shard_quota.QuotaLimit``)."""
 
 from __future__ import annotations
 
