@@ -3,7 +3,8 @@
 - ``RedisState`` (``redis_store``): the real store; every transition one Lua script (``lua/``) with a
   compare-and-set on the GPU's version; ``batch()`` pipelines many transitions in one round trip.
 - ``MemoryState`` (``memory_store``): the same interface and semantics in process memory, for unit tests only.
-- ``model``: stored GPUs/instances/jobs, transition inputs and results; ``keys``: the Redis key layout.
+- ``model``: stored GPUs/instances/jobs, transition inputs and results; ``keys``: the Redis key layout;
+  ``sharding``: which shard a node, a block or a job lives in.
 - ``check``: the invariant audit behind ``migsched check``.
 
 Job lifecycle: pending -> placing -> running -> (migrating -> running ->) finished | failed | cancelled |
@@ -29,11 +30,10 @@ from shared.state.model import (
     StoredGpu,
     StoredInstance,
     Violation,
-    empty_shard,
     gpu_id_of,
-    shard_of,
 )
 from shared.state.redis_store import Batch, CancelResult, RedisState, StateError
+from shared.state.sharding import empty_shard, shard_of
 
 __all__ = [
     "ACTIVE_STATES",

@@ -24,8 +24,8 @@ from shared.state.model import (
     ReserveResult,
     StoredGpu,
     StoredInstance,
-    shard_of,
 )
+from shared.state.sharding import shard_of
 
 _tracer = telemetry.tracer("migsched.state")
 

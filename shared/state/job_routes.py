@@ -12,7 +12,7 @@ from typing import Any
 
 from shared.state.codec import _s
 from shared.state.keys import Keys
-from shared.state.model import shard_of
+from shared.state.sharding import shard_of
 
 
 def route_parts(raw: str) -> tuple[int, float]:

@@ -17,8 +17,8 @@ from shared.state.model import (
     JobRecord,
     StoredGpu,
     prio_score,
-    shard_of,
 )
+from shared.state.sharding import shard_of
 
 _ACTIVE = ("placing", "running", "migrating")
 

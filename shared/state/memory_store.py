@@ -29,9 +29,8 @@ from shared.state.model import (
     Reservation,
     ReserveResult,
     StoredInstance,
-    block_shard,
-    shard_of,
 )
+from shared.state.sharding import block_shard, shard_of
 
 
 class MemoryBatch:

@@ -53,13 +53,12 @@ from shared.state.model import (
     ReserveResult,
     StoredGpu,
     StoredInstance,
-    block_order,
     decode_holds,
     encode_holds,
-    shard_of,
 )
 from shared.state.reads import DerivedReads
 from shared.state.roundtrip import RoundTrips
+from shared.state.sharding import block_order, shard_of
 
 
 class RedisState(DerivedReads):

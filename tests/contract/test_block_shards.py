@@ -14,7 +14,7 @@ import pytest
 from services.common.testing import private_state
 from shared.state import RedisState
 from shared.state.memory_store import MemoryState
-from shared.state.model import block_order, block_shard, shard_of
+from shared.state.sharding import block_order, block_shard, shard_of
 
 NOW = 1000.0
 Make = Callable[[int], Awaitable[Any]]

@@ -13,7 +13,7 @@ import pytest
 from services.common.testing import make_settings, private_state
 from shared.state import RedisState, Reservation, StoredInstance, audit
 from shared.state.memory_store import MemoryState
-from shared.state.model import shard_of
+from shared.state.sharding import shard_of
 from tests.contract.state_cases.expiry import GEO, LATER, NOW
 
 pytestmark = pytest.mark.timeout(30)

@@ -19,7 +19,7 @@ from services.common.testing import make_settings
 from shared.mig.geometry import default_geometry
 from shared.state import RedisState, Reservation, StoredInstance
 from shared.state.keys import Keys
-from shared.state.model import shard_of
+from shared.state.sharding import shard_of
 
 MS = 1_000_000
 A100 = default_geometry().model("A100-40GB")

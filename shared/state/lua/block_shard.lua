@@ -2,7 +2,7 @@
 -- registers, and kept. Not prepended by the prelude: KEYS[1] is the namespace's block map (hash block ->
 -- shard), a key of its own slot. ARGV: block, shards, the block's shard order (comma list: the shard of its
 -- name's crc32, then the next ones). A new block goes to the shard holding the fewest blocks, ties to the first
--- in its order (shared.state.model.block_shard); an entry naming a shard that no longer exists (fewer shards
+-- in its order (shared.state.sharding.block_shard); an entry naming a shard that no longer exists (fewer shards
 -- now) is chosen again. Returns the shard.
 local block, shards = ARGV[1], tonumber(ARGV[2])
 local got = tonumber(redis.call('HGET', KEYS[1], block) or '')
