@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from shared.policy.hold_pass import HoldPass
 from shared.policy.migration.unblock import free_after_moves, plan_clearing
 from shared.policy.placement.decision import CannotPlace, Slot
 from shared.policy.placement.long_gangs import waits
-from shared.policy.reservation import Reservation, due, may_use, plan, plan_within, whole_gpus
+from shared.policy.reservation import Reservation, plan, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
 from shared.sim.backfill import may_fit_since
 from shared.sim.errors import InvariantError
@@ -82,71 +83,46 @@ def schedule(sim: SimRun) -> None:
 
 
 class PassHolds:
-    """The holds one queue pass plans, in its order: at most ``max_held``, from at most twice as many plans (so
-    that a queue of large jobs costs a bounded number of plans), none on GPUs an earlier hold took."""
+    """The holds one queue pass plans (``shared.policy.hold_pass.HoldPass``), with the simulator's parts: the
+    policy's long-gang rule, moves that empty a held GPU sooner, and the held slices counted idle."""
 
     def __init__(self, sim: SimRun) -> None:
         self.sim = sim
-        self.held: list[Reservation] = []
-        self.taken: set[str] = set()
-        self.tries = 0
+        self.plan = HoldPass(sim.reservation_params)
+
+    @property
+    def held(self) -> list[Reservation]:
+        return self.plan.held
 
     def blocking(self, hint_s: float | None) -> set[str]:
         """The held GPUs a job of this hint may not use now (``may_use``)."""
-        if not self.held:
-            return set()
-        now, slack = self.sim.now, self.sim.reservation_params.slack_s
-        return {g for r in self.held if not may_use(hint_s, now, r.start, slack) for g in r.gpus}
+        return self.plan.blocking(hint_s, self.sim.now)
 
     def add(self, r: Reservation) -> None:
-        self.held.append(r)
-        self.taken.update(r.gpus)
+        self.plan.add(r)
 
     def consider(self, i: int, unblock: bool = False) -> None:
-        """A hold for job ``i``, which could not be placed, when one is due (``_wants_hold``) and the pass has
-        room for it; ``unblock``: moves may empty its GPUs sooner (``_unblock``, ``_drain``)."""
-        sim, params = self.sim, self.sim.reservation_params
-        if len(self.held) >= params.max_held or self.tries >= 2 * params.max_held:
+        """A hold for job ``i``, which could not be placed, when one is due, the pass has room for it and the
+        policy's long-gang rule does not keep the job waiting (``_kept_waiting``); ``unblock``: moves may empty
+        its GPUs sooner (``_unblock``, ``_drain``)."""
+        sim, job = self.sim, self.sim.jobs[i]
+        need = whole_gpus(sim.cluster.model_list, job.demand)
+        if not self.plan.wants(need, sim.now - job.arrival, need > sim.largest_node) or _kept_waiting(sim, i):
             return
-        need = _wants_hold(sim, i)
-        if not need:
-            return
-        self.tries += 1
-        r = _hold_for(sim, i, need, self.taken)
-        job = sim.jobs[i]
+        patience = job.patience if job.patience is not None else sim.cfg.patience_s
+        within = job.within_block is not None and job.demand.kind == "gpus"
+        r = self.plan.plan(sim.cluster.snapshot(), job.id, need, sim.now, job.arrival + patience,
+                           sim.blocks if within else None, bool(job.within_block))
         if unblock and job.within_block is None and (r is None or r.start - sim.now > sim.unblock_params.min_left_s):
-            patience = job.patience if job.patience is not None else sim.cfg.patience_s
-            r = _unblock(sim, i, self.taken) or _drain(sim, i, sim.cluster.snapshot(), need, patience, self.taken, r)
+            taken = self.plan.taken
+            r = _unblock(sim, i, taken) or _drain(sim, i, sim.cluster.snapshot(), need, patience, taken, r)
         if r is not None:
             self.add(r)
 
     def settle(self) -> None:
         """The pass's holds are the reservations until the next pass (their idle slices counted from now)."""
-        self.sim.reservations = self.held
-        self.sim.held_free = _held_free(self.sim, self.held)
-
-
-def _wants_hold(sim: SimRun, i: int) -> int:
-    """How many whole GPUs job ``i`` would be held, when a hold is due for it now (0: none): a large job
-    (``whole_gpus``) past its wait (``due``), unless the policy's long-gang rule keeps it waiting."""
-    job = sim.jobs[i]
-    need = whole_gpus(sim.cluster.model_list, job.demand)
-    if not need or not due(sim.reservation_params, sim.now - job.arrival, need > sim.largest_node):
-        return 0
-    return 0 if _kept_waiting(sim, i) else need
-
-
-def _hold_for(sim: SimRun, i: int, need: int, taken: set[str]) -> Reservation | None:
-    """The GPUs that free soonest for job ``i`` (``need`` whole GPUs, none of ``taken``), within one block
-    for a gang kept within one; None when they would not free before its patience runs out."""
-    job = sim.jobs[i]
-    now = sim.now
-    patience = job.patience if job.patience is not None else sim.cfg.patience_s
-    snap = sim.cluster.snapshot()
-    if job.within_block is not None and job.demand.kind == "gpus":
-        return plan_within(snap, job.id, need, now, job.arrival + patience, sim.blocks, bool(job.within_block),
-                           taken)
-    return plan(snap, job.id, need, now, job.arrival + patience, taken)
+        self.sim.reservations = self.plan.held
+        self.sim.held_free = _held_free(self.sim, self.plan.held)
 
 
 def _kept_waiting(sim: SimRun, i: int) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from shared.mig.geometry import default_geometry
+from shared.policy import hold_pass
 from shared.policy.placement.decision import CannotPlace
 from shared.policy.placement.registry import get_policy
 from shared.policy.request import Demand, mig
@@ -193,7 +194,8 @@ def test_no_job_that_would_delay_a_reservation_ever_starts_on_its_gpus(monkeypat
         made.clear()
         original_schedule(sim)
 
-    monkeypatch.setattr(reserving, "plan", recording_plan)
+    monkeypatch.setattr(hold_pass, "plan", recording_plan)  # a queue pass's holds
+    monkeypatch.setattr(reserving, "plan", recording_plan)  # a hold that moves would drain sooner
     monkeypatch.setattr(reserving, "schedule", pass_)
     checked = [0]
 
