@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 def schedule(sim: SimRun) -> None:
     """One bounded pass over the queue in priority-then-age order, holding GPUs for large jobs."""
+    if not sim.queue and not sim.reservations and not sim.pinned:
+        sim.held_since = sim.now  # nothing waits and nothing was held: a pass would plan nothing (most passes)
+        return
     account(sim)
     for i in [i for i in sim.pinned if sim.state[i] != QUEUED]:
         del sim.pinned[i]  # its job timed out (or was placed elsewhere)
