@@ -91,18 +91,18 @@ class PassHolds:
 
     def __init__(self, sim: SimRun) -> None:
         self.sim = sim
-        self.plan = HoldPass(sim.reservation_params)
+        self.holds = HoldPass(sim.reservation_params)
 
     @property
     def held(self) -> list[Reservation]:
-        return self.plan.held
+        return self.holds.held
 
     def blocking(self, hint_s: float | None) -> set[str]:
         """The held GPUs a job of this hint may not use now (``may_use``)."""
-        return self.plan.blocking(hint_s, self.sim.now)
+        return self.holds.blocking(hint_s, self.sim.now)
 
     def add(self, r: Reservation) -> None:
-        self.plan.add(r)
+        self.holds.add(r)
 
     def consider(self, i: int, unblock: bool = False) -> None:
         """A hold for job ``i``, which could not be placed, when one is due, the pass has room for it and the
@@ -110,22 +110,22 @@ class PassHolds:
         its GPUs sooner (``_unblock``, ``_drain``)."""
         sim, job = self.sim, self.sim.jobs[i]
         need = whole_gpus(sim.cluster.model_list, job.demand)
-        if not self.plan.wants(need, sim.now - job.arrival, need > sim.largest_node) or _kept_waiting(sim, i):
+        if not self.holds.wants(need, sim.now - job.arrival, need > sim.largest_node) or _kept_waiting(sim, i):
             return
         patience = job.patience if job.patience is not None else sim.cfg.patience_s
         within = job.within_block is not None and job.demand.kind == "gpus"
-        r = self.plan.plan(sim.cluster.snapshot(), job.id, need, sim.now, job.arrival + patience,
+        r = self.holds.plan(sim.cluster.snapshot(), job.id, need, sim.now, job.arrival + patience,
                            sim.blocks if within else None, bool(job.within_block))
         if unblock and job.within_block is None and (r is None or r.start - sim.now > sim.unblock_params.min_left_s):
-            taken = self.plan.taken
+            taken = self.holds.taken
             r = _unblock(sim, i, taken) or _drain(sim, i, sim.cluster.snapshot(), need, patience, taken, r)
         if r is not None:
             self.add(r)
 
     def settle(self) -> None:
         """The pass's holds are the reservations until the next pass (their idle slices counted from now)."""
-        self.sim.reservations = self.plan.held
-        self.sim.held_free = _held_free(self.sim, self.plan.held)
+        self.sim.reservations = self.holds.held
+        self.sim.held_free = _held_free(self.sim, self.holds.held)
 
 
 def _kept_waiting(sim: SimRun, i: int) -> bool:
