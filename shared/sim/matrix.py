@@ -223,9 +223,15 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     migrated_ok: bool
     reconfig_ok: bool
     """Reconfigurations at most 10 % above first-fit's."""
+    paired_sd: float | None = None
+    """Standard deviation, over the group's runs, of the candidate's rejection minus the best baseline's in the
+    same run (same seed, same replay): how far a replay moves the difference the targets judge. None without
+    the runs or with one run."""
 
 
-def verdicts(table: Sequence[Row], candidate: str = "migsched") -> list[Verdict]:
+def verdicts(table: Sequence[Row], candidate: str = "migsched", runs: Sequence[Run] = ()) -> list[Verdict]:
+    """Each group's verdict (``runs``, when given, add the paired spread of the rejection difference)."""
+    by_run = {(r.cell.group, r.cell.seed, r.label): r.kpis.rejection_rate for r in runs}
     out = []
     groups = list(dict.fromkeys(r.group for r in table))
     for g in groups:
@@ -241,6 +247,8 @@ def verdicts(table: Sequence[Row], candidate: str = "migsched") -> list[Verdict]
         if fluid is not None and best.rejection - fluid.rejection > 1e-9:
             gap = (best.rejection - cand.rejection) / (best.rejection - fluid.rejection)
         ff = here.get("first-fit")
+        seeds = [seed for (grp, seed, label) in by_run if grp == g and label == candidate]
+        diffs = [by_run[(g, s, candidate)] - by_run[(g, s, best.label)] for s in seeds if (g, s, best.label) in by_run]
         out.append(Verdict(
             group=g, candidate=candidate, best_baseline=best.label, rejection=cand.rejection,
             best_rejection=best.rejection, within=cand.rejection <= best.rejection + 0.001,
@@ -252,6 +260,7 @@ def verdicts(table: Sequence[Row], candidate: str = "migsched") -> list[Verdict]
             gpu_h_ok=cand.rejected_gpu_h <= min(b.rejected_gpu_h for b in bases) + 1e-9,
             migrated_ok=cand.migrated_share <= 0.02,
             reconfig_ok=ff is None or cand.reconfigurations <= 1.10 * ff.reconfigurations + 1e-9,
+            paired_sd=float(np.std(diffs)) if len(diffs) > 1 else None,
         ))
     return out
 
@@ -279,13 +288,17 @@ def markdown(table: Sequence[Row], verdict: Sequence[Verdict], command: str = ""
         lines.append(f"| {r.group} | {r.label} | {vals} |")
     if verdict:
         lines += ["", f"## Targets of `{verdict[0].candidate}` against the best baseline of each cell", "",
-                  "| cell | best baseline | its rej % | candidate rej % | ≤ +0.1 pt | wait ≤ +10 % | ≥ 15 % fewer "
-                  "| gap to fluid closed | no class starves | GPU-h ≤ | migrated ≤ 2 % | reconf ≤ +10 % |",
-                  "|---|---|---:|---:|---|---|---|---:|---|---|---|---|"]
+                  "| cell | best baseline | its rej % | candidate rej % | difference, ± paired sd (pt) | ≤ +0.1 pt "
+                  "| wait ≤ +10 % | ≥ 15 % fewer | gap to fluid closed | no class starves | GPU-h ≤ | migrated ≤ 2 % "
+                  "| reconf ≤ +10 % |",
+                  "|---|---|---:|---:|---:|---|---|---|---:|---|---|---|---|"]
         for v in verdict:
             gap = f"{100 * v.gap_closed:.0f} %" if v.gap_closed is not None else "-"
+            diff = f"{100 * (v.rejection - v.best_rejection):+.2f}"
+            if v.paired_sd is not None:
+                diff += f" ± {100 * v.paired_sd:.2f}"
             lines.append(
-                f"| {v.group} | {v.best_baseline} | {100 * v.best_rejection:.2f} | {100 * v.rejection:.2f} | "
+                f"| {v.group} | {v.best_baseline} | {100 * v.best_rejection:.2f} | {100 * v.rejection:.2f} | {diff} | "
                 f"{_yn(v.within)} | {_yn(v.wait_ok)} | {_yn(v.fewer_15)} | {gap} | {_yn(v.no_starving)} | "
                 f"{_yn(v.gpu_h_ok)} | {_yn(v.migrated_ok)} | {_yn(v.reconfig_ok)} |")
         n = len(verdict)
@@ -304,7 +317,7 @@ def _yn(ok: bool) -> str:
 def write(out: Path, runs: Sequence[Run], candidate: str = "migsched", command: str = "") -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     table = rows(runs)
-    verdict = verdicts(table, candidate)
+    verdict = verdicts(table, candidate, runs)
     md = out / "matrix.md"
     md.write_text(markdown(table, verdict, command))
     js = out / "matrix.json"

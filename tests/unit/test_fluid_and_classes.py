@@ -140,3 +140,11 @@ def test_a_matrix_run_writes_its_table_verdict_and_plot(tmp_path: object) -> Non
     (row,) = [r for r in matrix.rows(runs) if r.label == "migsched"]
     assert row.seeds == 2 and 0.0 <= row.rejection <= 1.0
     assert {p.name for p in written} >= {"matrix.md", "matrix.json"}
+    # the difference to the best baseline is paired run by run: its spread is that of the per-seed differences
+    (v,) = matrix.verdicts(matrix.rows(runs), "migsched", runs)
+    rate = {(r.cell.seed, r.label): r.kpis.rejection_rate for r in runs}
+    per_seed = [rate[s, "migsched"] - rate[s, v.best_baseline] for s in (0, 1)]
+    assert v.paired_sd == pytest.approx(float(np.std(per_seed)))
+    assert f"{100 * (v.rejection - v.best_rejection):+.2f} ± {100 * float(np.std(per_seed)):.2f}" in md
+    (alone,) = matrix.verdicts(matrix.rows(runs), "migsched")
+    assert alone.paired_sd is None  # without the runs there is nothing to pair
