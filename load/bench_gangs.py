@@ -7,7 +7,10 @@ reservations; one markdown row per cluster size and policy, means over the seeds
 Columns: every job's rejection; the rejection of the *big* gangs (16 GPUs or more); their mean wait (over the
 gangs that ran) and p95 wait (a rejected gang counted at its patience, so that turning a gang away never
 shortens the tail); the mean wait of the *small* jobs (1g-4g MIG requests); rejected GPU-hours; the share of
-the cluster's GPU-hours that reservations held idle; utilisation.
+the cluster's GPU-hours that reservations held idle; utilisation. When the FIFO-with-reservations reference
+(``first-fit[reserve=on]``) runs too, a second table gives each policy's big-gang rejection, big-gang p95 wait and
+small-job wait minus the reference's, paired by seed (mean ± standard deviation over the seeds): whether a
+difference holds in every workload or moves with the seed.
 """
 
 from __future__ import annotations
@@ -35,6 +38,20 @@ BIG = 16
 SMALL = ("1g", "2g", "3g", "4g")
 COLUMNS = ("rejected", "big rejected", "big wait mean h", "big wait p95 h", "small wait mean s", "rejected GPU-h",
            "held idle", "utilisation")
+REFERENCE = "first-fit[reserve=on]"
+"""The FIFO-with-reservations reference (Slurm-style EASY backfill)."""
+PAIRED = ("big rejected", "big wait p95 h", "small wait mean s")
+
+
+def paired(mine: list[list[float]], ref: list[list[float]]) -> dict[str, tuple[float, float]]:
+    """Per figure of ``PAIRED``: the mean and the standard deviation over the seeds of ``mine`` minus ``ref``
+    (each a run's figures in ``COLUMNS`` order, both in the same seed order)."""
+    out = {}
+    for name in PAIRED:
+        k = COLUMNS.index(name)
+        d = np.array([a[k] - b[k] for a, b in zip(mine, ref, strict=True)])
+        out[name] = (float(d.mean()), float(d.std()))
+    return out
 
 
 def run(gpus: int, seed: int, label: str, jobs: int, load: float, patience_s: float,
@@ -95,6 +112,18 @@ def main(argv: list[str] | None = None) -> None:
         m = np.mean(np.array(v), axis=0)
         print(f"| {g} | {label} | {100 * m[0]:.1f} % | {100 * m[1]:.1f} % | {m[2]:.1f} | {m[3]:.1f} | {m[4]:.0f} | "
               f"{m[5]:,.0f} | {100 * m[6]:.1f} % | {100 * m[7]:.1f} % |")
+    if len(seeds) < 2 or not any(label == REFERENCE for _, label in rows):
+        return
+    print(f"\nAgainst `{REFERENCE}`, paired by seed (mean ± sd of the difference):\n")
+    print("| GPUs | policy | big rejected, points | big wait p95, h | small wait mean, s |")
+    print("|---:|---|---:|---:|---:|")
+    for (g, label), v in rows.items():
+        if label == REFERENCE:
+            continue
+        d = paired(v, rows[(g, REFERENCE)])
+        (rej, rej_sd), (p95, p95_sd), (small, small_sd) = (d[n] for n in PAIRED)
+        print(f"| {g} | {label} | {100 * rej:+.1f} ± {100 * rej_sd:.1f} | {p95:+.1f} ± {p95_sd:.1f} | "
+              f"{small:+.0f} ± {small_sd:.0f} |")
 
 
 if __name__ == "__main__":
