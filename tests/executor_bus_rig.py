@@ -105,35 +105,17 @@ async def started(nats_url: str, prefix: str) -> AsyncIterator[Rig]:
 
 
 def create_ops(gpu: int, profile: str, start: int, iid: str) -> tuple[MigOp, ...]:
-    p = A100.profile(profile)
-    return tuple(
-        MigOp(
-            kind=k,
-            gpu_id=f"{NODE}/{gpu}",
-            instance_id=iid,
-            profile=p.name,
-            profile_id=p.profile_id,
-            start=start,
-            size=p.memory_slices,
-        )
-        for k in ("create_gi", "create_ci")
-    )
+    return _ops(("create_gi", "create_ci"), gpu, profile, start, iid)
 
 
 def destroy_ops(gpu: int, profile: str, start: int, iid: str) -> tuple[MigOp, ...]:
+    return _ops(("destroy_ci", "destroy_gi"), gpu, profile, start, iid)
+
+
+def _ops(kinds: tuple[str, str], gpu: int, profile: str, start: int, iid: str) -> tuple[MigOp, ...]:
     p = A100.profile(profile)
-    return tuple(
-        MigOp(
-            kind=k,
-            gpu_id=f"{NODE}/{gpu}",
-            instance_id=iid,
-            profile=p.name,
-            profile_id=p.profile_id,
-            start=start,
-            size=p.memory_slices,
-        )
-        for k in ("destroy_ci", "destroy_gi")
-    )
+    return tuple(MigOp(kind=k, gpu_id=f"{NODE}/{gpu}", instance_id=iid, profile=p.name, profile_id=p.profile_id,
+                       start=start, size=p.memory_slices) for k in kinds)
 
 
 def place(
