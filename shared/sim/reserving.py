@@ -93,10 +93,6 @@ class PassHolds:
         self.sim = sim
         self.holds = HoldPass(sim.reservation_params)
 
-    @property
-    def held(self) -> list[Reservation]:
-        return self.holds.held
-
     def blocking(self, hint_s: float | None) -> set[str]:
         """The held GPUs a job of this hint may not use now (``may_use``)."""
         return self.holds.blocking(hint_s, self.sim.now)
