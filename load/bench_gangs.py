@@ -10,7 +10,8 @@ shortens the tail); the mean wait of the *small* jobs (1g-4g MIG requests); reje
 the cluster's GPU-hours that reservations held idle; utilisation. When the FIFO-with-reservations reference
 (``first-fit[reserve=on]``) runs too, a second table gives each policy's big-gang rejection, big-gang p95 wait and
 small-job wait minus the reference's, paired by seed (mean ± standard deviation over the seeds): whether a
-difference holds in every workload or moves with the seed.
+difference holds in every workload or moves with the seed. A last table splits the big gangs by size: each size's
+rejection and mean and p95 wait, means over the seeds (a pooled p95 is mostly the sizes there are most of).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import sys
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+import numpy.typing as npt
 
 from shared.mig.geometry import default_geometry
 from shared.policy.placement.registry import get_policy
@@ -41,6 +44,16 @@ COLUMNS = ("rejected", "big rejected", "big wait mean h", "big wait p95 h", "sma
 REFERENCE = "first-fit[reserve=on]"
 """The FIFO-with-reservations reference (Slurm-style EASY backfill)."""
 PAIRED = ("big rejected", "big wait p95 h", "small wait mean s")
+SIZE_COLUMNS = ("rejected", "wait mean h", "wait p95 h")
+
+
+class Figures(NamedTuple):
+    """One run's figures: ``row`` in ``COLUMNS`` order; ``sizes``, per gang size of ``BIG`` GPUs or more, its
+    figures in ``SIZE_COLUMNS`` order (waits as in ``COLUMNS``: the mean over the gangs that ran, the p95 with a
+    rejected gang at its patience)."""
+
+    row: list[float]
+    sizes: dict[int, list[float]]
 
 
 def paired(mine: list[list[float]], ref: list[list[float]]) -> dict[str, tuple[float, float]]:
@@ -55,8 +68,8 @@ def paired(mine: list[list[float]], ref: list[list[float]]) -> dict[str, tuple[f
 
 
 def run(gpus: int, seed: int, label: str, jobs: int, load: float, patience_s: float,
-        slack_s: float = 0.0) -> list[float]:
-    """One run's figures, in ``COLUMNS`` order (``slack_s``: the reservations' slack, ``--reserve-slack``)."""
+        slack_s: float = 0.0) -> Figures:
+    """One run's figures (``slack_s``: the reservations' slack, ``--reserve-slack``)."""
     geo = default_geometry()
     cluster = parse_cluster([f"A100-40GB:{gpus}"], geo)
     wl = build(WorkloadSpec(name="synthetic:gangs", seed=seed, jobs=jobs, load=load), cluster, geo)
@@ -68,19 +81,28 @@ def run(gpus: int, seed: int, label: str, jobs: int, load: float, patience_s: fl
     done, start = sim.out.completed, sim.out.start
     wait = np.array([start[i] - j.arrival if done[i] else patience_s for i, j in enumerate(wl.jobs)])
     ran = np.array(done, dtype=bool)
-    big = np.array([j.demand.kind == "gpus" and j.demand.gpus >= BIG for j in wl.jobs])
+    size = np.array([j.demand.gpus if j.demand.kind == "gpus" else 0 for j in wl.jobs])
+    big = size >= BIG
     small = np.array([j.demand.kind == "mig" and j.shape in SMALL for j in wl.jobs])
     cluster_gpu_h = gpus * k.makespan_s / 3600
-    return [
-        k.rejection_rate, float((big & ~ran).sum() / max(1, big.sum())),
-        float(wait[big & ran].mean() / 3600) if (big & ran).any() else 0.0,
-        float(np.percentile(wait[big], 95) / 3600) if big.any() else 0.0,
-        float(wait[small & ran].mean()) if (small & ran).any() else 0.0,
+    row = [
+        k.rejection_rate, *_gangs(big, ran, wait), float(wait[small & ran].mean()) if (small & ran).any() else 0.0,
         k.rejected_gpu_h, (k.reserved_idle_gpu_h or 0.0) / cluster_gpu_h if cluster_gpu_h else 0.0, k.utilization,
     ]
+    return Figures(row=row, sizes={int(n): _gangs(size == n, ran, wait) for n in np.unique(size[big])})
 
 
-def _run(args: tuple[int, int, str, int, float, float, float]) -> list[float]:
+def _gangs(sel: npt.NDArray[np.bool_], ran: npt.NDArray[np.bool_], wait: npt.NDArray[np.float64]) -> list[float]:
+    """The rejected share of the gangs ``sel`` picks, their mean wait in hours over those that ran, and their p95
+    wait in hours (a rejected one at its patience)."""
+    if not sel.any():
+        return [0.0, 0.0, 0.0]
+    return [float((sel & ~ran).sum() / sel.sum()),
+            float(wait[sel & ran].mean() / 3600) if (sel & ran).any() else 0.0,
+            float(np.percentile(wait[sel], 95) / 3600)]
+
+
+def _run(args: tuple[int, int, str, int, float, float, float]) -> Figures:
     return run(*args)
 
 
@@ -103,27 +125,54 @@ def main(argv: list[str] | None = None) -> None:
              for s in seeds]
     with ProcessPoolExecutor(a.workers) as ex:
         results = list(ex.map(_run, tasks))
-    rows: dict[tuple[int, str], list[list[float]]] = defaultdict(list)
+    runs: dict[tuple[int, str], list[Figures]] = defaultdict(list)
     for (g, _s, label, *_), r in zip(tasks, results, strict=True):
-        rows[(g, label)].append(r)
+        runs[(g, label)].append(r)
+    _means(runs)
+    if len(seeds) > 1 and any(label == REFERENCE for _, label in runs):
+        _paired(runs)
+    _by_size(runs)
+
+
+def _means(runs: dict[tuple[int, str], list[Figures]]) -> None:
     print("| GPUs | policy | " + " | ".join(COLUMNS) + " |")
     print("|---:|---|" + "---:|" * len(COLUMNS))
-    for (g, label), v in rows.items():
-        m = np.mean(np.array(v), axis=0)
+    for (g, label), v in runs.items():
+        m = np.mean(np.array([f.row for f in v]), axis=0)
         print(f"| {g} | {label} | {100 * m[0]:.1f} % | {100 * m[1]:.1f} % | {m[2]:.1f} | {m[3]:.1f} | {m[4]:.0f} | "
               f"{m[5]:,.0f} | {100 * m[6]:.1f} % | {100 * m[7]:.1f} % |")
-    if len(seeds) < 2 or not any(label == REFERENCE for _, label in rows):
-        return
+
+
+def _paired(runs: dict[tuple[int, str], list[Figures]]) -> None:
     print(f"\nAgainst `{REFERENCE}`, paired by seed (mean ± sd of the difference):\n")
     print("| GPUs | policy | big rejected, points | big wait p95, h | small wait mean, s |")
     print("|---:|---|---:|---:|---:|")
-    for (g, label), v in rows.items():
+    for (g, label), v in runs.items():
         if label == REFERENCE:
             continue
-        d = paired(v, rows[(g, REFERENCE)])
+        d = paired([f.row for f in v], [f.row for f in runs[(g, REFERENCE)]])
         (rej, rej_sd), (p95, p95_sd), (small, small_sd) = (d[n] for n in PAIRED)
         print(f"| {g} | {label} | {100 * rej:+.1f} ± {100 * rej_sd:.1f} | {p95:+.1f} ± {p95_sd:.1f} | "
               f"{small:+.0f} ± {small_sd:.0f} |")
+
+
+def _by_size(runs: dict[tuple[int, str], list[Figures]]) -> None:
+    sizes = sorted({n for v in runs.values() for f in v for n in f.sizes})
+    if not sizes:
+        return
+    print("\nBig gangs by size (rejected, mean wait h / p95 wait h; means over the seeds):\n")
+    print("| GPUs | policy | " + " | ".join(f"{n} GPUs" for n in sizes) + " |")
+    print("|---:|---|" + "---:|" * len(sizes))
+    for (g, label), v in runs.items():
+        cells = []
+        for n in sizes:
+            got = [f.sizes[n] for f in v if n in f.sizes]
+            if not got:
+                cells.append("-")
+                continue
+            rej, mean_h, p95_h = np.mean(np.array(got), axis=0)
+            cells.append(f"{100 * rej:.1f} %, {mean_h:.1f} / {p95_h:.1f}")
+        print(f"| {g} | {label} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

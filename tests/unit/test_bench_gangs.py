@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from load.bench_gangs import COLUMNS, paired, run
+from load.bench_gangs import BIG, COLUMNS, SIZE_COLUMNS, Figures, paired, run
+from shared.mig.geometry import default_geometry
+from shared.sim.cluster import parse_cluster
+from shared.sim.workloads.spec import WorkloadSpec, build
 
 pytestmark = pytest.mark.unit
 
 
+def _run(label: str) -> Figures:
+    return run(128, 1, label, jobs=600, load=1.0, patience_s=86400.0)
+
+
 def _figures(label: str) -> dict[str, float]:
-    return dict(zip(COLUMNS, run(128, 1, label, jobs=600, load=1.0, patience_s=86400.0), strict=True))
+    return dict(zip(COLUMNS, _run(label).row, strict=True))
 
 
 def test_a_rejected_gang_counts_at_its_patience_and_only_reservations_hold_gpus_idle() -> None:
@@ -35,3 +42,27 @@ def test_a_difference_to_the_reference_is_paired_seed_by_seed() -> None:
     assert d["big rejected"] == pytest.approx((0.0, 0.01))  # -0.01 then +0.01
     assert d["big wait p95 h"] == pytest.approx((0.0, 1.0))
     assert d["small wait mean s"] == pytest.approx((20.0, 0.0))  # the same gap in both: no spread
+
+
+def test_the_big_gangs_split_by_size_add_up_to_the_pooled_rejection() -> None:
+    figures = _run("migsched[reserve=off]")
+    assert figures.sizes and min(figures.sizes) >= BIG
+    pooled = dict(zip(COLUMNS, figures.row, strict=True))
+    by_size = {n: dict(zip(SIZE_COLUMNS, v, strict=True)) for n, v in figures.sizes.items()}
+    # the sizes' rejected shares, weighted by how many gangs of each size there are, give the pooled share
+    counts = _gang_counts()
+    weighted = sum(by_size[n]["rejected"] * counts[n] for n in by_size) / sum(counts[n] for n in by_size)
+    assert weighted == pytest.approx(pooled["big rejected"])
+    # a size with a rejected gang among its last twentieth has its p95 at the full patience
+    assert any(v["rejected"] > 0.05 and v["wait p95 h"] == pytest.approx(24.0) for v in by_size.values())
+
+
+def _gang_counts() -> dict[int, int]:
+    geo = default_geometry()
+    wl = build(WorkloadSpec(name="synthetic:gangs", seed=1, jobs=600, load=1.0),
+               parse_cluster(["A100-40GB:128"], geo), geo)
+    counts: dict[int, int] = {}
+    for j in wl.jobs:
+        if j.demand.kind == "gpus" and j.demand.gpus >= BIG:
+            counts[j.demand.gpus] = counts.get(j.demand.gpus, 0) + 1
+    return counts
