@@ -71,7 +71,8 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, co
     "--csv-map",
     default=None,
     help="column mapping for csv:, e.g. arrival=submit_ts,duration=runtime,"
-    "gpu_fraction=gpu,tenant=user,priority=prio (see docs/simulator.md)",
+    "gpu_fraction=gpu,tenant=user,priority=prio; workers=COLUMN makes each job a gang of its workers "
+    "(see docs/simulator.md)",
 )
 @click.option(
     "--dlrm-gpus",

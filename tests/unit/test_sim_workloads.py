@@ -136,6 +136,29 @@ def test_a_csv_trace_takes_gangs_bigger_than_a_node_and_refuses_more_than_one_jo
         load_csv(p, "arrival=t,duration=d,gpus=n", A100)
 
 
+def test_a_csv_trace_of_workers_makes_each_job_a_gang_of_its_workers_whole_gpus(tmp_path: Path) -> None:
+    p = tmp_path / "jobs.csv"
+    # the columns of a distributed-training trace: GPUs per worker, a worker count, HP or Spot jobs
+    p.write_text("job,submit,dur,gpu_request,worker_num,job_type\n"
+                 "a,0,60,8,16,Spot\nb,5,60,1,1,HP\nc,9,60,1,2,HP\n")
+    wl = load_csv(p, "id=job,arrival=submit,duration=dur,gpus=gpu_request,workers=worker_num,priority=job_type",
+                  A100)
+    got = {j.id: (j.demand.kind, j.demand.gpus if j.demand.kind == "gpus" else j.shape, j.priority) for j in wl.jobs}
+    assert got == {"a": ("gpus", 128, 0), "b": ("mig", "7g", 2), "c": ("gpus", 2, 2)}
+    # a share of a GPU per worker: each worker takes a whole GPU, as a gang's members are whole GPUs
+    p.write_text("t,d,f,w\n0,60,0.5,4\n")
+    assert load_csv(p, "arrival=t,duration=d,gpu_fraction=f,workers=w", A100).jobs[0].demand.gpus == 4
+    p.write_text("t,d,g,w\n0,60,0.5,4\n")
+    with pytest.raises(WorkloadError, match=r"jobs.csv:2: gpus '0.5' per worker is not a positive integer"):
+        load_csv(p, "arrival=t,duration=d,gpus=g,workers=w", A100)
+    p.write_text("t,d,g,w\n0,60,8,1024\n")
+    with pytest.raises(WorkloadError, match=r"jobs.csv:2: 1024 workers of 8 GPUs \(8192 GPUs\) is more than"):
+        load_csv(p, "arrival=t,duration=d,gpus=g,workers=w", A100)
+    p.write_text("t,d,g,w\n0,60,8,1.5\n")
+    with pytest.raises(WorkloadError, match=r"jobs.csv:2: workers '1.5' is not a positive integer"):
+        load_csv(p, "arrival=t,duration=d,gpus=g,workers=w", A100)
+
+
 def test_a_csv_trace_can_give_gaps_profiles_and_millisecond_times(tmp_path: Path) -> None:
     p = tmp_path / "jobs.csv"
     p.write_text("gap,ms,prof\n1000,5000,3g.20gb\n500,2000,1g\n")
@@ -152,6 +175,7 @@ def test_a_csv_trace_can_give_gaps_profiles_and_millisecond_times(tmp_path: Path
         ("arrival=a,duration=d,gpus=g,profile=p", "exactly one demand"),
         ("arrival=a,duration=d,gpus=g,colour=c", "unknown"),
         ("arrival=a,duration", "not key=column"),
+        ("arrival=a,duration=d,profile=p,workers=w", "whole GPUs, not MIG profiles"),
     ],
 )
 def test_a_bad_csv_mapping_is_refused_with_a_clear_message(mapping: str, message: str) -> None:

@@ -4,12 +4,14 @@ Mapping keys (``key=column`` pairs, e.g. ``arrival=submit_ts,duration=runtime,gp
 
 - time: ``arrival`` (absolute) or ``gap`` (inter-arrival time) -- exactly one;
 - run time: ``duration``, or ``end`` (absolute end time, with ``arrival``);
-- demand -- exactly one: ``gpu_fraction`` (share of one GPU; > 1 means ceil(f) whole GPUs), ``gpus``
-(whole-GPU
+- demand -- exactly one: ``gpu_fraction`` (share of one GPU; > 1 means ceil(f) whole GPUs), ``gpus`` (whole-GPU
   count) or ``profile`` (a MIG profile name such as ``3g.20gb`` or a shape such as ``3g``);
-- optional: ``id``, ``tenant``, ``priority`` (an integer, or high/medium/low, LS/Burstable/BE),
-``latency_sensitive``
-  (true/false/1/0/yes/no), ``class`` (interference class), ``patience`` (seconds);
+- ``workers``: how many workers the job runs, each with that demand, as in traces of distributed training that
+  give GPUs per worker and a worker count. More than one worker makes a gang of whole GPUs (ceil of each
+  worker's GPUs, times the workers): a gang's members are whole GPUs, so it goes with ``gpus`` or
+  ``gpu_fraction``, not ``profile``;
+- optional: ``id``, ``tenant``, ``priority`` (an integer, or high/medium/low, LS/Burstable/BE, HP/Spot),
+  ``latency_sensitive`` (true/false/1/0/yes/no), ``class`` (interference class), ``patience`` (seconds);
 - pseudo-key ``time_unit=s|ms|min|h`` scales every time column to seconds (default s).
 """
 
@@ -34,6 +36,7 @@ KEYS = {
     "gpu_fraction",
     "gpus",
     "profile",
+    "workers",
     "id",
     "tenant",
     "priority",
@@ -52,6 +55,8 @@ NAMED_PRIORITY = {
     "guaranteed": 2,
     "burstable": 1,
     "be": 0,
+    "hp": 2,
+    "spot": 0,
 }
 TRUE = {"1", "true", "yes", "y", "t"}
 FALSE = {"0", "false", "no", "n", "f", ""}
@@ -87,6 +92,9 @@ def _check(m: Mapping[str, str]) -> None:
     demand = [k for k in ("gpu_fraction", "gpus", "profile") if k in m]
     if len(demand) != 1:
         raise WorkloadError("--csv-map needs exactly one demand: gpu_fraction=, gpus= or profile=COLUMN")
+    if "workers" in m and "profile" in m:
+        raise WorkloadError("--csv-map workers=COLUMN goes with gpus= or gpu_fraction=: a gang's members are whole "
+                            "GPUs, not MIG profiles")
     if m.get("time_unit", "s") not in UNITS:
         raise WorkloadError(f"time_unit must be one of {', '.join(UNITS)}, got {m['time_unit']!r}")
 
@@ -114,13 +122,20 @@ def _priority(value: str, where: str) -> int:
 
 
 def _demand(m: Mapping[str, str], row: Mapping[str, str], model: GpuModel, where: str) -> tuple[Demand, str]:
+    workers = _workers(m, row, where)
+    if workers > 1:  # a gang of whole GPUs: each worker's share rounded up to whole GPUs
+        key = "gpus" if "gpus" in m else "gpu_fraction"
+        per = _num(row[m[key]], key, where)
+        if per <= 0 or (key == "gpus" and per != int(per)):
+            raise WorkloadError(f"{where}: {key} {row[m[key]]!r} per worker is not a positive "
+                                f"{'integer' if key == 'gpus' else 'number'}")
+        n = workers * math.ceil(per - 1e-9)
+        return _gang(n, f"{workers} workers of {per:g} GPUs ({n} GPUs)", where), "7g"
     if "gpus" in m:
         n = _num(row[m["gpus"]], "gpus", where)
         if n < 1 or n != int(n):
             raise WorkloadError(f"{where}: gpus {row[m['gpus']]!r} is not a positive integer")
-        if n > MAX_GANG:
-            raise WorkloadError(f"{where}: gpus {int(n)} is more than one job may ask for ({MAX_GANG})")
-        return (Demand(kind="gpus", gpus=int(n)), "7g") if n > 1 else (Demand(kind="mig", profile="7g"), "7g")
+        return _gang(int(n), f"gpus {int(n)}", where), "7g"
     if "profile" in m:
         name = row[m["profile"]].strip()
         try:
@@ -133,12 +148,26 @@ def _demand(m: Mapping[str, str], row: Mapping[str, str], model: GpuModel, where
     f = _num(row[m["gpu_fraction"]], "gpu_fraction", where)
     if f <= 0:
         raise WorkloadError(f"{where}: gpu_fraction {f} must be positive")
-    if f > MAX_GANG:
-        raise WorkloadError(f"{where}: gpu_fraction {f:g} is more than one job may ask for ({MAX_GANG} GPUs)")
     if f > 1:
-        return Demand(kind="gpus", gpus=math.ceil(f - 1e-9)), "7g"
+        return _gang(math.ceil(f - 1e-9), f"gpu_fraction {f:g}", where), "7g"
     shape = profile_for_fraction(model, f).shape
     return Demand(kind="mig", profile=shape), shape
+
+
+def _workers(m: Mapping[str, str], row: Mapping[str, str], where: str) -> int:
+    if "workers" not in m:
+        return 1
+    w = _num(row[m["workers"]], "workers", where)
+    if w < 1 or w != int(w):
+        raise WorkloadError(f"{where}: workers {row[m['workers']]!r} is not a positive integer")
+    return int(w)
+
+
+def _gang(n: int, what: str, where: str) -> Demand:
+    """``n`` whole GPUs (``what`` the row asked, for the error): one full-size instance for one, else a gang."""
+    if n > MAX_GANG:
+        raise WorkloadError(f"{where}: {what} is more than one job may ask for ({MAX_GANG} GPUs)")
+    return Demand(kind="gpus", gpus=n) if n > 1 else Demand(kind="mig", profile="7g")
 
 
 def load_csv(
