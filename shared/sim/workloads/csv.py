@@ -129,8 +129,8 @@ def _demand(m: Mapping[str, str], row: Mapping[str, str], model: GpuModel, where
         if per <= 0 or (key == "gpus" and per != int(per)):
             raise WorkloadError(f"{where}: {key} {row[m[key]]!r} per worker is not a positive "
                                 f"{'integer' if key == 'gpus' else 'number'}")
-        n = workers * math.ceil(per - 1e-9)
-        return _gang(n, f"{workers} workers of {per:g} GPUs ({n} GPUs)", where), "7g"
+        total = workers * math.ceil(per - 1e-9)
+        return _gang(total, f"{workers} workers of {per:g} GPUs ({total} GPUs)", where), "7g"
     if "gpus" in m:
         n = _num(row[m["gpus"]], "gpus", where)
         if n < 1 or n != int(n):
