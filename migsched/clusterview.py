@@ -17,12 +17,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from shared.mig.geometry import Geometry
+from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.occupancy import draw
 from shared.policy.fragcost import frag_cost
-from shared.policy.request import Demand
+from shared.policy.request import Demand, full_profile
 from shared.policy.reservation import Reservation
-from shared.state import JOB_STATES, JobRecord, RedisState, StoredGpu
+from shared.state import JOB_STATES, JobRecord, RedisState, StoredGpu, StoredInstance
 
 
 class InstanceRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,7 +48,12 @@ class GpuRow(msgspec.Struct, frozen=True, kw_only=True):
     """FragCost of the busy slices (idle instances are reclaimable)."""
     instances: tuple[InstanceRow, ...]
     slices: str
-    """The memory slices drawn as one text row (``shared.mig.occupancy.draw``)."""
+    """The memory slices drawn as one text row (``shared.mig.occupancy.draw``); one box for a GPU not in MIG
+    mode."""
+    mig: bool = True
+    """False: not in MIG mode, running one whole-GPU job or time-sliced shares."""
+    replicas: int = 0
+    """Not in MIG mode: the time-sliced shares it offers (0: whole-GPU jobs)."""
 
 
 class JobRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,16 +94,19 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
 def gpu_row(g: StoredGpu, geometry: Geometry) -> GpuRow:
     model = geometry.model(g.model)
     busy = [i for i in g.instances if i.state != "idle"]
-    used = sum(i.compute for i in busy)
-    labels = [(i.job or "?") if i.state != "idle" else f"idle {i.profile}" for i in g.instances]
-    layout = [(i.profile, i.start) for i in g.instances]
+    if g.mig:
+        load = sum(i.compute for i in busy) / model.compute_slices
+        labels = [(i.job or "?") if i.state != "idle" else f"idle {i.profile}" for i in g.instances]
+        slices = draw(model, [(i.profile, i.start) for i in g.instances], labels)
+    else:
+        load, slices = _plain(g, model, busy)
     return GpuRow(
         id=g.id,
         node=g.node,
         index=g.index,
         model=g.model,
         healthy=g.healthy,
-        load=round(used / model.compute_slices, 4),
+        load=round(load, 4),
         frag_cost=round(frag_cost(model, g.busy_mask), 4),
         instances=tuple(
             InstanceRow(
@@ -112,8 +120,23 @@ def gpu_row(g: StoredGpu, geometry: Geometry) -> GpuRow:
             )
             for i in g.instances
         ),
-        slices=draw(model, layout, labels),
+        slices=slices,
+        mig=g.mig,
+        replicas=0 if g.mig else g.replicas,
     )
+
+
+def _plain(g: StoredGpu, model: GpuModel, busy: list[StoredInstance]) -> tuple[float, str]:
+    """The load and the drawing of a GPU not in MIG mode: it has no slices, so one box over its memory says who
+    holds it, a whole-GPU job or its time-sliced shares."""
+    jobs = [i.job or "?" for i in busy]
+    if g.replicas:
+        load = len(jobs) / g.replicas
+        label = f"{', '.join(jobs) or 'free'} ({len(jobs)}/{g.replicas} shares)"
+    else:
+        load = 1.0 if jobs else 0.0
+        label = jobs[0] if jobs else "free (not MIG)"
+    return load, draw(model, [(full_profile(model).name, 0)], [label])
 
 
 async def read(state: RedisState, geometry: Geometry) -> ClusterView:
@@ -183,6 +206,8 @@ def compact_slices(g: GpuRow, per_slice: int = 4) -> Text:
     """The slices of one GPU in ``per_slice`` characters each: busy instances green with their shape, idle
     ones dim, free slices a dot (the ``up --demo`` view, where 16 GPUs must fit an 80-column terminal)."""
     slices = 8 if g.model != "A30-24GB" else 4
+    if not g.mig:
+        return _compact_plain(g, slices * per_slice - 2)
     owner: dict[int, InstanceRow] = {}
     for inst in g.instances:
         for k in range(inst.start, inst.start + inst.size):
@@ -201,6 +226,13 @@ def compact_slices(g: GpuRow, per_slice: int = 4) -> Text:
         out.append("[" + label[:width].center(width) + "]", style="bold green" if busy else "yellow")
         k += held.size
     return out
+
+
+def _compact_plain(g: GpuRow, width: int) -> Text:
+    """A GPU not in MIG mode has no slices: one box, its whole-GPU job's or its shares'."""
+    used = sum(1 for i in g.instances if i.state != "idle")
+    label = f"{used}/{g.replicas} shares" if g.replicas else "gpu" if used else "free"
+    return Text("[" + label[:width].center(width) + "]", style="bold green" if used else "dim")
 
 
 def _age(seconds: float) -> str:

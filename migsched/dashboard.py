@@ -45,7 +45,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 def fragmentation(view: ClusterView, geometry: Geometry) -> float:
     """The cluster's fragmentation rate (share of free memory slices the uniform demand mix cannot use)."""
     known = {m.name for m in geometry.models}
-    gpus = [_as_view(g) for g in view.gpus if g.model in known]
+    gpus = [_as_view(g) for g in view.gpus if g.model in known and g.mig]  # a plain GPU has no slices to strand
     return frag_rate(snapshot_of(geometry, gpus), UNIFORM_SHAPES) if gpus else 0.0
 
 
@@ -64,12 +64,15 @@ def page_data(view: ClusterView, geometry: Geometry, threshold: float, history: 
     gpus = []
     for g in view.gpus:
         model = models.get(g.model)
+        # a GPU not in MIG mode has no slices: one column for its whole-GPU job, or one per time-sliced share
+        columns = (model.memory_slices if model else 8) if g.mig else max(1, g.replicas)
         gpus.append({
             "id": g.id, "node": g.node, "model": g.model, "healthy": g.healthy,
-            "slices": model.memory_slices if model else 8,
+            "slices": columns,
             "tier": "lazy" if g.load < threshold else "busy", "load": g.load, "frag_cost": g.frag_cost,
             "held_for": held.get(g.id),
-            "cells": [{"start": i.start, "size": i.size, "profile": i.profile, "state": i.state, "job": i.job_id,
+            "cells": [{"start": i.start if g.mig or g.replicas else 0, "size": i.size if g.mig else 1,
+                       "profile": i.profile, "state": i.state, "job": i.job_id,
                        "tenant": view.rows[i.job_id].tenant if i.job_id in view.rows else ""}
                       for i in g.instances],
         })

@@ -137,3 +137,38 @@ def test_status_filters_jobs_by_tenant_and_by_state() -> None:
     assert "job-a" not in shown(tenants=["team-b"]) and "job-b" in shown(tenants=["team-b"])
     only = shown(states=["rejected"])
     assert "job-c" in only and "job-a" not in only and "2xGPU" in only
+
+
+def _plain(replicas: int, *jobs: str) -> StoredGpu:
+    """A GPU not in MIG mode: a whole-GPU job (``replicas`` 0) or time-sliced shares, one per job."""
+    if replicas:
+        insts = [StoredInstance(id=f"p/0:shared@{k}:{j}", profile="shared", start=k, size=0, compute=0, state="busy",
+                                job=j) for k, j in enumerate(jobs)]
+    else:
+        insts = [StoredInstance(id=f"p/0:gpu@0:{j}", profile="gpu", start=0, size=8, compute=7, state="busy", job=j)
+                 for j in jobs]
+    return StoredGpu(id="p/0", node="p", index=0, model="A100-40GB", mig=False, replicas=replicas, instances=insts)
+
+
+def test_a_gpu_not_in_mig_mode_is_drawn_as_one_box_with_its_job_or_its_shares() -> None:
+    whole, shares, free = gpu_row(_plain(0, "gang-m3"), GEO), gpu_row(_plain(4, "s1", "s2"), GEO), gpu_row(
+        _plain(0), GEO)
+    assert whole.slices.count("[") == 1 and "gang-m3" in whole.slices and whole.load == 1.0
+    assert shares.slices.count("[") == 1 and "s1, s2" in shares.slices and "2/4 shares" in shares.slices
+    assert shares.load == 0.5
+    assert free.slices.count("[") == 1 and "not MIG" in free.slices and free.load == 0.0
+    view = ClusterView(at=0.0, namespace="", nodes={"p": "up"}, gpus=(whole, shares, free),
+                       jobs={"gang-m3": "running", "s1": "running", "s2": "running"}, counts={"running": 3})
+    for width in (80, 160):
+        console = Console(record=True, width=width)
+        console.print(render(view, width=width))
+        assert "p/0 A100-40GB" in console.export_text()
+    assert json.loads(as_json(view))["gpus"][1]["instances"][1]["job_id"] == "s2"
+
+
+def test_the_compact_view_draws_a_gpu_not_in_mig_mode_as_one_box() -> None:
+    from migsched.clusterview import compact_slices
+
+    assert compact_slices(gpu_row(_plain(0, "g"), GEO)).plain.count("[") == 1
+    shares = compact_slices(gpu_row(_plain(4, "s1", "s2"), GEO)).plain
+    assert shares.count("[") == 1 and "2/4" in shares

@@ -63,3 +63,23 @@ def test_fragmentation_counts_only_busy_slices_as_taken() -> None:
     idle_as_busy = InstanceView(id="i2", profile="1g.5gb", start=0, size=1, compute=1, job_id="x")
     assert fragmentation(view(), GEO) == pytest.approx(rate(busy))  # the idle 1g is reclaimable
     assert rate(busy) != pytest.approx(rate(busy, idle_as_busy))
+
+
+def test_gpus_not_in_mig_mode_are_drawn_and_left_out_of_the_fragmentation_rate() -> None:
+    from migsched.clusterview import gpu_row
+    from shared.state import StoredGpu, StoredInstance
+
+    whole = StoredGpu(id="p/0", node="p", index=0, model="A100-40GB", mig=False, instances=[
+        StoredInstance(id="p/0:gpu@0:g", profile="gpu", start=0, size=8, compute=7, state="busy", job="g")])
+    shares = StoredGpu(id="p/1", node="p", index=1, model="A100-40GB", mig=False, replicas=4, instances=[
+        StoredInstance(id="p/1:shared@0:s", profile="shared", start=0, size=0, compute=0, state="busy", job="s")])
+    mig = view()
+    plain = ClusterView(at=mig.at, namespace="x", nodes={"n": "up", "p": "up"},
+                        gpus=(*mig.gpus, gpu_row(whole, GEO), gpu_row(shares, GEO)), jobs=mig.jobs,
+                        counts=mig.counts, rows=mig.rows)
+    data = page_data(plain, GEO, 0.4, [], [])
+    drawn = {g["id"]: g for g in data["gpus"]}
+    # one column for the whole-GPU job, one per share of the time-sliced GPU
+    assert (drawn["p/0"]["slices"], drawn["p/0"]["cells"][0]["job"], drawn["p/0"]["cells"][0]["size"]) == (1, "g", 1)
+    assert (drawn["p/1"]["slices"], drawn["p/1"]["cells"][0]["job"], drawn["p/1"]["cells"][0]["size"]) == (4, "s", 1)
+    assert fragmentation(plain, GEO) == pytest.approx(fragmentation(mig, GEO))  # no MIG slices on plain GPUs
