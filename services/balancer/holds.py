@@ -55,7 +55,7 @@ class Holds:
         if not p.wants(need, now - sub.submitted_at, spans_nodes(snap, sub.demand)):
             return None
         deadline = sub.submitted_at + sub.patience_s if sub.patience_s is not None else math.inf
-        r = p.plan(snap, sub.job_id, need, now, deadline, domains or None, required)
+        r = p.plan(snap, sub.job_id, need, now, deadline, domains or None, required, sub.demand.kind == "gpus")
         if r is not None:
             p.add(r)
         return r

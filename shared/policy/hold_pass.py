@@ -49,14 +49,15 @@ class HoldPass:
 
     def plan(self, snap: ClusterSnapshot, job_id: str, need: int, now: float, deadline: float,
              domains: Sequence[tuple[str, Sequence[str]]] | None = None, required: bool = False,
-             ) -> Reservation | None:
+             plain: bool = False) -> Reservation | None:
         """One of the pass's plans, counted: the ``need`` GPUs that free soonest around the pass's holds, within
-        one of ``domains`` for a gang kept within one (``plan_within``; ``required`` or preferred); None when
-        they would not free by ``deadline``. The caller ``add``s the hold it keeps."""
+        one of ``domains`` for a gang kept within one (``plan_within``; ``required`` or preferred), on GPUs not
+        in MIG mode too when ``plain`` (a ``gpus: n`` job); None when they would not free by ``deadline``. The
+        caller ``add``s the hold it keeps."""
         self.tries += 1
         if domains is not None:
-            return plan_within(snap, job_id, need, now, deadline, domains, required, self.taken)
-        return plan(snap, job_id, need, now, deadline, self.taken)
+            return plan_within(snap, job_id, need, now, deadline, domains, required, self.taken, plain)
+        return plan(snap, job_id, need, now, deadline, self.taken, plain=plain)
 
     def add(self, r: Reservation) -> None:
         self.held.append(r)

@@ -4,7 +4,8 @@ A *large* job needs whole GPUs: a full-size MIG instance or ``gpus: n``. Once a 
 on one node has waited ``after_s`` without fitting; a gang bigger than every node at once), it gets the GPUs that
 free soonest: on the node where its ``n``-th GPU frees first, by the expected
 ends of the jobs running there (start + duration hint; the snapshot's ``ends`` column), leaving out the GPUs
-that small jobs share (``hosts_small_jobs``) unless no other GPUs would ever free for it. Other jobs may use a
+that small jobs share (``hosts_small_jobs``) unless no other GPUs would ever free for it. A ``gpus: n`` job may
+be held on GPUs not in MIG mode too (``plan(plain=True)``). Other jobs may use a
 held GPU only when their own hint says they end before the reservation's expected start; a job without a hint
 may not. At most ``max_held`` reservations exist at once, and a job gets none when its GPUs would not free
 before its patience runs out (holding them would idle them for nothing).
@@ -101,16 +102,17 @@ def plan_within(
     domains: Sequence[tuple[str, Sequence[str]]],
     required: bool,
     taken: Collection[str] = (),
+    plain: bool = False,
 ) -> Reservation | None:
     """``plan`` for a gang kept within one topology domain: each domain alone, the earliest start winning (ties:
     the first domain); with none, a ``required`` gang gets no hold and a preferred one is held anywhere."""
     best: Reservation | None = None
     for _name, nodes in domains:
-        r = plan(only(snap, nodes), job_id, need, now, deadline, taken)
+        r = plan(only(snap, nodes), job_id, need, now, deadline, taken, plain=plain)
         if r is not None and (best is None or r.start < best.start):
             best = r
     if best is None and not required:
-        return plan(snap, job_id, need, now, deadline, taken)
+        return plan(snap, job_id, need, now, deadline, taken, plain=plain)
     return best
 
 
@@ -122,6 +124,7 @@ def plan(
     deadline: float,
     taken: Collection[str] = (),
     free_at: npt.NDArray[np.float64] | None = None,
+    plain: bool = False,
 ) -> Reservation | None:
     """The ``need`` usable GPUs on one node that are expected to be free soonest, leaving out ``taken`` (held
     by earlier reservations). ``free_at`` (per snapshot position) defaults to the snapshot's expected ends
@@ -129,10 +132,36 @@ def plan(
     hint). None when no node has ``need`` such GPUs or they would not be free by ``deadline``. Ties go to the
     node whose hold idles fewer GPU-seconds, then to the node of the GPU first in snapshot order. A gang bigger
     than every node is held across nodes (``plan_across``). GPUs running small jobs are left out while the
-    other GPUs would free for the job at all (in time or not: too late means no hold)."""
+    other GPUs would free for the job at all (in time or not: too late means no hold).
+
+    ``plain``: the job (``gpus: n``) may run on GPUs not in MIG mode too. A gang's members are all of one kind,
+    so each kind is planned apart and the earlier start wins; on a tie the plain GPUs, which placement tries
+    first."""
     if need <= 0 or not len(snap):
         return None
-    ok = np.array(snap.ok, dtype=bool)
+    mig = _plan_on(snap, job_id, need, now, deadline, taken, free_at, np.array(snap.ok, dtype=bool))
+    if not plain:
+        return mig
+    usable = ~np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool)
+    if not usable.any():
+        return mig
+    whole = _plan_on(snap, job_id, need, now, deadline, taken, free_at, usable)
+    if whole is None or (mig is not None and mig.start < whole.start):
+        return mig
+    return whole
+
+
+def _plan_on(
+    snap: ClusterSnapshot,
+    job_id: str,
+    need: int,
+    now: float,
+    deadline: float,
+    taken: Collection[str],
+    free_at: npt.NDArray[np.float64] | None,
+    ok: npt.NDArray[np.bool_],
+) -> Reservation | None:
+    """``plan`` over the GPUs ``ok`` marks usable (a copy, changed here)."""
     for g in taken:
         p = snap.position.get(g)
         if p is not None:

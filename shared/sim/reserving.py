@@ -111,7 +111,7 @@ class PassHolds:
         patience = job.patience if job.patience is not None else sim.cfg.patience_s
         within = job.within_block is not None and job.demand.kind == "gpus"
         r = self.holds.plan(sim.cluster.snapshot(), job.id, need, sim.now, job.arrival + patience,
-                           sim.blocks if within else None, bool(job.within_block))
+                           sim.blocks if within else None, bool(job.within_block), job.demand.kind == "gpus")
         if unblock and job.within_block is None and (r is None or r.start - sim.now > sim.unblock_params.min_left_s):
             taken = self.holds.taken
             r = _unblock(sim, i, taken) or _drain(sim, i, sim.cluster.snapshot(), need, patience, taken, r)

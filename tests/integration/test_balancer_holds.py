@@ -1,6 +1,7 @@
 """The balancer holds GPUs for a waiting whole-GPU job (real NATS + Redis): a backfill pass plans the hold, a
 job whose hint outlasts it is kept off the held GPU, one that ends first may use it, and the holds are in
-Redis for ``migsched status``; with a tenancy file too, where jobs go by the policy named."""
+Redis for ``migsched status``; with a tenancy file too, where jobs go by the policy named; and for a gang on
+GPUs not in MIG mode."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from migsched import clusterview
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.events import Demand, JobSubmit, now
 from shared.mig.geometry import default_geometry
+from tests.integration.plain_cluster import scripted_cluster
 from tests.integration.test_balancer_flow import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -179,3 +181,29 @@ async def test_a_long_gang_kept_waiting_for_headroom_gets_no_hold_and_says_why(
         assert holds == []
         view = await clusterview.read(ns.state, GEO)
         assert "a long gang (2 GPUs for 100.0 h" in view.reasons["gang"]
+
+
+async def test_a_gang_waiting_on_gpus_not_in_mig_mode_holds_them_and_long_jobs_keep_off(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    whole2 = {"gpus": 2, "plain": {0: 0, 1: 0}}  # two whole (non-MIG) GPUs a node
+    async with scripted_cluster(prefix, nats_url, redis_url, {"n1": whole2, "n2": whole2}) as e:
+        def job(name: str, gpus: int, hint: float) -> JobSubmit:
+            return JobSubmit(id=f"s-{name}", job_id=name, demand=Demand(kind="gpus", gpus=gpus),
+                             duration_hint_s=hint, submitted_at=now())
+
+        await e.submit(job("a", 1, 60.0), job("b", 1, 600.0))
+        assert await until(e.all_in(["a", "b"], "running"))
+        await e.submit(job("big", 4, 100.0))  # every GPU of both nodes: it waits for a and b
+        assert await until(e.all_in(["big"], "pending"))
+        await e.stack.balancer.backfill()
+        _, holds = await e.ns.state.holds(0)
+        assert [(h.job_id, len(h.gpus), h.nodes) for h in holds] == [("big", 4, ("n1", "n2"))]
+        # the two free GPUs are held: a job that would outlast the hold's start waits, one that ends first runs
+        await e.submit(job("long", 1, 50000.0))
+        await e.submit(job("short", 1, 5.0))
+        assert await until(e.all_in(["short"], "running"))
+        assert await e.states(["long"]) == {"long": "pending"}
+        view = await clusterview.read(e.ns.state, GEO)
+        assert view.reasons["big"].startswith("reserved: big: 4 GPU(s) on n1, n2 held until")
+        await e.clean()

@@ -118,6 +118,31 @@ def test_a_gang_across_nodes_holds_the_gpus_small_jobs_share_last() -> None:
     assert plan(snap, "gang", 7, now=0.0, deadline=1000.0) is not None  # six whole GPUs are not enough
 
 
+def _plain(gid: str, node: str, index: int, ends_at: float | None) -> GpuView:
+    """A GPU not in MIG mode, running a whole-GPU job until ``ends_at`` (None: free)."""
+    insts = [] if ends_at is None else [InstanceView(id=f"i-{gid}", profile="gpu", start=0, size=8, compute=7,
+                                                     job_id=f"j-{gid}", ends_at=ends_at)]
+    return GpuView.build(id=gid, node=node, index=index, model="A100-40GB", mig=False, instances=insts)
+
+
+def test_a_gpus_job_is_held_on_gpus_not_in_mig_mode_of_one_kind_the_earlier_start_winning() -> None:
+    plain = [_plain(f"p{n}{i}", f"p{n}", i, 100.0 * (n + 1) if i else None) for n in range(2) for i in range(2)]
+    snap = snapshot_of(GEO, plain)
+    assert plan(snap, "gang", 4, now=0.0, deadline=1000.0) is None  # a MIG request's hold: no MIG GPU here
+    r = plan(snap, "gang", 4, now=0.0, deadline=1000.0, plain=True)
+    assert r is not None and set(r.gpus) == {g.id for g in plain} and r.start == 200.0 and r.nodes == ("p0", "p1")
+    # beside MIG GPUs that free sooner, the hold is on them, never on a mix of the two kinds
+    def with_mig(ends: float) -> ClusterSnapshot:
+        return snapshot_of(GEO, [*plain, *(_running(f"m{n}{i}", f"m{n}", i, "7g.40gb", ends)
+                                           for n in range(2) for i in range(2))])
+
+    m = plan(with_mig(50.0), "gang", 4, now=0.0, deadline=1000.0, plain=True)
+    assert m is not None and set(m.gpus) == {"m00", "m01", "m10", "m11"} and m.start == 50.0
+    # freeing at the same time, the plain GPUs win: placement tries them first
+    t = plan(with_mig(200.0), "gang", 4, now=0.0, deadline=1000.0, plain=True)
+    assert t is not None and set(t.gpus) == {g.id for g in plain}
+
+
 def test_no_reservation_when_the_gpus_would_not_free_before_the_job_gives_up() -> None:
     snap = _snap(1, 2)
     assert plan(snap, "big", 2, now=0.0, deadline=3600.0, free_at=_free(snap, {"g00": 50.0, "g01": 5000.0})) is None
