@@ -140,6 +140,7 @@ def _plain(g: StoredGpu, model: GpuModel, busy: list[StoredInstance]) -> tuple[f
 
 
 async def read(state: RedisState, geometry: Geometry) -> ClusterView:
+    at = time.time()
     gpus = await state.load_gpus()
     ids = [j for s in range(state.shards) for j in await state.all_job_ids(s)]
     recs = [r for r in await state.jobs(ids) if r is not None]
@@ -151,9 +152,9 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
     holds = await all_holds(state)
     for h in holds:  # a held job waits for its GPUs to drain: say so beside its last reason
         if h.job_id in reasons:
-            reasons[h.job_id] = f"reserved: {h.explain()}; " + reasons[h.job_id]
+            reasons[h.job_id] = f"reserved: {h.explain(at)}; " + reasons[h.job_id]
     return ClusterView(
-        at=time.time(),
+        at=at,
         namespace=state.namespace,
         nodes=nodes,
         gpus=tuple(gpu_row(g, geometry) for g in sorted(gpus, key=lambda g: (g.node, g.index))),

@@ -90,7 +90,7 @@ def page_data(view: ClusterView, geometry: Geometry, threshold: float, history: 
                     "nodes": view.nodes, "counts": view.counts},
         "gpus": gpus,
         "queue": queue,
-        "holds": [{"job": h.job_id, "gpus": list(h.gpus), "start": h.start, "reason": h.explain()}
+        "holds": [{"job": h.job_id, "gpus": list(h.gpus), "start": h.start, "reason": h.explain(view.at)}
                   for h in view.holds],
         "history": [list(s) for s in history],
         "decisions": [msgspec.to_builtins(d) for d in decisions],

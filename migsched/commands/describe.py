@@ -60,7 +60,7 @@ def render(info: dict[str, Any], now: float) -> str:
     if rec.state == "pending":
         lines.append(f"  why it waits: {rec.reason or 'not decided yet'}")
     for h in info["holds"]:
-        lines.append(f"  reserved: {h.explain()}")
+        lines.append(f"  reserved: {h.explain(now)}")
     lines.append("history:")
     for e in info["history"]:
         lines.append(f"  {_when(e.at)}  {e.prev or '-'} -> {e.to}" + (f": {e.reason}" if e.reason else ""))

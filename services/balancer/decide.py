@@ -177,7 +177,7 @@ class Decider:
                                                 within.get("domains", ()), within.get("domain_required", False))
         if got is None:
             return dec
-        return msgspec.structs.replace(dec, reasons=(f"reserved: {got.explain()}", *dec.reasons))
+        return msgspec.structs.replace(dec, reasons=(f"reserved: {got.explain(now)}", *dec.reasons))
 
     def _now_elsewhere(self, c: Candidate, home: int, now: float, memo: RoundMemo, places: Places) -> int | None:
         """The shard, other than its ``home``, that can place a new job now (``places``; the one with the most

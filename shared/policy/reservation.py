@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Collection, Sequence
 
 import msgspec
@@ -68,9 +69,21 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     nodes: tuple[str, ...] = ()
     """Every node of a gang that spans nodes (``node`` is the first); empty for a one-node reservation."""
 
-    def explain(self) -> str:
+    def explain(self, now: float | None = None) -> str:
+        """Who holds which GPUs until when, and why. ``now``: when the GPUs are expected free is said from then
+        ("expected free in 40 s"), not as a clock reading, and the reason keeps only what it adds to that."""
         where = ", ".join(self.nodes) if self.nodes else self.node
-        return f"{self.job_id}: {len(self.gpus)} GPU(s) on {where} held until ~{self.start:.0f} ({self.reason})"
+        head = f"{self.job_id}: {len(self.gpus)} GPU(s) on {where}"
+        if now is None:
+            return f"{head} held until ~{self.start:.0f} ({self.reason})"
+        left = self.start - now
+        when = "free now" if left < 0.5 else f"expected free in {left:.0f} s"
+        rest = _PLANNED_WHEN.sub("", self.reason)
+        return f"{head} held, {when}" + (f" ({rest})" if rest else "")
+
+
+_PLANNED_WHEN = re.compile(r"^(free now|expected free in \d+ s)[;,]?\s*")
+"""The start of a plan's reason that says when its GPUs free, as seen when it was planned."""
 
 
 def whole_gpus(models: Sequence[GpuModel], demand: Demand) -> int:

@@ -105,7 +105,7 @@ async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
 
         view = await clusterview.read(ns.state, GEO)
         assert [h.job_id for h in view.holds] == ["big"]
-        assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held until")
+        assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held, expected free in")
 
 
 async def test_with_tenancy_a_waiting_whole_gpu_job_gets_a_hold_that_long_jobs_keep_off(
@@ -115,7 +115,7 @@ async def test_with_tenancy_a_waiting_whole_gpu_job_gets_a_hold_that_long_jobs_k
         gpu_of = running_gpu(ns)
         soon, late = await hold_one_gpu(ns, stack, "team")
         view = await clusterview.read(ns.state, GEO)
-        assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held until")
+        assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held, expected free in")
         await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("filler", "3g.20gb", 50000.0, "team"))
         assert await until(lambda: gpu_of("filler"))
         assert await gpu_of("filler") == late  # the other GPU is full now
@@ -205,5 +205,5 @@ async def test_a_gang_waiting_on_gpus_not_in_mig_mode_holds_them_and_long_jobs_k
         assert await until(e.all_in(["short"], "running"))
         assert await e.states(["long"]) == {"long": "pending"}
         view = await clusterview.read(e.ns.state, GEO)
-        assert view.reasons["big"].startswith("reserved: big: 4 GPU(s) on n1, n2 held until")
+        assert view.reasons["big"].startswith("reserved: big: 4 GPU(s) on n1, n2 held, expected free in")
         await e.clean()

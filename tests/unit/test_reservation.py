@@ -166,6 +166,18 @@ def test_only_a_job_whose_hint_ends_before_the_hold_may_use_held_gpus() -> None:
     assert not may_use(None, now=0.0, held_until=100.0, slack_s=1e9)
 
 
+def test_a_hold_says_when_its_gpus_free_from_the_time_it_is_read() -> None:
+    from shared.policy.reservation import Reservation
+
+    r = Reservation(job_id="g", gpus=("a/0", "b/0"), node="a", nodes=("a", "b"), start=1_000_060.0,
+                    reason="expected free in 60 s; holds GPUs small jobs share: no others ever free")
+    assert r.explain() == f"g: 2 GPU(s) on a, b held until ~1000060 ({r.reason})"  # the clock of the plan
+    assert r.explain(1_000_020.0) == ("g: 2 GPU(s) on a, b held, expected free in 40 s "
+                                      "(holds GPUs small jobs share: no others ever free)")
+    free = msgspec.structs.replace(r, reason="free now", start=1_000_000.0)
+    assert free.explain(1_000_100.0) == "g: 2 GPU(s) on a, b held, free now"
+
+
 def test_large_means_whole_gpus() -> None:
     snap = _snap(1, 1)
     assert whole_gpus(snap.model_list, Demand(kind="gpus", gpus=4)) == 4
