@@ -236,10 +236,17 @@ class Balancer(Service):
         self.waiting.request(queue_grew=True)  # capacity signals also follow re-queues by other services
 
     async def on_cancel(self, ds: list[Delivery]) -> None:
+        """A job this replica holds as waiting is cancelled here at once, so that no pass places it meanwhile.
+        Any other is the node registry's, which consumes the same message: it cancels a queued job and stops a
+        placed one (both applying it would record the request twice in a running job's history)."""
         now = time.time()
         b = self.state.batch()
-        for d in ds:
+        mine = [d for d in ds if d.data.job_id in self.waiting.specs]
+        for d in mine:
             b.cancel(d.data.job_id, d.data.reason or "cancelled by request", now)
+        for d in ds:
             self.waiting.left(d.data.job_id)
-        for d, res in zip(ds, await b.run(), strict=True):
+        if not mine:
+            return
+        for d, res in zip(mine, await b.run(), strict=True):
             d.span.set_attribute("migsched.cancel", res.status)

@@ -142,6 +142,9 @@ async def test_cancelling_a_pending_job_takes_it_out_of_the_queue(env) -> None: 
     )
     assert await until(lambda: _is(ns, "big", "cancelled"))  # stop command -> exit cancelled -> release
     assert [c.job_id for c in ex.commands("stop")] == ["big"]
+    # the request is recorded once, though the balancer and the node registry both read it
+    asked = [h.reason for h in await ns.state.history("big") if h.reason.startswith("cancel requested")]
+    assert asked == ["cancel requested: user"]
     assert await audit(ns.state, GEO) == []
 
 
