@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import msgspec
+
 from shared.mig.geometry import Geometry
 from shared.policy.partition import new_instance_id
 from shared.policy.placement.align_index import AlignIndex
@@ -31,6 +33,15 @@ from shared.state import StoredGpu, StoredInstance
 from shared.state.model import PLAIN_PROFILES
 
 
+class Kinds(msgspec.Struct, frozen=True, kw_only=True):
+    """The kinds of GPU a mirror holds (lost nodes' included): what could ever host a MIG request or a share."""
+
+    mig_models: frozenset[str]
+    """The models of the GPUs in MIG mode."""
+    shares: bool
+    """Whether a GPU not in MIG mode is time-sliced (takes ``kind: shared`` jobs)."""
+
+
 class Mirror:
     def __init__(self, geometry: Geometry) -> None:
         self.geometry = geometry
@@ -42,6 +53,8 @@ class Mirror:
         """Built at the first decision after the GPU set changed (a new GPU): None until then."""
         self._aligner: AlignIndex | None = None
         """As ``_placer``, for ``migsched``."""
+        self._kinds: Kinds | None = None
+        """What kinds of GPU the mirror holds: built when asked after a GPU was added or changed identity."""
 
     def __len__(self) -> int:
         return len(self.builder)
@@ -103,7 +116,21 @@ class Mirror:
     def put(self, g: StoredGpu) -> None:
         self._put_view(g.view(), g.ver)
 
+    def kinds(self) -> Kinds:
+        """The kinds of GPU here: the models in MIG mode, whether any GPU is time-sliced."""
+        if self._kinds is None:
+            gpus = self.view().gpus
+            self._kinds = Kinds(mig_models=frozenset(g.model for g in gpus if g.mig),
+                                shares=any(not g.mig and g.replicas >= 1 for g in gpus))
+        return self._kinds
+
     def _put_view(self, view: GpuView, ver: int) -> None:
+        if view.id not in self.builder:
+            self._kinds = None
+        else:
+            was = self.builder.get(view.id)
+            if (was.mig, was.replicas, was.model) != (view.mig, view.replicas, view.model):
+                self._kinds = None
         if view.id not in self.builder or self.builder.get(view.id).model != view.model:
             self._placer = self._aligner = None  # their GPU lists (and models) are fixed: built again when asked
         self.builder.put(view)

@@ -3,7 +3,8 @@
 A job lives in its home shard (crc32 of its id): that spreads jobs evenly over the shards and lets every process
 find one without a lookup. Two rules override it, each for a new job only, once, before any record of it exists
 (``StateStore.route``). A job that no set of its home's GPUs could ever host (a gang bigger than the shard, a
-per-node launch needing more GPUs out of MIG mode than it has, a required topology domain it lacks), or whose
+per-node launch needing more GPUs out of MIG mode than it has, a required topology domain it lacks, a MIG request
+with no GPU in MIG mode of a model that has its profile, a share with no time-sliced GPU), or whose
 home holds no GPU while others do, goes to a shard that can host it: the one with the most empty GPUs
 (``route_for``, here). A job its home cannot place now goes to a shard that can (``Decider._now_elsewhere``,
 which decides on that shard's mirror). A job no shard could ever host stays at home and is rejected there, with
@@ -15,11 +16,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from services.balancer.mirror import Mirror
 from services.balancer.shards import Shards
 from shared.events import JobSubmit
+from shared.mig.geometry import Geometry
 from shared.policy.placement.gang import never_fits
 from shared.policy.placement.topology import never_within
-from shared.policy.request import Demand
+from shared.policy.request import Demand, resolve_profile
 from shared.policy.reserve import free_full
 from shared.policy.snapshot import ClusterSnapshot
 
@@ -27,7 +30,10 @@ from shared.policy.snapshot import ClusterSnapshot
 def never_here(shards: Shards, shard: int, sub: JobSubmit) -> str | None:
     """Why no set of ``shard``'s GPUs could ever host ``sub`` (lost nodes' GPUs counted); None when some could,
     or while no node has registered there (nothing is known of it)."""
-    view = shards.mirrors[shard].view()
+    mirror = shards.mirrors[shard]
+    if sub.demand.kind != "gpus":
+        return no_gpu_of_its_kind(mirror, sub.demand, shards.geometry) if len(mirror) else None
+    view = mirror.view()
     why = bigger_than_shard(view, sub.demand, shard, shards.largest())
     if why is None and launches_per_node(sub):
         why = too_few_plain(shards, shard, sub.demand.gpus)
@@ -36,6 +42,22 @@ def never_here(shards: Shards, shard: int, sub: JobSubmit) -> str | None:
         if within.get("domain_required"):
             why = never_within_shard(view, sub.demand.gpus, within)
     return why
+
+
+def no_gpu_of_its_kind(mirror: Mirror, demand: Demand, geometry: Geometry) -> str | None:
+    """Why no GPU here could ever host a MIG request or a time-sliced share: none of its kind has registered
+    (lost nodes' included; migsched never changes a GPU's MIG mode); None when one has."""
+    kinds = mirror.kinds()
+    if demand.kind == "shared":
+        return None if kinds.shares else ("a time-sliced share needs a GPU not in MIG mode, time-sliced "
+                                          "(MIGSCHED_EXECUTOR_GPUS ...:shared=N); none here is")
+    if demand.kind != "mig":
+        return None
+    if any(resolve_profile(demand, geometry.model(m)) is not None for m in kinds.mig_models):
+        return None
+    if not kinds.mig_models:
+        return f"{demand.label()} needs a GPU in MIG mode; none here is"
+    return f"no GPU model in MIG mode here ({', '.join(sorted(kinds.mig_models))}) has a profile for {demand.label()}"
 
 
 def route_for(shards: Shards, sub: JobSubmit, home: int) -> int | None:

@@ -195,3 +195,16 @@ async def test_a_per_node_gang_bigger_than_the_gpus_out_of_mig_mode_is_rejected_
     assert hist[-1].reason == ("launch per-node needs 2 GPUs not in MIG mode (a process sees one MIG device); "
                                "the cluster has 1")
     await e.clean()
+
+
+async def test_a_mig_request_or_a_share_the_cluster_has_no_gpu_for_is_rejected_with_the_reason(
+    plain_node: Env,
+) -> None:
+    e = plain_node  # two whole GPUs, neither in MIG mode nor time-sliced
+    await e.submit(submit("mig", Demand(kind="mig", profile="3g.20gb")), submit("share", Demand(kind="shared")))
+    assert await until(e.all_in(["mig", "share"], "rejected"))
+    assert (await e.ns.state.history("mig"))[-1].reason == "3g.20gb needs a GPU in MIG mode; none here is"
+    assert (await e.ns.state.history("share"))[-1].reason.startswith("a time-sliced share needs a GPU not in MIG")
+    await e.submit(submit("gang", Demand(kind="gpus", gpus=2)))  # what the GPUs can take still runs
+    assert await until(e.all_in(["gang"], "running"))
+    await e.clean()

@@ -58,7 +58,7 @@ def test_a_gang_bigger_than_its_home_goes_to_the_shard_with_the_most_empty_gpus_
 
 def test_a_job_whose_home_holds_no_gpu_goes_where_there_are_some() -> None:
     shards = cluster({}, {"b1": (2, 2, False)}, {"c1": (2, 0, False)})
-    one = JobSubmit(id="s", job_id="j", demand=Demand(kind="mig", profile="1g.5gb"), submitted_at=0.0)
+    one = JobSubmit(id="s", job_id="j", demand=Demand(kind="gpus", gpus=1), submitted_at=0.0)
     assert route_for(shards, one, 0) == 2
     assert route_for(cluster({}, {}), one, 0) is None  # nothing registered anywhere yet: nothing to choose
 
@@ -101,3 +101,28 @@ def test_a_per_node_gang_no_shard_has_enough_plain_gpus_for_stays_home_and_says_
                                                "MIG device); no shard has as many (the most: 4)")
     assert never_here(shards, 0, gang(4, workload=Workload(launch="per-node"))) == (
         "launch per-node needs 4 GPUs not in MIG mode (a process sees one MIG device); its shard 0 has 0")
+
+
+def job(demand: Demand) -> JobSubmit:
+    return JobSubmit(id="s", job_id="j", demand=demand, submitted_at=0.0)
+
+
+def test_a_mig_request_or_a_share_no_gpu_here_could_ever_take_is_refused_with_the_reason() -> None:
+    plain = cluster({"a1": (4, 0, False)})
+    assert never_here(plain, 0, job(Demand(kind="mig", profile="3g"))) == "3g needs a GPU in MIG mode; none here is"
+    assert never_here(plain, 0, job(Demand(kind="shared"))) == (
+        "a time-sliced share needs a GPU not in MIG mode, time-sliced (MIGSCHED_EXECUTOR_GPUS ...:shared=N); none "
+        "here is")
+    mig = cluster({"m1": (2, 0, True)})
+    assert never_here(mig, 0, job(Demand(kind="mig", profile="3g"))) is None
+    assert never_here(mig, 0, job(Demand(kind="mig", profile="3g.40gb"))) == (
+        "no GPU model in MIG mode here (A100-40GB) has a profile for 3g.40gb")
+    assert never_here(cluster({}), 0, job(Demand(kind="mig", profile="3g"))) is None  # nothing registered yet
+    # a GPU that changes mode when its node registers again changes the answer
+    mig.mirrors[0].put(StoredGpu(id="m1/0", node="m1", index=0, model="A100-40GB", mig=False, replicas=2))
+    assert never_here(mig, 0, job(Demand(kind="shared"))) is None
+
+
+def test_a_mig_request_its_home_cannot_take_goes_to_a_shard_with_gpus_in_mig_mode() -> None:
+    shards = cluster({"a1": (4, 0, False)}, {"b1": (2, 0, True)})
+    assert route_for(shards, job(Demand(kind="mig", profile="1g.5gb")), 0) == 1
