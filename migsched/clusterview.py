@@ -298,9 +298,39 @@ def render(
         t.add_column("expected start", no_wrap=True)
         t.add_column("why", overflow="fold")
         for h in view.holds:
-            t.add_row(h.job_id, ", ".join(h.gpus), f"in {max(0.0, h.start - view.at):.0f} s", h.reason)
+            left = h.start - view.at
+            t.add_row(h.job_id, held_gpus(h.gpus), f"in {left:.0f} s" if left >= 0.5 else "now", h.reason)
         parts.append(t)
     return Group(*parts)  # type: ignore[arg-type]
+
+
+def held_gpus(gpus: Sequence[str]) -> str:
+    """GPU ids (``node/index``) grouped by node with runs of indices, e.g. ``n1/0-7, n2/0-3,6``: a hold for a
+    gang of 128 GPUs stays a line or two. An id of another form is listed as it is."""
+    by_node: dict[str, list[int]] = {}
+    other: list[str] = []
+    for g in gpus:
+        node, _, index = g.rpartition("/")
+        if node and index.isdigit():
+            by_node.setdefault(node, []).append(int(index))
+        else:
+            other.append(g)
+    parts = [f"{node}/{_runs(sorted(ix))}" for node, ix in by_node.items()]
+    return ", ".join(parts + other)
+
+
+def _runs(ix: list[int]) -> str:
+    """Sorted indices as runs: ``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out: list[str] = []
+    start = prev = ix[0]
+    for i in [*ix[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(out)
 
 
 def summary(view: ClusterView) -> str:

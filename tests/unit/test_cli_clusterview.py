@@ -172,3 +172,11 @@ def test_the_compact_view_draws_a_gpu_not_in_mig_mode_as_one_box() -> None:
     assert compact_slices(gpu_row(_plain(0, "g"), GEO)).plain.count("[") == 1
     shares = compact_slices(gpu_row(_plain(4, "s1", "s2"), GEO)).plain
     assert shares.count("[") == 1 and "2/4" in shares
+
+
+def test_a_hold_lists_its_gpus_by_node_as_runs_of_indices() -> None:
+    from migsched.clusterview import held_gpus
+
+    gpus = [f"n1/{i}" for i in (7, 0, 1, 2, 3, 4, 5, 6)] + ["n2/0", "n2/1", "n2/3", "odd-id"]
+    assert held_gpus(gpus) == "n1/0-7, n2/0-1,3, odd-id"
+    assert held_gpus(["n1/4"]) == "n1/4"
