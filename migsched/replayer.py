@@ -26,6 +26,7 @@ from shared.client import MigschedClient
 from shared.events import JobSubmit
 from shared.events import Workload as WorkloadSpec
 from shared.mig.geometry import GpuModel
+from shared.policy.request import Demand, full_profile, resolve_profile
 from shared.sim.jobs import SimJob, Workload
 from shared.sim.workloads.synthetic import CLASSES, JobClass, synthetic
 
@@ -100,6 +101,21 @@ def single_instance(workload: Workload) -> tuple[Workload, dict[str, int]]:
     }
     skipped = {k: v for k, v in skipped.items() if v}
     return msgspec.structs.replace(workload, jobs=keep), skipped
+
+
+def whole_as_gpus(workload: Workload, model: GpuModel) -> Workload:
+    """Each job that asks for a whole GPU as the full-size MIG profile of ``model`` (a trace's one-GPU job:
+    ``7g`` on A100 and H100) as ``gpus: 1`` instead, which a GPU not in MIG mode takes too (or the full-size
+    instance of an empty MIG GPU)."""
+    full = full_profile(model)
+    whole = Demand(kind="gpus", gpus=1)
+
+    def convert(job: SimJob) -> SimJob:
+        if job.demand.kind == "mig" and resolve_profile(job.demand, model) == full:
+            return msgspec.structs.replace(job, demand=whole)
+        return job
+
+    return msgspec.structs.replace(workload, jobs=tuple(convert(j) for j in workload.jobs))
 
 
 def submit_of(job: SimJob, speedup: float, submitted_at: float, prefix: str = "") -> JobSubmit:

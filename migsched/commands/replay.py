@@ -48,6 +48,12 @@ from shared.mig.geometry import default_geometry
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--prefix", default="", help="Prepended to every job id (replay the same trace twice).")
+@click.option("--mig-only", is_flag=True,
+              help="Leave gangs (n whole GPUs) and time-sliced shares out: one MIG instance a job, as 'up --demo' "
+              "replays to compare with the simulator.")
+@click.option("--whole-as-gpus", is_flag=True,
+              help="Publish each one-GPU job (the model's full-size MIG profile, e.g. 7g) as gpus: 1, which GPUs "
+              "not in MIG mode take too.")
 @click.option("--dry-run", is_flag=True, help="Load and summarise the trace; publish nothing.")
 def command(
     nats_url: str,
@@ -64,6 +70,8 @@ def command(
     gpus: int,
     seed: int,
     prefix: str,
+    mig_only: bool,
+    whole_as_gpus: bool,
     dry_run: bool,
 ) -> None:
     """Publish TRACE's arrivals on jobs.submit: 'synthetic', an openb pod list (a path or a variant name such
@@ -71,18 +79,17 @@ def command(
     m = default_geometry().model(model)
     if trace == "synthetic":
         limit = limit or synthetic_jobs
-    workload, skipped = replayer.single_instance(
-        replayer.load(
-            trace,
-            m,
-            limit=limit,
-            seed=seed,
-            load_factor=load_factor,
-            gpus=gpus,
-            mapping=mapping,
-            window=window,
-        )
-    )
+    loaded = replayer.load(trace, m, limit=limit, seed=seed, load_factor=load_factor, gpus=gpus, mapping=mapping,
+                           window=window)
+    workload, skipped = replayer.single_instance(loaded) if mig_only else (loaded, {})
+    extra: dict[str, int] = {}  # with --whole-as-gpus: how many one-GPU jobs go out as gpus: 1
+    if whole_as_gpus:
+        if mig_only:
+            raise click.UsageError("--whole-as-gpus publishes one-GPU jobs as gangs of one, which --mig-only "
+                                   "leaves out: give one of the two")
+        before = sum(1 for j in workload.jobs if j.demand.kind == "gpus")
+        workload = replayer.whole_as_gpus(workload, m)
+        extra["as_gpus"] = sum(1 for j in workload.jobs if j.demand.kind == "gpus") - before
     if not workload.jobs:
         raise click.UsageError(f"{trace}: no job the live stack can place")
     console = Console(stderr=True)
@@ -90,7 +97,8 @@ def command(
     console.print(
         f"{workload.name}: {len(workload.jobs)} jobs over {span:,.0f} trace seconds -> "
         f"{span / speedup:,.1f} s at {speedup:g}x"
-        + (f"; left out (gangs, shares): {skipped}" if skipped else "")
+        + (f"; left out (--mig-only): {skipped}" if skipped else "")
+        + (f"; {extra['as_gpus']} one-GPU jobs as gpus: 1" if extra else "")
     )
     if dry_run:
         click.echo(
@@ -101,6 +109,7 @@ def command(
                     "span_s": span,
                     "wall_s": span / speedup,
                     "skipped": skipped,
+                    **extra,
                 }
             )
         )
@@ -122,11 +131,12 @@ def command(
                     speedup,
                     prefix=prefix,
                     progress=lambda i, n: progress.update(task, completed=i),
+                    skipped=skipped,
                 )
 
     rep = asyncio.run(run())
     click.echo(
         json.dumps(
-            {"workload": rep.workload, "jobs": rep.jobs, "speedup": rep.speedup, "skipped": rep.skipped}
+            {"workload": rep.workload, "jobs": rep.jobs, "speedup": rep.speedup, "skipped": rep.skipped, **extra}
         )
     )

@@ -89,12 +89,18 @@ def test_replay_dry_run_summarises_a_synthetic_workload_without_publishing() -> 
 
 
 @needs_trace("openb", "openb_pod_list_default.csv")
-def test_replay_dry_run_of_openb_leaves_out_gangs_and_says_so() -> None:
+def test_replay_dry_run_of_openb_keeps_every_job_and_mig_only_leaves_out_gangs_and_says_so() -> None:
     code, out = run_stdout("replay", "default", "--limit", "300", "--dry-run")
     assert code == 0
     summary = json.loads(out.strip().splitlines()[0])
-    assert summary["workload"] == "openb:default"
-    assert summary["jobs"] + sum(summary["skipped"].values()) == 300
+    assert summary["workload"] == "openb:default" and summary["jobs"] == 300 and summary["skipped"] == {}
+    code, out = run_stdout("replay", "default", "--limit", "300", "--dry-run", "--mig-only")
+    assert code == 0
+    mig = json.loads(out.strip().splitlines()[0])
+    assert mig["skipped"]["gang (n whole GPUs)"] > 0 and mig["jobs"] + sum(mig["skipped"].values()) == 300
+    code, out = run_stdout("replay", "default", "--limit", "300", "--dry-run", "--whole-as-gpus")
+    whole = json.loads(out.strip().splitlines()[0])
+    assert code == 0 and whole["jobs"] == 300 and whole["as_gpus"] > 0
 
 
 @pytest.mark.parametrize("verb", ["up", "submit", "cancel", "status", "replay", "schema", "dlq", "traces", "describe"])
