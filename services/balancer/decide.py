@@ -116,7 +116,7 @@ class Decider:
         within = self.shards.within(shard, sub)
         too_big = never_here(self.shards, shard, sub)
         if too_big is not None:  # no set of nodes here could ever host it: rejected at once, with the reason
-            batch.settle(sub.job_id, "rejected", too_big, now, ("-", "pending"))
+            batch.settle(sub.job_id, "rejected", too_big, now, ("-", "pending"), c.spec)
             self.metrics.outcome["rejected"].inc()
             return None
         stranded = (empty_shard(shard, [len(mm) for mm in self.shards.mirrors])
@@ -128,7 +128,7 @@ class Decider:
             adm = memo.held.get(hk) or self._admit(shard, c, blocked, within, now)
             self.metrics.seconds.observe(time.perf_counter() - t0)
             if isinstance(adm, str):  # a request error (unknown priority class): never placeable
-                batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"))
+                batch.settle(sub.job_id, "rejected", adm[:500], now, ("-", "pending"), c.spec)
                 self.metrics.outcome["rejected"].inc()
                 return None
             klass, c.prio, answer = adm

@@ -129,12 +129,14 @@ class Batch:
             _s,
         )
 
-    def settle(self, job_id: str, to: str, reason: str, now: float, from_states: Iterable[str]) -> int:
-        """A job-only transition from one of ``from_states`` ('-' = unknown job) to ``to``; 'ok' or 'noop'."""
+    def settle(self, job_id: str, to: str, reason: str, now: float, from_states: Iterable[str],
+               spec: bytes = b"") -> int:
+        """A job-only transition from one of ``from_states`` ('-' = unknown job) to ``to``; 'ok' or 'noop'.
+        ``spec``: the job's submit, kept when the job was unknown (a job rejected on arrival)."""
         return self._add(
             "settle",
             JobKeys(job_id, _job_script_keys),
-            [job_id, to, reason, repr(now), ",".join(from_states)],
+            [job_id, to, reason, repr(now), ",".join(from_states), spec],
             lambda v: _s(v[0]),
         )
 

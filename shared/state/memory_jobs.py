@@ -50,7 +50,8 @@ class JobTransitions(MemoryPrelude):
         self._state(sh, job, "", "pending", reason, now)
         return "queued"
 
-    def _t_settle(self, job: str, to: str, reason: str, now: float, from_states: Iterable[str]) -> str:
+    def _t_settle(self, job: str, to: str, reason: str, now: float, from_states: Iterable[str],
+                  spec: bytes = b"") -> str:
         sh = self._js(job)
         j = sh.jobs.get(job)
         st = j.state if j else "-"
@@ -58,7 +59,7 @@ class JobTransitions(MemoryPrelude):
             return "noop"
         sh.pending.pop(job, None)
         if j is None:
-            sh.jobs[job] = JobRecord(job_id=job, state="")
+            sh.jobs[job] = JobRecord(job_id=job, state="", spec=spec)
         self._state(sh, job, "" if st == "-" else st, to, reason, now)
         return "ok"
 

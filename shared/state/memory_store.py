@@ -193,8 +193,9 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
     async def cancel(self, job_id: str, reason: str, now: float) -> CancelResult:
         return self._t_cancel(job_id, reason, now)
 
-    async def settle(self, job_id: str, to: str, reason: str, now: float, from_states: Iterable[str]) -> str:
-        return self._t_settle(job_id, to, reason, now, tuple(from_states))
+    async def settle(self, job_id: str, to: str, reason: str, now: float, from_states: Iterable[str],
+                     spec: bytes = b"") -> str:
+        return self._t_settle(job_id, to, reason, now, tuple(from_states), spec)
 
     async def instance(self, op: str, node: str, gpu_id: str, instance_id: str, now: float) -> str:
         return self._t_instance(op, node, gpu_id, instance_id, now)

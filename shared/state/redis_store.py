@@ -212,8 +212,9 @@ class RedisState(DerivedReads):
     async def cancel(self, job_id: str, reason: str, now: float) -> CancelResult:
         return await self._one("cancel", job_id, reason, now)
 
-    async def settle(self, job_id: str, to: str, reason: str, now: float, from_states: Iterable[str]) -> str:
-        return await self._one("settle", job_id, to, reason, now, tuple(from_states))
+    async def settle(self, job_id: str, to: str, reason: str, now: float, from_states: Iterable[str],
+                     spec: bytes = b"") -> str:
+        return await self._one("settle", job_id, to, reason, now, tuple(from_states), spec)
 
     async def instance(self, op: str, node: str, gpu_id: str, instance_id: str, now: float) -> str:
         return await self._one("instance", op, node, gpu_id, instance_id, now)

@@ -4,7 +4,8 @@ The scenarios (``tests/contract/state_cases/``) drive the store through its publ
 back, each checking its own invariants and ending with ``audit()``: gangs and time-sliced shares, expiry of
 ended jobs, foreign jobs found at registration, late runs of timed-out commands, exits of an earlier
 placement's run, moves that end without taking, nodes lost or re-registered during a move, the command
-tracking a reservation carries, and tenants' usage counters with the quota check of a reservation.
+tracking a reservation carries, tenants' usage counters with the quota check of a reservation, and a job settled
+before it was ever recorded.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.contract.state_cases import (
     plain_state,
     quota_usage,
     reserve_track,
+    settled_on_arrival,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -32,7 +34,8 @@ pytestmark = pytest.mark.timeout(30)
 Case = Callable[[Any], Awaitable[None]]
 SUITES = {"plain": plain_state, "expiry": expiry, "foreign": foreign_job, "late-run": late_run,
           "move-exit": migration_exit, "reserve-track": reserve_track, "gang-across": gang_across,
-          "earlier-exit": earlier_exit, "lost-move": lost_move, "quota": quota_usage}
+          "earlier-exit": earlier_exit, "lost-move": lost_move, "quota": quota_usage,
+          "settled-on-arrival": settled_on_arrival}
 CASES: list[tuple[str, Case]] = [(f"{name}:{case.__name__}", case) for name, mod in SUITES.items()
                                  for case in mod.CASES]
 

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from plain_cluster import Env, env_of, submit, until
 
+from migsched.clusterview import job_row
 from shared.events import Demand, JobSubmit, Workload
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -205,6 +206,9 @@ async def test_a_mig_request_or_a_share_the_cluster_has_no_gpu_for_is_rejected_w
     assert await until(e.all_in(["mig", "share"], "rejected"))
     assert (await e.ns.state.history("mig"))[-1].reason == "3g.20gb needs a GPU in MIG mode; none here is"
     assert (await e.ns.state.history("share"))[-1].reason.startswith("a time-sliced share needs a GPU not in MIG")
+    # what status shows of a job rejected on arrival: what it asked
+    assert [job_row(r).demand for r in await e.ns.state.jobs(["mig", "share"]) if r is not None] == ["3g.20gb",
+                                                                                                    "shared"]
     await e.submit(submit("gang", Demand(kind="gpus", gpus=2)))  # what the GPUs can take still runs
     assert await until(e.all_in(["gang"], "running"))
     await e.clean()
