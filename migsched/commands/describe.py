@@ -53,8 +53,8 @@ def render(info: dict[str, Any], now: float) -> str:
         )
     lines.append(f"  attempts {rec.attempts}, preempted {rec.preempted}")
     by_node: dict[str, list[str]] = {}
-    for g, i in rec.held():
-        by_node.setdefault(g.rpartition("/")[0] or rec.node or "?", []).append(f"{g} ({i})")
+    for g, i in rec.held():  # an instance id repeats its GPU's: only what it adds
+        by_node.setdefault(g.rpartition("/")[0] or rec.node or "?", []).append(f"{g} ({i.removeprefix(g + ':')})")
     for node, gpus in by_node.items():  # a gang across nodes: a line per member node, in rank order
         lines.append(f"  holds on {node}: " + ", ".join(gpus))
     if rec.state == "pending":
