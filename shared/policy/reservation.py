@@ -2,13 +2,13 @@
 
 A *large* job needs whole GPUs: a full-size MIG instance or ``gpus: n``. Once a hold is ``due`` (one that fits
 on one node has waited ``after_s`` without fitting; a gang bigger than every node at once), it gets the GPUs that
-free soonest: on the node where its ``n``-th GPU frees first, by the expected
-ends of the jobs running there (start + duration hint; the snapshot's ``ends`` column), leaving out the GPUs
-that small jobs share (``hosts_small_jobs``) unless no other GPUs would ever free for it. A ``gpus: n`` job may
-be held on GPUs not in MIG mode too (``plan(plain=True)``). Other jobs may use a
-held GPU only when their own hint says they end before the reservation's expected start; a job without a hint
-may not. At most ``max_held`` reservations exist at once, and a job gets none when its GPUs would not free
-before its patience runs out (holding them would idle them for nothing).
+free soonest: on the node where its ``n``-th GPU frees first, by the expected ends of the jobs running there
+(start + duration hint; the snapshot's ``ends`` column), leaving out the GPUs that small jobs share
+(``hosts_small_jobs``: smaller MIG instances, time-sliced shares) unless no other GPUs would ever free for it. A
+``gpus: n`` job may be held on GPUs not in MIG mode too (``plan(plain=True)``). Other jobs may use a held GPU
+only when their own hint says they end before the reservation's expected start; a job without a hint may not.
+At most ``max_held`` reservations exist at once, and a job gets none when its GPUs would not free before its
+patience runs out (holding them would idle them for nothing).
 
 The rule is pure: the caller hands in the snapshot (and with it the expected ends) and the clock.
 """
@@ -27,6 +27,7 @@ import numpy.typing as npt
 from shared.mig.geometry import GpuModel
 from shared.mig.tables import tables_for
 from shared.policy.placement.gang import choose_nodes, node_sizes
+from shared.policy.placement.sharing import SHARE_PROFILE
 from shared.policy.placement.topology import only
 from shared.policy.request import Demand, full_profile, resolve_profile
 from shared.policy.snapshot import ClusterSnapshot
@@ -201,13 +202,16 @@ def _plan_on(
 
 
 def hosts_small_jobs(snap: ClusterSnapshot) -> npt.NDArray[np.bool_]:
-    """Per GPU: a MIG GPU running a job in an instance smaller than the whole GPU."""
-    mig_busy = (np.asarray(snap.busy) != 0) & np.asarray(snap.mig, dtype=bool)
-    if not mig_busy.any():
-        return mig_busy
-    full = _full_columns(tuple(snap.model_list))
-    whole = snap.busy_starts[np.arange(len(snap)), full[np.asarray(snap.model_idx, dtype=np.intp)]] != 0
-    small: npt.NDArray[np.bool_] = mig_busy & ~whole
+    """Per GPU: a MIG GPU running a job in an instance smaller than the whole GPU, or a GPU not in MIG mode
+    running time-sliced shares."""
+    mig = np.asarray(snap.mig, dtype=bool)
+    small: npt.NDArray[np.bool_] = (np.asarray(snap.busy) != 0) & mig
+    if small.any():
+        full = _full_columns(tuple(snap.model_list))
+        small &= snap.busy_starts[np.arange(len(snap)), full[np.asarray(snap.model_idx, dtype=np.intp)]] == 0
+    if not mig.all():  # a share's instance takes no slice: read the plain GPUs that run a job
+        for p in np.flatnonzero(~mig & (np.asarray(snap.ends) > -math.inf)).tolist():
+            small[p] = any(i.job_id is not None and i.profile == SHARE_PROFILE for i in snap.gpus[p].instances)
     return small
 
 

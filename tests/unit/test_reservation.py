@@ -143,6 +143,19 @@ def test_a_gpus_job_is_held_on_gpus_not_in_mig_mode_of_one_kind_the_earlier_star
     assert t is not None and set(t.gpus) == {g.id for g in plain}
 
 
+def test_a_hold_on_gpus_not_in_mig_mode_leaves_out_a_time_sliced_gpu_while_whole_ones_would_free() -> None:
+    share = GpuView.build(id="p00", node="p0", index=0, model="A100-40GB", mig=False, replicas=4, instances=[
+        InstanceView(id="s", profile="shared", start=0, size=0, compute=0, job_id="nb", ends_at=50.0)])
+    snap = snapshot_of(GEO, [share, _plain("p01", "p0", 1, 100.0), _plain("p10", "p1", 0, 200.0),
+                             _plain("p11", "p1", 1, 250.0)])
+    two = plan(snap, "pair", 2, now=0.0, deadline=1000.0, plain=True)
+    assert two is not None and set(two.gpus) == {"p10", "p11"} and two.start == 250.0  # p0 drains its shares
+    one = plan(snap, "one", 1, now=0.0, deadline=1000.0, plain=True)
+    assert one is not None and one.gpus == ("p01",) and one.start == 100.0
+    # p1 would free only after the job gives up: it gets no hold, rather than one draining the shares' GPU
+    assert plan(snap, "pair", 2, now=0.0, deadline=120.0, plain=True) is None
+
+
 def test_no_reservation_when_the_gpus_would_not_free_before_the_job_gives_up() -> None:
     snap = _snap(1, 2)
     assert plan(snap, "big", 2, now=0.0, deadline=3600.0, free_at=_free(snap, {"g00": 50.0, "g01": 5000.0})) is None
