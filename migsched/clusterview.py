@@ -20,6 +20,7 @@ from rich.text import Text
 from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.occupancy import draw
 from shared.policy.fragcost import frag_cost
+from shared.policy.placement.sharing import WHOLE_PROFILE
 from shared.policy.request import Demand, full_profile
 from shared.policy.reservation import Reservation
 from shared.state import JOB_STATES, JobRecord, RedisState, StoredGpu, StoredInstance
@@ -129,13 +130,14 @@ def gpu_row(g: StoredGpu, geometry: Geometry) -> GpuRow:
 def _plain(g: StoredGpu, model: GpuModel, busy: list[StoredInstance]) -> tuple[float, str]:
     """The load and the drawing of a GPU not in MIG mode: it has no slices, so one box over its memory says who
     holds it, a whole-GPU job or its time-sliced shares."""
-    jobs = [i.job or "?" for i in busy]
-    if g.replicas:
-        load = len(jobs) / g.replicas
-        label = f"{', '.join(jobs) or 'free'} ({len(jobs)}/{g.replicas} shares)"
+    whole = [i.job or "?" for i in busy if i.profile == WHOLE_PROFILE]  # a time-sliced GPU may run one too
+    shares = [i.job or "?" for i in busy if i.profile != WHOLE_PROFILE]
+    if whole:
+        load, label = 1.0, whole[0]
+    elif g.replicas:
+        load, label = len(shares) / g.replicas, f"{', '.join(shares) or 'free'} ({len(shares)}/{g.replicas} shares)"
     else:
-        load = 1.0 if jobs else 0.0
-        label = jobs[0] if jobs else "free (not MIG)"
+        load, label = 0.0, "free (not MIG)"
     return load, draw(model, [(full_profile(model).name, 0)], [label])
 
 
@@ -231,8 +233,10 @@ def compact_slices(g: GpuRow, per_slice: int = 4) -> Text:
 
 def _compact_plain(g: GpuRow, width: int) -> Text:
     """A GPU not in MIG mode has no slices: one box, its whole-GPU job's or its shares'."""
-    used = sum(1 for i in g.instances if i.state != "idle")
-    label = f"{used}/{g.replicas} shares" if g.replicas else "gpu" if used else "free"
+    busy = [i for i in g.instances if i.state != "idle"]
+    used = len(busy)
+    whole = any(i.profile == WHOLE_PROFILE for i in busy)
+    label = "gpu" if whole else f"{used}/{g.replicas} shares" if g.replicas else "free"
     return Text("[" + label[:width].center(width) + "]", style="bold green" if used else "dim")
 
 

@@ -157,6 +157,9 @@ def test_a_gpu_not_in_mig_mode_is_drawn_as_one_box_with_its_job_or_its_shares() 
     assert shares.slices.count("[") == 1 and "s1, s2" in shares.slices and "2/4 shares" in shares.slices
     assert shares.load == 0.5
     assert free.slices.count("[") == 1 and "not MIG" in free.slices and free.load == 0.0
+    # a time-sliced GPU with no share in use takes a whole-GPU job: it is the whole GPU's
+    sliced = msgspec.structs.replace(_plain(0, "w"), replicas=4)
+    assert gpu_row(sliced, GEO).load == 1.0 and "shares" not in gpu_row(sliced, GEO).slices
     view = ClusterView(at=0.0, namespace="", nodes={"p": "up"}, gpus=(whole, shares, free),
                        jobs={"gang-m3": "running", "s1": "running", "s2": "running"}, counts={"running": 3})
     for width in (80, 160):
