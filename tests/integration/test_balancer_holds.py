@@ -183,14 +183,16 @@ async def test_a_long_gang_kept_waiting_for_headroom_gets_no_hold_and_says_why(
         assert "a long gang (2 GPUs for 100.0 h" in view.reasons["gang"]
 
 
+@pytest.mark.parametrize("tenancy", [False, True], ids=["plain", "with-tenancy"])
 async def test_a_gang_waiting_on_gpus_not_in_mig_mode_holds_them_and_long_jobs_keep_off(
-    prefix: str, nats_url: str, redis_url: str
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path, tenancy: bool
 ) -> None:
     whole2 = {"gpus": 2, "plain": {0: 0, 1: 0}}  # two whole (non-MIG) GPUs a node
-    async with scripted_cluster(prefix, nats_url, redis_url, {"n1": whole2, "n2": whole2}) as e:
+    extra = {"tenancy_file": team_tenancy(tmp_path)} if tenancy else {}
+    async with scripted_cluster(prefix, nats_url, redis_url, {"n1": whole2, "n2": whole2}, **extra) as e:
         def job(name: str, gpus: int, hint: float) -> JobSubmit:
             return JobSubmit(id=f"s-{name}", job_id=name, demand=Demand(kind="gpus", gpus=gpus),
-                             duration_hint_s=hint, submitted_at=now())
+                             duration_hint_s=hint, submitted_at=now(), tenant="team" if tenancy else "default")
 
         await e.submit(job("a", 1, 60.0), job("b", 1, 600.0))
         assert await until(e.all_in(["a", "b"], "running"))
