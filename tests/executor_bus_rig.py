@@ -138,6 +138,13 @@ def place(
     )
 
 
+def move_start(cmd_id: str, job: str, gpu: int, dst: str, src: str, ops: tuple[MigOp, ...]) -> Command:
+    """The command that starts ``job``'s move into ``dst`` on ``gpu`` (``ops`` make its way), ``src`` still
+    running."""
+    return Command(id=cmd_id, cmd_id=cmd_id, kind="migrate_start", node=NODE, gpu_id=f"{NODE}/{gpu}",
+                   gpu_index=gpu, ops=ops, instance_id=dst, src_instance_id=src, job_id=job, at=now())
+
+
 def is_done(cmd_id: str) -> Any:
     return lambda m: isinstance(m, CmdDone | CmdFailed) and m.cmd_id == cmd_id
 

@@ -76,6 +76,9 @@ def command(
 ) -> None:
     """Publish TRACE's arrivals on jobs.submit: 'synthetic', an openb pod list (a path or a variant name such
     as 'default' or 'gpushare40', read from MIGSCHED_TRACES_DIR), or any CSV with --mapping."""
+    if whole_as_gpus and mig_only:
+        raise click.UsageError("--whole-as-gpus publishes one-GPU jobs as gangs of one, which --mig-only leaves "
+                               "out: give one of the two")
     m = default_geometry().model(model)
     if trace == "synthetic":
         limit = limit or synthetic_jobs
@@ -84,9 +87,6 @@ def command(
     workload, skipped = replayer.single_instance(loaded) if mig_only else (loaded, {})
     extra: dict[str, int] = {}  # with --whole-as-gpus: how many one-GPU jobs go out as gpus: 1
     if whole_as_gpus:
-        if mig_only:
-            raise click.UsageError("--whole-as-gpus publishes one-GPU jobs as gangs of one, which --mig-only "
-                                   "leaves out: give one of the two")
         before = sum(1 for j in workload.jobs if j.demand.kind == "gpus")
         workload = replayer.whole_as_gpus(workload, m)
         extra["as_gpus"] = sum(1 for j in workload.jobs if j.demand.kind == "gpus") - before

@@ -125,13 +125,10 @@ class Mirror:
         return self._kinds
 
     def _put_view(self, view: GpuView, ver: int) -> None:
-        if view.id not in self.builder:
+        was = self.builder.get(view.id) if view.id in self.builder else None
+        if was is None or (was.mig, was.replicas, was.model) != (view.mig, view.replicas, view.model):
             self._kinds = None
-        else:
-            was = self.builder.get(view.id)
-            if (was.mig, was.replicas, was.model) != (view.mig, view.replicas, view.model):
-                self._kinds = None
-        if view.id not in self.builder or self.builder.get(view.id).model != view.model:
+        if was is None or was.model != view.model:
             self._placer = self._aligner = None  # their GPU lists (and models) are fixed: built again when asked
         self.builder.put(view)
         self.vers[view.id] = ver

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared.events import CmdDone, CmdFailed, Command, JobExited, now
-from tests.executor_bus_rig import NODE, Rig, create_ops, destroy_ops, is_done, place, started
+from tests.executor_bus_rig import NODE, Rig, create_ops, destroy_ops, is_done, move_start, place, started
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -23,21 +23,8 @@ async def test_a_migration_starts_the_target_before_it_stops_the_source(rig: Rig
     await rig.send(place("c8", "j8", 0, "1g.5gb", 3))
     await rig.watch.until(is_done("c8"))
     dst = "n1/1:1g.5gb@6:j8-m1"
-    await rig.send(
-        Command(
-            id="c9",
-            cmd_id="c9",
-            kind="migrate_start",
-            node=NODE,
-            gpu_id="n1/1",
-            gpu_index=1,
-            ops=create_ops(1, "1g.5gb", 6, dst),
-            instance_id=dst,
-            src_instance_id="n1/0:1g.5gb@3:j8",
-            job_id="j8",
-            at=now(),
-        )
-    )
+    await rig.send(move_start("c9", "j8", 1, dst, "n1/0:1g.5gb@3:j8",
+                              create_ops(1, "1g.5gb", 6, dst)))
     moved = await rig.watch.until(is_done("c9"))
     assert isinstance(moved, CmdDone) and moved.instance is not None and moved.instance.instance_id == dst
     await rig.send(
@@ -66,21 +53,8 @@ async def test_moving_a_job_that_already_ended_creates_no_target_and_reports_the
     await rig.send(place("c11", "j11", 0, "2g.10gb", 0, duration=0.05))
     await rig.watch.until(lambda m: isinstance(m, JobExited) and m.job_id == "j11")
     dst = "n1/0:2g.10gb@4:j11.m1"
-    await rig.send(
-        Command(
-            id="c12",
-            cmd_id="c12",
-            kind="migrate_start",
-            node=NODE,
-            gpu_id="n1/0",
-            gpu_index=0,
-            ops=create_ops(0, "2g.10gb", 4, dst),
-            instance_id=dst,
-            src_instance_id="n1/0:2g.10gb@0:j11",
-            job_id="j11",
-            at=now(),
-        )
-    )
+    await rig.send(move_start("c12", "j11", 0, dst, "n1/0:2g.10gb@0:j11",
+                              create_ops(0, "2g.10gb", 4, dst)))
     failed = await rig.watch.until(is_done("c12"))
     assert isinstance(failed, CmdFailed) and "ended" in failed.error
     # the state store removes a target created for a move when it releases the job: the GPU agrees
@@ -105,21 +79,8 @@ async def test_moving_a_job_that_already_ended_still_destroys_the_idle_instances
     for job in ("j13", "j14"):
         await rig.watch.until(lambda m, job=job: isinstance(m, JobExited) and m.job_id == job)
     dst = "n1/0:3g.20gb@4:j14.m1"
-    await rig.send(
-        Command(
-            id="c15",
-            cmd_id="c15",
-            kind="migrate_start",
-            node=NODE,
-            gpu_id="n1/0",
-            gpu_index=0,
-            ops=(*destroy_ops(0, "1g.5gb", 6, "n1/0:1g.5gb@6:j13"), *create_ops(0, "3g.20gb", 4, dst)),
-            instance_id=dst,
-            src_instance_id="n1/0:2g.10gb@0:j14",
-            job_id="j14",
-            at=now(),
-        )
-    )
+    await rig.send(move_start("c15", "j14", 0, dst, "n1/0:2g.10gb@0:j14",
+                              (*destroy_ops(0, "1g.5gb", 6, "n1/0:1g.5gb@6:j13"), *create_ops(0, "3g.20gb", 4, dst))))
     failed = await rig.watch.until(is_done("c15"))
     assert isinstance(failed, CmdFailed) and "ended" in failed.error
     # no target, and the idle instance in its way is gone, as it is from the state

@@ -101,6 +101,8 @@ def test_replay_dry_run_of_openb_keeps_every_job_and_mig_only_leaves_out_gangs_a
     code, out = run_stdout("replay", "default", "--limit", "300", "--dry-run", "--whole-as-gpus")
     whole = json.loads(out.strip().splitlines()[0])
     assert code == 0 and whole["jobs"] == 300 and whole["as_gpus"] > 0
+    code, out = run_stdout("replay", "default", "--dry-run", "--whole-as-gpus", "--mig-only")
+    assert code != 0 and not out.strip()  # refused before anything is read or published
 
 
 @pytest.mark.parametrize("verb", ["up", "submit", "cancel", "status", "replay", "schema", "dlq", "traces", "describe"])
