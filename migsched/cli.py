@@ -4,6 +4,7 @@ so ``migsched geometry`` does not pay for NATS, Redis or matplotlib."""
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
@@ -28,7 +29,30 @@ VERBS: dict[str, str] = {
 }
 
 
+class Unusable(click.ClickException):
+    """A live verb that cannot run (an endpoint unreachable, a setting the deployment refuses): one line on
+    stderr, exit status 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
 class LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            from migsched.endpoints import explain
+
+            line = explain(exc, ctx.meta)
+            if line is None:
+                raise
+            raise Unusable(line) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(v for v in VERBS if self._load(v) is not None)
 

@@ -24,6 +24,7 @@ from opentelemetry import trace
 
 from shared import telemetry
 from shared.bus import JetStreamBus, Outgoing
+from shared.bus.errors import BusError
 from shared.errors import MigschedError
 from shared.events import JobCancel, JobExit, JobSubmit, Topology, Workload, check_demand, decode, new_id, now
 from shared.policy.request import Demand
@@ -78,7 +79,8 @@ def demand_of(
 
 
 class MigschedClient:
-    """Connect with ``await c.connect()`` or ``async with``. One client may be shared by many tasks."""
+    """Connect with ``await c.connect()`` or ``async with``. One client may be shared by many tasks. ``connect``
+    fails (``ClientError``) when no NATS server answers within ``MIGSCHED_CONNECT_GIVE_UP_S``."""
 
     def __init__(
         self,
@@ -102,15 +104,24 @@ class MigschedClient:
         self._state: Any = None
 
     async def connect(self) -> MigschedClient:
-        self.bus = await JetStreamBus.connect(self.settings, name="migsched-client")
+        try:
+            self.bus = await JetStreamBus.connect(self.settings, name="migsched-client",
+                                                  give_up_s=self.settings.connect_give_up_s or None)
+        except BusError as exc:
+            raise ClientError(str(exc)) from None
         try:  # the stack creates its streams; a client that comes first creates them with the same layout
             await self.bus.js.stream_info(self.bus.subjects.stream_jobs)
         except NotFoundError:
             await self.bus.ensure_streams()
         if self._use_redis:
             from shared.state import RedisState
+            from shared.state.client import redis_client
+            from shared.state.deployment import shards_to_use
 
-            self._state = RedisState.from_settings(self.settings)
+            st = self.settings  # read with the count the services recorded: another would miss jobs
+            redis = redis_client(st.redis_url, decode_responses=False)
+            shards = await shards_to_use(redis, st.namespace, None, default=st.shards)
+            self._state = RedisState(redis, st.namespace, shards, st.redis_wait_replicas, st.redis_wait_timeout_s)
         return self
 
     async def close(self) -> None:

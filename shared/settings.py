@@ -42,15 +42,20 @@ Redis Cluster (each shard's keys in one slot)."""
     ``redis_wait_timeout_s`` is an outage (retried). 0: do not wait (replication stays asynchronous)."""
     redis_wait_timeout_s: float = 1.0
     """How long a round trip waits for ``redis_wait_replicas`` replicas."""
+    connect_give_up_s: float = 10.0
+    """How long the command line (submit, cancel, replay, dlq) and the Python client try to reach NATS before
+    they fail with the reason; 0: until a server answers. Services always wait for NATS to come up."""
     namespace: str = ""
     """Isolates one deployment (or one test): '' uses the plain names (stream JOBS, subject jobs.submit,
     Redis keys ``{migsched:0}:...``); 'x' gives streams ``x_JOBS``, subjects ``x.jobs.submit`` and Redis keys
     ``{x:0}:...``."""
     shards: int = 1
-    """Scheduling cells in Redis: a node with a ``block`` label lives in its block's shard (a new block gets the
-    shard holding the fewest blocks), one without in crc32(name) % shards; a job in crc32(job_id) % shards, or,
-    when that shard could never host it, or cannot place it now, in a shard that can; it is
-    placed only on its shard's GPUs. Run no more shards than blocks, so that every shard holds nodes."""
+    """Scheduling cells in Redis, the same in every process of a deployment: the first service to start records
+    its count, a service started with another refuses to, and the command line reads the recorded one. A node
+    with a ``block`` label lives in its block's shard (a new block gets the shard holding the fewest blocks), one
+    without in crc32(name) % shards; a job in crc32(job_id) % shards, or, when that shard could never host it, or
+    cannot place it now, in a shard that can; it is placed only on its shard's GPUs. Run no more shards than
+    blocks, so that every shard holds nodes."""
     max_attempts: int = 3
     """Placements of one job that may fail (on executors, or unplannable) before the job is failed for good."""
     stream_storage: str = "file"

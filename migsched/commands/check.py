@@ -262,7 +262,7 @@ async def listen_heartbeats(
     try:
         nc = await nats.connect(nats_url, name="migsched-check", connect_timeout=5, max_reconnect_attempts=1)
     except Exception as exc:
-        raise CheckError(f"cannot reach NATS at {nats_url}: {exc!r}") from None
+        raise CheckError(f"cannot reach NATS at {endpoints.safe_url(nats_url)}: {exc!r}") from None
     try:
         await nc.subscribe(subjects.node_heartbeats, cb=on)
         await asyncio.sleep(seconds)
@@ -272,17 +272,20 @@ async def listen_heartbeats(
 
 
 async def run_check(
-    redis_url: str, namespace: str, shards: int = 1, nats_url: str = "", executors_s: float = 0.0
+    redis_url: str, namespace: str, shards: int | None = None, nats_url: str = "", executors_s: float = 0.0
 ) -> list[Violation]:
-    """Every violation found on the live state of ``namespace`` (empty: all invariants hold)."""
+    """Every violation found on the live state of ``namespace`` (empty: all invariants hold). ``shards``: the
+    deployment's count, or None for the one its services recorded."""
     import redis.exceptions as rex
 
     from shared.state.client import redis_client
+    from shared.state.deployment import ShardCountMismatch, shards_to_use
 
     client = redis_client(redis_url, decode_responses=False)
-    state = ReadOnlyState(client, namespace, shards)
     geometry = default_geometry()
     try:
+        shards = await shards_to_use(client, namespace, shards)
+        state = ReadOnlyState(client, namespace, shards)
         beats, slots = await listen_heartbeats(nats_url, namespace, executors_s) if executors_s > 0 else ({}, {})
         out = list(await audit(state, geometry))
         jobs: dict[str, tuple[str, str, float]] = {}
@@ -307,24 +310,17 @@ async def run_check(
             lost = {n for ns in by_shard for n, h in ns.items() if h.get("state") == "lost"}
             out.extend(executor_checks(jobs, beats, lost, slots=slots, insts=insts))
         return out
+    except ShardCountMismatch as exc:
+        raise CheckError(str(exc)) from None
     except rex.NoPermissionError as exc:
         raise CheckError(f"the Redis user may not run the audit's reads: {exc}") from None
     except (rex.ConnectionError, rex.TimeoutError, OSError) as exc:
-        raise CheckError(f"cannot reach Redis at {_safe(redis_url)}: {exc}") from None
+        raise CheckError(f"cannot reach Redis at {endpoints.safe_url(redis_url)}: {exc}") from None
     except rex.ResponseError as exc:
         raise CheckError(f"Redis refused the audit: {exc}") from None
     finally:
         await client.aclose()
 
-
-def _safe(url: str) -> str:
-    """The URL without its password (it goes into error messages)."""
-    from urllib.parse import urlparse
-
-    u = urlparse(url)
-    if u.password:
-        return url.replace(f":{u.password}@", ":***@")
-    return url
 
 
 def render(violations: Sequence[Violation], namespace: str) -> str:
@@ -355,7 +351,8 @@ def as_json(violations: Sequence[Violation], namespace: str) -> str:
 @click.command("check")
 @endpoints.options
 @click.option("--json", "as_json_", is_flag=True, help="Print {namespace, ok, violations: [...]} as JSON.")
-@click.option("--shards", type=int, default=None, help="Shards of the deployment (default MIGSCHED_SHARDS).")
+@click.option("--shards", type=int, default=None,
+              help="Shards of the deployment (default: MIGSCHED_SHARDS, else the count its services recorded).")
 @click.option(
     "--executors",
     "executors_s",
@@ -368,9 +365,9 @@ def command(
     nats_url: str, redis_url: str, namespace: str, as_json_: bool, shards: int | None, executors_s: float
 ) -> None:
     """Verify the invariants on the live state; exit 1 with the list of violations, 2 when it cannot run."""
-    st = endpoints.settings(nats_url, redis_url, namespace)
     try:
-        found = asyncio.run(run_check(redis_url, namespace, shards or st.shards, nats_url, executors_s))
+        found = asyncio.run(run_check(redis_url, namespace, endpoints.configured_shards(shards), nats_url,
+                                      executors_s))
     except CheckError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -9,7 +9,6 @@ import click
 
 from migsched import dashboard, endpoints
 from shared.mig.geometry import default_geometry
-from shared.state import RedisState
 
 
 @click.command("dashboard")
@@ -23,7 +22,11 @@ from shared.state import RedisState
 def command(nats_url: str, redis_url: str, namespace: str, host: str, port: int, threshold: float) -> None:
     """Serve http://HOST:PORT/: every GPU's slices by job and tenant, the queue with its reasons and
     reservations, utilisation and fragmentation over the last hour, and recent decisions; updated each second."""
-    state = RedisState.from_settings(endpoints.settings(nats_url, redis_url, namespace))
-    click.echo(f"dashboard on http://{host}:{port}/ (namespace {namespace or 'default'}); Ctrl-C stops it")
+
+    async def serve() -> None:
+        state = await endpoints.open_state(endpoints.settings(nats_url, redis_url, namespace))
+        click.echo(f"dashboard on http://{host}:{port}/ (namespace {namespace or 'default'}); Ctrl-C stops it")
+        await dashboard.run(state, default_geometry(), host, port, threshold)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(dashboard.run(state, default_geometry(), host, port, threshold))
+        asyncio.run(serve())

@@ -75,7 +75,7 @@ def command(nats_url: str, redis_url: str, namespace: str, as_json: bool, job_id
     """Show one job: its demand, where it runs or why it waits, and every transition with its reason."""
 
     async def run() -> dict[str, Any] | None:
-        state = RedisState.from_settings(endpoints.settings(nats_url, redis_url, namespace))
+        state = await endpoints.open_state(endpoints.settings(nats_url, redis_url, namespace))
         try:
             return await gather(state, job_id)
         finally:

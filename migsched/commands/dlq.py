@@ -38,7 +38,7 @@ def _run(work: Callable[[JetStreamBus], Awaitable[T]]) -> T:
     assert settings is not None
 
     async def run() -> T:
-        bus = await JetStreamBus.connect(settings, name="migsched-dlq")
+        bus = await JetStreamBus.connect(settings, name="migsched-dlq", give_up_s=settings.connect_give_up_s or None)
         try:
             return await work(bus)
         finally:

@@ -113,10 +113,9 @@ def live_usage(nats_url: str, redis_url: str, namespace: str) -> dict[str, Usage
     from services.balancer.tenancy import TenantLedger
     from shared.mig.geometry import default_geometry
     from shared.policy.snapshot import snapshot_of
-    from shared.state import RedisState
 
     async def run() -> dict[str, Usage]:
-        state = RedisState.from_settings(endpoints.settings(nats_url, redis_url, namespace))
+        state = await endpoints.open_state(endpoints.settings(nats_url, redis_url, namespace))
         try:
             gpus = await state.load_gpus()
         finally:
@@ -142,7 +141,8 @@ def show(nats_url: str, redis_url: str, namespace: str, file: str, usage_file: s
         try:
             used = live_usage(nats_url, redis_url, namespace)
         except (OSError, RedisError) as exc:
-            click.echo(f"error: cannot read live usage from {redis_url}: {exc} (or give --usage FILE)", err=True)
+            click.echo(f"error: cannot read live usage from {endpoints.safe_url(redis_url)}: {exc} "
+                       "(or give --usage FILE)", err=True)
             sys.exit(2)
     else:
         try:
@@ -176,28 +176,26 @@ def show(nats_url: str, redis_url: str, namespace: str, file: str, usage_file: s
 
 @command.command()
 @endpoints.options
-@click.option("--shards", type=int, default=None, help="Shards of the deployment (default MIGSCHED_SHARDS).")
+@click.option("--shards", type=int, default=None,
+              help="Shards of the deployment (default: MIGSCHED_SHARDS, else the count its services recorded).")
 def recount(nats_url: str, redis_url: str, namespace: str, shards: int | None) -> None:
     """Rebuild each shard's tenant usage counters from its active jobs' stored charges (the repair for a
     ``usage`` finding of ``migsched check``). Writes: needs a Redis user that may run scripts."""
-    from shared.state import RedisState
-    from shared.state.client import redis_client
 
     st = endpoints.settings(nats_url, redis_url, namespace)
-    count = shards or st.shards
 
     async def run() -> list[int]:
-        state = RedisState(redis_client(st.redis_url, decode_responses=False), st.namespace, count)
+        state = await endpoints.open_state(st, shards)
         try:
             await state.load_scripts()
-            return [await state.recount_usage(s) for s in range(count)]
+            return [await state.recount_usage(s) for s in range(state.shards)]
         finally:
             await state.close()
 
     try:
         counted = asyncio.run(run())
     except (OSError, RedisError) as exc:
-        click.echo(f"error: cannot recount usage in {redis_url}: {exc}", err=True)
+        click.echo(f"error: cannot recount usage in {endpoints.safe_url(redis_url)}: {exc}", err=True)
         sys.exit(2)
     for s, n in enumerate(counted):
         click.echo(f"shard {s}: {n} active job(s) of a tenant counted")

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from migsched import clusterview, endpoints
 from shared.mig.geometry import default_geometry
-from shared.state import JOB_STATES, RedisState
+from shared.state import JOB_STATES
 
 
 @click.command("status")
@@ -38,7 +38,7 @@ def command(
     """Show the cluster: one row of memory slices per GPU (who holds each), load, FragCost; jobs by state."""
 
     async def run() -> clusterview.ClusterView:
-        state = RedisState.from_settings(endpoints.settings(nats_url, redis_url, namespace))
+        state = await endpoints.open_state(endpoints.settings(nats_url, redis_url, namespace))
         try:
             return await clusterview.read(state, default_geometry())
         finally:

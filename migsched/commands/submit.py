@@ -114,9 +114,9 @@ def command(
             if not anyway and not await c.consumed():
                 where = f"namespace {namespace!r}" if namespace else "the default namespace"
                 click.echo(
-                    f"error: no running service consumes submits in {where} on {nats_url}; nothing was "
-                    "published. Give the namespace `migsched up` printed (--namespace or MIGSCHED_NAMESPACE), "
-                    "or --anyway to queue the job until a balancer starts.",
+                    f"error: no running service consumes submits in {where} on {endpoints.safe_url(nats_url)}; "
+                    "nothing was published. Give the namespace `migsched up` printed (--namespace or "
+                    "MIGSCHED_NAMESPACE), or --anyway to queue the job until a balancer starts.",
                     err=True,
                 )
                 return 4

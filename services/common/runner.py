@@ -13,21 +13,28 @@ from typing import Any
 
 from services.common import health, stalls
 from shared import telemetry
-from shared.settings import load
+from shared.settings import SettingsError, load
+from shared.state.deployment import ShardCountMismatch
 
 
 def run(service_cls: Any, settings_cls: Any, **overrides: Any) -> None:
-    settings = load(settings_cls, **overrides)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    """Run the service until SIGTERM/SIGINT. A setting that cannot work (a malformed value, a shard count other
+    than the deployment's) is one error line and exit status 2, not a traceback: restarting cannot fix it."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    log = logging.getLogger(f"migsched.{service_cls.name}")
     try:
-        import uvloop
+        settings = load(settings_cls, **overrides)
+        logging.getLogger().setLevel(settings.log_level.upper())
+        try:
+            import uvloop
 
-        uvloop.install()
-    except ImportError:  # optional speed-up
-        pass
-    run_profiled(service_cls.name, lambda: _main(service_cls, settings))
+            uvloop.install()
+        except ImportError:  # optional speed-up
+            pass
+        run_profiled(service_cls.name, lambda: _main(service_cls, settings))
+    except (SettingsError, ShardCountMismatch) as exc:
+        log.error("%s cannot start: %s", service_cls.name, exc)
+        raise SystemExit(2) from None
 
 
 def tune_gc() -> None:

@@ -86,6 +86,7 @@ class Service:
                              "nats consumer rm %s %s", durable, stream, exc, stream, durable)
 
     async def start(self) -> None:
+        await self.state.claim_shards()  # a process of another shard count would lose jobs: refuse, having made nothing
         await self.bus.ensure_streams()
         await self.state.load_scripts()  # SCRIPT LOAD once; transitions then run by EVALSHA
         # consumers first, state second: a change published while the state loads is then seen twice (handlers

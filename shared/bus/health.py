@@ -7,24 +7,43 @@ it. nats-py reports disconnects and reconnects through callbacks; ``BusHealth`` 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 Callback = Callable[[], Awaitable[None]]
+log = logging.getLogger("migsched.bus")
+ERROR_LOG_EVERY_S = 30.0
 
 
 class BusHealth:
     """``connected``: the connection is up now; ``since``: ``time.monotonic()`` of the last change (connect,
     disconnect or reconnect); ``outages``: how many times it went down."""
 
-    __slots__ = ("_chained", "connected", "outages", "since")
+    __slots__ = ("_chained", "_errors_logged_at", "_errors_since_log", "connected", "last_error", "outages", "since")
 
     def __init__(self, connected: bool = True) -> None:
         self.connected = connected
         self.since = time.monotonic()
         self.outages = 0
+        self.last_error = ""
+        """The connection's last error, as one line (``BusError`` quotes it when a client gives up)."""
         self._chained: dict[str, Callback | None] = {}
+        self._errors_logged_at = -ERROR_LOG_EVERY_S
+        self._errors_since_log = 0
+
+    async def on_error(self, exc: Exception) -> None:
+        """One warning line per error, at most one every ``ERROR_LOG_EVERY_S`` with a count of the others:
+        nats-py's own callback logs a traceback at each retry, two a second while a server is down."""
+        self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        self._errors_since_log += 1
+        now = time.monotonic()
+        if now - self._errors_logged_at >= ERROR_LOG_EVERY_S:
+            more = self._errors_since_log - 1
+            log.warning("NATS: %s%s; retrying", self.last_error,
+                        f" ({more} more since the last report)" if more else "")
+            self._errors_logged_at, self._errors_since_log = now, 0
 
     def up_for(self, now: float | None = None) -> float:
         """Seconds the connection has been up without a break (0 while it is down)."""
@@ -52,4 +71,5 @@ class BusHealth:
     def options(self, options: dict[str, Any]) -> dict[str, Any]:
         """``nats.connect`` options with our callbacks in place; a caller's own callbacks still run after."""
         self._chained = {k: options.pop(k, None) for k in ("disconnected_cb", "reconnected_cb")}
+        options.setdefault("error_cb", self.on_error)
         return {**options, "disconnected_cb": self.on_disconnected, "reconnected_cb": self.on_reconnected}

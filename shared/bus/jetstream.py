@@ -64,7 +64,10 @@ class JetStreamBus:
         self.subjects = Subjects(settings.namespace)
 
     @classmethod
-    async def connect(cls, settings: Settings, name: str = "migsched", **options: Any) -> JetStreamBus:
+    async def connect(cls, settings: Settings, name: str = "migsched", give_up_s: float | None = None,
+                      **options: Any) -> JetStreamBus:
+        """Connect, retrying until a server answers: a service waits for NATS to come up. ``give_up_s``: a
+        command-line client's limit instead (``BusError`` naming the servers and the last error)."""
         servers = [s.strip() for s in settings.nats_url.split(",") if s.strip()]
         health = BusHealth()
         user = unquote(urlsplit(servers[0]).username or "") if servers else ""
@@ -73,14 +76,17 @@ class JetStreamBus:
         if user and settings.nats_password_file:  # the password from a file (a mounted Secret), not the URL
             options["user"], options["password"] = user, _read_secret(settings.nats_password_file)
             servers = [_without_userinfo(s) for s in servers]
-        nc = await nats.connect(
-            servers=servers,
-            name=name,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            pending_size=64 * 1024 * 1024,
-            **health.options(dict(options)),
-        )
+        nc = NATS()
+        fixed: dict[str, Any] = {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.5,  # typed int, takes float
+                                 "pending_size": 64 * 1024 * 1024}
+        connecting = nc.connect(servers=servers, name=name, **fixed, **health.options(dict(options)))
+        try:
+            await (connecting if give_up_s is None else asyncio.wait_for(connecting, give_up_s))
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            shown = ", ".join(_without_userinfo(s) for s in servers)
+            raise BusError(f"cannot reach NATS at {shown} within {give_up_s:g} s: {health.last_error}") from None
         return cls(nc, settings, health)
 
     async def close(self) -> None:

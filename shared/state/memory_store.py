@@ -106,6 +106,12 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
     async def load_scripts(self) -> None:
         """Nothing to load: the transitions are methods here."""
 
+    async def claim_shards(self) -> None:
+        """Nothing to agree with: a store in memory is its whole deployment."""
+
+    async def recorded_shards(self) -> int | None:
+        return self.shards
+
     async def close(self) -> None:
         pass
 

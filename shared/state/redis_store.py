@@ -41,6 +41,7 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     history_raw,
     script_source,
 )
+from shared.state.deployment import claim_shards, deployment_key, recorded_shards
 from shared.state.job_routes import JobRoutes
 from shared.state.keys import Keys
 from shared.state.model import (
@@ -93,6 +94,14 @@ class RedisState(DerivedReads):
     async def close(self) -> None:
         await self.roundtrips.close()
         await self.redis.aclose()
+
+    async def claim_shards(self) -> None:
+        """Record this process's shard count as the namespace's, or refuse one that differs
+        (``shared.state.deployment``)."""
+        await claim_shards(self.redis, self.namespace, self.shards)
+
+    async def recorded_shards(self) -> int | None:
+        return await recorded_shards(self.redis, self.namespace)
 
     def sha(self, name: str) -> str:
         return str(self.script(name).sha)
@@ -400,7 +409,7 @@ class RedisState(DerivedReads):
                 match=k.tag.replace("{", "\\{").replace("}", "\\}") + ":*", count=1000
             ):
                 n += int(await self.redis.delete(key))
-        return n + int(await self.redis.delete(self.blocks_key))
+        return n + int(await self.redis.delete(self.blocks_key, deployment_key(self.namespace)))
 
 
 def _lists(d: dict[str, Any]) -> dict[str, Any]:

@@ -133,3 +133,21 @@ def test_describe_lists_a_gang_across_nodes_node_by_node() -> None:
     rec = JobRecord(job_id="g", state="running", gpu="a/0", inst="a/0:gpu@0:g", node="a", slots=slots)
     text = render({"record": rec, "spec": None, "history": [], "holds": []}, 0.0)
     assert "holds on a: a/0 (gpu@0:g), a/1 (gpu@0:g)" in text and "holds on b: b/3 (gpu@0:g)" in text
+
+
+@pytest.mark.parametrize("verb", [["status"], ["describe", "j1"], ["check"], ["quota", "recount"]])
+def test_a_verb_that_cannot_reach_redis_says_so_in_one_line_without_the_password(verb: list[str]) -> None:
+    r = CliRunner().invoke(main, [*verb, "--redis-url", "redis://:s3cret@127.0.0.1:1/0"])  # nothing on port 1
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: cannot r"), r.output  # "reach Redis at", or check's "recount usage in"
+    assert "redis://:***@127.0.0.1:1/0" in r.output
+    assert "s3cret" not in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("verb", [["submit", "--profile", "1g.5gb"], ["cancel", "j1"], ["dlq"]])
+def test_a_verb_that_cannot_reach_nats_gives_up_after_the_set_time_with_the_reason(verb: list[str]) -> None:
+    r = CliRunner().invoke(main, [*verb, "--nats-url", "nats://u:s3cret@127.0.0.1:1"],
+                           env={"MIGSCHED_CONNECT_GIVE_UP_S": "0.3"})
+    assert r.exit_code == 2, r.output
+    assert "error: cannot reach NATS at nats://127.0.0.1:1 within 0.3 s: ConnectionRefusedError" in r.output
+    assert "s3cret" not in r.output and "Traceback" not in r.output
