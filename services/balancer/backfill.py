@@ -67,13 +67,16 @@ class Backfill:
             ids = await self.state.pending_ids(shard, self.settings.backfill_batch)
             depth += len(ids)
             holds = self.shards.holds[shard]
+            backlog = self.shards.backlogs[shard]
             if not ids:
+                backlog.reset((), ())
                 if self.reserves and holds.current:  # nothing waits: nothing is held
                     holds.begin()
                     await self.state.put_holds(shard, holds.end(), now)
                 continue
             cands = await self._candidates(ids, now)
             async with self.lock:
+                backlog.reset((c.submit for c in cands), self.shards.mirrors[shard].view().model_list)
                 if self.ledger.active:  # priority, then fair share between tenants, then age
                     cands = fair_order(self.ledger, self.shards.mirrors[shard].snapshot(), cands)
                 holds.begin()  # the holds are planned anew in this pass's order

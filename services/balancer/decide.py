@@ -20,7 +20,7 @@ from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
 from services.balancer.mirror import reservation_instance
 from services.balancer.preempting import admit_job, placed_view
-from services.balancer.routing import empty_gpus, launches_per_node, mig_gpus, never_here
+from services.balancer.routing import empty_gpus, launches_per_node, mig_gpus, never_here, sooner_elsewhere
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.common.metric_cache import child
@@ -64,7 +64,10 @@ class Decided:
     idx: int
     booking: Booking | None = None
     route: int | None = None
-    """A new job its home shard cannot place now, but this shard can: routed there, then decided again."""
+    """A new job its home shard cannot place now, but this shard can, or would start it sooner: routed there,
+    then decided again."""
+    route_why: str = "no_room_now"
+    """``migsched_jobs_routed_total``'s reason: ``no_room_now`` or ``sooner_elsewhere``."""
 
 
 @dataclass(slots=True)
@@ -140,7 +143,7 @@ class Decider:
                 there = (self._now_elsewhere(c, shard, now, memo, self._admitted(c, now, memo))
                          if answer.reason == "capacity" else None)
                 if there is not None:
-                    return Decided(c, hold, -1, route=there)
+                    return Decided(c, hold, -1, route=there[0], route_why=there[1])
                 if answer.reason == "capacity" and not answer.deferred:
                     hold = self._consider_hold(c, shard, hold, mig, within, now)
                 idx = batch.enqueue(sub.job_id, c.spec, c.priority, sub.submitted_at, hold.reasons[0][:1000], now,
@@ -162,9 +165,10 @@ class Decider:
             memo.no_room[(shard, sub.demand, blocked, sub.topology)] = dec
             there = None if self.ledger.active else self._now_elsewhere(c, shard, now, memo, self._placed(req))
             if there is not None:
-                return Decided(c, dec, -1, route=there)
+                return Decided(c, dec, -1, route=there[0], route_why=there[1])
             return self._queue(c, self._consider_hold(c, shard, dec, mig, within, now), batch, now)
         holds.placed(sub.job_id)
+        self.shards.backlogs[shard].left(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
 
     def _consider_hold(self, c: Candidate, shard: int, dec: CannotPlace, mig: frozenset[str],
@@ -179,11 +183,13 @@ class Decider:
             return dec
         return msgspec.structs.replace(dec, reasons=(f"reserved: {got.explain(now)}", *dec.reasons))
 
-    def _now_elsewhere(self, c: Candidate, home: int, now: float, memo: RoundMemo, places: Places) -> int | None:
+    def _now_elsewhere(self, c: Candidate, home: int, now: float, memo: RoundMemo,
+                       places: Places) -> tuple[int, str] | None:
         """The shard, other than its ``home``, that can place a new job now (``places``; the one with the most
         empty GPUs first), so that shards of unequal size fill alike rather than queue at one while another
-        idles; None when none can. Asked once per job, before anything of it is recorded; a job that waits,
-        waits at home."""
+        idles; when none can, with a policy that reserves, the one where a large job is expected to start
+        soonest (``routing.sooner_elsewhere``); None when it stays at home. Asked once per job, before anything
+        of it is recorded; a job waits where it was sent. With the reason, for the metric."""
         sub = c.submit
         count = self.shards.count
         if c.from_queue or c.routed or count <= 1 or home != shard_of(sub.job_id, count):
@@ -202,10 +208,11 @@ class Decider:
                 continue
             why = places(s, held, mig, self.shards.within(s, sub))
             if why is None:
-                return s
+                return s, "no_room_now"
             if not self.ledger.active:  # an admission depends on the tenant and priority: never remembered
                 memo.no_room[key] = why
-        return None
+        there = sooner_elsewhere(self.shards, home, sub, now) if self.reserves else None
+        return None if there is None else (there, "sooner_elsewhere")
 
     def _unusable(self, shard: int, sub: JobSubmit, now: float) -> tuple[frozenset[str], frozenset[str]]:
         """The GPUs of ``shard`` that ``sub`` may not use: those held for larger waiting jobs, and, for a

@@ -46,7 +46,8 @@ CONFLICTS = Counter("migsched_cas_conflicts_total", "Reservations that lost a co
 ROUTED = Counter("migsched_jobs_routed_total", "New jobs sent to a shard other than their home (crc32 of the id)",
                  ["reason"])
 """reason: ``never_fits`` (no set of the home's GPUs could host it), ``no_room_now`` (the home could not place it
-then, another shard could)."""
+then, another shard could), ``sooner_elsewhere`` (no shard could; a large job's GPUs are expected to free sooner in
+another)."""
 QUEUE_DEPTH = Gauge("migsched_queue_depth", "Pending jobs, all tenants")
 PENDING = Gauge("migsched_pending_jobs", "Pending jobs per tenant and priority class",
                 ["tenant", "priority_class"])

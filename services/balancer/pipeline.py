@@ -39,7 +39,8 @@ class RoundResult:
     unplannable: list[Placed] = field(default_factory=list)
     retry: list[Candidate] = field(default_factory=list)
     reload: set[str] = field(default_factory=set)
-    route: dict[str, int] = field(default_factory=dict)
+    route: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per reason (``Decided.route_why``), the new jobs routed to another shard."""
     over_quota: list[tuple[Candidate, str]] = field(default_factory=list)
     """Refused by the store's quota check (another replica's placements took the room): queued with the reason."""
 
@@ -84,7 +85,8 @@ class Pipeline:
             out += r.out
             unplannable += r.unplannable
             await self.shards.reload(self.state, r.reload)
-            await self._send(r.route)
+            for reason, wanted in r.route.items():
+                await self._send(wanted, reason)
             await self._queue(r.over_quota, now)
             todo = r.retry
         if todo:
@@ -129,7 +131,8 @@ class Pipeline:
         """Record where each of these new jobs lives (``StateStore.route``); the first route of a job wins."""
         if not wanted:
             return
-        why = {"never_fits": "could never host it", "no_room_now": "cannot place it now"}[reason]
+        why = {"never_fits": "could never host it", "no_room_now": "cannot place it now",
+               "sooner_elsewhere": "would start it later"}[reason]
         for job, shard in (await self.state.route(wanted, time.time())).items():
             home = shard_of(job, self.shards.count)
             if shard != home:
@@ -139,12 +142,15 @@ class Pipeline:
     def _settle(self, d: Decided, results: list[Any], now: float, r: RoundResult) -> None:
         c, dec = d.cand, d.dec
         if d.route is not None:  # decided again next round, in the shard it is routed to
-            r.route[c.submit.job_id] = d.route
+            r.route.setdefault(d.route_why, {})[c.submit.job_id] = d.route
             r.retry.append(c)
             return
         if isinstance(dec, CannotPlace):
             self.metrics.outcome["pending"].inc()
             self.waiting.queued(c.submit, c.spec, c.ctx, "; ".join(dec.reasons), now)
+            if not c.from_queue:  # the next large job sees it there before the next pass
+                shard = self.shards.of_job(c.submit.job_id)
+                self.shards.backlogs[shard].queued(c.submit, self.shards.mirrors[shard].view().model_list)
             if c.delivery is not None:
                 c.delivery.span.set_attribute("migsched.decision", dec.explain()[:1000])
             return

@@ -7,22 +7,28 @@ per-node launch needing more GPUs out of MIG mode than it has, a required topolo
 with no GPU in MIG mode of a model that has its profile, a share with no time-sliced GPU), or whose
 home holds no GPU while others do, goes to a shard that can host it: the one with the most empty GPUs
 (``route_for``, here). A job its home cannot place now goes to a shard that can (``Decider._now_elsewhere``,
-which decides on that shard's mirror). A job no shard could ever host stays at home and is rejected there, with
-the reason.
+which decides on that shard's mirror). A large job (whole GPUs) that no shard can place now goes where it is
+expected to start soonest, behind that shard's holds (``sooner_elsewhere``): a job waits in the shard it was
+routed to, so a gang sent to a shard whose GPUs free in an hour would wait there while another's free in a
+minute. A job no shard could ever host stays at home and is rejected there, with the reason.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
+
+import numpy as np
 
 from services.balancer.mirror import Mirror
 from services.balancer.shards import Shards
 from shared.events import JobSubmit
 from shared.mig.geometry import Geometry
 from shared.policy.placement.gang import never_fits
-from shared.policy.placement.topology import never_within
+from shared.policy.placement.topology import never_within, only
 from shared.policy.request import Demand, resolve_profile
+from shared.policy.reservation import Reservation, plan, whole_gpus
 from shared.policy.reserve import free_full
 from shared.policy.snapshot import ClusterSnapshot
 
@@ -129,3 +135,62 @@ def never_within_shard(snap: ClusterSnapshot, gpus: int, within: dict[str, Any])
     domain_of = {n: d for d, nodes in within["domains"] for n in nodes}
     sizes = Counter(domain_of[g.node] for g in snap.gpus if g.node in domain_of)
     return never_within(gpus, within["domain_level"], sizes)
+
+
+def sooner_elsewhere(shards: Shards, home: int, sub: JobSubmit, now: float) -> int | None:
+    """The shard, other than ``home``, where a large new job that no shard can place now is expected to start
+    soonest (``expected_start``), if that is sooner than at home by more than a second (the estimates rest on
+    hints); None when home is as soon, or the job is small (it starts as soon as any instance frees, and holds
+    nothing), or no start is known anywhere (running jobs without a duration hint)."""
+    at_home = expected_start(shards, home, sub, now)
+    if at_home is None:
+        return None
+    best, start = home, at_home
+    for s in range(shards.count):
+        if s == home or not len(shards.mirrors[s]) or never_here(shards, s, sub) is not None:
+            continue
+        t = expected_start(shards, s, sub, now)
+        if t is not None and t < start - 1.0:
+            best, start = s, t
+    return None if best == home else best
+
+
+AHEAD_PLANNED = 16
+"""Large jobs queued ahead that an estimate plays out; a deeper queue is taken to start no sooner than that."""
+
+
+def expected_start(shards: Shards, shard: int, sub: JobSubmit, now: float) -> float | None:
+    """When ``sub`` is expected to start in ``shard``: its whole GPUs there as they free (the running jobs'
+    hinted ends), once the large jobs queued ahead of it (its backlog, priority not lower) have each started on
+    the GPUs that free soonest for them and run their hint (``reservation.plan``, a hold's rule), within one
+    topology domain when it asks for one. inf: not expected before its deadline (or after a job ahead with no
+    hint); None: too small a job to be held."""
+    snap = shards.mirrors[shard].view()
+    if launches_per_node(sub):
+        snap = snap.without(mig_gpus(snap))
+    need = whole_gpus(snap.model_list, sub.demand) if len(snap) else 0
+    if need <= 0:
+        return None
+    free_at = np.maximum(snap.ends, now)
+    for a in shards.backlogs[shard].ahead_of(sub.priority)[:AHEAD_PLANNED]:
+        if a.job_id == sub.job_id:
+            continue
+        r = plan(snap, a.job_id, a.need, now, math.inf, free_at=free_at, plain=a.plain)
+        if r is None:
+            return math.inf  # a job ahead that never starts holds the queue: nothing after it is known
+        end = r.start + a.hint_s if a.hint_s is not None else math.inf
+        free_at[[snap.position[g] for g in r.gpus]] = end
+    deadline = sub.submitted_at + sub.patience_s if sub.patience_s is not None else math.inf
+    plain = sub.demand.kind == "gpus"
+    within = shards.within(shard, sub)
+    starts = [_start(plan(part, sub.job_id, need, now, deadline, free_at=free_at[[snap.position[g.id]
+                                                                                  for g in part.gpus]],
+                          plain=plain))
+              for part in (only(snap, nodes) for _d, nodes in within.get("domains", ()))]
+    if not starts or (min(starts) == math.inf and not within.get("domain_required")):
+        starts.append(_start(plan(snap, sub.job_id, need, now, deadline, free_at=free_at, plain=plain)))
+    return min(starts)
+
+
+def _start(r: Reservation | None) -> float:
+    return math.inf if r is None else r.start

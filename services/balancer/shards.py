@@ -1,4 +1,5 @@
-"""The balancer's per-shard caches of Redis: one mirror of the GPUs and one set of holds per shard.
+"""The balancer's per-shard caches of Redis: one mirror of the GPUs, one set of holds and one backlog of large
+waiting jobs per shard.
 
 A mirror is only a cache: whatever it missed is read again from Redis (a whole reload, or the GPUs named), and
 with tenancy the quota charges of the GPUs read are derived again.
@@ -11,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from services.balancer.backlog import Backlog
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
 from services.balancer.tenancy import TenantLedger
@@ -32,6 +34,8 @@ class Shards:
         self.ledger = ledger
         self.mirrors = [Mirror(geometry) for _ in range(count)]
         self.holds = [Holds(hold) for _ in range(count)]
+        self.backlogs = [Backlog() for _ in range(count)]
+        """Per shard, the large jobs waiting there (where a new large job would start soonest)."""
         self.labels: dict[str, dict[str, str]] = {}
         """Node -> the topology labels it registered with (gangs within a block or rack)."""
 

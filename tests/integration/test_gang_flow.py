@@ -369,3 +369,33 @@ async def test_a_job_whose_home_shard_holds_no_gpu_runs_in_one_that_does(
         assert await until(e.all_in([placed, elsewhere], "running"))
         assert sorted(await e.ns.state.all_job_ids(home)) == sorted([placed, elsewhere])
         await e.clean()
+
+
+def _hinted(job: str, gpus: int, hint_s: float) -> JobSubmit:
+    return JobSubmit(id=f"s-{job}", job_id=job, demand=Demand(kind="gpus", gpus=gpus), duration_hint_s=hint_s,
+                     submitted_at=now())
+
+
+async def test_a_large_job_no_shard_can_place_now_waits_in_the_shard_whose_gpus_free_soonest(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    blocks = {"n1": "a", "n2": "b"}  # a shard each, two GPUs each
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
+        await e.ns.state.nodes()
+        slow, quick = e.ns.state.node_shard("n1"), e.ns.state.node_shard("n2")
+        ids = (f"j{i}" for i in range(1000))
+        on_slow, on_quick, waits, stays = (next(j for j in ids if shard_of(j, 2) == s) for s in (slow, quick, slow,
+                                                                                                   quick))
+        await e.submit(_hinted(on_slow, 2, 3600.0), _hinted(on_quick, 2, 60.0))
+        assert await until(e.all_in([on_slow, on_quick], "running"))
+        assert {(await e.ns.state.job(j)).node for j in (on_slow, on_quick)} == {"n1", "n2"}  # type: ignore[union-attr]
+        before = routed("sooner_elsewhere")
+        await e.submit(_hinted(waits, 2, 600.0))  # its home's GPUs free in an hour, the other shard's in a minute
+        assert await until(e.all_in([waits], "pending"))
+        assert routed("sooner_elsewhere") == before + 1
+        assert waits in await e.ns.state.all_job_ids(quick) and waits not in await e.ns.state.all_job_ids(slow)
+        await e.submit(_hinted(stays, 2, 600.0))  # its home is the shard that frees first: it waits there
+        assert await until(e.all_in([stays], "pending"))
+        assert routed("sooner_elsewhere") == before + 1
+        assert stays in await e.ns.state.all_job_ids(quick)
+        await e.clean()
