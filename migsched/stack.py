@@ -76,6 +76,9 @@ class StackConfig:
     stream_storage: str = "file"
     nodes_per_executor: int = 1
     """Simulated nodes per executor process (``MIGSCHED_NODES``): a bench of many nodes on few cores."""
+    blocks: int = 0
+    """Topology blocks the executors are spread over, in order (``MIGSCHED_NODE_LABELS=block=b<k>``); 0: no
+    labels."""
     replicas: int = 1
     """Processes of each scheduling service (the second is named ``balancer-2``, ...): balancers race on the same
     shards through the compare-and-set, the registry's and the planner's replicas share their durable consumers."""
@@ -146,9 +149,12 @@ class Stack:
                 label = name.replace("_", "-") + (f"-{replica}" if replica > 1 else "")
                 procs.append(Proc(label, [sys.executable, "-m", f"services.{name}"], dict(base),
                                   c.run_dir / f"{label}.log"))
-        for group in self.executor_groups():
+        groups = self.executor_groups()
+        for k, group in enumerate(groups):
             node = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
             env = dict(base)
+            if c.blocks > 0:
+                env["MIGSCHED_NODE_LABELS"] = f"block=b{k * c.blocks // len(groups)}"
             env.update(
                 {
                     "MIGSCHED_NODE": group[0],
@@ -222,7 +228,7 @@ class Stack:
         """What a client of this stack needs: its servers, its namespace, and its shards (where the services put
         the nodes and jobs)."""
         return load(Settings, env={}, nats_url=self.nats_url, redis_url=self.redis_url,
-                    namespace=self.config.namespace, shards=int(self.config.env.get("MIGSCHED_SHARDS", "1")))
+                    namespace=self.config.namespace, shards=int(self.base_env().get("MIGSCHED_SHARDS") or "1"))
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Until the balancer consumes ``jobs.submit`` and every executor's GPUs are registered."""

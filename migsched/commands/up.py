@@ -30,6 +30,7 @@ from rich.table import Table
 
 from migsched import clusterview, livekpis, replayer
 from migsched.stack import Stack, StackConfig, StackError, gpus_per_node, replay_timers
+from services.executor.config import parse_gpu_specs
 from shared.mig.geometry import default_geometry
 from shared.state import TERMINAL_STATES
 
@@ -46,6 +47,11 @@ MODEL = "A100-40GB"
 )
 @click.option("--executors", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--gpus", default=f"{MODEL}:8", show_default=True, help="GPUs per simulated executor.")
+@click.option("--blocks", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="Spread the executors over this many topology blocks (block=b0, b1, ...), for gangs kept "
+                   "within a block; 0: no labels.")
+@click.option("--shards", type=click.IntRange(1, 64), default=None,
+              help="Scheduling shards [default: as many as --blocks, else MIGSCHED_SHARDS, else 1].")
 @click.option(
     "--run-dir",
     type=click.Path(path_type=Path),
@@ -82,6 +88,8 @@ def command(
     namespace: str | None,
     executors: int,
     gpus: str,
+    blocks: int,
+    shards: int | None,
     run_dir: Path | None,
     trace: str,
     limit: int,
@@ -102,6 +110,12 @@ def command(
         # the whole stack runs on wall time: every policy timer shrinks with the replay's clock
         env = {**replay_timers(speedup), "MIGSCHED_LOG_LEVEL": "WARNING"}
         latency = 0.15 / speedup
+    if blocks > executors:
+        raise click.BadParameter(f"{blocks} blocks need at least as many executors (--executors {executors})",
+                                 param_hint="--blocks")
+    shards = shards or (blocks if blocks > 1 else None)
+    if shards is not None:
+        env["MIGSCHED_SHARDS"] = str(shards)
     rigs = HaRigs(run_dir / "ha") if ha else None
     if rigs is not None:
         env["MIGSCHED_STREAM_REPLICAS"] = "3"
@@ -115,6 +129,7 @@ def command(
         env=env,
         stream_storage="file" if ha or not demo else "memory",
         replicas=2 if ha else 1,
+        blocks=blocks,
     )
     stack = Stack(config)
     console = Console(stderr=False)
@@ -195,7 +210,8 @@ async def _serve(stack: Stack, console: Console) -> None:
         + ", ".join(p.name for p in stack.procs)
         + f". Prometheus: {json.dumps(stack.metrics_ports)}"
     )
-    console.print(next_steps(stack.config.namespace, stack.nats_url, stack.redis_url) + " Ctrl-C stops.")
+    console.print(next_steps(stack.config.namespace, stack.nats_url, stack.redis_url, stack.config.gpus)
+                  + " Ctrl-C stops.")
     stop = _stop_event()
     while not stop.is_set():
         stack.check_alive()
@@ -203,8 +219,9 @@ async def _serve(stack: Stack, console: Console) -> None:
             await asyncio.wait_for(stop.wait(), 1.0)
 
 
-def next_steps(namespace: str, nats_url: str, redis_url: str) -> str:
-    """How to use the stack just started: the commands with its namespace and servers, ready to paste."""
+def next_steps(namespace: str, nats_url: str, redis_url: str, gpus: str = f"{MODEL}:8") -> str:
+    """How to use the stack just started: the commands with its namespace and servers, ready to paste, and a
+    demand its GPUs (``--gpus``) can host: a MIG instance, a share of a time-sliced GPU, else a whole GPU."""
     where = []
     if namespace:
         where.append(f"--namespace {namespace}")
@@ -214,7 +231,10 @@ def next_steps(namespace: str, nats_url: str, redis_url: str) -> str:
         where.append(f"--redis-url {redis_url}")
     flags = "".join(" " + w for w in where)
     env = f" (or `export MIGSCHED_NAMESPACE={namespace}`)" if namespace else ""
-    return (f"Submit with `migsched submit{flags} --profile 3g --duration 60`, watch with "
+    specs = parse_gpu_specs(gpus)
+    demand = ("--profile 3g" if any(g.mig for g in specs) else "--shared" if any(g.replicas for g in specs)
+              else "--gpus 1")
+    return (f"Submit with `migsched submit{flags} {demand} --duration 60`, watch with "
             f"`migsched status{flags}`{env}.")
 
 
@@ -256,7 +276,7 @@ async def _demo(
     await stack.wait_ready()
     stop = _stop_event()
     ns = stack.config.namespace
-    state = RedisState.from_settings(_settings(stack))
+    state = RedisState.from_settings(stack.client_settings())
     client = MigschedClient(stack.nats_url, namespace=ns)
     await client.connect()
     sampler = livekpis.Sampler(state, geometry, workload)
@@ -342,26 +362,18 @@ async def _demo(
         await state.close()
 
 
-def _settings(stack: Stack) -> object:
-    from shared.settings import Settings, load
-
-    return load(
-        Settings, env={}, nats_url=stack.nats_url, redis_url=stack.redis_url, namespace=stack.config.namespace
-    )
-
-
 async def _forget(stack: Stack) -> None:
     """Delete the namespace's streams and Redis keys."""
     from shared.bus import JetStreamBus
     from shared.state import RedisState
 
-    st = _settings(stack)
+    st = stack.client_settings()
     state = RedisState.from_settings(st)
     try:
         await state.wipe()
     finally:
         await state.close()
-    bus = await JetStreamBus.connect(st)  # type: ignore[arg-type]
+    bus = await JetStreamBus.connect(st)
     try:
         await bus.delete_streams()
     finally:

@@ -127,6 +127,9 @@ def test_up_prints_its_commands_with_its_namespace_and_servers() -> None:
     assert "export MIGSCHED_NAMESPACE=demo-1a2b3c" in text
     plain = next_steps("", "nats://127.0.0.1:4222", "redis://127.0.0.1:6379/0")
     assert "`migsched submit --profile 3g --duration 60`" in plain and "export" not in plain
+    default = ("", "nats://127.0.0.1:4222", "redis://127.0.0.1:6379/0")
+    assert "`migsched submit --gpus 1 --duration 60`" in next_steps(*default, "A100-40GB:8:whole")
+    assert "`migsched submit --shared --duration 60`" in next_steps(*default, "A100-40GB:4:whole,H100-80GB:2:shared=4")
 
 
 async def test_dlq_lists_a_refused_message_with_its_reason_and_replays_one_onto_its_subject(

@@ -106,3 +106,16 @@ def test_the_stack_runs_its_nodes_a_few_per_executor_process(tmp_path: Any) -> N
     assert [p.name for p in execs] == ["executor-gpu-node-0..gpu-node-1", "executor-gpu-node-2..gpu-node-3",
                                        "executor-gpu-node-4"]
     assert stack.nodes() == [f"gpu-node-{i}" for i in range(5)]  # readiness still waits for every node
+
+
+def test_the_stack_spreads_its_executors_over_topology_blocks_in_order(tmp_path: Any) -> None:
+    from migsched.stack import Stack, StackConfig
+
+    stack = Stack(StackConfig(executors=5, blocks=2, run_dir=tmp_path, metrics=False, env={"MIGSCHED_SHARDS": "2"}))
+    stack.nats = stack.redis = type("Server", (), {"url": "x://127.0.0.1:1"})()  # type: ignore[assignment]
+    execs = [p for p in stack.plan() if p.name.startswith("executor")]
+    assert [p.env["MIGSCHED_NODE_LABELS"] for p in execs] == ["block=b0"] * 3 + ["block=b1"] * 2
+    assert stack.client_settings().shards == 2  # the verbs it prints read both shards
+    unlabelled = Stack(StackConfig(executors=2, run_dir=tmp_path, metrics=False))
+    unlabelled.nats = unlabelled.redis = stack.nats
+    assert all("MIGSCHED_NODE_LABELS" not in p.env for p in unlabelled.plan())
