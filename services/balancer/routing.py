@@ -25,7 +25,7 @@ from services.balancer.mirror import Mirror
 from services.balancer.shards import Shards
 from shared.events import JobSubmit
 from shared.mig.geometry import Geometry
-from shared.policy.placement.gang import never_fits
+from shared.policy.placement.gang import gang_capacity, never_fits
 from shared.policy.placement.topology import never_within, only
 from shared.policy.request import Demand, resolve_profile
 from shared.policy.reservation import Reservation, plan, whole_gpus
@@ -88,16 +88,18 @@ def empty_gpus(snap: ClusterSnapshot) -> int:
 def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, largest: int) -> str | None:
     """Why a gang can never run here: it needs more GPUs than its shard (a scheduling cell: one Lua script
     reserves a gang, so it runs within one shard) has ever registered, lost nodes' GPUs included; None when it
-    could, or while no node has registered yet (nothing is known of the cluster). ``largest``: the GPUs of the
-    largest shard (0: one shard)."""
+    could, or while no node has registered yet (nothing is known of the cluster). GPUs count by kind, in MIG mode
+    or not, as a gang never mixes them (``gang_capacity``). ``largest``: the GPUs of the largest shard so counted
+    (0: one shard)."""
     if demand.kind != "gpus" or len(snap) == 0:
         return None
-    why = never_fits(demand, len(snap))
+    here = gang_capacity(snap)
+    why = never_fits(demand, len(snap), here)
     if why is None or not largest:
         return why
     if demand.gpus > largest:
         return f"needs {demand.gpus} GPUs; the largest shard has {largest} (a gang runs within one shard)"
-    return f"needs {demand.gpus} GPUs; its shard {shard} has {len(snap)} (a gang runs within one shard)"
+    return f"needs {demand.gpus} GPUs; its shard {shard} has {here} (a gang runs within one shard)"
 
 
 def launches_per_node(sub: JobSubmit) -> bool:

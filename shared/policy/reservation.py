@@ -153,13 +153,14 @@ def plan(
     first."""
     if need <= 0 or not len(snap):
         return None
-    mig = _plan_on(snap, job_id, need, now, deadline, taken, free_at, np.array(snap.ok, dtype=bool))
+    mig = _plan_on(snap, job_id, need, now, deadline, taken, free_at, np.array(snap.ok, dtype=bool),
+                   node_sizes(snap, mig=True))
     if not plain:
         return mig
     usable = ~np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool)
     if not usable.any():
         return mig
-    whole = _plan_on(snap, job_id, need, now, deadline, taken, free_at, usable)
+    whole = _plan_on(snap, job_id, need, now, deadline, taken, free_at, usable, node_sizes(snap, mig=False))
     if whole is None or (mig is not None and mig.start < whole.start):
         return mig
     return whole
@@ -174,8 +175,10 @@ def _plan_on(
     taken: Collection[str],
     free_at: npt.NDArray[np.float64] | None,
     ok: npt.NDArray[np.bool_],
+    sizes: npt.NDArray[np.intp],
 ) -> Reservation | None:
-    """``plan`` over the GPUs ``ok`` marks usable (a copy, changed here)."""
+    """``plan`` over the GPUs ``ok`` marks usable (a copy, changed here), all of one kind; ``sizes``: each node's
+    GPUs of that kind (a gang more than every node has spans nodes)."""
     for g in taken:
         p = snap.position.get(g)
         if p is not None:
@@ -191,14 +194,14 @@ def _plan_on(
         # fit in their free slices: while other GPUs are expected to free for the job at all, only they are
         # held, and when they would free too late the job gets no hold
         keep = ~small
-        r = _soonest(snap, job_id, need, now, math.inf, pos[keep], free[keep])
+        r = _soonest(snap, job_id, need, now, math.inf, pos[keep], free[keep], sizes)
         if r is not None:
             return r if r.start <= deadline else None
-        r = _soonest(snap, job_id, need, now, deadline, pos, free)
+        r = _soonest(snap, job_id, need, now, deadline, pos, free, sizes)
         if r is not None and shared[[snap.position[g] for g in r.gpus]].any():
             return msgspec.structs.replace(r, reason=f"{r.reason}; holds GPUs small jobs share: no others ever free")
         return r
-    return _soonest(snap, job_id, need, now, deadline, pos, free)
+    return _soonest(snap, job_id, need, now, deadline, pos, free, sizes)
 
 
 def hosts_small_jobs(snap: ClusterSnapshot) -> npt.NDArray[np.bool_]:
@@ -229,12 +232,14 @@ def _soonest(
     deadline: float,
     pos: npt.NDArray[np.intp],
     free: npt.NDArray[np.float64],
+    sizes: npt.NDArray[np.intp],
 ) -> Reservation | None:
-    """``plan`` over the usable positions ``pos``, each expected free at ``free``."""
+    """``plan`` over the usable positions ``pos``, each expected free at ``free`` (``sizes``: each node's GPUs of
+    their kind)."""
     if pos.size < need:
         return None
-    if need > int(node_sizes(snap).max()):
-        return plan_across(snap, job_id, need, now, deadline, pos, free)
+    if need > int(sizes.max()):
+        return plan_across(snap, job_id, need, now, deadline, pos, free, sizes)
     nodes = np.asarray(snap.node_idx)[pos]
     order = np.lexsort((pos, free, nodes))  # by node, then free time, then position
     t, n, p_sorted = free[order], nodes[order], pos[order]
@@ -273,18 +278,18 @@ def plan_across(
     deadline: float,
     pos: npt.NDArray[np.intp],
     free: npt.NDArray[np.float64],
+    sizes: npt.NDArray[np.intp],
 ) -> Reservation | None:
     """``need`` GPUs across nodes for a gang bigger than every node, from the usable positions ``pos`` and
     when each is expected free (``free``): the expected start is when the ``need``-th GPU of the cluster frees,
     and of the GPUs free by then the gang's node rule (``shared.policy.placement.gang.choose_nodes``) picks the nodes,
-    earliest-free GPUs first on each."""
+    earliest-free GPUs first on each. ``sizes``: each node's GPUs of the kind planned."""
     order = np.lexsort((pos, free))
     at = float(free[order[need - 1]])
     if not np.isfinite(at) or at > deadline:
         return None
     ready = order[free[order] <= at]
     nodes = np.asarray(snap.node_idx)[pos[ready]]
-    sizes = node_sizes(snap)
     count = np.bincount(nodes, minlength=sizes.size)
     chosen = choose_nodes(count.tolist(), (count == sizes).tolist(), need)
     assert chosen is not None  # ``ready`` holds at least ``need`` GPUs

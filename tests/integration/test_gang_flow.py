@@ -399,3 +399,19 @@ async def test_a_large_job_no_shard_can_place_now_waits_in_the_shard_whose_gpus_
         assert routed("sooner_elsewhere") == before + 1
         assert stays in await e.ns.state.all_job_ids(quick)
         await e.clean()
+
+
+async def test_on_nodes_of_both_kinds_a_gang_more_than_one_kind_of_a_node_spans_nodes_and_a_larger_one_is_refused(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    mixed = {"gpus": 8, "plain": dict.fromkeys(range(4), 0)}  # four GPUs not in MIG mode, four in MIG mode
+    async with scripted_cluster(prefix, nats_url, redis_url, {"n1": mixed, "n2": mixed}) as e:
+        await e.submit(submit("six", Demand(kind="gpus", gpus=6)))  # 8 GPUs a node, but a gang never mixes kinds
+        assert await until(e.all_in(["six"], "running"))
+        job = await e.ns.state.job("six")
+        assert job is not None and {g.rpartition("/")[0] for g, _ in job.slots} == {"n1", "n2"}
+        await e.submit(submit("twelve", Demand(kind="gpus", gpus=12)))  # 16 GPUs, at most 8 of one kind
+        assert await until(e.all_in(["twelve"], "rejected"))
+        job = await e.ns.state.job("twelve")
+        assert job is not None and "needs 12 GPUs of one kind; the cluster has 16, at most 8 of one kind" in job.reason
+        await e.clean()

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.mig.geometry import default_geometry
+from shared.policy.gpu_view import InstanceView
 from shared.policy.placement.decision import CannotPlace, JobRequest, Placement
-from shared.policy.placement.gang import choose_nodes, never_fits, spans_nodes
+from shared.policy.placement.gang import choose_nodes, gang_capacity, never_fits, spans_nodes
 from shared.policy.placement.registry import get_policy, policy_names
 from shared.policy.request import Demand, full_profile
 from shared.policy.reservation import plan
@@ -112,6 +113,47 @@ def test_a_gang_of_plain_gpus_spans_nodes_too_and_never_mixes_them_with_mig_gpus
     d = policy(snap, JobRequest(job_id="g", demand=Demand(kind="gpus", gpus=5)))
     assert isinstance(d, Placement)
     assert {s.profile for s in d.slots} == {"gpu"} and len({s.node for s in d.slots}) == 3
+
+
+def _mixed_nodes(busy_mig: bool = True) -> ClusterSnapshot:
+    """Two nodes of eight GPUs, four not in MIG mode and four in MIG mode (running a small job when
+    ``busy_mig``)."""
+    gpus = []
+    for n in range(2):
+        gpus += [GpuView.build(id=f"n{n}/{i}", node=f"n{n}", index=i, model="A100-40GB", mig=False) for i in range(4)]
+        gpus += [GpuView.build(id=f"n{n}/{i}", node=f"n{n}", index=i, model="A100-40GB",
+                               instances=[InstanceView(id=f"n{n}/{i}:1g", profile="1g.5gb", start=0, size=1,
+                                                       compute=1, job_id=f"small{n}{i}")] if busy_mig else [])
+                 for i in range(4, 8)]
+    return snapshot_of(GEO, gpus)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_gang_more_than_any_node_has_of_one_kind_spans_nodes_even_when_a_node_has_as_many_gpus(name: str) -> None:
+    snap = _mixed_nodes()
+    six = Demand(kind="gpus", gpus=6)  # each node holds 8 GPUs, but only 4 of a kind, and a gang never mixes them
+    assert spans_nodes(snap, six) and not spans_nodes(snap, Demand(kind="gpus", gpus=4))
+    _, policy = get_policy(name)
+    d = policy(snap, JobRequest(job_id="g", demand=six))
+    assert isinstance(d, Placement), d
+    assert {s.profile for s in d.slots} == {"gpu"} and len(d.slots) == 6 and len({s.node for s in d.slots}) == 2
+
+
+def test_a_gang_more_than_the_cluster_has_of_one_kind_never_fits_and_says_so() -> None:
+    snap = _mixed_nodes()
+    assert gang_capacity(snap) == 8
+    assert never_fits(Demand(kind="gpus", gpus=8), len(snap), gang_capacity(snap)) is None
+    assert never_fits(Demand(kind="gpus", gpus=12), len(snap), gang_capacity(snap)) == (
+        "needs 12 GPUs of one kind; the cluster has 16, at most 8 of one kind (a gang never mixes GPUs in MIG mode "
+        "with others)")
+
+
+def test_a_waiting_gang_more_than_any_node_has_of_one_kind_is_held_across_nodes() -> None:
+    snap = _mixed_nodes(busy_mig=False)
+    free = np.where(np.asarray(snap.mig, dtype=bool), 9000.0, 100.0)  # the plain GPUs free first
+    r = plan(snap, "gang", 6, now=0.0, deadline=3600.0, free_at=free, plain=True)
+    assert r is not None and r.start == 100.0 and set(r.nodes) == {"n0", "n1"}
+    assert all(not snap.gpus[snap.position[g]].mig for g in r.gpus)
 
 
 def _nodes(n_nodes: int, per_node: int) -> ClusterSnapshot:

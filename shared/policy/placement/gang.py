@@ -1,12 +1,12 @@
 """Gangs across nodes: ``gpus: n`` larger than any node, placed all or nothing on as few nodes as possible.
 
-A gang that fits on one node stays on one node, placed by the policy's own rule. A larger one spans nodes, by
-one rule shared by every policy (the registry applies it), as topology-aware batch schedulers do (Kueue TAS's
-BestFit, Slurm's fewest-nodes):
+A gang that fits on one node (as many GPUs of one kind, in MIG mode or not) stays on one node, placed by the
+policy's own rule. A larger one spans nodes, by one rule shared by every policy (the registry applies it), as
+topology-aware batch schedulers do (Kueue TAS's BestFit, Slurm's fewest-nodes):
 
 1. the fewest nodes whose empty GPUs add up to ``n``;
-2. for the bulk, the nodes with the most empty GPUs, nodes whose GPUs are all empty before others at a tie
-   (the gang takes them whole and leaves no node half used);
+2. for the bulk, the nodes with the most empty GPUs, nodes whose GPUs of the kind are all empty before others
+   at a tie (the gang takes them whole and leaves no node half used);
 3. for the rest, the node with the fewest empty GPUs that still holds it (the tightest fit).
 
 Members are full-size MIG instances on empty MIG GPUs or whole plain (non-MIG) GPUs, never a mix of the two,
@@ -29,21 +29,45 @@ from shared.policy.request import Demand, full_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 
-def node_sizes(snap: ClusterSnapshot) -> npt.NDArray[np.intp]:
-    """GPUs per node, indexed as ``ClusterSnapshot.node_idx``."""
-    return np.bincount(np.asarray(snap.node_idx), minlength=1) if len(snap) else np.zeros(1, dtype=np.intp)
+def node_sizes(snap: ClusterSnapshot, mig: bool | None = None) -> npt.NDArray[np.intp]:
+    """GPUs per node, indexed as ``ClusterSnapshot.node_idx``; ``mig``: only those in MIG mode (True) or not
+    (False). Every registered GPU counts, healthy or not."""
+    if not len(snap):
+        return np.zeros(1, dtype=np.intp)
+    nodes = np.asarray(snap.node_idx)
+    if mig is not None:
+        nodes = nodes[np.asarray(snap.mig, dtype=bool) == mig]
+    return np.bincount(nodes, minlength=int(np.asarray(snap.node_idx).max()) + 1)
+
+
+def node_capacity(snap: ClusterSnapshot) -> npt.NDArray[np.intp]:
+    """Per node, the most members a gang could have there: its GPUs of one kind, in MIG mode or not (a gang
+    never mixes the two)."""
+    return np.maximum(node_sizes(snap, mig=True), node_sizes(snap, mig=False))
 
 
 def spans_nodes(snap: ClusterSnapshot, demand: Demand) -> bool:
-    """Whether the demand is a gang bigger than every node of the cluster (so it must span nodes)."""
-    return demand.kind == "gpus" and demand.gpus > int(node_sizes(snap).max())
+    """Whether the demand is a gang that no node of the cluster could ever hold (more GPUs than any node has of
+    one kind), so it must span nodes."""
+    return demand.kind == "gpus" and demand.gpus > int(node_capacity(snap).max())
 
 
-def never_fits(demand: Demand, cluster_gpus: int) -> str | None:
-    """Why no set of nodes in a cluster of ``cluster_gpus`` GPUs could ever host the demand (None: some could)."""
-    if demand.kind == "gpus" and demand.gpus > cluster_gpus:
-        return f"needs {demand.gpus} GPUs; the cluster has {cluster_gpus}"
-    return None
+def gang_capacity(snap: ClusterSnapshot) -> int:
+    """The most GPUs one gang could ever hold in the cluster: those of its larger kind, in MIG mode or not."""
+    mig = int(np.asarray(snap.mig, dtype=bool).sum()) if len(snap) else 0
+    return max(mig, len(snap) - mig)
+
+
+def never_fits(demand: Demand, cluster_gpus: int, of_one_kind: int | None = None) -> str | None:
+    """Why no set of nodes in a cluster of ``cluster_gpus`` GPUs, ``of_one_kind`` of them of its larger kind
+    (``gang_capacity``; default: all), could ever host the demand (None: some could)."""
+    cap = cluster_gpus if of_one_kind is None else of_one_kind
+    if demand.kind != "gpus" or demand.gpus <= cap:
+        return None
+    if cap < cluster_gpus:
+        return (f"needs {demand.gpus} GPUs of one kind; the cluster has {cluster_gpus}, at most {cap} of one kind "
+                "(a gang never mixes GPUs in MIG mode with others)")
+    return f"needs {demand.gpus} GPUs; the cluster has {cluster_gpus}"
 
 
 def choose_nodes(free: Sequence[int], whole: Sequence[bool], n: int) -> list[tuple[int, int]] | None:
@@ -65,9 +89,9 @@ def choose_nodes(free: Sequence[int], whole: Sequence[bool], n: int) -> list[tup
 def place_across(snap: ClusterSnapshot, job: JobRequest, policy: str) -> Decision:
     """All ``gpus`` of the job on as few nodes as possible (see the module docstring), or CannotPlace."""
     n = job.demand.gpus
-    sizes = node_sizes(snap)
     tried: list[str] = []
-    for kind, usable in (("plain", _free_plain(snap)), ("MIG", _empty_mig(snap))):
+    for kind, usable, sizes in (("plain", _free_plain(snap), node_sizes(snap, mig=False)),
+                                ("MIG", _empty_mig(snap), node_sizes(snap, mig=True))):
         free = np.bincount(np.asarray(snap.node_idx)[usable], minlength=sizes.size)
         picked = _pick(snap, usable, free, sizes, n)
         if picked is None:
