@@ -19,7 +19,7 @@ import msgspec
 from migsched import endpoints
 from migsched.clusterview import all_holds, job_row
 from shared.events import JobSubmit
-from shared.state import RedisState
+from shared.state import JobRecord, RedisState
 
 
 def _when(t: float) -> str:
@@ -47,7 +47,7 @@ def render(info: dict[str, Any], now: float) -> str:
     lines = [f"job {rec.job_id}: {rec.state}" + (f" (submitted {now - since:.0f} s ago)" if since else "")]
     if spec is not None:
         lines.append(
-            f"  asks {spec.demand.label()} for tenant {spec.tenant}, priority {spec.priority}"
+            f"  asks {spec.demand.label()} for tenant {spec.tenant}, priority {_priority(rec, spec)}"
             + (f", hint {spec.duration_hint_s:g} s" if spec.duration_hint_s else "")
             + (f", patience {spec.patience_s:g} s" if spec.patience_s else "")
         )
@@ -65,6 +65,15 @@ def render(info: dict[str, Any], now: float) -> str:
     for e in info["history"]:
         lines.append(f"  {_when(e.at)}  {e.prev or '-'} -> {e.to}" + (f": {e.reason}" if e.reason else ""))
     return "\n".join(lines)
+
+
+def _priority(rec: JobRecord, spec: JobSubmit) -> str:
+    """The priority the scheduler ranks the job by: with a tenancy file, its priority class's value (recorded when
+    it was queued or placed), not the submit's own number."""
+    prio = rec.prio if rec.at else spec.priority  # a job rejected on arrival was never ranked
+    if spec.priority_class:
+        return f"{prio} (class {spec.priority_class})"
+    return f"{prio} (by priority class)" if prio != spec.priority else str(prio)
 
 
 @click.command("describe")

@@ -135,6 +135,23 @@ def test_describe_lists_a_gang_across_nodes_node_by_node() -> None:
     assert "holds on a: a/0 (gpu@0:g), a/1 (gpu@0:g)" in text and "holds on b: b/3 (gpu@0:g)" in text
 
 
+def test_describe_gives_the_priority_the_job_is_ranked_by_not_only_the_number_it_was_submitted_with() -> None:
+    from migsched.commands.describe import render
+    from shared.state import JobRecord
+
+    def asks(rec: JobRecord, **spec: object) -> str:
+        sub = MigschedClient.job(job_id="j", gpus=1, tenant="train", **spec)  # type: ignore[arg-type]
+        return render({"record": rec, "spec": sub, "history": [], "holds": []}, 0.0).splitlines()[1]
+
+    ranked = JobRecord(job_id="j", state="running", prio=1000, at=1.0)
+    assert asks(ranked) == "  asks 1xGPU for tenant train, priority 1000 (by priority class)"
+    assert asks(ranked, priority_class="high").endswith("priority 1000 (class high)")
+    plain = JobRecord(job_id="j", state="pending", prio=3, at=1.0)
+    assert asks(plain, priority=3).endswith("priority 3")
+    refused = JobRecord(job_id="j", state="rejected")  # rejected on arrival: never ranked
+    assert asks(refused, priority=7).endswith("priority 7")
+
+
 @pytest.mark.parametrize("verb", [["status"], ["describe", "j1"], ["check"], ["quota", "recount"]])
 def test_a_verb_that_cannot_reach_redis_says_so_in_one_line_without_the_password(verb: list[str]) -> None:
     r = CliRunner().invoke(main, [*verb, "--redis-url", "redis://:s3cret@127.0.0.1:1/0"])  # nothing on port 1
