@@ -38,7 +38,7 @@ from shared.errors import MigschedError
 from shared.mig.geometry import default_geometry
 from shared.state import RedisState, Violation, empty_shard, shard_of
 from shared.state.check import audit
-from shared.state.codec import _s, script_source
+from shared.state.codec import _s, decode_slots, script_source
 from shared.state.job_routes import route_shard
 
 ACTIVE = ("placing", "running", "migrating")
@@ -54,6 +54,7 @@ for _, id in ipairs(redis.call('SMEMBERS', P .. ':jobs')) do
   table.insert(jobs, id)
   for n = 1, 3 do table.insert(jobs, f[n] or '') end
   table.insert(jobs, (f[5] == false or f[5] == '') and (f[4] or '') or '')  -- a gang's parts are not compared
+  table.insert(jobs, f[5] or '')  -- a gang's slots: the nodes it runs on
 end
 return {placing, jobs}
 """
@@ -86,23 +87,27 @@ class ReadOnlyState(RedisState):
 
 async def cross_checks(
     state: RedisState, shard: int
-) -> tuple[list[Violation], dict[str, tuple[str, str, float]], dict[str, str]]:
-    """Placing-set violations of one shard, job -> (state, node, updated) for every known job, and job -> its
-    instance for the jobs that hold one (not gangs)."""
+) -> tuple[list[Violation], dict[str, tuple[str, str, float]], dict[str, str], dict[str, frozenset[str]]]:
+    """Placing-set violations of one shard, job -> (state, node, updated) for every known job, job -> its
+    instance for the jobs that hold one (not gangs), and job -> its nodes for the gangs."""
     k = state.keys(shard)
     placing_raw, raw_jobs = await state.redis.eval_ro(_EXTRA, 1, k.gpus)
     placing = {_s(p) for p in placing_raw}
     jobs: dict[str, tuple[str, str, float]] = {}
     insts: dict[str, str] = {}
-    for n in range(0, len(raw_jobs), 5):
+    gangs: dict[str, frozenset[str]] = {}
+    for n in range(0, len(raw_jobs), 6):
         upd = _s(raw_jobs[n + 3])
         try:
             at = float(upd) if upd else 0.0
         except ValueError:
             at = 0.0
-        jobs[_s(raw_jobs[n])] = (_s(raw_jobs[n + 1]), _s(raw_jobs[n + 2]), at)
+        job = _s(raw_jobs[n])
+        jobs[job] = (_s(raw_jobs[n + 1]), _s(raw_jobs[n + 2]), at)
         if raw_jobs[n + 4]:
-            insts[_s(raw_jobs[n])] = _s(raw_jobs[n + 4])
+            insts[job] = _s(raw_jobs[n + 4])
+        if raw_jobs[n + 5]:
+            gangs[job] = frozenset(g.rpartition("/")[0] for g, _ in decode_slots(_s(raw_jobs[n + 5])))
     out: list[Violation] = []
     for job, (st, _node, _at) in sorted(jobs.items()):
         if st == "placing" and job not in placing:
@@ -113,7 +118,7 @@ async def cross_checks(
             out.append(Violation(kind="placing", subject=job, detail=f"state {st} but in the placing set"))
     for job in sorted(placing - set(jobs)):
         out.append(Violation(kind="placing", subject=job, detail="in the placing set but unknown"))
-    return out, jobs, insts
+    return out, jobs, insts, gangs
 
 
 def shard_checks(nodes: Sequence[int], waiting: Sequence[int]) -> list[Violation]:
@@ -180,15 +185,21 @@ def executor_checks(
     *,
     slots: Mapping[str, Mapping[str, str]] | None = None,
     insts: Mapping[str, str] | None = None,
+    gangs: Mapping[str, frozenset[str]] | None = None,
 ) -> list[Violation]:
     """Compare the state with what each node reported. ``heartbeats``: node -> [(received at, running)];
     ``slots``: node -> job -> where its last heartbeat runs it (``slot_text``); ``insts``: job -> the state's
-    instance id (``<gpu id>:<profile>@<start>:...``).
+    instance id (``<gpu id>:<profile>@<start>:...``); ``gangs``: job -> every node a gang runs on (each runs its
+    part; ``jobs`` names the first).
 
     Only what is settled is judged: a job whose state changed after the node's first heartbeat of the window
     (minus ``margin_s``) may legitimately still be on its way, and a lost node is not expected to report."""
     out: list[Violation] = []
-    slots, insts = slots or {}, insts or {}
+    slots, insts, gangs = slots or {}, insts or {}, gangs or {}
+
+    def nodes_of(job: str, node: str) -> frozenset[str]:
+        return gangs.get(job) or frozenset((node,))
+
     for node, beats in sorted(heartbeats.items()):
         if not beats or node in lost_nodes:
             continue
@@ -196,7 +207,7 @@ def executor_checks(
         last_running = max(beats, key=lambda b: b[0])[1]
         always = set.intersection(*(r for _, r in beats))
         for job, (st, jnode, at) in sorted(jobs.items()):
-            if st in ("running",) and jnode == node and at < first and job not in last_running:
+            if st in ("running",) and node in nodes_of(job, jnode) and at < first and job not in last_running:
                 out.append(
                     Violation(
                         kind="executor",
@@ -208,8 +219,8 @@ def executor_checks(
             st, jnode, at = jobs.get(job, ("unknown", "", 0.0))
             if at >= first:
                 continue
-            if st not in ACTIVE or jnode != node:
-                where = f" on {jnode}" if jnode and st in ACTIVE else ""
+            if st not in ACTIVE or node not in nodes_of(job, jnode):
+                where = f" on {', '.join(sorted(nodes_of(job, jnode)))}" if jnode and st in ACTIVE else ""
                 out.append(
                     Violation(
                         kind="executor",
@@ -260,7 +271,8 @@ async def listen_heartbeats(
         slots[hb.node] = {s.job_id: slot_text(s.gpu_index, s.profile, s.start) for s in hb.slots}
 
     try:
-        nc = await nats.connect(nats_url, name="migsched-check", connect_timeout=5, max_reconnect_attempts=1)
+        servers = [u.strip() for u in nats_url.split(",") if u.strip()]  # a cluster's list, as the services take it
+        nc = await nats.connect(servers, name="migsched-check", connect_timeout=5, max_reconnect_attempts=1)
     except Exception as exc:
         raise CheckError(f"cannot reach NATS at {endpoints.safe_url(nats_url)}: {exc!r}") from None
     try:
@@ -290,12 +302,14 @@ async def run_check(
         out = list(await audit(state, geometry))
         jobs: dict[str, tuple[str, str, float]] = {}
         insts: dict[str, str] = {}
+        gangs: dict[str, frozenset[str]] = {}
         waiting: list[int] = []
         recorded: list[set[str]] = []
         for shard in range(shards):
-            extra, js, ins = await cross_checks(state, shard)
+            extra, js, ins, gs = await cross_checks(state, shard)
             out.extend(extra)
             jobs.update(js)
+            gangs.update(gs)
             insts.update(ins)
             recorded.append(set(js))
             waiting.append(sum(1 for st, _, _ in js.values() if st == "pending"))
@@ -308,7 +322,7 @@ async def run_check(
         out.extend(block_checks(by_shard))
         if executors_s > 0:
             lost = {n for ns in by_shard for n, h in ns.items() if h.get("state") == "lost"}
-            out.extend(executor_checks(jobs, beats, lost, slots=slots, insts=insts))
+            out.extend(executor_checks(jobs, beats, lost, slots=slots, insts=insts, gangs=gangs))
         return out
     except ShardCountMismatch as exc:
         raise CheckError(str(exc)) from None

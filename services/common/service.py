@@ -122,8 +122,12 @@ class Service:
                 pass
             try:
                 await fn()
-            except Exception:  # a periodic job must survive a Redis/NATS hiccup
-                self.log.exception("periodic %s failed", name)
+            except Exception as exc:  # a periodic job must survive a Redis/NATS hiccup
+                if is_outage(exc):  # a server down or failing over: expected, and retried at the next tick
+                    self.log.warning("periodic %s skipped: a server is not answering (%s: %s)", name,
+                                     type(exc).__name__, exc)
+                else:
+                    self.log.exception("periodic %s failed", name)
 
     async def stop(self, close: bool = True) -> None:
         self._stopping.set()

@@ -42,3 +42,13 @@ def test_the_executor_cross_check_reports_a_job_run_on_another_instance_than_the
     # a gang's parts are not compared (no single instance); a job placed within the window may be on its way
     assert [(v.subject, v.detail) for v in found] == [
         ("moved", "n1 runs it on GPU 1 1g.5gb@6, but the state has it on n1/0:1g.5gb@6:moved")]
+
+
+def test_a_gang_across_nodes_is_expected_in_the_heartbeat_of_each_of_its_nodes() -> None:
+    t = 1000.0
+    jobs = {"gang": ("running", "n1", t - 10), "half": ("running", "n1", t - 10)}  # the state names the first node
+    gangs = {"gang": frozenset({"n1", "n2"}), "half": frozenset({"n1", "n2"})}
+    beats = {"n1": [(t, {"gang", "half"})], "n2": [(t, {"gang"})], "n3": [(t, {"gang"})]}
+    found = {v.subject: v.detail for v in check.executor_checks(jobs, beats, lost_nodes=set(), gangs=gangs)}
+    assert found == {"gang": "n3 runs it, but the state has it running on n1, n2",
+                     "half": "running on n2 per the state, but n2's heartbeat does not list it"}
