@@ -51,7 +51,9 @@ async def letters(bus: JetStreamBus, limit: int = 100) -> AsyncIterator[DeadLett
         info = await bus.js.stream_info(stream)
     except NotFoundError:
         return
-    first, last = info.state.first_seq, info.state.last_seq
+    if not info.state.messages:  # an empty stream reports sequence 0, which no read accepts
+        return
+    first, last = max(1, info.state.first_seq), info.state.last_seq
     for seq in range(max(first, last - limit + 1), last + 1):
         try:
             m = await bus.js.get_msg(stream, seq=seq)

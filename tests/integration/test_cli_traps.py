@@ -137,6 +137,8 @@ async def test_dlq_lists_a_refused_message_with_its_reason_and_replays_one_onto_
 ) -> None:
     cli, _ = live
     bus = cli.ns.bus
+    empty = await cli("dlq")  # the stream exists and never held a message: it reports sequence 0
+    assert empty.exit_code == 0 and "no dead letters" in empty.stdout, empty.output
     bad = b'{"v":1,"id":"s-bad","job_id":"bad","demand":{"kind":"mig"},"submitted_at":1.0}'
     await bus.js.publish(bus.subjects.jobs_submit, bad, headers={"Nats-Msg-Id": "s-bad"})
 
