@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 from rich.console import Group
@@ -82,6 +82,8 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     """GPUs the balancer holds for large waiting jobs, as its last backfill pass planned them."""
     rows: dict[str, JobRow] = {}
     """job id -> its tenant, demand and submit time"""
+    blocks: dict[str, str] = {}
+    """node -> its topology block (``MIGSCHED_NODE_LABELS``), for the nodes that declared one"""
 
     @property
     def busy_slices(self) -> int:
@@ -149,7 +151,9 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
     jobs = {r.job_id: r.state for r in recs}
     rows = {r.job_id: job_row(r) for r in recs}
     reasons = {r.job_id: r.reason for r in recs if r.state == "pending"}
-    nodes = {n: h.get("state", "?") for n, h in (await state.nodes()).items()}
+    records = await state.nodes()
+    nodes = {n: h.get("state", "?") for n, h in records.items()}
+    blocks = {n: b for n, h in records.items() if (b := _block(h.get("labels", "")))}
     counts = Counter(jobs.values())
     holds = await all_holds(state)
     for h in holds:  # a held job waits for its GPUs to drain: say so beside its last reason
@@ -165,7 +169,17 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
         reasons=reasons,
         holds=tuple(holds),
         rows=rows,
+        blocks=blocks,
     )
+
+
+def _block(labels: str) -> str:
+    """The ``block`` of a node record's ``labels`` JSON ('' when it has none, or they are unreadable)."""
+    try:
+        got = msgspec.json.decode(labels or "{}")
+    except msgspec.DecodeError:
+        return ""
+    return str(got.get("block", "")) if isinstance(got, dict) else ""
 
 
 async def all_holds(state: RedisState) -> list[Reservation]:
@@ -277,7 +291,10 @@ def render(
         slices = compact_slices(g) if compact else Text(g.slices, style="green" if g.load else "dim")
         gpus.add_row(name, slices, f"{g.load:.2f}", f"{g.frag_cost:.2f}")
     counts = "  ".join(f"[{_STYLE.get(s, '')}]{s} {n}[/]" for s, n in view.counts.items())
-    parts: list[object] = [gpus, Text.from_markup(f"jobs: {counts}")]
+    parts: list[object] = [gpus]
+    if view.blocks:
+        parts.append(Text(f"blocks: {blocks_line(view.blocks)}"))
+    parts.append(Text.from_markup(f"jobs: {counts}"))
     wanted = set(states) or {"pending", "placing", "running", "migrating"}
     listed = [(j, s) for j, s in view.jobs.items()
               if s in wanted and (not tenants or view.rows.get(j, JobRow()).tenant in tenants)]
@@ -306,6 +323,14 @@ def render(
             t.add_row(h.job_id, held_gpus(h.gpus), f"in {left:.0f} s" if left >= 0.5 else "now", h.reason)
         parts.append(t)
     return Group(*parts)  # type: ignore[arg-type]
+
+
+def blocks_line(blocks: Mapping[str, str]) -> str:
+    """Each topology block with its nodes: ``b0 (n1, n2); b1 (n3)``."""
+    by_block: dict[str, list[str]] = {}
+    for node, block in sorted(blocks.items()):
+        by_block.setdefault(block, []).append(node)
+    return "; ".join(f"{b} ({', '.join(ns)})" for b, ns in sorted(by_block.items()))
 
 
 def held_gpus(gpus: Sequence[str]) -> str:

@@ -13,6 +13,7 @@ import pytest
 from plain_cluster import GANG_TENANCY, GEO, Env, mirror_has, scripted_cluster, submit, until
 from prometheus_client import REGISTRY
 
+from migsched import clusterview
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.bus import Outgoing
 from shared.events import Demand, JobSubmit, Topology, now
@@ -248,6 +249,7 @@ async def test_with_several_shards_a_blocks_nodes_share_its_shard_and_a_gang_fit
                 await ex.heartbeat()
             seen = await fresh.nodes()
             assert sorted(seen) == sorted(blocks) and all(h.get("state") == "up" for h in seen.values())
+            assert (await clusterview.read(fresh, GEO)).blocks == blocks  # what `migsched status` lists
         finally:
             await fresh.close()
         # a gang of four in the shard of b1's nodes (the job's shard is its id's)

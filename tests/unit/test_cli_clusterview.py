@@ -183,3 +183,15 @@ def test_a_hold_lists_its_gpus_by_node_as_runs_of_indices() -> None:
     gpus = [f"n1/{i}" for i in (7, 0, 1, 2, 3, 4, 5, 6)] + ["n2/0", "n2/1", "n2/3", "odd-id"]
     assert held_gpus(gpus) == "n1/0-7, n2/0-1,3, odd-id"
     assert held_gpus(["n1/4"]) == "n1/4"
+
+
+def test_status_lists_each_topology_block_with_its_nodes_when_nodes_declare_them() -> None:
+    base = {"at": 0.0, "namespace": "", "gpus": (gpu_row(gpu(), GEO),), "jobs": {}, "counts": {}}
+    labelled = ClusterView(nodes={"n1": "up", "n2": "up", "n3": "up"}, blocks={"n1": "b0", "n3": "b0", "n2": "b1"},
+                           **base)  # type: ignore[arg-type]
+    console = Console(record=True, width=160)
+    console.print(render(labelled))
+    assert "blocks: b0 (n1, n3); b1 (n2)" in console.export_text()
+    console = Console(record=True, width=160)
+    console.print(render(ClusterView(nodes={"n1": "up"}, **base)))  # type: ignore[arg-type]
+    assert "blocks:" not in console.export_text()
