@@ -8,8 +8,8 @@ with no GPU in MIG mode of a model that has its profile, a share with no time-sl
 home holds no GPU while others do, goes to a shard that can host it: the one with the most empty GPUs
 (``route_for``, here). A job its home cannot place now goes to a shard that can (``Decider._now_elsewhere``,
 which decides on that shard's mirror). A large job (whole GPUs) that no shard can place now goes where it is
-expected to start soonest, behind that shard's holds (``sooner_elsewhere``): a job waits in the shard it was
-routed to, so a gang sent to a shard whose GPUs free in an hour would wait there while another's free in a
+expected to start soonest, behind the large jobs queued there (``sooner_elsewhere``): a job waits in the shard it
+was routed to, so a gang sent to a shard whose GPUs free in an hour would wait there while another's free in a
 minute. A job no shard could ever host stays at home and is rejected there, with the reason.
 """
 
@@ -28,7 +28,7 @@ from shared.mig.geometry import Geometry
 from shared.policy.placement.gang import gang_capacity, never_fits
 from shared.policy.placement.topology import never_within, only
 from shared.policy.request import Demand, resolve_profile
-from shared.policy.reservation import Reservation, plan, whole_gpus
+from shared.policy.reservation import plan, whole_gpus
 from shared.policy.reserve import free_full
 from shared.policy.snapshot import ClusterSnapshot
 
@@ -183,16 +183,15 @@ def expected_start(shards: Shards, shard: int, sub: JobSubmit, now: float) -> fl
         end = r.start + a.hint_s if a.hint_s is not None else math.inf
         free_at[[snap.position[g] for g in r.gpus]] = end
     deadline = sub.submitted_at + sub.patience_s if sub.patience_s is not None else math.inf
-    plain = sub.demand.kind == "gpus"
     within = shards.within(shard, sub)
-    starts = [_start(plan(part, sub.job_id, need, now, deadline, free_at=free_at[[snap.position[g.id]
-                                                                                  for g in part.gpus]],
-                          plain=plain))
-              for part in (only(snap, nodes) for _d, nodes in within.get("domains", ()))]
+
+    def start(part: ClusterSnapshot) -> float:
+        """The soonest start on ``part`` of the shard (a domain's nodes, or all of them)."""
+        free = free_at if part is snap else free_at[[snap.position[g.id] for g in part.gpus]]
+        r = plan(part, sub.job_id, need, now, deadline, free_at=free, plain=sub.demand.kind == "gpus")
+        return math.inf if r is None else r.start
+
+    starts = [start(only(snap, nodes)) for _domain, nodes in within.get("domains", ())]
     if not starts or (min(starts) == math.inf and not within.get("domain_required")):
-        starts.append(_start(plan(snap, sub.job_id, need, now, deadline, free_at=free_at, plain=plain)))
+        starts.append(start(snap))  # a preferred domain: anywhere when none can
     return min(starts)
-
-
-def _start(r: Reservation | None) -> float:
-    return math.inf if r is None else r.start

@@ -21,7 +21,7 @@ class BusHealth:
     """``connected``: the connection is up now; ``since``: ``time.monotonic()`` of the last change (connect,
     disconnect or reconnect); ``outages``: how many times it went down."""
 
-    __slots__ = ("_chained", "_errors_logged_at", "_errors_since_log", "connected", "last_error", "outages", "since")
+    __slots__ = ("_chained", "_errors", "connected", "last_error", "outages", "since")
 
     def __init__(self, connected: bool = True) -> None:
         self.connected = connected
@@ -30,20 +30,21 @@ class BusHealth:
         self.last_error = ""
         """The connection's last error, as one line (``BusError`` quotes it when a client gives up)."""
         self._chained: dict[str, Callback | None] = {}
-        self._errors_logged_at = -ERROR_LOG_EVERY_S
-        self._errors_since_log = 0
+        self._errors: dict[str, tuple[float, int]] = {}
+        """Per kind of error: when it was last logged, and how many came since."""
 
     async def on_error(self, exc: Exception) -> None:
-        """One warning line per error, at most one every ``ERROR_LOG_EVERY_S`` with a count of the others:
-        nats-py's own callback logs a traceback at each retry, two a second while a server is down."""
-        self.last_error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        self._errors_since_log += 1
+        """One warning line per kind of error, at most one every ``ERROR_LOG_EVERY_S`` with a count of the
+        others: nats-py's own callback logs a traceback at each retry, two a second while a server is down."""
+        kind = type(exc).__name__
+        self.last_error = f"{kind}: {exc}" if str(exc) else kind
+        logged_at, since = self._errors.get(kind, (-ERROR_LOG_EVERY_S, 0))
         now = time.monotonic()
-        if now - self._errors_logged_at >= ERROR_LOG_EVERY_S:
-            more = self._errors_since_log - 1
-            log.warning("NATS: %s%s; retrying", self.last_error,
-                        f" ({more} more since the last report)" if more else "")
-            self._errors_logged_at, self._errors_since_log = now, 0
+        if now - logged_at < ERROR_LOG_EVERY_S:
+            self._errors[kind] = (logged_at, since + 1)
+            return
+        log.warning("NATS: %s%s", self.last_error, f" ({since} more since the last report)" if since else "")
+        self._errors[kind] = (now, 0)
 
     def up_for(self, now: float | None = None) -> float:
         """Seconds the connection has been up without a break (0 while it is down)."""
