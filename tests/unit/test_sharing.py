@@ -189,7 +189,9 @@ def test_in_mixed_clusters_every_placement_respects_each_gpus_sharing_mode(
         assert not g.mig and g.replicas >= 1 and shares_used(g) < g.replicas
         assert d.slot.start == free_replica(g)
     else:
-        largest = max(sum(1 for g in snap.gpus if g.node == n) for n in {g.node for g in snap.gpus})
+        # a node's room for a gang: its GPUs of one kind (a gang never mixes MIG and plain GPUs)
+        largest = max(sum(1 for g in snap.gpus if g.node == n and g.mig == mig)
+                      for n in {g.node for g in snap.gpus} for mig in (False, True))
         assert len(gpus) == demand.gpus
         assert len({g.node for g in gpus}) == (1 if demand.gpus <= largest else -(-demand.gpus // largest))
         assert len({g.mig for g in gpus}) == 1
