@@ -25,6 +25,8 @@ from shared.localservers import LocalServer, free_port, resolve
 from shared.settings import Settings, load
 
 REPO = Path(__file__).resolve().parents[1]
+RESTARTS = 5
+"""Restarts of one process ``migsched up`` makes before it gives up on the stack (``Stack.revive``)."""
 SCHEDULERS = ("balancer", "registry", "migration_planner")
 
 
@@ -210,6 +212,23 @@ class Stack:
                 with p.log.open("a") as fh:
                     fh.write(f"--- metrics port taken; restarting on {p.env['MIGSCHED_METRICS_PORT']}\n")
                 self._spawn(p)
+
+    def revive(self, limit: int = RESTARTS) -> list[str]:
+        """Start again each process that died, as a supervisor would (systemd's Restart=on-failure, a
+        Deployment's pods): one line per restart, saying how it ended. A process that died ``limit`` times is
+        given up on (``StackError``): it fails on its own, not by accident."""
+        said = []
+        for p in self.dead():
+            code = p.popen.returncode if p.popen else "?"
+            if p.restarts >= limit:
+                raise StackError(f"{p.name} exited with {code} {p.restarts + 1} times; giving up "
+                                 f"(last log lines: {tail(p.log, 3)!r})")
+            p.restarts += 1
+            with p.log.open("a") as fh:
+                fh.write(f"--- exited with {code}; restarting ({p.restarts} of {limit})\n")
+            self._spawn(p)
+            said.append(f"{p.name} exited with {code}; restarted ({p.restarts} of {limit})")
+        return said
 
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if p.popen is not None and p.popen.poll() is not None]

@@ -214,7 +214,8 @@ async def _serve(stack: Stack, console: Console) -> None:
                   + " Ctrl-C stops.")
     stop = _stop_event()
     while not stop.is_set():
-        stack.check_alive()
+        for line in stack.revive():  # an executor killed to try node loss comes back and registers afresh
+            console.print(f"[yellow]{line}[/]")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
 
