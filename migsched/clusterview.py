@@ -271,27 +271,14 @@ def render(
     width: int = 120,
     tenants: Sequence[str] = (),
     states: Sequence[str] = (),
+    machines: Table | None = None,
 ) -> Group:
     """For a terminal ``width`` columns wide: below 120 the slices are drawn compactly; long names and reasons
-    wrap rather than being cut. ``tenants``/``states`` filter the jobs table (default: the active states)."""
+    wrap rather than being cut. ``tenants``/``states`` filter the jobs table (default: the active states).
+    ``machines``: the table of the cluster's machines to show instead of one row per GPU (``nodeview``)."""
     compact = width < 120 if compact is None else compact
-    gpus = Table(
-        title=f"{title} — {len(view.gpus)} GPUs on {len(view.nodes)} nodes",
-        expand=False,
-        title_justify="left",
-    )
-    gpus.add_column("GPU", overflow="fold")
-    gpus.add_column("memory slices 0..7: who holds them", no_wrap=compact, overflow="fold")
-    gpus.add_column("load", justify="right", no_wrap=True)
-    gpus.add_column("Frag", justify="right", no_wrap=True)
-    for g in view.gpus:
-        name = f"{g.id} {g.model}" + ("" if g.healthy else " (unhealthy)")
-        if view.nodes.get(g.node) == "lost":
-            name += " (node lost)"
-        slices = compact_slices(g) if compact else Text(g.slices, style="green" if g.load else "dim")
-        gpus.add_row(name, slices, f"{g.load:.2f}", f"{g.frag_cost:.2f}")
+    parts: list[object] = [machines if machines is not None else gpu_table(view, title, compact)]
     counts = "  ".join(f"[{_STYLE.get(s, '')}]{s} {n}[/]" for s, n in view.counts.items())
-    parts: list[object] = [gpus]
     if view.blocks:
         parts.append(Text(f"blocks: {blocks_line(view.blocks)}"))
     parts.append(Text.from_markup(f"jobs: {counts}"))
@@ -323,6 +310,22 @@ def render(
             t.add_row(h.job_id, held_gpus(h.gpus), f"in {left:.0f} s" if left >= 0.5 else "now", h.reason)
         parts.append(t)
     return Group(*parts)  # type: ignore[arg-type]
+
+
+def gpu_table(view: ClusterView, title: str, compact: bool) -> Table:
+    gpus = Table(title=f"{title} — {len(view.gpus)} GPUs on {len(view.nodes)} nodes", expand=False,
+                 title_justify="left")
+    gpus.add_column("GPU", overflow="fold")
+    gpus.add_column("memory slices 0..7: who holds them", no_wrap=compact, overflow="fold")
+    gpus.add_column("load", justify="right", no_wrap=True)
+    gpus.add_column("Frag", justify="right", no_wrap=True)
+    for g in view.gpus:
+        name = f"{g.id} {g.model}" + ("" if g.healthy else " (unhealthy)")
+        if view.nodes.get(g.node) == "lost":
+            name += " (node lost)"
+        slices = compact_slices(g) if compact else Text(g.slices, style="green" if g.load else "dim")
+        gpus.add_row(name, slices, f"{g.load:.2f}", f"{g.frag_cost:.2f}")
+    return gpus
 
 
 def blocks_line(blocks: Mapping[str, str]) -> str:

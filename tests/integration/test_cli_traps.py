@@ -229,3 +229,19 @@ def test_a_gangs_topology_and_launch_reach_the_submit_message() -> None:
     msg = MigschedClient.job(job_id="g", gpus=64, topology=_topology("rack:required"), launch="per-node")
     assert (msg.topology.level, msg.topology.mode) == ("rack", "required")  # type: ignore[union-attr]
     assert msg.workload.launch == "per-node" and _topology("block").mode == "preferred"  # type: ignore[union-attr]
+
+
+async def test_status_lists_one_row_per_node_on_request_and_only_the_nodes_asked_for(
+    live: tuple[Cli, ScriptedExecutor],
+) -> None:
+    cli, _ = live
+    assert (await cli("submit", "--profile", "3g", "--job-id", "one")).exit_code == 0
+    assert await until(lambda: _is(cli, "one", "running"))
+    by_node = await cli("status", "--by-node")
+    assert by_node.exit_code == 0, by_node.output
+    assert "1 GPUs on 1 nodes" in by_node.stdout and "n1/0 A100-40GB" not in by_node.stdout
+    assert "│ n1 " in by_node.stdout and "▒" in by_node.stdout  # a 3g: the GPU partly used
+    only = await cli("status", "--node", "n1")
+    assert only.exit_code == 0 and "n1/0 A100-40GB" in only.stdout, only.output
+    unknown = await cli("status", "--node", "n9")
+    assert unknown.exit_code == 2 and "no node n9 in this cluster" in unknown.output

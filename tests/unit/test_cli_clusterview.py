@@ -195,3 +195,28 @@ def test_status_lists_each_topology_block_with_its_nodes_when_nodes_declare_them
     console = Console(record=True, width=160)
     console.print(render(ClusterView(nodes={"n1": "up"}, **base)))  # type: ignore[arg-type]
     assert "blocks:" not in console.export_text()
+
+
+def test_a_large_cluster_is_listed_one_row_per_node_with_a_mark_per_gpu() -> None:
+    from migsched.nodeview import node_table
+
+    def inst(profile: str, start: int, size: int, compute: int, job: str | None) -> StoredInstance:
+        return StoredInstance(id=f"{profile}@{start}", profile=profile, start=start, size=size, compute=compute,
+                              state="busy" if job else "idle", job=job)
+
+    mig = [StoredGpu(id="a/0", node="a", index=0, model="A100-40GB", instances=[inst("7g.40gb", 0, 8, 7, "big")]),
+           StoredGpu(id="a/1", node="a", index=1, model="A100-40GB", instances=[inst("3g.20gb", 4, 4, 3, "half")]),
+           StoredGpu(id="a/2", node="a", index=2, model="A100-40GB", instances=[inst("1g.5gb", 0, 1, 1, None)]),
+           StoredGpu(id="a/3", node="a", index=3, model="A100-40GB", healthy=False)]
+    plain = [StoredGpu(id=f"b/{i}", node="b", index=i, model="A100-40GB", mig=False,
+                       instances=[inst("gpu", 0, 8, 7, "whole")] if i == 0 else []) for i in range(2)]
+    view = ClusterView(at=0.0, namespace="", nodes={"a": "up", "b": "lost"}, blocks={"a": "b0"},
+                       gpus=tuple(gpu_row(g, GEO) for g in mig + plain), jobs={}, counts={})
+    console = Console(record=True, width=160)
+    console.print(render(view, machines=node_table(view, "migsched cluster")))
+    text = console.export_text()
+    assert "6 GPUs on 2 nodes" in text and "a/0 A100-40GB" not in text  # no row per GPU
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in text.splitlines() if line.startswith("│")}
+    assert rows["a"] == ["b0", "4 MIG", "█▒·x", "1", "0.36"]  # an idle instance leaves its GPU empty
+    assert rows["b (lost)"] == ["-", "2 plain", "█·", "1", "0.50"]
