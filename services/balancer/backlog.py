@@ -3,9 +3,10 @@
 A job waits in the shard it was sent to, so where a large job (whole GPUs) that no shard can place now should
 wait depends on when it would start in each: after the shard's running jobs end (their hints) and after the large
 jobs queued ahead of it start and end in turn (``routing.expected_start``). Each backfill pass sets a shard's
-backlog from the head of its queue; a new large job queued between passes joins the backlog of its shard at once,
-so that the next one sees it there (jobs arriving together do not all go where the GPUs free first). Large jobs
-only: a small one starts in whatever frees first and delays no large job it would have to queue behind.
+backlog from the head of its queue; a new large job joins the backlog of the shard it waits in as soon as that is
+decided, so that the next one sees it there (jobs arriving together do not all go where the GPUs free first).
+Large jobs only: a small one starts in whatever frees first and delays no large job it would have to queue
+behind.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ MAX_KEPT = 256
 
 class Ahead(msgspec.Struct, frozen=True):
     job_id: str
-    priority: int
     need: int
     """Whole GPUs (``reservation.whole_gpus``)."""
     plain: bool
@@ -35,30 +35,37 @@ class Ahead(msgspec.Struct, frozen=True):
 class Backlog:
     def __init__(self) -> None:
         self.jobs: list[Ahead] = []
+        self.version = 0
+        """Moves at every change: an estimate played out over the backlog is kept while it stays."""
 
     def reset(self, subs: Iterable[JobSubmit], models: Sequence[GpuModel]) -> None:
         """A backfill pass read the head of the shard's queue (``subs``, in its order; ``models``: the shard's)."""
         self.jobs = [a for s in subs if (a := _ahead(s, models)) is not None][:MAX_KEPT]
+        self.version += 1
 
     def queued(self, sub: JobSubmit, models: Sequence[GpuModel]) -> None:
-        """A new job was queued in the shard: behind those of its priority or higher."""
+        """A new job was queued in the shard, or sent there to wait."""
         a = _ahead(sub, models)
         if a is None or len(self.jobs) >= MAX_KEPT or any(x.job_id == sub.job_id for x in self.jobs):
             return
-        at = next((k for k, x in enumerate(self.jobs) if x.priority < sub.priority), len(self.jobs))
-        self.jobs.insert(at, a)
+        self.jobs.append(a)
+        self.version += 1
 
     def left(self, job_id: str) -> None:
         """The job was placed, or left the queue otherwise."""
-        self.jobs = [a for a in self.jobs if a.job_id != job_id]
+        if any(a.job_id == job_id for a in self.jobs):
+            self.jobs = [a for a in self.jobs if a.job_id != job_id]
+            self.version += 1
 
-    def ahead_of(self, priority: int) -> list[Ahead]:
-        """The jobs a new job of ``priority`` would queue behind."""
-        return [a for a in self.jobs if a.priority >= priority]
+    def ahead(self, limit: int) -> list[Ahead]:
+        """The first ``limit`` jobs a new one would queue behind. Priorities are left out: a backfill pass reads
+        the queue before tenancy resolves each job's class, and a job that outranks the ones waiting preempts
+        rather than waits; the estimate errs late for it, in every shard alike."""
+        return self.jobs[:limit]
 
 
 def _ahead(sub: JobSubmit, models: Sequence[GpuModel]) -> Ahead | None:
     need = whole_gpus(models, sub.demand)
     if need <= 0:
         return None
-    return Ahead(sub.job_id, sub.priority, need, sub.demand.kind == "gpus", sub.duration_hint_s)
+    return Ahead(sub.job_id, need, sub.demand.kind == "gpus", sub.duration_hint_s)

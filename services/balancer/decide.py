@@ -20,7 +20,7 @@ from services.balancer import metrics as m
 from services.balancer.candidate import Candidate
 from services.balancer.mirror import reservation_instance
 from services.balancer.preempting import admit_job, placed_view
-from services.balancer.routing import empty_gpus, launches_per_node, mig_gpus, never_here, sooner_elsewhere
+from services.balancer.routing import Played, empty_gpus, launches_per_node, mig_gpus, never_here, sooner_elsewhere
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.common.metric_cache import child
@@ -32,6 +32,7 @@ from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.decision import CannotPlace, JobRequest, Placement, Slot
 from shared.policy.placement.registry import PlacementPolicy
 from shared.policy.preemption import Victim
+from shared.policy.reservation import whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation, empty_shard, shard_of
@@ -80,6 +81,11 @@ class RoundMemo:
     empty: dict[int, int] = field(default_factory=dict)
     """Per shard, its empty GPUs at the round's first look: the order in which other shards are tried for a new
     job (an order only, so not kept up to date within the round)."""
+    routed: dict[int, int] = field(default_factory=dict)
+    """Per shard, the whole GPUs of the jobs sent there this round to be placed in the next: its mirror does not
+    show them taken yet, so large jobs sent after them would find the same room."""
+    played: Played = field(default_factory=dict)
+    """Per shard, its GPUs' expected free times once its backlog has run (``routing.after_backlog``)."""
 
 
 class DecisionMetrics:
@@ -109,7 +115,10 @@ class Decider:
         held, mig = self._unusable(shard, sub, now)
         blocked = held | mig
         known = memo.no_room.get((shard, sub.demand, blocked, sub.topology))
-        if known is not None:
+        if known is not None:  # its shard cannot place it: a new job may still go to another that can
+            there = self._now_elsewhere(c, shard, now, memo, self._placed(self._request(sub, now, shard, {})))
+            if there is not None:
+                return Decided(c, known, -1, route=there[0], route_why=there[1])
             return self._queue(c, known, batch, now)
         klass: Any = None
         victims: tuple[Victim, ...] = ()
@@ -148,15 +157,14 @@ class Decider:
                     hold = self._consider_hold(c, shard, hold, mig, within, now)
                 idx = batch.enqueue(sub.job_id, c.spec, c.priority, sub.submitted_at, hold.reasons[0][:1000], now,
                                     c.traceparent)
+                if not c.from_queue:
+                    self._waits_in(shard, sub)
                 return Decided(c, hold, idx)
             assert isinstance(answer, Start)
             dec = answer.placement
             victims, usage = answer.victims, answer.usage
         else:
-            req = JobRequest(job_id=sub.job_id, demand=sub.demand, tenant=sub.tenant, priority=sub.priority,
-                             latency_sensitive=sub.latency_sensitive, migratable=sub.migratable,
-                             duration_hint_s=sub.duration_hint_s, now=now, submitted_at=sub.submitted_at)
-            req = msgspec.structs.replace(req, **within)
+            req = self._request(sub, now, shard, within)
             dec = mirror.decide(req, self.params, self.policy, blocked)  # applied below
             self.metrics.seconds.observe(time.perf_counter() - t0)
         if isinstance(dec, CannotPlace):
@@ -170,6 +178,14 @@ class Decider:
         holds.placed(sub.job_id)
         self.shards.backlogs[shard].left(sub.job_id)
         return self._reserve(c, dec, shard, klass, victims, usage, batch, now)
+
+    def _request(self, sub: JobSubmit, now: float, shard: int, within: dict[str, Any] | None = None) -> JobRequest:
+        """What the policy decides on: the submit, with its topology domains in ``shard``."""
+        req = JobRequest(job_id=sub.job_id, demand=sub.demand, tenant=sub.tenant, priority=sub.priority,
+                         latency_sensitive=sub.latency_sensitive, migratable=sub.migratable,
+                         duration_hint_s=sub.duration_hint_s, now=now, submitted_at=sub.submitted_at)
+        within = self.shards.within(shard, sub) if within is None else within
+        return msgspec.structs.replace(req, **within) if within else req
 
     def _consider_hold(self, c: Candidate, shard: int, dec: CannotPlace, mig: frozenset[str],
                        within: dict[str, Any], now: float) -> CannotPlace:
@@ -199,20 +215,32 @@ class Decider:
         for s in others:
             if s not in memo.empty:
                 memo.empty[s] = empty_gpus(self.shards.mirrors[s].view())
+        need = whole_gpus(self.shards.mirrors[home].view().model_list, sub.demand)
         for s in sorted(others, key=lambda s: (-memo.empty[s], s)):
             if never_here(self.shards, s, sub) is not None:
                 continue
+            if need and empty_gpus(self.shards.mirrors[s].view()) - memo.routed.get(s, 0) < need:
+                continue  # whole GPUs already promised to jobs sent there this round
             held, mig = self._unusable(s, sub, now)
             key = (s, sub.demand, held | mig, sub.topology)
             if key in memo.no_room:
                 continue
             why = places(s, held, mig, self.shards.within(s, sub))
             if why is None:
+                memo.routed[s] = memo.routed.get(s, 0) + need
+                self._waits_in(s, sub)  # until it is placed there, in the next round
                 return s, "no_room_now"
             if not self.ledger.active:  # an admission depends on the tenant and priority: never remembered
                 memo.no_room[key] = why
-        there = sooner_elsewhere(self.shards, home, sub, now) if self.reserves else None
-        return None if there is None else (there, "sooner_elsewhere")
+        there = sooner_elsewhere(self.shards, home, sub, now, memo.played) if self.reserves else None
+        if there is None:
+            return None
+        self._waits_in(there, sub)  # before the next job of the round is routed
+        return there, "sooner_elsewhere"
+
+    def _waits_in(self, shard: int, sub: JobSubmit) -> None:
+        """A new job will wait in ``shard``: a large one joins its backlog, where the next one sees it."""
+        self.shards.backlogs[shard].queued(sub, self.shards.mirrors[shard].view().model_list)
 
     def _unusable(self, shard: int, sub: JobSubmit, now: float) -> tuple[frozenset[str], frozenset[str]]:
         """The GPUs of ``shard`` that ``sub`` may not use: those held for larger waiting jobs, and, for a
@@ -263,12 +291,12 @@ class Decider:
             return CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=("held in that shard too",))
         return places
 
-    @staticmethod
-    def _queue(c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:
+    def _queue(self, c: Candidate, dec: CannotPlace, batch: TransitionBatch, now: float) -> Decided:
         """A fresh job is queued with its reasons; one taken from the queue stays there."""
         if c.from_queue:
             return Decided(c, dec, -1)
         sub = c.submit
+        self._waits_in(self.shards.of_job(sub.job_id), sub)
         reason = "cannot place: " + "; ".join(dec.reasons)[:1000]
         return Decided(c, dec, batch.enqueue(sub.job_id, c.spec, sub.priority, sub.submitted_at, reason, now,
                                              c.traceparent))

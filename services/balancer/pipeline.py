@@ -148,9 +148,6 @@ class Pipeline:
         if isinstance(dec, CannotPlace):
             self.metrics.outcome["pending"].inc()
             self.waiting.queued(c.submit, c.spec, c.ctx, "; ".join(dec.reasons), now)
-            if not c.from_queue:  # the next large job sees it there before the next pass
-                shard = self.shards.of_job(c.submit.job_id)
-                self.shards.backlogs[shard].queued(c.submit, self.shards.mirrors[shard].view().model_list)
             if c.delivery is not None:
                 c.delivery.span.set_attribute("migsched.decision", dec.explain()[:1000])
             return

@@ -20,6 +20,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from services.balancer.mirror import Mirror
 from services.balancer.shards import Shards
@@ -139,19 +140,25 @@ def never_within_shard(snap: ClusterSnapshot, gpus: int, within: dict[str, Any])
     return never_within(gpus, within["domain_level"], sizes)
 
 
-def sooner_elsewhere(shards: Shards, home: int, sub: JobSubmit, now: float) -> int | None:
+Played = dict[tuple[int, bool, int], tuple[ClusterSnapshot, npt.NDArray[np.float64]]]
+"""Per (shard, per-node launch, backlog version): the shard's GPUs and when each is expected free once its
+backlog has run (``after_backlog``), kept for a round of decisions."""
+
+
+def sooner_elsewhere(shards: Shards, home: int, sub: JobSubmit, now: float, played: Played | None = None) -> int | None:
     """The shard, other than ``home``, where a large new job that no shard can place now is expected to start
     soonest (``expected_start``), if that is sooner than at home by more than a second (the estimates rest on
     hints); None when home is as soon, or the job is small (it starts as soon as any instance frees, and holds
     nothing), or no start is known anywhere (running jobs without a duration hint)."""
-    at_home = expected_start(shards, home, sub, now)
+    played = {} if played is None else played
+    at_home = expected_start(shards, home, sub, now, played)
     if at_home is None:
         return None
     best, start = home, at_home
     for s in range(shards.count):
         if s == home or not len(shards.mirrors[s]) or never_here(shards, s, sub) is not None:
             continue
-        t = expected_start(shards, s, sub, now)
+        t = expected_start(shards, s, sub, now, played)
         if t is not None and t < start - 1.0:
             best, start = s, t
     return None if best == home else best
@@ -161,27 +168,41 @@ AHEAD_PLANNED = 16
 """Large jobs queued ahead that an estimate plays out; a deeper queue is taken to start no sooner than that."""
 
 
-def expected_start(shards: Shards, shard: int, sub: JobSubmit, now: float) -> float | None:
-    """When ``sub`` is expected to start in ``shard``: its whole GPUs there as they free (the running jobs'
-    hinted ends), once the large jobs queued ahead of it (its backlog, priority not lower) have each started on
-    the GPUs that free soonest for them and run their hint (``reservation.plan``, a hold's rule), within one
-    topology domain when it asks for one. inf: not expected before its deadline (or after a job ahead with no
-    hint); None: too small a job to be held."""
+def after_backlog(shards: Shards, shard: int, per_node: bool, now: float,
+                  played: Played) -> tuple[ClusterSnapshot, npt.NDArray[np.float64]]:
+    """The shard's GPUs (those out of MIG mode for a per-node launch) and when each is expected free once the
+    large jobs queued there (its backlog) have each started on the GPUs that free soonest for them and run
+    their hint (``reservation.plan``, a hold's rule); inf behind a job with no hint, or one that never starts."""
+    backlog = shards.backlogs[shard]
+    key = (shard, per_node, backlog.version)
+    got = played.get(key)
+    if got is not None:
+        return got
     snap = shards.mirrors[shard].view()
-    if launches_per_node(sub):
+    if per_node:
         snap = snap.without(mig_gpus(snap))
-    need = whole_gpus(snap.model_list, sub.demand) if len(snap) else 0
-    if need <= 0:
-        return None
-    free_at = np.maximum(snap.ends, now)
-    for a in shards.backlogs[shard].ahead_of(sub.priority)[:AHEAD_PLANNED]:
-        if a.job_id == sub.job_id:
-            continue
+    free_at = np.maximum(snap.ends, now) if len(snap) else np.zeros(0)
+    for a in backlog.ahead(AHEAD_PLANNED):
         r = plan(snap, a.job_id, a.need, now, math.inf, free_at=free_at, plain=a.plain)
-        if r is None:
-            return math.inf  # a job ahead that never starts holds the queue: nothing after it is known
+        if r is None:  # a job ahead that never starts holds the queue: nothing after it is known
+            free_at = np.full(len(snap), math.inf)
+            break
         end = r.start + a.hint_s if a.hint_s is not None else math.inf
         free_at[[snap.position[g] for g in r.gpus]] = end
+    played[key] = (snap, free_at)
+    return snap, free_at
+
+
+def expected_start(shards: Shards, shard: int, sub: JobSubmit, now: float,
+                   played: Played | None = None) -> float | None:
+    """When ``sub`` is expected to start in ``shard``: its whole GPUs there as they free once the shard's backlog
+    has run (``after_backlog``), within one topology domain when it asks for one. inf: not expected before its
+    deadline; None: too small a job to be held."""
+    view = shards.mirrors[shard].view()
+    need = whole_gpus(view.model_list, sub.demand) if len(view) else 0
+    if need <= 0:
+        return None
+    snap, free_at = after_backlog(shards, shard, launches_per_node(sub), now, {} if played is None else played)
     deadline = sub.submitted_at + sub.patience_s if sub.patience_s is not None else math.inf
     within = shards.within(shard, sub)
 

@@ -403,6 +403,26 @@ async def test_a_large_job_no_shard_can_place_now_waits_in_the_shard_whose_gpus_
         await e.clean()
 
 
+async def test_large_jobs_arriving_together_wait_where_each_would_start_soonest_behind_the_others(
+    prefix: str, nats_url: str, redis_url: str
+) -> None:
+    blocks = {"n1": "a", "n2": "b"}  # a shard each, two GPUs each
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
+        await e.ns.state.nodes()
+        slow, quick = e.ns.state.node_shard("n1"), e.ns.state.node_shard("n2")
+        ids = (f"j{i}" for i in range(1000))
+        on_slow, on_quick, first, second = (next(j for j in ids if shard_of(j, 2) == s)
+                                            for s in (slow, quick, slow, slow))
+        await e.submit(_hinted(on_slow, 2, 3600.0), _hinted(on_quick, 2, 60.0))
+        assert await until(e.all_in([on_slow, on_quick], "running"))
+        # both at home where GPUs free in an hour; elsewhere in a minute, but then the first runs two hours there
+        await e.submit(_hinted(first, 2, 7200.0), _hinted(second, 2, 7200.0))
+        assert await until(e.all_in([first, second], "pending"))
+        assert first in await e.ns.state.all_job_ids(quick)
+        assert second in await e.ns.state.all_job_ids(slow)  # behind the first, its home is sooner
+        await e.clean()
+
+
 async def test_on_nodes_of_both_kinds_a_gang_more_than_one_kind_of_a_node_spans_nodes_and_a_larger_one_is_refused(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
