@@ -25,7 +25,7 @@ from shared.policy.placement.align_index import AlignIndex
 from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.balancer import BalancerParams, place
 from shared.policy.placement.decision import Decision, JobRequest, Slot
-from shared.policy.placement.gang import spans_nodes
+from shared.policy.placement.gang import gang_capacity, spans_nodes
 from shared.policy.placement.index import PlacementIndex
 from shared.policy.placement.registry import PlacementPolicy
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, SnapshotBuilder
@@ -40,6 +40,8 @@ class Kinds(msgspec.Struct, frozen=True, kw_only=True):
     """The models of the GPUs in MIG mode."""
     shares: bool
     """Whether a GPU not in MIG mode is time-sliced (takes ``kind: shared`` jobs)."""
+    gang_room: int = 0
+    """The most GPUs one gang could hold here: those of the larger kind (``gang.gang_capacity``)."""
 
 
 class Mirror:
@@ -117,11 +119,13 @@ class Mirror:
         self._put_view(g.view(), g.ver)
 
     def kinds(self) -> Kinds:
-        """The kinds of GPU here: the models in MIG mode, whether any GPU is time-sliced."""
+        """The kinds of GPU here: the models in MIG mode, whether any GPU is time-sliced, the room for a gang."""
         if self._kinds is None:
-            gpus = self.view().gpus
+            view = self.view()
+            gpus = view.gpus
             self._kinds = Kinds(mig_models=frozenset(g.model for g in gpus if g.mig),
-                                shares=any(not g.mig and g.replicas >= 1 for g in gpus))
+                                shares=any(not g.mig and g.replicas >= 1 for g in gpus),
+                                gang_room=gang_capacity(view))
         return self._kinds
 
     def _put_view(self, view: GpuView, ver: int) -> None:

@@ -41,7 +41,7 @@ def never_here(shards: Shards, shard: int, sub: JobSubmit) -> str | None:
     if sub.demand.kind != "gpus":
         return no_gpu_of_its_kind(mirror, sub.demand, shards.geometry) if len(mirror) else None
     view = mirror.view()
-    why = bigger_than_shard(view, sub.demand, shard, shards.largest())
+    why = bigger_than_shard(view, sub.demand, shard, shards.largest(), mirror.kinds().gang_room)
     if why is None and launches_per_node(sub):
         why = too_few_plain(shards, shard, sub.demand.gpus)
     if why is None:
@@ -86,15 +86,16 @@ def empty_gpus(snap: ClusterSnapshot) -> int:
     return int(free_full(snap).sum()) if len(snap) else 0
 
 
-def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, largest: int) -> str | None:
+def bigger_than_shard(snap: ClusterSnapshot, demand: Demand, shard: int, largest: int,
+                      here: int | None = None) -> str | None:
     """Why a gang can never run here: it needs more GPUs than its shard (a scheduling cell: one Lua script
     reserves a gang, so it runs within one shard) has ever registered, lost nodes' GPUs included; None when it
     could, or while no node has registered yet (nothing is known of the cluster). GPUs count by kind, in MIG mode
-    or not, as a gang never mixes them (``gang_capacity``). ``largest``: the GPUs of the largest shard so counted
-    (0: one shard)."""
+    or not, as a gang never mixes them (``gang_capacity``; ``here``: the shard's, when known). ``largest``: the
+    GPUs of the largest shard so counted (0: one shard)."""
     if demand.kind != "gpus" or len(snap) == 0:
         return None
-    here = gang_capacity(snap)
+    here = gang_capacity(snap) if here is None else here
     why = never_fits(demand, len(snap), here)
     if why is None or not largest:
         return why

@@ -18,7 +18,6 @@ from services.balancer.mirror import Mirror
 from services.balancer.tenancy import TenantLedger
 from shared.events import JobSubmit
 from shared.mig.geometry import Geometry
-from shared.policy.placement.gang import gang_capacity
 from shared.policy.placement.topology import domains
 from shared.policy.reservation import ReservationParams
 from shared.ports import StateStore
@@ -44,8 +43,8 @@ class Shards:
         return self._job_shard(job_id)
 
     def largest(self) -> int:
-        """The most GPUs a gang could hold in any shard (``gang_capacity``); 0 with one shard."""
-        return max(gang_capacity(m.view()) for m in self.mirrors) if self.count > 1 else 0
+        """The most GPUs a gang could hold in any shard (``Kinds.gang_room``); 0 with one shard."""
+        return max(m.kinds().gang_room for m in self.mirrors) if self.count > 1 else 0
 
     def within(self, shard: int, sub: JobSubmit) -> dict[str, Any]:
         """A gang's topology domains as ``JobRequest`` fields (the nodes of each block or rack of the shard);
