@@ -219,7 +219,8 @@ class Decider:
         for s in sorted(others, key=lambda s: (-memo.empty[s], s)):
             if never_here(self.shards, s, sub) is not None:
                 continue
-            if need and empty_gpus(self.shards.mirrors[s].view()) - memo.routed.get(s, 0) < need:
+            promised = memo.routed.get(s, 0)
+            if need and promised and empty_gpus(self.shards.mirrors[s].view()) - promised < need:
                 continue  # whole GPUs already promised to jobs sent there this round
             held, mig = self._unusable(s, sub, now)
             key = (s, sub.demand, held | mig, sub.topology)
