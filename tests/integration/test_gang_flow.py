@@ -378,49 +378,53 @@ def _hinted(job: str, gpus: int, hint_s: float) -> JobSubmit:
                      submitted_at=now())
 
 
-async def test_a_large_job_no_shard_can_place_now_waits_in_the_shard_whose_gpus_free_soonest(
-    prefix: str, nats_url: str, redis_url: str
-) -> None:
-    blocks = {"n1": "a", "n2": "b"}  # a shard each, two GPUs each
-    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
+@pytest.fixture
+async def slow_and_quick(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[tuple[Env, int, int]]:
+    """Two shards of a node of two whole GPUs each, both busy: the slow shard's jobs end in an hour, the quick
+    one's in a minute (their hints). Yields the cluster and the two shards."""
+    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks({"n1": "a", "n2": "b"}), shards=2) as e:
         await e.ns.state.nodes()
         slow, quick = e.ns.state.node_shard("n1"), e.ns.state.node_shard("n2")
-        ids = (f"j{i}" for i in range(1000))
-        on_slow, on_quick, waits, stays = (next(j for j in ids if shard_of(j, 2) == s) for s in (slow, quick, slow,
-                                                                                                   quick))
+        (on_slow,), (on_quick,) = _homed(slow, 1, skip=0), _homed(quick, 1, skip=0)
         await e.submit(_hinted(on_slow, 2, 3600.0), _hinted(on_quick, 2, 60.0))
         assert await until(e.all_in([on_slow, on_quick], "running"))
         assert {(await e.ns.state.job(j)).node for j in (on_slow, on_quick)} == {"n1", "n2"}  # type: ignore[union-attr]
-        before = routed("sooner_elsewhere")
-        await e.submit(_hinted(waits, 2, 600.0))  # its home's GPUs free in an hour, the other shard's in a minute
-        assert await until(e.all_in([waits], "pending"))
-        assert routed("sooner_elsewhere") == before + 1
-        assert waits in await e.ns.state.all_job_ids(quick) and waits not in await e.ns.state.all_job_ids(slow)
-        await e.submit(_hinted(stays, 2, 600.0))  # its home is the shard that frees first: it waits there
-        assert await until(e.all_in([stays], "pending"))
-        assert routed("sooner_elsewhere") == before + 1
-        assert stays in await e.ns.state.all_job_ids(quick)
+        yield e, slow, quick
         await e.clean()
+
+
+def _homed(shard: int, n: int, skip: int = 1) -> list[str]:
+    """``n`` job ids whose home is ``shard`` of two, past the first ``skip`` (the fixture's running job's)."""
+    ids = [j for j in (f"j{i}" for i in range(1000)) if shard_of(j, 2) == shard]
+    return ids[skip:skip + n]
+
+
+async def test_a_large_job_no_shard_can_place_now_waits_in_the_shard_whose_gpus_free_soonest(
+    slow_and_quick: tuple[Env, int, int],
+) -> None:
+    e, slow, quick = slow_and_quick
+    (waits,), (stays,) = _homed(slow, 1), _homed(quick, 1)
+    before = routed("sooner_elsewhere")
+    await e.submit(_hinted(waits, 2, 600.0))  # its home's GPUs free in an hour, the other shard's in a minute
+    assert await until(e.all_in([waits], "pending"))
+    assert routed("sooner_elsewhere") == before + 1
+    assert waits in await e.ns.state.all_job_ids(quick) and waits not in await e.ns.state.all_job_ids(slow)
+    await e.submit(_hinted(stays, 2, 600.0))  # its home is the shard that frees first: it waits there
+    assert await until(e.all_in([stays], "pending"))
+    assert routed("sooner_elsewhere") == before + 1
+    assert stays in await e.ns.state.all_job_ids(quick)
 
 
 async def test_large_jobs_arriving_together_wait_where_each_would_start_soonest_behind_the_others(
-    prefix: str, nats_url: str, redis_url: str
+    slow_and_quick: tuple[Env, int, int],
 ) -> None:
-    blocks = {"n1": "a", "n2": "b"}  # a shard each, two GPUs each
-    async with scripted_cluster(prefix, nats_url, redis_url, _in_blocks(blocks), shards=2) as e:
-        await e.ns.state.nodes()
-        slow, quick = e.ns.state.node_shard("n1"), e.ns.state.node_shard("n2")
-        ids = (f"j{i}" for i in range(1000))
-        on_slow, on_quick, first, second = (next(j for j in ids if shard_of(j, 2) == s)
-                                            for s in (slow, quick, slow, slow))
-        await e.submit(_hinted(on_slow, 2, 3600.0), _hinted(on_quick, 2, 60.0))
-        assert await until(e.all_in([on_slow, on_quick], "running"))
-        # both at home where GPUs free in an hour; elsewhere in a minute, but then the first runs two hours there
-        await e.submit(_hinted(first, 2, 7200.0), _hinted(second, 2, 7200.0))
-        assert await until(e.all_in([first, second], "pending"))
-        assert first in await e.ns.state.all_job_ids(quick)
-        assert second in await e.ns.state.all_job_ids(slow)  # behind the first, its home is sooner
-        await e.clean()
+    e, slow, quick = slow_and_quick
+    first, second = _homed(slow, 2)
+    # both at home where GPUs free in an hour; elsewhere in a minute, but then the first runs two hours there
+    await e.submit(_hinted(first, 2, 7200.0), _hinted(second, 2, 7200.0))
+    assert await until(e.all_in([first, second], "pending"))
+    assert first in await e.ns.state.all_job_ids(quick)
+    assert second in await e.ns.state.all_job_ids(slow)  # behind the first, its home is sooner
 
 
 async def test_on_nodes_of_both_kinds_a_gang_more_than_one_kind_of_a_node_spans_nodes_and_a_larger_one_is_refused(
