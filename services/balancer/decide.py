@@ -297,8 +297,12 @@ class Decider:
         if c.from_queue:
             return Decided(c, dec, -1)
         sub = c.submit
-        self._waits_in(self.shards.of_job(sub.job_id), sub)
-        reason = "cannot place: " + "; ".join(dec.reasons)[:1000]
+        shard = self.shards.of_job(sub.job_id)
+        self._waits_in(shard, sub)
+        # with several shards the counts in the reasons are the shard's: say so, or they contradict the cluster
+        # view beside them (free GPUs in another shard)
+        where = f" in shard {shard} of {self.shards.count}" if self.shards.count > 1 else ""
+        reason = f"cannot place{where}: " + "; ".join(dec.reasons)[:1000]
         return Decided(c, dec, batch.enqueue(sub.job_id, c.spec, sub.priority, sub.submitted_at, reason, now,
                                              c.traceparent))
 

@@ -409,6 +409,8 @@ async def test_a_large_job_no_shard_can_place_now_waits_in_the_shard_whose_gpus_
     assert await until(e.all_in([waits], "pending"))
     assert routed("sooner_elsewhere") == before + 1
     assert waits in await e.ns.state.all_job_ids(quick) and waits not in await e.ns.state.all_job_ids(slow)
+    job = await e.ns.state.job(waits)  # the counts in its reason are its shard's: the reason says which
+    assert job is not None and job.reason.startswith(f"cannot place in shard {quick} of 2: "), job.reason
     await e.submit(_hinted(stays, 2, 600.0))  # its home is the shard that frees first: it waits there
     assert await until(e.all_in([stays], "pending"))
     assert routed("sooner_elsewhere") == before + 1
