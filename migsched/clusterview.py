@@ -24,6 +24,7 @@ from shared.policy.placement.sharing import WHOLE_PROFILE
 from shared.policy.request import Demand, full_profile
 from shared.policy.reservation import Reservation
 from shared.state import JOB_STATES, JobRecord, RedisState, StoredGpu, StoredInstance
+from shared.state.codec import decode_labels
 
 
 class InstanceRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,7 +154,7 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
     reasons = {r.job_id: r.reason for r in recs if r.state == "pending"}
     records = await state.nodes()
     nodes = {n: h.get("state", "?") for n, h in records.items()}
-    blocks = {n: b for n, h in records.items() if (b := _block(h.get("labels", "")))}
+    blocks = {n: b for n, h in records.items() if (b := decode_labels(h.get("labels", "")).get("block"))}
     counts = Counter(jobs.values())
     holds = await all_holds(state)
     for h in holds:  # a held job waits for its GPUs to drain: say so beside its last reason
@@ -171,15 +172,6 @@ async def read(state: RedisState, geometry: Geometry) -> ClusterView:
         rows=rows,
         blocks=blocks,
     )
-
-
-def _block(labels: str) -> str:
-    """The ``block`` of a node record's ``labels`` JSON ('' when it has none, or they are unreadable)."""
-    try:
-        got = msgspec.json.decode(labels or "{}")
-    except msgspec.DecodeError:
-        return ""
-    return str(got.get("block", "")) if isinstance(got, dict) else ""
 
 
 async def all_holds(state: RedisState) -> list[Reservation]:

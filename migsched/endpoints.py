@@ -65,22 +65,14 @@ def configured_shards(flag: int | None = None) -> int | None:
 
 
 async def open_state(settings: Settings, shards: int | None = None, cls: type[RedisState] | None = None) -> RedisState:
-    """The namespace's store with the deployment's shard count (``shared.state.deployment``): a verb run without
-    ``MIGSCHED_SHARDS`` sees every shard, and one run with another count than the services' is refused
-    (``ShardCountMismatch``) instead of showing part of the cluster. ``cls``: a subclass (the audit's read-only
-    store)."""
+    """The namespace's store with the deployment's shard count (``shared.state.deployment.open_reader``): a verb
+    run without ``MIGSCHED_SHARDS`` sees every shard, and one run with another count than the services' is
+    refused (``ShardCountMismatch``) instead of showing part of the cluster. ``cls``: a subclass (the audit's
+    read-only store)."""
     from shared.state import RedisState
-    from shared.state.client import redis_client
-    from shared.state.deployment import shards_to_use
+    from shared.state.deployment import open_reader
 
-    client = redis_client(settings.redis_url, decode_responses=False)
-    try:
-        count = await shards_to_use(client, settings.namespace, configured_shards(shards))
-    except BaseException:
-        await client.aclose()
-        raise
-    return (cls or RedisState)(client, settings.namespace, count, settings.redis_wait_replicas,
-                               settings.redis_wait_timeout_s)
+    return await open_reader(cls or RedisState, settings, configured_shards(shards))
 
 
 def safe_url(url: str) -> str:

@@ -205,13 +205,8 @@ class Stack:
         """A free port picked here can be taken by another program before the service binds it: restart such a
         process on a new port (a few times) instead of failing the whole stack."""
         for p in self.dead():
-            if p.restarts < 3 and "Address already in use" in tail(p.log, 5) and self.config.metrics:
-                p.restarts += 1
-                p.env["MIGSCHED_METRICS_PORT"] = str(free_port())
-                self.metrics_ports[p.name] = int(p.env["MIGSCHED_METRICS_PORT"])
-                with p.log.open("a") as fh:
-                    fh.write(f"--- metrics port taken; restarting on {p.env['MIGSCHED_METRICS_PORT']}\n")
-                self._spawn(p)
+            if p.restarts < 3 and self._port_taken(p):
+                self._restart(p, "metrics port taken")
 
     def revive(self, limit: int = RESTARTS) -> list[str]:
         """Start again each process that died, as a supervisor would (systemd's Restart=on-failure, a
@@ -223,12 +218,22 @@ class Stack:
             if p.restarts >= limit:
                 raise StackError(f"{p.name} exited with {code} {p.restarts + 1} times; giving up "
                                  f"(last log lines: {tail(p.log, 3)!r})")
-            p.restarts += 1
-            with p.log.open("a") as fh:
-                fh.write(f"--- exited with {code}; restarting ({p.restarts} of {limit})\n")
-            self._spawn(p)
+            self._restart(p, f"exited with {code} ({p.restarts + 1} of {limit})")
             said.append(f"{p.name} exited with {code}; restarted ({p.restarts} of {limit})")
         return said
+
+    def _port_taken(self, p: Proc) -> bool:
+        return self.config.metrics and "Address already in use" in tail(p.log, 5)
+
+    def _restart(self, p: Proc, why: str) -> None:
+        """Start ``p`` again (on a new metrics port if its own was taken), counted, with a line in its log."""
+        p.restarts += 1
+        if self._port_taken(p):
+            p.env["MIGSCHED_METRICS_PORT"] = str(free_port())
+            self.metrics_ports[p.name] = int(p.env["MIGSCHED_METRICS_PORT"])
+        with p.log.open("a") as fh:
+            fh.write(f"--- {why}; restarting (metrics port {p.env.get('MIGSCHED_METRICS_PORT', '-')})\n")
+        self._spawn(p)
 
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if p.popen is not None and p.popen.poll() is not None]

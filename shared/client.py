@@ -115,13 +115,10 @@ class MigschedClient:
             await self.bus.ensure_streams()
         if self._use_redis:
             from shared.state import RedisState
-            from shared.state.client import redis_client
-            from shared.state.deployment import shards_to_use
+            from shared.state.deployment import open_reader
 
-            st = self.settings  # read with the count the services recorded: another would miss jobs
-            redis = redis_client(st.redis_url, decode_responses=False)
-            shards = await shards_to_use(redis, st.namespace, None, default=st.shards)
-            self._state = RedisState(redis, st.namespace, shards, st.redis_wait_replicas, st.redis_wait_timeout_s)
+            # read with the count the services recorded: another would miss jobs
+            self._state = await open_reader(RedisState, self.settings, default=self.settings.shards)
         return self
 
     async def close(self) -> None:

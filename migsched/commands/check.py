@@ -36,9 +36,10 @@ import click
 from migsched import endpoints
 from shared.errors import MigschedError
 from shared.mig.geometry import default_geometry
+from shared.settings import Settings, load
 from shared.state import RedisState, Violation, empty_shard, shard_of
 from shared.state.check import audit
-from shared.state.codec import _s, decode_slots, script_source
+from shared.state.codec import _s, decode_labels, decode_slots, script_source
 from shared.state.job_routes import route_shard
 
 ACTIVE = ("placing", "running", "migrating")
@@ -161,10 +162,7 @@ def block_checks(by_shard: Sequence[Mapping[str, Mapping[str, str]]]) -> list[Vi
     where: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     for s, nodes in enumerate(by_shard):
         for node, h in nodes.items():
-            try:
-                block = json.loads(h.get("labels") or "{}").get("block")
-            except (ValueError, AttributeError):
-                continue
+            block = decode_labels(h.get("labels")).get("block")
             if block:
                 where[block][s].append(node)
     out = []
@@ -290,14 +288,14 @@ async def run_check(
     deployment's count, or None for the one its services recorded."""
     import redis.exceptions as rex
 
-    from shared.state.client import redis_client
-    from shared.state.deployment import ShardCountMismatch, shards_to_use
+    from shared.state.deployment import ShardCountMismatch, open_reader
 
-    client = redis_client(redis_url, decode_responses=False)
     geometry = default_geometry()
+    state: ReadOnlyState | None = None
     try:
-        shards = await shards_to_use(client, namespace, shards)
-        state = ReadOnlyState(client, namespace, shards)
+        state = await open_reader(ReadOnlyState, load(Settings, env={}, redis_url=redis_url, namespace=namespace),
+                                  shards)
+        shards = state.shards
         beats, slots = await listen_heartbeats(nats_url, namespace, executors_s) if executors_s > 0 else ({}, {})
         out = list(await audit(state, geometry))
         jobs: dict[str, tuple[str, str, float]] = {}
@@ -314,7 +312,7 @@ async def run_check(
             recorded.append(set(js))
             waiting.append(sum(1 for st, _, _ in js.values() if st == "pending"))
         if shards > 1:
-            routes = [{_s(j): _s(v) for j, v in (await client.hgetall(state.keys(s).routes)).items()}
+            routes = [{_s(j): _s(v) for j, v in (await state.redis.hgetall(state.keys(s).routes)).items()}
                       for s in range(shards)]
             out.extend(route_checks(recorded, routes))
         by_shard = [await state.nodes(s) for s in range(shards)] if shards > 1 or executors_s > 0 else []
@@ -333,7 +331,8 @@ async def run_check(
     except rex.ResponseError as exc:
         raise CheckError(f"Redis refused the audit: {exc}") from None
     finally:
-        await client.aclose()
+        if state is not None:
+            await state.close()
 
 
 

@@ -76,7 +76,8 @@ class Backfill:
                 continue
             cands = await self._candidates(ids, now)
             async with self.lock:
-                backlog.reset((c.submit for c in cands), self.shards.mirrors[shard].view().model_list)
+                if backlog.kept:
+                    backlog.reset((c.submit for c in cands), self.shards.mirrors[shard].view().model_list)
                 if self.ledger.active:  # priority, then fair share between tenants, then age
                     cands = fair_order(self.ledger, self.shards.mirrors[shard].snapshot(), cands)
                 holds.begin()  # the holds are planned anew in this pass's order

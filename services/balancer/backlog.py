@@ -33,18 +33,24 @@ class Ahead(msgspec.Struct, frozen=True):
 
 
 class Backlog:
-    def __init__(self) -> None:
+    def __init__(self, kept: bool = True) -> None:
+        self.kept = kept
+        """False where nothing reads it (one shard, or a policy that never holds): every change is skipped."""
         self.jobs: list[Ahead] = []
         self.version = 0
         """Moves at every change: an estimate played out over the backlog is kept while it stays."""
 
     def reset(self, subs: Iterable[JobSubmit], models: Sequence[GpuModel]) -> None:
         """A backfill pass read the head of the shard's queue (``subs``, in its order; ``models``: the shard's)."""
+        if not self.kept:
+            return
         self.jobs = [a for s in subs if (a := _ahead(s, models)) is not None][:MAX_KEPT]
         self.version += 1
 
     def queued(self, sub: JobSubmit, models: Sequence[GpuModel]) -> None:
         """A new job was queued in the shard, or sent there to wait."""
+        if not self.kept:
+            return
         a = _ahead(sub, models)
         if a is None or len(self.jobs) >= MAX_KEPT or any(x.job_id == sub.job_id for x in self.jobs):
             return

@@ -116,7 +116,8 @@ class Decider:
         blocked = held | mig
         known = memo.no_room.get((shard, sub.demand, blocked, sub.topology))
         if known is not None:  # its shard cannot place it: a new job may still go to another that can
-            there = self._now_elsewhere(c, shard, now, memo, self._placed(self._request(sub, now, shard, {})))
+            there = (self._now_elsewhere(c, shard, now, memo, self._placed(self._request(sub, now, shard, {})))
+                     if self._may_route(c, shard) else None)
             if there is not None:
                 return Decided(c, known, -1, route=there[0], route_why=there[1])
             return self._queue(c, known, batch, now)
@@ -208,7 +209,7 @@ class Decider:
         of it is recorded; a job waits where it was sent. With the reason, for the metric."""
         sub = c.submit
         count = self.shards.count
-        if c.from_queue or c.routed or count <= 1 or home != shard_of(sub.job_id, count):
+        if not self._may_route(c, home):
             return None
         c.routed = True
         others = [s for s in range(count) if s != home and len(self.shards.mirrors[s])]
@@ -239,9 +240,17 @@ class Decider:
         self._waits_in(there, sub)  # before the next job of the round is routed
         return there, "sooner_elsewhere"
 
+    def _may_route(self, c: Candidate, home: int) -> bool:
+        """Whether ``c`` may still go to another shard: a new job, not routed yet, decided in its home shard
+        (crc32 of its id), with several shards."""
+        count = self.shards.count
+        return not (c.from_queue or c.routed or count <= 1) and home == shard_of(c.submit.job_id, count)
+
     def _waits_in(self, shard: int, sub: JobSubmit) -> None:
         """A new job will wait in ``shard``: a large one joins its backlog, where the next one sees it."""
-        self.shards.backlogs[shard].queued(sub, self.shards.mirrors[shard].view().model_list)
+        backlog = self.shards.backlogs[shard]
+        if backlog.kept:  # the models are read only where the backlog is
+            backlog.queued(sub, self.shards.mirrors[shard].view().model_list)
 
     def _unusable(self, shard: int, sub: JobSubmit, now: float) -> tuple[frozenset[str], frozenset[str]]:
         """The GPUs of ``shard`` that ``sub`` may not use: those held for larger waiting jobs, and, for a

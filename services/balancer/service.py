@@ -83,7 +83,8 @@ class Balancer(Service):
         self.ledger = TenantLedger(st.tenancy_file, st.reserve_full, st.tenancy_poll_s, self.geometry)
         hold = ReservationParams(after_s=st.reserve_after_s, max_held=st.max_reservations,
                                  slack_s=st.reserve_slack_s)
-        self.shards = Shards(st.shards, self.geometry, hold, self.ledger, self.state.job_shard)
+        self.shards = Shards(st.shards, self.geometry, hold, self.ledger, self.state.job_shard,
+                             routes_by_start=self.reserves)
         if st.shards > 1:
             self.ledger.shard_of = lambda gpu_id: self.state.node_shard(gpu_id.rpartition("/")[0])
         self.waiting = Waiting()

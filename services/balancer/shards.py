@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from services.balancer.backlog import Backlog
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
@@ -22,11 +20,12 @@ from shared.policy.placement.topology import domains
 from shared.policy.reservation import ReservationParams
 from shared.ports import StateStore
 from shared.state import StoredGpu, shard_of
+from shared.state.codec import decode_labels
 
 
 class Shards:
     def __init__(self, count: int, geometry: Geometry, hold: ReservationParams, ledger: TenantLedger,
-                 job_shard: Callable[[str], int] | None = None) -> None:
+                 job_shard: Callable[[str], int] | None = None, routes_by_start: bool = True) -> None:
         self.count = count
         self._job_shard = job_shard or (lambda job_id: shard_of(job_id, count))
         """Where a job lives (``StateStore.job_shard``: its home, unless it was routed)."""
@@ -34,8 +33,9 @@ class Shards:
         self.ledger = ledger
         self.mirrors = [Mirror(geometry) for _ in range(count)]
         self.holds = [Holds(hold) for _ in range(count)]
-        self.backlogs = [Backlog() for _ in range(count)]
-        """Per shard, the large jobs waiting there (where a new large job would start soonest)."""
+        self.backlogs = [Backlog(kept=routes_by_start and count > 1) for _ in range(count)]
+        """Per shard, the large jobs waiting there: where a new large job would start soonest, read with several
+        shards when ``routes_by_start`` (a policy that reserves)."""
         self.labels: dict[str, dict[str, str]] = {}
         """Node -> the topology labels it registered with (gangs within a block or rack)."""
 
@@ -79,7 +79,7 @@ class Shards:
             self.ledger.rebuild(mm.snapshot() for mm in self.mirrors)
 
     async def load_labels(self, state: StateStore) -> None:
-        self.labels = {n: _labels(h.get("labels", "")) for n, h in (await state.nodes()).items()}
+        self.labels = {n: decode_labels(h.get("labels", "")) for n, h in (await state.nodes()).items()}
 
     async def reload(self, state: StateStore, gpu_ids: set[str]) -> None:
         """The named GPUs from Redis. Call under the balancer's lock."""
@@ -96,12 +96,3 @@ class Shards:
         if self.ledger.active:
             for shard, ids in touched.items():
                 self.ledger.reloaded(self.mirrors[shard].snapshot(), ids)
-
-
-def _labels(raw: str) -> dict[str, str]:
-    """A node record's ``labels`` (JSON object); {} when absent or unreadable (an older registration)."""
-    try:
-        got = msgspec.json.decode(raw or "{}")
-    except msgspec.DecodeError:
-        return {}
-    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}

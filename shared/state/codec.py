@@ -194,3 +194,13 @@ def decode_dump(raw: Any) -> tuple[list[StoredGpu], list[JobRecord], set[str], b
     ]
     counters = usage.decode(dict(zip(raw_usage[::2], raw_usage[1::2], strict=True)))
     return gpus, jobs, {_s(p) for p in pend}, bytes(occ or b""), {_s(d) for d in done}, counters
+
+
+def decode_labels(raw: Any) -> dict[str, str]:
+    """A node record's ``labels`` (JSON object, ``MIGSCHED_NODE_LABELS``); {} when absent or unreadable (an older
+    registration)."""
+    try:
+        got = msgspec.json.decode(raw or "{}")
+    except msgspec.DecodeError:
+        return {}
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}

@@ -9,8 +9,10 @@ line reads the recorded count instead of assuming one.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from shared.state.client import redis_client
 from shared.state.codec import StateError, _s
 
 
@@ -61,3 +63,19 @@ async def shards_to_use(redis: Any, namespace: str, configured: int | None, defa
     if got is not None and got != configured:
         raise ShardCountMismatch(namespace, configured, got)
     return configured
+
+
+S = TypeVar("S")
+
+
+async def open_reader(store: Callable[..., S], settings: Any, shards: int | None = None, default: int = 1) -> S:
+    """A store (``RedisState``, or a subclass such as the audit's read-only one) for a reader of the namespace:
+    built with the count its services recorded (``shards_to_use``), so that it sees every shard; its connection
+    closed again when that fails (``ShardCountMismatch``, Redis unreachable)."""
+    client = redis_client(settings.redis_url, decode_responses=False)
+    try:
+        count = await shards_to_use(client, settings.namespace, shards, default)
+    except BaseException:
+        await client.aclose()
+        raise
+    return store(client, settings.namespace, count, settings.redis_wait_replicas, settings.redis_wait_timeout_s)

@@ -109,9 +109,6 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
     async def claim_shards(self) -> None:
         """Nothing to agree with: a store in memory is its whole deployment."""
 
-    async def recorded_shards(self) -> int | None:
-        return self.shards
-
     async def close(self) -> None:
         pass
 

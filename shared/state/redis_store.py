@@ -41,7 +41,7 @@ from shared.state.codec import (  # noqa: F401  (re-exported: callers import the
     history_raw,
     script_source,
 )
-from shared.state.deployment import claim_shards, deployment_key, recorded_shards
+from shared.state.deployment import claim_shards, deployment_key
 from shared.state.job_routes import JobRoutes
 from shared.state.keys import Keys
 from shared.state.model import (
@@ -99,9 +99,6 @@ class RedisState(DerivedReads):
         """Record this process's shard count as the namespace's, or refuse one that differs
         (``shared.state.deployment``)."""
         await claim_shards(self.redis, self.namespace, self.shards)
-
-    async def recorded_shards(self) -> int | None:
-        return await recorded_shards(self.redis, self.namespace)
 
     def sha(self, name: str) -> str:
         return str(self.script(name).sha)

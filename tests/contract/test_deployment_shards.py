@@ -8,15 +8,6 @@ import pytest
 
 from services.common.testing import private_state
 from shared.state.deployment import ShardCountMismatch, claim_shards, recorded_shards, shards_to_use
-from shared.state.memory_store import MemoryState
-
-
-@pytest.mark.unit
-async def test_a_store_in_memory_is_its_own_deployment() -> None:
-    store = MemoryState(shards=3)
-    await store.claim_shards()
-    await store.claim_shards()
-    assert await store.recorded_shards() == 3
 
 
 @pytest.mark.integration
@@ -25,16 +16,16 @@ async def test_the_first_service_records_its_count_and_one_of_another_count_is_r
 ) -> None:
     async with private_state(prefix, nats_url, redis_url, shards=2) as first, \
             private_state(prefix, nats_url, redis_url, shards=1) as other:
-        assert await first.recorded_shards() is None
+        assert await recorded_shards(first.redis, prefix) is None
         await first.claim_shards()
         await first.claim_shards()  # a restart, or a replica, of the same count
-        assert await other.recorded_shards() == 2
+        assert await recorded_shards(other.redis, prefix) == 2
         with pytest.raises(ShardCountMismatch) as refused:
             await other.claim_shards()
         assert (refused.value.configured, refused.value.recorded) == (1, 2)
         assert f"MIGSCHED_SHARDS=1, but namespace {prefix!r} runs 2 shard(s)" in str(refused.value)
         assert "set MIGSCHED_SHARDS=2" in str(refused.value)
-        assert await first.recorded_shards() == 2  # the refused one changed nothing
+        assert await recorded_shards(first.redis, prefix) == 2  # the refused one changed nothing
 
 
 @pytest.mark.integration
@@ -60,4 +51,4 @@ async def test_a_wipe_of_the_namespace_forgets_its_count(prefix: str, nats_url: 
         await store.wipe()
         assert await recorded_shards(store.redis, prefix) is None
         await claim_shards(store.redis, prefix, 3)  # an emptied namespace may start again with another count
-        assert await store.recorded_shards() == 3
+        assert await recorded_shards(store.redis, prefix) == 3

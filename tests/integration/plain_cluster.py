@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.events import Demand, JobSubmit, now
@@ -110,3 +111,14 @@ def env_of(gpus: int, plain: dict[int, int], tenancy: bool = False) -> Callable[
 async def mirror_has(stack: Stack, n: int) -> bool:
     """Whether the balancer's mirrors (every shard's) hold ``n`` GPUs."""
     return sum(len(m) for m in stack.balancer.mirrors) >= n
+
+
+def routed(reason: str) -> float:
+    """``migsched_jobs_routed_total{reason}`` as this process's balancer counted it."""
+    return REGISTRY.get_sample_value("migsched_jobs_routed_total", {"reason": reason}) or 0.0
+
+
+def in_blocks(blocks: dict[str, str], gpus: int = 2) -> dict[str, dict[str, object]]:
+    """Nodes of ``gpus`` whole GPUs each, labelled with their block."""
+    plain = dict.fromkeys(range(gpus), 0)
+    return {n: {"gpus": gpus, "plain": plain, "labels": {"block": b}} for n, b in blocks.items()}

@@ -21,6 +21,7 @@ from services.common.testing import make_settings, private_state
 from shared.bus import JetStreamBus
 from shared.client import MigschedClient
 from shared.events import encode
+from shared.state.deployment import recorded_shards
 from shared.state.sharding import shard_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -47,7 +48,7 @@ async def test_a_service_of_another_shard_count_exits_with_the_reason_and_makes_
                 await bus.js.stream_info(bus.subjects.stream_jobs)
         finally:
             await bus.close()
-        assert await deployment.recorded_shards() == 2
+        assert await recorded_shards(deployment.redis, prefix) == 2
 
 
 def cli(*args: str, env: dict[str, str | None] | None = None) -> tuple[int, str]:

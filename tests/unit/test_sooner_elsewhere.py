@@ -2,7 +2,7 @@
 expected to start soonest, after the running jobs' hinted ends and the large jobs queued ahead of it there, so
 that large jobs arriving together spread over the shards rather than all queue where GPUs free first (the
 balancer's side, a job joining the backlog of the shard it is sent to within the same round, is
-``tests/integration/test_gang_flow.py``'s)."""
+``tests/integration/test_shard_routing.py``'s)."""
 
 from __future__ import annotations
 

@@ -29,15 +29,13 @@ from shared.policy.request import Demand, full_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 
 
-def node_sizes(snap: ClusterSnapshot, mig: bool | None = None) -> npt.NDArray[np.intp]:
-    """GPUs per node, indexed as ``ClusterSnapshot.node_idx``; ``mig``: only those in MIG mode (True) or not
-    (False). Every registered GPU counts, healthy or not."""
+def node_sizes(snap: ClusterSnapshot, mig: bool) -> npt.NDArray[np.intp]:
+    """Per node (indexed as ``ClusterSnapshot.node_idx``), its GPUs in MIG mode (``mig``) or not. Every registered
+    GPU counts, healthy or not."""
     if not len(snap):
         return np.zeros(1, dtype=np.intp)
     nodes = np.asarray(snap.node_idx)
-    if mig is not None:
-        nodes = nodes[np.asarray(snap.mig, dtype=bool) == mig]
-    return np.bincount(nodes, minlength=int(np.asarray(snap.node_idx).max()) + 1)
+    return np.bincount(nodes[np.asarray(snap.mig, dtype=bool) == mig], minlength=int(nodes.max()) + 1)
 
 
 def node_capacity(snap: ClusterSnapshot) -> npt.NDArray[np.intp]:
