@@ -279,17 +279,27 @@ async def exits_on_stream(bus: JetStreamBus) -> list[JobExit]:
             await asyncio.sleep(1.0)
     out: list[JobExit] = []
     dec = msgspec.json.Decoder(JobExit)
+    misses = 0
     try:
         while True:
             try:
                 msgs = await sub.fetch(1000, timeout=1.0)
             except Exception:
-                break
-            if not msgs:
-                break
+                msgs = []
             for m in msgs:
                 out.append(dec.decode(m.data))
                 await m.ack()
+            if msgs:
+                continue
+            # an empty fetch is the end only when the consumer has nothing left: just after a server loss, a
+            # stream replica can be slow to hand over what it holds
+            misses += 1
+            try:
+                left = (await sub.consumer_info()).num_pending
+            except Exception:
+                left = 1
+            if not left or misses >= 10:
+                break
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
