@@ -2,8 +2,10 @@
 
 Read-only by default: MIG mode (current/pending), the profile table and placements read from NVML, the
 instances that exist, and every difference from the built-in table. ``--measure`` (explicit) times GI/CI
-create and destroy per profile on a free MIG-enabled GPU and leaves it as it found it. It never changes MIG
-mode and never resets a GPU. Exit codes: 0 fine, 1 a measurement was refused or failed, 2 no NVML/driver.
+create and destroy per profile on a free MIG-enabled GPU and leaves it as it found it; ``--probe`` starts a
+process bound to each GPU or MIG instance as the executor binds a workload (``migsched.cudaprobe``). It never
+changes MIG mode and never resets a GPU. Exit codes: 0 fine, 1 a measurement or a probe was refused or failed,
+2 no NVML/driver.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import click
 import msgspec
 import pynvml
 
+from migsched import cudaprobe
 from services.executor import nvml_ops
-from services.executor.nvml_discovery import NvmlGpu, build_model, compare, match_builtin, read_gpu
+from services.executor.config import ExecutorSettings, env_allowlist
+from services.executor.nvml_discovery import NvmlGpu, build_model, compare, match_builtin, read_gpu, read_profiles
 from services.executor.nvml_errors import translate
 from shared.mig.geometry import GpuModel, Profile, default_geometry
+from shared.settings import load
 
 FAKE_ENV = "MIGSCHED_NVML_FAKE"
 
@@ -42,12 +47,24 @@ def _mode(value: int | None) -> str:
     return {None: "not supported", 0: "disabled", 1: "enabled"}.get(value, str(value))
 
 
+def _offered_when_off(nvml: Any, raw: NvmlGpu) -> NvmlGpu:
+    """A GPU that supports MIG but has it off: the table the driver offers once it is on, where the driver
+    answers (reading it changes nothing), so that a table is checked before anyone turns MIG on."""
+    if raw.mig_current != 0:
+        return raw
+    try:
+        profiles = read_profiles(nvml, nvml.nvmlDeviceGetHandleByIndex(raw.index))
+    except pynvml.NVMLError:
+        return raw
+    return msgspec.structs.replace(raw, profiles=profiles)
+
+
 def _inspect(nvml: Any, index: int) -> dict[str, Any]:
-    raw: NvmlGpu = read_gpu(nvml, index)
+    raw: NvmlGpu = _offered_when_off(nvml, read_gpu(nvml, index))
     builtin = match_builtin(raw, default_geometry())
     out: dict[str, Any] = msgspec.to_builtins(raw)
     out["builtin_model"] = builtin.name if builtin else None
-    out["differences"] = compare(raw, builtin) if raw.mig_current == 1 else []
+    out["differences"] = compare(raw, builtin) if raw.profiles else []
     out["instances"] = []
     if raw.mig_current == 1:
         model = build_model(raw, builtin)
@@ -63,13 +80,21 @@ def _print_gpu(info: dict[str, Any]) -> None:
     click.echo(f"GPU {info['index']}: {info['name']}  PCI {info['pci_device_id']}  {info['uuid']}")
     click.echo(f"  MIG mode: current {_mode(info['mig_current'])}, pending {_mode(info['mig_pending'])}")
     if info["mig_current"] != 1:
+        click.echo(f"  built-in model: {info['builtin_model'] or 'none (runs as a plain GPU of its NVML name)'}")
         if info["mig_current"] is not None:
             click.echo(
                 f"  not in MIG mode: migsched will not use it for MIG. To enable (changes the GPU): "
                 f"sudo nvidia-smi -i {info['index']} -mig 1, then reset or reboot."
             )
-        return
-    click.echo(f"  built-in table: {info['builtin_model'] or 'none (NVML table used as is)'}")
+        if not info["profiles"]:
+            return
+        click.echo("  the MIG table the driver offers once MIG is on:")
+    else:
+        click.echo(f"  built-in table: {info['builtin_model'] or 'none (NVML table used as is)'}")
+    _print_table(info)
+
+
+def _print_table(info: dict[str, Any]) -> None:
     click.echo(
         "  profile (from NVML)     ID  enum  c/m slices  max  memory MiB  SMs  placements (start:size)"
     )
@@ -81,8 +106,9 @@ def _print_gpu(info: dict[str, Any]) -> None:
             f"{'/'.join(map(str, sorted(sizes))):<5} {p['instance_count']:>4} {p['memory_mb']:>11}"
             f" {p['sm_count']:>4}  {{{starts}}}:{'/'.join(map(str, sorted(sizes)))}"
         )
-    insts = ", ".join(f"{i['profile']}@{i['start']} (GI {i['gi_id']})" for i in info["instances"]) or "none"
-    click.echo(f"  instances now: {insts}")
+    if info["mig_current"] == 1:
+        insts = ", ".join(f"{i['profile']}@{i['start']} (GI {i['gi_id']})" for i in info["instances"]) or "none"
+        click.echo(f"  instances now: {insts}")
     if info["differences"]:
         click.echo("  DIFFERENCES from the built-in table (NVML wins on this node):")
         for line in info["differences"]:
@@ -163,7 +189,16 @@ def _measure(nvml: Any, index: int, repeat: int) -> dict[str, Any]:
     return {"unit": "ms (median)", "repeat": repeat, "profiles": results}
 
 
-def run(as_json: bool, gpus: tuple[int, ...], measure: bool, repeat: int, fake: str | None) -> None:
+def _probe_targets(info: dict[str, Any]) -> list[str]:
+    """What a workload is bound to on this GPU: the whole GPU, or each MIG instance that exists now."""
+    if info["mig_current"] == 1:
+        return [i["uuid"] for i in info["instances"] if i.get("uuid")]
+    return [info["uuid"]]
+
+
+def run(
+    as_json: bool, gpus: tuple[int, ...], measure: bool, repeat: int, fake: str | None, probe: bool = False
+) -> None:
     """``migsched gpu-check`` (``migsched.commands.gpu_check`` holds its options); exits with its code."""
     nvml = _load_nvml(fake)
     try:
@@ -184,6 +219,10 @@ def run(as_json: bool, gpus: tuple[int, ...], measure: bool, repeat: int, fake: 
         }
         for index in indices:
             info = _inspect(nvml, index)
+            if probe:
+                allowed = env_allowlist(load(ExecutorSettings))
+                info["probe"] = [cudaprobe.bound_probe(uuid, allowed) for uuid in _probe_targets(info)]
+                code = code or int(not all(p["ok"] for p in info["probe"]))
             if measure:
                 try:
                     info["measure"] = _measure(nvml, index, repeat)
@@ -199,10 +238,12 @@ def run(as_json: bool, gpus: tuple[int, ...], measure: bool, repeat: int, fake: 
         else:
             click.echo(
                 f"NVIDIA driver {report['driver']}; {len(report['gpus'])} GPU(s) checked (read-only"
-                f"{'' if not measure else ', plus --measure'})"
+                f"{'' if not measure else ', plus --measure'}{'' if not probe else ', plus --probe'})"
             )
             for info in report["gpus"]:
                 _print_gpu(info)
+                for p in info.get("probe", []):
+                    click.echo(f"  probe bound to {p['bound_to']}: {'ok' if p['ok'] else 'FAILED'}: {p['reason']}")
                 if "measure" in info:
                     click.echo(f"  measure: {json.dumps(info['measure'])}")
     except pynvml.NVMLError as exc:

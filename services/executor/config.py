@@ -159,7 +159,7 @@ def build_backend(settings: ExecutorSettings, node: str) -> Backend:
             speedup=settings.executor_speedup,
             mig_disabled=[i for i, g in enumerate(specs) if not g.mig],
             workloads=_sim_workloads(settings.executor_sim_workloads),
-            env_allowlist=_allowlist(settings),
+            env_allowlist=env_allowlist(settings),
         )
     if kind == "nvml":
         return make_backend(
@@ -168,7 +168,7 @@ def build_backend(settings: ExecutorSettings, node: str) -> Backend:
             models=parse_gpus(settings.executor_gpus),
             state_dir=settings.executor_state_dir,
             confirm_s=settings.executor_confirm_s,
-            env_allowlist=_allowlist(settings),
+            env_allowlist=env_allowlist(settings),
             destroy_foreign=settings.executor_destroy_foreign,
             in_use_retry_s=settings.executor_in_use_retry_s,
             stop_grace_s=settings.executor_stop_grace_s,
@@ -177,7 +177,8 @@ def build_backend(settings: ExecutorSettings, node: str) -> Backend:
     raise ExecutorError(f"MIGSCHED_EXECUTOR_BACKEND={kind!r}: expected sim or nvml")
 
 
-def _allowlist(settings: ExecutorSettings) -> tuple[str, ...]:
+def env_allowlist(settings: ExecutorSettings) -> tuple[str, ...]:
+    """The shell patterns of the variables a workload may receive."""
     return tuple(p.strip() for p in settings.executor_env_allowlist.split(",") if p.strip())
 
 

@@ -147,7 +147,7 @@ class FakeNvml(FakeCore):
     def nvmlDeviceGetGpuInstanceProfileInfo(self, device: Any, profile: int, version: int = 2) -> Any:
         with self._lock:
             self._enter("nvmlDeviceGetGpuInstanceProfileInfo")
-            dev = self._mig_dev(device)
+            dev = self._mig_capable_dev(device)
             p = self._profile_by_enum(dev, profile)
             if version == 2:
                 info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
@@ -173,7 +173,7 @@ class FakeNvml(FakeCore):
     ) -> int:
         with self._lock:
             self._enter("nvmlDeviceGetGpuInstancePossiblePlacements")
-            dev = self._mig_dev(device)
+            dev = self._mig_capable_dev(device)
             p = self._profile_by_id(dev, profileId)
             count = deref(countRef, "countRef")
             if placementsRef is None:

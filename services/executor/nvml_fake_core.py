@@ -168,6 +168,14 @@ class FakeCore:
         if fn not in ("nvmlInit", "nvmlInitWithFlags") and self._init_count == 0:
             raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
 
+    def _mig_capable_dev(self, handle: Any) -> FakeDev:
+        """A GPU that supports MIG, on or off: the driver answers the profile table of either (seen on an H200
+        with MIG off); only instance operations need the mode on."""
+        dev: FakeDev = self._lookup(handle, FakeDev)
+        if dev.spec.mig_current is None or dev.model is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return dev
+
     def _mig_dev(self, handle: Any) -> FakeDev:
         dev: FakeDev = self._lookup(handle, FakeDev)
         if dev.spec.mig_current != 1 or dev.model is None:

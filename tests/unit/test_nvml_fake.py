@@ -150,11 +150,12 @@ def test_listing_instances_uses_caller_sized_arrays(nvml: FakeNvml) -> None:
     assert starts == [0, 3, 6]
 
 
-def test_a_gpu_without_mig_mode_refuses_mig_calls(nvml: FakeNvml) -> None:
+def test_a_gpu_with_mig_off_offers_its_table_but_refuses_instance_calls(nvml: FakeNvml) -> None:
     h = nvml.nvmlDeviceGetHandleByIndex(1)
     assert nvml.nvmlDeviceGetMigMode(h) == [0, 0]
+    assert nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, 0).id == 19  # as the driver answers on an H200 with MIG off
     with pytest.raises(pynvml.NVMLError_NotSupported):
-        nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, 0)
+        nvml.nvmlDeviceGetGpuInstances(h, 19, (ctypes.c_void_p * 7)(), ctypes.byref(ctypes.c_uint(0)))
     with pytest.raises(pynvml.NVMLError_NotSupported):
         nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
             h, 19, ctypes.byref(pynvml.c_nvmlGpuInstancePlacement_t(0, 1))

@@ -93,3 +93,21 @@ def test_on_a_machine_without_a_driver_the_real_check_exits_2(monkeypatch: pytes
     code, out = invoke()
     assert code == 2
     assert "NVML_ERROR_LIBRARY_NOT_FOUND" in out or "NVML_ERROR_DRIVER_NOT_LOADED" in out
+
+
+def test_a_gpu_with_mig_off_shows_the_table_the_driver_offers_and_its_differences(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h200 = default_geometry().model("H200-141GB")
+    table = msgspec.structs.replace(h200, profiles=tuple(p for p in h200.profiles if p.name != "1g.35gb"))
+    fake = FakeNvml(
+        [FakeGpu("H200-141GB", mig_current=0, table=table), FakeGpu(None, name="Tesla T4", mig_current=None)]
+    )
+    code, out = invoke(fake=fake, monkeypatch=monkeypatch)
+    assert code == 0, out
+    assert "the MIG table the driver offers once MIG is on:" in out
+    assert "3g.71gb                  9     2     3/4        2       71424   60  {0,4}:4" in out
+    assert "profile 1g.35gb (ID 15) is in the table but this GPU/driver does not offer it" in out
+    assert out.count("the MIG table the driver offers") == 1  # the T4 has no MIG at all
+    assert "instances now" not in out
+    assert not any(m in c for c in fake.calls for m in MUTATIONS)
