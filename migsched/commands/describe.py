@@ -20,6 +20,7 @@ from migsched import endpoints
 from migsched.clusterview import all_holds, job_row
 from shared.events import JobSubmit
 from shared.state import JobRecord, RedisState
+from shared.state.model import TERMINAL_STATES
 
 
 def _when(t: float) -> str:
@@ -55,8 +56,9 @@ def render(info: dict[str, Any], now: float) -> str:
     by_node: dict[str, list[str]] = {}
     for g, i in rec.held():  # an instance id repeats its GPU's: only what it adds
         by_node.setdefault(g.rpartition("/")[0] or rec.node or "?", []).append(f"{g} ({i.removeprefix(g + ':')})")
+    verb = "ran on" if rec.state in TERMINAL_STATES else "holds on"  # an ended job's record keeps where it ran
     for node, gpus in by_node.items():  # a gang across nodes: a line per member node, in rank order
-        lines.append(f"  holds on {node}: " + ", ".join(gpus))
+        lines.append(f"  {verb} {node}: " + ", ".join(gpus))
     if rec.state == "pending":
         lines.append(f"  why it waits: {rec.reason or 'not decided yet'}")
     for h in info["holds"]:

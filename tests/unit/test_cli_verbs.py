@@ -135,6 +135,15 @@ def test_describe_lists_a_gang_across_nodes_node_by_node() -> None:
     assert "holds on a: a/0 (gpu@0:g), a/1 (gpu@0:g)" in text and "holds on b: b/3 (gpu@0:g)" in text
 
 
+def test_describe_says_where_an_ended_job_ran_not_that_it_still_holds_it() -> None:
+    from migsched.commands.describe import render
+    from shared.state import JobRecord
+
+    rec = JobRecord(job_id="j", state="failed", gpu="n1/0", inst="n1/0:gpu@0:j", node="n1")
+    text = render({"record": rec, "spec": None, "history": [], "holds": []}, 0.0)
+    assert "ran on n1: n1/0 (gpu@0:j)" in text and "holds on" not in text
+
+
 def test_describe_gives_the_priority_the_job_is_ranked_by_not_only_the_number_it_was_submitted_with() -> None:
     from migsched.commands.describe import render
     from shared.state import JobRecord
