@@ -116,7 +116,8 @@ class WorkloadExit(msgspec.Struct, frozen=True, kw_only=True):
     """``completed`` (status 0), ``failed``, ``stopped`` (stop_workload) or ``lost`` (``status_known``)."""
     output_tail: str = ""
     status_known: bool = True
-    """False for a job adopted after an executor restart whose exit status nobody could collect."""
+    """False for a job adopted after an executor restart whose status its exit keeper did not record (the keeper
+    was killed too): ``reason`` is then ``lost``."""
     instance: InstanceInfo | None = None
     """Where the run that ended ran (the job may already run again elsewhere: a replayed or retried place)."""
     started_by: str = ""
@@ -131,6 +132,8 @@ class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
     foreign_instances: int = 0
     adopted_jobs: tuple[str, ...] = ()
     lost_jobs: tuple[str, ...] = ()
+    """Jobs that ended while no executor watched them; their exits come through ``next_exit()`` with the status
+    their keeper recorded, or as ``lost`` where none was."""
     started_by: dict[str, str] = {}
     """Adopted job -> the command that started its run, where the previous executor recorded it."""
     notes: tuple[str, ...] = ()

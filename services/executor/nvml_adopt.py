@@ -103,7 +103,7 @@ class NvmlAdoption:
                 self._jobs.add(rec.job_id, group)
                 continue
             run.started_by = rec.started_by
-            self._jobs.add(rec.job_id, run)  # a lost one reports its exit (status unknown) at the first poll
+            self._jobs.add(rec.job_id, run)  # one that ended reports its exit at the first poll (its keeper's status)
         found = sorted(g.builtin.name if g.builtin else g.raw.name for g in self._gpus)
         if self._expected and sorted(self._expected) != found:
             notes.append(f"configured models {sorted(self._expected)} differ from the GPUs found {found}")

@@ -2,7 +2,9 @@
 
 Output goes to a per-job log file (not a pipe) so that a workload survives an executor restart: a pipe would
 break with the executor and kill the job on its next write. Each workload gets its own session (process
-group), so stopping it reaches its children and a Ctrl-C to the executor does not reach it.
+group), so stopping it reaches its children and a Ctrl-C to the executor does not reach it. Each is started
+through the exit keeper (``exitkeeper``), which records its status in a file beside its log: an executor
+restarted under it learns how it ended, and the job is not run again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import pwd
 import re
 import signal
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -27,6 +30,8 @@ from services.executor.workload import GroupRun, Run, RunResult
 DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_*", "TZ", "TMPDIR", "USER", "LOGNAME")
 """Variables a workload may get (shell-style patterns), from the executor's environment or the job spec."""
 TAIL_BYTES = 4096
+KEEPER = Path(__file__).with_name("exitkeeper.py")
+"""Started in front of every workload so that its exit status outlives the executor (``exitkeeper``)."""
 
 
 def _allowed(name: str, allowlist: Sequence[str]) -> bool:
@@ -92,6 +97,39 @@ def log_path(log_dir: Path, job_id: str, serial: int) -> Path:
     return log_dir / f"{safe}-{digest}-{serial}.log"
 
 
+def status_path(log: Path) -> Path:
+    """Where the exit keeper records the status of the workload whose output goes to ``log``."""
+    return log.with_suffix(".exit")
+
+
+def take_status(path: Path) -> int | None:
+    """The status the keeper recorded (then the file is removed), or None: not recorded (the keeper was killed,
+    or the run predates keepers)."""
+    try:
+        raw = path.read_text().strip()
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        path.unlink()
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _check_program(job_id: str, program: str, search: str | None) -> None:
+    """The errors the start would give, raised here: the keeper only writes them to the log."""
+    if os.sep in program:
+        candidates = [program]
+    else:
+        candidates = [os.path.join(d or ".", program) for d in (search or os.defpath).split(os.pathsep)]
+    found = next((c for c in candidates if os.path.isfile(c)), None)
+    if found is None:
+        raise WorkloadError(f"job {job_id}: program {program!r} not found (argv is run without a shell)")
+    if not os.access(found, os.X_OK):
+        raise WorkloadError(f"job {job_id}: cannot execute {program!r}: Permission denied")
+
+
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
     try:
         with path.open("rb") as f:
@@ -137,6 +175,8 @@ class ProcessRun(Run):
 
     async def _wait(self) -> None:
         status = await self.proc.wait()
+        recorded = take_status(status_path(self.log))  # the workload's own status, not its keeper's exit code
+        status = status if recorded is None else recorded
         tail = read_tail(self.log)
         if not self._keep_log:
             with contextlib.suppress(OSError):
@@ -158,7 +198,8 @@ class ProcessRun(Run):
 
 
 class AdoptedRun(Run):
-    """A workload a previous executor started: not our child, so we poll it and cannot learn its status."""
+    """A workload a previous executor started: not our child, so we poll it, and learn its status from what its
+    keeper recorded (unknown when the keeper was killed)."""
 
     def __init__(self, instance: InstanceInfo, pid: int, start_time: int, log: Path, poll_s: float) -> None:
         super().__init__(instance)
@@ -174,6 +215,10 @@ class AdoptedRun(Run):
     async def _poll(self, poll_s: float) -> None:
         while self.alive():
             await asyncio.sleep(poll_s)
+        recorded = take_status(status_path(self.log))
+        if recorded is not None:
+            self._finish(RunResult(status=recorded, output_tail=read_tail(self.log)))
+            return
         status = -int(signal.SIGTERM) if self.stopped else -1
         self._finish(RunResult(status=status, output_tail=read_tail(self.log), status_known=False))
 
@@ -213,34 +258,29 @@ async def launch(
     argv = check_argv(spec.argv)
     user = resolve_user(spec.run_as)
     env, dropped = build_env(spec.env, allowlist=allowlist, mig_uuid=instance.uuid, job_id=job_id, gang_env=gang_env)
-    extra: dict[str, object] = {}
+    account: list[str] = []  # the keeper switches to the user for the workload; it stays the executor's
     if user is not None:
         env["HOME"], env["USER"], env["LOGNAME"] = user.pw_dir, user.pw_name, user.pw_name
-        extra = {
-            "user": user.pw_uid,
-            "group": user.pw_gid,
-            "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid),
-        }
+        groups = ",".join(str(g) for g in os.getgrouplist(user.pw_name, user.pw_gid))
+        account = ["--user", str(user.pw_uid), "--group", str(user.pw_gid), "--groups", groups]
+    _check_program(job_id, argv[0], env.get("PATH"))
     log.parent.mkdir(parents=True, exist_ok=True)
+    status = status_path(log)
+    status.write_bytes(b"")  # empty: not recorded yet
     with log.open("ab") as out:  # append: stdout and stderr share the file
         if user is not None:
             os.fchown(out.fileno(), user.pw_uid, user.pw_gid)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
+                sys.executable, "-I", str(KEEPER), str(status), *account, "--", *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                **extra,  # type: ignore[arg-type]
             )
-        except FileNotFoundError:
-            raise WorkloadError(
-                f"job {job_id}: program {argv[0]!r} not found (argv is run without a shell)"
-            ) from None
-        except PermissionError as exc:
-            raise WorkloadError(f"job {job_id}: cannot execute {argv[0]!r}: {exc.strerror}") from None
+        except OSError as exc:  # the program was checked above: this is the keeper's interpreter
+            raise WorkloadError(f"job {job_id}: cannot start {sys.executable!r}: {exc.strerror}") from None
     return ProcessRun(instance, proc, log, keep_log), dropped
 
 

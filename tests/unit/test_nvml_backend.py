@@ -95,7 +95,7 @@ async def test_a_restarted_backend_adopts_its_instances_and_running_job_and_dest
     await second.destroy_instance(0, idle.gi_id)
     await second.stop_workload("long")
     done = await asyncio.wait_for(second.next_exit(), 20)
-    assert (done.job_id, done.reason, done.status_known) == ("long", "stopped", False)
+    assert (done.job_id, done.reason, done.status) == ("long", "stopped", -15)
     assert done.started_by == "place:long:3"  # the registry still tells this run from a later placement's
     await second.destroy_instance(0, busy.gi_id)
     assert fake.snapshot(0) == [("1g.5gb", 6, 1)]
@@ -146,6 +146,53 @@ async def test_a_job_that_ended_while_the_executor_was_down_is_reported_lost(tmp
     done = await asyncio.wait_for(second.next_exit(), 20)
     assert (done.job_id, done.reason, done.status_known) == ("gone", "lost", False)
     assert [i.gi_id for i in await second.list_instances(0)] == [inst.gi_id]  # the instance is kept
+    await second.close()
+
+
+def until(flag: Path, then: str) -> WorkloadSpec:
+    """A workload that waits for ``flag`` to exist, then runs ``then``."""
+    wait = f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)"
+    return WorkloadSpec(argv=(sys.executable, "-c", f"import os, sys, time\n{wait}\n{then}"))
+
+
+@pytest.mark.parametrize(("code", "reason"), [(0, "completed"), (3, "failed")])
+async def test_a_job_that_ended_while_the_executor_was_down_is_reported_with_its_own_status(
+    tmp_path: Path, code: int, reason: str
+) -> None:
+    fake = FakeNvml([FakeGpu("A100-40GB")])
+    first = backend(fake, tmp_path)
+    await first.discover()
+    inst = await first.create_instance(0, P7G, 0)
+    flag = tmp_path / "go"
+    await first.start_workload("ends", inst, until(flag, f"print('done'); sys.exit({code})"))
+    await first.close()  # the executor goes away (an upgrade, a crash) while the job runs
+    flag.touch()  # the job ends while no executor watches it
+    await wait_gone(StateStore(tmp_path, "n1").load().jobs[0].pid)
+
+    second = backend(fake, tmp_path)
+    await second.discover()
+    done = await asyncio.wait_for(second.next_exit(), 20)
+    assert (done.job_id, done.reason, done.status, done.status_known) == ("ends", reason, code, True)
+    assert done.output_tail == "done\n"
+    assert not list((tmp_path / "logs").glob("*.exit"))  # read once, then gone
+    await second.close()
+
+
+async def test_a_job_ending_after_the_executor_restarted_is_reported_with_its_own_status(tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu("A100-40GB")])
+    first = backend(fake, tmp_path)
+    await first.discover()
+    inst = await first.create_instance(0, P7G, 0)
+    flag = tmp_path / "go"
+    await first.start_workload("ends", inst, until(flag, "sys.exit(0)"))
+    await first.close()
+
+    second = backend(fake, tmp_path)
+    await second.discover()
+    assert second.reconciliation.adopted_jobs == ("ends",)
+    flag.touch()  # the adopted job ends under the new executor, which is not its parent
+    done = await asyncio.wait_for(second.next_exit(), 20)
+    assert (done.job_id, done.reason, done.status_known) == ("ends", "completed", True)
     await second.close()
 
 
