@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+import msgspec
 from nats.js.errors import NotFoundError
 from opentelemetry import trace
 
@@ -36,6 +37,14 @@ _tracer = telemetry.tracer("migsched.client")
 
 class ClientError(MigschedError):
     """The request is malformed, or the outcome cannot be learnt (e.g. ``wait`` timed out)."""
+
+
+def _checked(msg: JobSubmit) -> JobSubmit:
+    """``msg`` if it satisfies the schema's bounds, which building a Struct does not check and decoding does."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(msg), type=JobSubmit)
+    except msgspec.ValidationError as exc:
+        raise ClientError(f"invalid job {msg.job_id!r}: {exc}") from None
 
 
 class WaitTimeout(ClientError, TimeoutError):
@@ -157,12 +166,14 @@ class MigschedClient:
         submitted_at: float | None = None,
         topology: Topology | None = None,
         launch: Literal["per-gpu", "per-node"] | None = None,
+        run_as: str | None = None,
         **kind: Any,
     ) -> JobSubmit:
         """A ``JobSubmit``; ``kind`` is ``profile=``, ``compute_slices=`` + ``memory_gb=``, ``gpus=`` or
-        ``shared=True`` when no ``demand`` is given; ``topology`` and ``launch`` for a gang."""
+        ``shared=True`` when no ``demand`` is given; ``topology`` and ``launch`` for a gang. Checked against the
+        published schema here: a job the services would dead-letter is refused with the field that is wrong."""
         jid = job_id or new_id("job")
-        return JobSubmit(
+        return _checked(JobSubmit(
             id=f"submit-{jid}",
             job_id=jid,
             tenant=tenant,
@@ -173,11 +184,11 @@ class MigschedClient:
             migratable=migratable,
             duration_hint_s=duration_s,
             patience_s=patience_s,
-            workload=Workload(argv=tuple(argv), env=dict(env or {}), launch=launch),
+            workload=Workload(argv=tuple(argv), env=dict(env or {}), run_as=run_as, launch=launch),
             labels=dict(labels or {}),
             submitted_at=submitted_at if submitted_at is not None else now(),
             topology=topology,
-        )
+        ))
 
     async def submit(self, **job: Any) -> str:
         """Publish one job (see ``job``); returns its id once JetStream has stored it."""

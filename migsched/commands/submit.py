@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 import click
 import msgspec
@@ -56,6 +57,10 @@ from shared.events import Topology
     type=float,
     help="Wait up to this many seconds for the job to end; print its final state (needs Redis).",
 )
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="A variable for the workload (repeatable); a node passes on only what its "
+              "MIGSCHED_EXECUTOR_ENV_ALLOWLIST names.")
+@click.option("--run-as", help="The user the workload runs as on its node (the executor must run as root).")
 @click.option(
     "--anyway",
     is_flag=True,
@@ -81,6 +86,8 @@ def command(
     patience_s: float | None,
     job_id: str | None,
     wait_s: float | None,
+    env: tuple[str, ...],
+    run_as: str | None,
     anyway: bool,
     argv: tuple[str, ...],
 ) -> None:
@@ -88,22 +95,24 @@ def command(
 
     ARGV (after --) is the workload the executor runs bound to the job's instance."""
     try:  # a malformed request fails here, before any connection
-        demand = demand_of(
-            profile=profile, compute_slices=compute_slices, memory_gb=memory_gb, gpus=gpus, shared=shared
-        )
-        msg = MigschedClient.job(
-            job_id=job_id,
-            demand=demand,
-            tenant=tenant,
-            priority=priority,
-            duration_s=duration_s,
-            latency_sensitive=latency_sensitive,
-            migratable=not no_migrate,
-            patience_s=patience_s,
-            argv=argv,
-            topology=_topology(topology),
-            launch=launch,  # type: ignore[arg-type]  # click.Choice gives one of the two
-        )
+        fields: dict[str, Any] = {
+            "job_id": job_id,
+            "demand": demand_of(
+                profile=profile, compute_slices=compute_slices, memory_gb=memory_gb, gpus=gpus, shared=shared
+            ),
+            "tenant": tenant,
+            "priority": priority,
+            "duration_s": duration_s,
+            "latency_sensitive": latency_sensitive,
+            "migratable": not no_migrate,
+            "patience_s": patience_s,
+            "argv": argv,
+            "env": _variables(env),
+            "run_as": run_as,
+            "topology": _topology(topology),
+            "launch": launch,
+        }
+        fields["job_id"] = MigschedClient.job(**fields).job_id  # checked now; the same id when published
     except (ClientError, msgspec.ValidationError) as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -120,19 +129,7 @@ def command(
                     err=True,
                 )
                 return 4
-            jid = await c.submit(
-                job_id=msg.job_id,
-                demand=msg.demand,
-                tenant=tenant,
-                priority=priority,
-                duration_s=duration_s,
-                latency_sensitive=latency_sensitive,
-                migratable=not no_migrate,
-                patience_s=patience_s,
-                argv=argv,
-                topology=msg.topology,
-                launch=msg.workload.launch,
-            )
+            jid = await c.submit(**fields)
             click.echo(jid)
             if wait_s is None:
                 return 0
@@ -156,6 +153,16 @@ def command(
     finally:
         telemetry.shutdown()  # flushes the submit span before the process ends
     sys.exit(code)
+
+
+def _variables(pairs: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.UsageError(f"--env expects NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
 
 
 def _topology(choice: str | None) -> Topology | None:

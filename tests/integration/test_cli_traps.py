@@ -8,12 +8,14 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner, Result
 
 from migsched.cli import main
 from migsched.commands.up import next_steps
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
+from shared.events import JobSubmit
 from tests.integration.test_plain_gpus_flow import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -65,6 +67,19 @@ async def test_a_submit_that_no_running_service_would_consume_publishes_nothing_
     assert info.state.messages == 0  # nothing was queued for nobody
     queued = await bare("submit", "--profile", "1g", "--job-id", "later", "--anyway")
     assert queued.exit_code == 0 and queued.stdout.strip() == "later"
+
+
+async def test_a_submit_carries_its_variables_and_run_as_user_to_the_published_job(bare: Cli) -> None:
+    r = await bare("submit", "--profile", "1g", "--job-id", "env", "--anyway", "--env", "NCCL_DEBUG=INFO",
+                   "--env", "EMPTY=", "--run-as", "trainer", "--", "python3", "train.py")
+    assert r.exit_code == 0, r.output
+    subjects = bare.ns.bus.subjects
+    raw = await bare.ns.bus.js.get_last_msg(subjects.stream_jobs, subjects.jobs_submit)
+    job = msgspec.json.decode(raw.data, type=JobSubmit)
+    assert (job.job_id, dict(job.workload.env), job.workload.run_as) == (
+        "env", {"NCCL_DEBUG": "INFO", "EMPTY": ""}, "trainer"
+    )
+    assert job.workload.argv == ("python3", "train.py")
 
 
 async def test_submit_wait_exits_zero_only_for_a_finished_job_and_prints_the_reason_otherwise(

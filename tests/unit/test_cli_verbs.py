@@ -58,6 +58,9 @@ def test_schema_of_an_unknown_message_is_a_usage_error() -> None:
         (["--compute", "3"], "needs both"),
         (["--profile", "9g"], "unknown profile"),
         ([], "exactly one of"),
+        (["--profile", "1g", "--env", "NCCL_DEBUG"], "--env expects NAME=VALUE, got 'NCCL_DEBUG'"),
+        (["--profile", "1g", "--env", "1X=2"], "invalid job"),
+        (["--profile", "1g", "--run-as", "Bad User"], "workload.run_as"),
     ],
 )
 def test_submit_rejects_a_malformed_request_before_connecting(args: list[str], why: str) -> None:
