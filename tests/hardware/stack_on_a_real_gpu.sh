@@ -4,7 +4,8 @@
 #   1. a bf16 matrix-product job runs on the whole GPU through the stack, seeing that GPU alone;
 #   2. the executor is killed (SIGKILL) under a running GPU job; its successor adopts the job, which finishes
 #      with its own status and is not run again;
-#   3. a running GPU job is cancelled: its process ends and frees the GPU.
+#   3. a running GPU job is cancelled: its process ends and frees the GPU;
+#   4. run as root, a GPU job submitted with --run-as nobody runs as that user and its status is still recorded.
 # Needs nats-server and redis-server (on PATH, or NATS_BIN / REDIS_BIN), python3 with migsched importable and
 # torch for the workloads. Exits non-zero when a check fails. BACKEND=sim tries the steps on a simulated node.
 set -uo pipefail
@@ -64,6 +65,12 @@ expect long2 "running -> cancelled: stopped"
 if command -v nvidia-smi > /dev/null && [ "${BACKEND:-nvml}" = nvml ]; then
   left=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)
   [ "$left" = 0 ] || { echo "CHECK FAILED: $left process(es) still on the GPU"; FAILED=1; }
+fi
+if [ "$(id -u)" = 0 ] && id nobody > /dev/null 2>&1; then
+  echo "== 4. a job run as another user"
+  $M submit --gpus 1 --job-id asuser --duration 30 --run-as nobody --wait 120 -- python3 -c "$ON_GPU
+import os; print('uid', os.getuid())"
+  expect asuser "running -> finished: completed: uid $(id -u nobody)"
 fi
 $M check --executors 1 || FAILED=1
 kill $(jobs -p) 2>/dev/null; sleep 1
