@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 
 from shared.events import JobSubmit
-from shared.policy.hold_pass import HoldPass, blocking
+from shared.policy.hold_pass import HoldPass, blocking, closed_by
 from shared.policy.placement.gang import spans_nodes
 from shared.policy.reservation import Reservation, ReservationParams, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
@@ -43,6 +43,10 @@ class Holds:
     def blocked(self, job_id: str, hint_s: float | None, now: float) -> set[str]:
         """The held GPUs this job may not use (none of its own hold)."""
         return blocking(self.active, hint_s, now, self.params.slack_s, job_id)
+
+    def closed_to(self, job_id: str, hint_s: float | None, now: float) -> str | None:
+        """Why ``blocked`` holds GPUs back from this job, for its reason; None when it holds none back."""
+        return closed_by(self.active, hint_s, now, self.params.slack_s, job_id)
 
     def consider(self, snap: ClusterSnapshot, sub: JobSubmit, now: float,
                  domains: Sequence[tuple[str, Sequence[str]]] = (), required: bool = False) -> Reservation | None:

@@ -24,6 +24,21 @@ def blocking(holds: Iterable[Reservation], hint_s: float | None, now: float, sla
     return {g for r in holds if r.job_id != job_id and not may_use(hint_s, now, r.start, slack_s) for g in r.gpus}
 
 
+def closed_by(holds: Iterable[Reservation], hint_s: float | None, now: float, slack_s: float = 0.0,
+              job_id: str | None = None) -> str | None:
+    """Why held GPUs are closed to a job (``blocking``'s rule), for its "why it waits": without it a job that
+    waits beside free but held GPUs reads as if there were none. None when no hold closes a GPU to it."""
+    closing = [r for r in holds if r.job_id != job_id and not may_use(hint_s, now, r.start, slack_s)]
+    if not closing:
+        return None
+    names = [r.job_id for r in closing[:2]] + ([f"{len(closing) - 2} more"] if len(closing) > 2 else [])
+    soonest = min(r.start for r in closing) - now
+    after = f"more than {slack_s:g} s after that" if slack_s else "after that"
+    why = "it has no duration hint" if hint_s is None else f"its hint ({hint_s:g} s) ends {after}"
+    return (f"{sum(len(r.gpus) for r in closing)} GPU(s) held for {', '.join(names)} (expected start in "
+            f"{max(0.0, soonest):.0f} s) are closed to it: {why}")
+
+
 class HoldPass:
     """The holds of one pass (see the module docstring)."""
 

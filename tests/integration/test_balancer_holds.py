@@ -126,6 +126,9 @@ async def test_with_tenancy_a_waiting_whole_gpu_job_gets_a_hold_that_long_jobs_k
         assert await gpu_of("short") == soon
         long = await ns.state.job("long")
         assert long is not None and long.state == "pending"
+        # its reason names the hold that keeps the free slices from it, not only "no room"
+        assert "1 GPU(s) held for big (expected start in" in long.reason
+        assert "are closed to it: its hint (50000 s) ends after that" in long.reason
 
 
 async def test_with_tenancy_jobs_are_placed_by_the_policy_named(

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.hold_pass import HoldPass
+from shared.policy.hold_pass import HoldPass, closed_by
 from shared.policy.reservation import ReservationParams
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
@@ -79,3 +79,17 @@ def test_a_job_may_use_a_held_gpu_only_when_it_ends_before_the_hold_starts_and_n
     assert p.blocking(101.0, now=0.0) == {"n1/0"}
     assert p.blocking(None, now=0.0) == {"n1/0"}  # no hint, no way in
     assert p.blocking(None, now=0.0, job_id="a") == set()
+
+
+def test_a_job_kept_off_held_gpus_is_told_which_hold_and_why() -> None:
+    p = HoldPass(ReservationParams(after_s=0.0))
+    r = p.plan(_snap(100.0, 5000.0), "big", 1, 0.0, math.inf)
+    assert r is not None
+    p.add(r)
+    assert closed_by(p.held, 50.0, now=0.0) is None  # it ends first: nothing is closed to it
+    assert closed_by(p.held, None, now=0.0, job_id="big") is None  # its own hold
+    assert closed_by(p.held, 500.0, now=40.0) == (
+        "1 GPU(s) held for big (expected start in 60 s) are closed to it: its hint (500 s) ends after that")
+    assert closed_by(p.held, None, now=0.0, slack_s=30.0) == (
+        "1 GPU(s) held for big (expected start in 100 s) are closed to it: it has no duration hint")
+    assert closed_by(p.held, 500.0, now=0.0, slack_s=30.0).endswith("ends more than 30 s after that")  # type: ignore[union-attr]
