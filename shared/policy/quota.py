@@ -297,6 +297,14 @@ class Wait(msgspec.Struct, frozen=True, kw_only=True):
 Admission = Admit | Wait
 
 
+def _never(requested: float, most: float, what: str) -> str:
+    """Said of a request no amount of waiting admits: more than ``most``, the most its tenant may ever use. It
+    still waits rather than being refused, as the tenancy file may be raised while it waits (a reload)."""
+    if requested <= most + _EPS:
+        return ""
+    return f" (the job alone asks more than {what}: it runs only once the tenancy file raises it)"
+
+
 def admit(book: QuotaBook, tenant: str, usage: Mapping[str, float]) -> Admission:
     """Whether ``tenant`` may start a job charged ``usage`` now, and how much of it is borrowed."""
     tq = book.policy.tenant(tenant)
@@ -321,16 +329,19 @@ def admit(book: QuotaBook, tenant: str, usage: Mapping[str, float]) -> Admission
         cap = tq.borrow_cap(r)
         if tq.cohort is None:
             return Wait(tenant=tenant, resource=r, requested=q, used=have, limit=nom,
-                        detail=f"{tenant} would use {new:g} {r}; its quota is {nom:g}")
+                        detail=f"{tenant} would use {new:g} {r}; its quota is {nom:g}"
+                               + _never(q, nom, "its whole quota"))
         if new - nom > cap + _EPS:
             return Wait(tenant=tenant, resource=r, requested=q, used=have, limit=nom + cap,
                         detail=f"{tenant} would borrow {new - nom:g} {r} from cohort {tq.cohort}; "
-                               f"its borrowing limit is {cap:g} (quota {nom:g})")
+                               f"its borrowing limit is {cap:g} (quota {nom:g})"
+                               + _never(q, nom + cap, "its quota and borrowing limit together"))
         c_used, c_nom = book.cohort_totals(tq.cohort, r)
         if c_used + q > c_nom + _EPS:
             return Wait(tenant=tenant, resource=r, requested=q, used=have, limit=nom,
                         detail=f"{tenant} would use {new:g} {r} (quota {nom:g}) and cohort {tq.cohort} has "
-                               f"{max(c_nom - c_used, 0):g} unused to lend")
+                               f"{max(c_nom - c_used, 0):g} unused to lend"
+                               + _never(q, c_nom, f"cohort {tq.cohort}'s whole quota"))
         borrowed[r] = round(over, _DIGITS)
         reasons.append(f"borrows {over:g} {r} from cohort {tq.cohort}")
     if not reasons:

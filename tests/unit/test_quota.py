@@ -115,6 +115,19 @@ def test_a_tenant_without_a_cohort_never_borrows() -> None:
     assert isinstance(admit(book, "a", {COMPUTE: 3}), Wait)
 
 
+def test_a_job_larger_than_all_its_tenant_may_ever_use_waits_saying_that_only_a_raised_quota_runs_it() -> None:
+    book = _book(TenantQuota(name="solo", quota={GPU: 4}),
+                 TenantQuota(name="a", cohort="c", quota={GPU: 2}, borrowing_limit={GPU: 2}),
+                 TenantQuota(name="b", cohort="c", quota={GPU: 10}))
+    never = "it runs only once the tenancy file raises it"
+    assert never in admit(book, "solo", {GPU: 8}).detail  # type: ignore[union-attr]
+    assert "more than its whole quota" in admit(book, "solo", {GPU: 8}).detail  # type: ignore[union-attr]
+    assert "its quota and borrowing limit together" in admit(book, "a", {GPU: 5}).detail  # type: ignore[union-attr]
+    assert "cohort c's whole quota" in admit(book, "b", {GPU: 13}).detail  # type: ignore[union-attr]
+    busy = charge(book, "solo", Usage({GPU: 2}))
+    assert never not in admit(busy, "solo", {GPU: 3}).detail  # type: ignore[union-attr]  # it fits once others end
+
+
 def test_a_lender_within_its_nominal_is_admitted_even_when_its_quota_is_lent_out() -> None:
     book = _book(TenantQuota(name="a", cohort="c", quota={COMPUTE: 4}),
                  TenantQuota(name="b", cohort="c", quota={COMPUTE: 4}))
