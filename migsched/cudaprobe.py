@@ -75,9 +75,7 @@ def probe() -> dict[str, Any]:
 PROBE_ARGV = (sys.executable, "-m", "migsched.cudaprobe")
 
 
-def bound_probe(
-    uuid: str, allowlist: Sequence[str], *, argv: Sequence[str] | None = None, timeout_s: float = 60.0
-) -> dict[str, Any]:
+def bound_probe(uuid: str, allowlist: Sequence[str], *, timeout_s: float = 60.0) -> dict[str, Any]:
     """Start the probe bound to ``uuid`` exactly as the executor binds a workload (the environment it passes on
     is ``allowlist``'s), and judge what it saw.
 
@@ -87,7 +85,7 @@ def bound_probe(
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the child imports this very package
     try:
         done = subprocess.run(
-            list(argv or PROBE_ARGV), env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+            list(PROBE_ARGV), env=env, capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired:
         return {"bound_to": uuid, "ok": False, "reason": f"the probe did not answer within {timeout_s:g} s"}
