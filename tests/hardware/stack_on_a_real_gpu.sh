@@ -5,7 +5,9 @@
 #   2. the executor is killed (SIGKILL) under a running GPU job; its successor adopts the job, which finishes
 #      with its own status and is not run again;
 #   3. a running GPU job is cancelled: its process ends and frees the GPU;
-#   4. run as root, a GPU job submitted with --run-as nobody runs as that user and its status is still recorded.
+#   4. run as root, a GPU job submitted with --run-as nobody runs as that user and its status is still recorded;
+#   5. the executor restarted with the GPU time-sliced in two (MIGSCHED_EXECUTOR_GPUS ...:shared=2): two shares run
+#      on it at once, each seeing the GPU.
 # Needs nats-server and redis-server (on PATH, or NATS_BIN / REDIS_BIN), python3 with migsched importable and
 # torch for the workloads. Exits non-zero when a check fails. BACKEND=sim tries the steps on a simulated node.
 set -uo pipefail
@@ -19,7 +21,7 @@ sleep 1.5
 for s in balancer registry migration_planner; do MIGSCHED_METRICS_PORT=0 $PY -m services.$s > "$R/$s.log" 2>&1 & done
 start_executor() {
   MIGSCHED_METRICS_PORT=0 MIGSCHED_EXECUTOR_BACKEND=${BACKEND:-nvml} MIGSCHED_EXECUTOR_SIM_WORKLOADS=process \
-  MIGSCHED_NODE=gpu0 MIGSCHED_EXECUTOR_GPUS=H200-141GB:1:whole MIGSCHED_EXECUTOR_STATE_DIR="$R/exec" \
+  MIGSCHED_NODE=gpu0 MIGSCHED_EXECUTOR_GPUS=${GPUS:-H200-141GB:1:whole} MIGSCHED_EXECUTOR_STATE_DIR="$R/exec" \
   MIGSCHED_EXECUTOR_STOP_GRACE_S=3 $PY -m services.executor >> "$R/executor.log" 2>&1 &
   echo $! > "$R/executor.pid"
 }
@@ -72,6 +74,30 @@ if [ "$(id -u)" = 0 ] && id nobody > /dev/null 2>&1; then
 import os; print('uid', os.getuid())"
   expect asuser "running -> finished: completed: uid $(id -u nobody)"
 fi
+echo "== 5. the GPU time-sliced into two shares"
+kill "$(cat "$R/executor.pid")"; sleep 2; GPUS=H200-141GB:1:shared=2 start_executor; sleep 6
+for j in s1 s2; do
+  $M submit --shared --job-id $j --duration 20 -- python3 -c "$ON_GPU
+t = time.time()
+while time.time() - t < 8:
+    try: y = (x * 2).sum().item()
+    except NameError: time.sleep(0.1)
+print('$j done')" > /dev/null
+done
+settle s1; settle s2
+expect s1 "running -> finished: completed: s1 done"
+expect s2 "running -> finished: completed: s2 done"
+$PY - <<'PY' || FAILED=1
+import json, subprocess, sys
+def span(job):
+    out = subprocess.check_output([sys.executable, "-m", "migsched", "describe", "--json", job])
+    steps = json.loads(out)["history"]
+    return (min(e["at"] for e in steps if e["to"] == "running"),
+            max(e["at"] for e in steps if e["to"] in ("finished", "failed")))
+(a0, a1), (b0, b1) = span("s1"), span("s2")
+print(f"the shares ran together for {min(a1, b1) - max(a0, b0):.1f} s")
+sys.exit(0 if max(a0, b0) < min(a1, b1) else "CHECK FAILED: the two shares did not run at once")
+PY
 $M check --executors 1 || FAILED=1
 kill $(jobs -p) 2>/dev/null; sleep 1
 [ -n "${OUT:-}" ] && tar czf "$OUT/stack-logs.tgz" -C "$R" --exclude js --exclude exec . 2>/dev/null
