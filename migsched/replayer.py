@@ -27,8 +27,9 @@ from shared.events import JobSubmit
 from shared.events import Workload as WorkloadSpec
 from shared.mig.geometry import GpuModel
 from shared.policy.request import Demand, full_profile, resolve_profile
+from shared.sim.errors import WorkloadError
 from shared.sim.jobs import SimJob, Workload
-from shared.sim.workloads.synthetic import CLASSES, JobClass, synthetic
+from shared.sim.workloads.synthetic import CLASSES, MIXES, JobClass, synthetic
 
 DEFAULT_PATIENCE_S = 3600.0
 """The simulator's default queue patience (``SimConfig.patience_s``), in trace seconds."""
@@ -71,16 +72,21 @@ def load(
     mapping: str | None = None,
     window: str = "auto",
 ) -> Workload:
-    """``synthetic`` (four classes, Poisson arrivals at ``load_factor`` of ``gpus`` GPUs), an openb pod list
-    (a path or a variant name such as ``default``), or any CSV with a column ``mapping``."""
-    if trace == "synthetic":
-        rng = np.random.default_rng(seed)
+    """``synthetic`` (four classes, Poisson arrivals at ``load_factor`` of ``gpus`` GPUs, multi-GPU jobs as
+    whole-GPU ones), ``synthetic:MIX`` (a mix of the simulator's as it is, e.g. ``gangs``: 16- to 128-GPU gangs
+    too), an openb pod list (a path or a variant name such as ``default``), or any CSV with a column
+    ``mapping``."""
+    kind, colon, mix = trace.partition(":")
+    if kind == "synthetic":
+        if colon and mix not in MIXES:
+            raise WorkloadError(f"unknown synthetic mix {mix!r}: one of {', '.join(MIXES)}")
         return synthetic(
-            rng,
+            np.random.default_rng(seed),
             jobs=limit or 200,
             load=load_factor,
             cluster_slices=gpus * model.compute_slices,
-            classes=single_instance_classes(),
+            classes=MIXES[mix] if colon else single_instance_classes(),
+            mix=mix or "default",
         )
     if mapping is not None:
         from shared.sim.workloads.csv import load_csv

@@ -74,13 +74,14 @@ def command(
     whole_as_gpus: bool,
     dry_run: bool,
 ) -> None:
-    """Publish TRACE's arrivals on jobs.submit: 'synthetic', an openb pod list (a path or a variant name such
-    as 'default' or 'gpushare40', read from MIGSCHED_TRACES_DIR), or any CSV with --mapping."""
+    """Publish TRACE's arrivals on jobs.submit: 'synthetic' (or 'synthetic:gangs', the simulator's mix with 16- to
+    128-GPU gangs), an openb pod list (a path or a variant name such as 'default' or 'gpushare40', read from
+    MIGSCHED_TRACES_DIR), or any CSV with --mapping."""
     if whole_as_gpus and mig_only:
         raise click.UsageError("--whole-as-gpus publishes one-GPU jobs as gangs of one, which --mig-only leaves "
                                "out: give one of the two")
     m = default_geometry().model(model)
-    if trace == "synthetic":
+    if trace.partition(":")[0] == "synthetic":
         limit = limit or synthetic_jobs
     loaded = replayer.load(trace, m, limit=limit, seed=seed, load_factor=load_factor, gpus=gpus, mapping=mapping,
                            window=window)

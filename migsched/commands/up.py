@@ -31,7 +31,9 @@ from rich.table import Table
 from migsched import clusterview, livekpis, replayer
 from migsched.stack import Stack, StackConfig, StackError, gpus_per_node, replay_timers
 from services.executor.config import parse_gpu_specs
+from shared.errors import MigschedError
 from shared.mig.geometry import default_geometry
+from shared.sim.jobs import Workload
 from shared.state import TERMINAL_STATES
 
 MODEL = "A100-40GB"
@@ -133,6 +135,8 @@ def command(
     )
     stack = Stack(config)
     console = Console(stderr=False)
+    # the demo's workload is read before anything starts: a trace that is not there stops nothing half-started
+    replay = _demo_workload(trace, limit, seed, gpus_per_node(gpus) * executors) if demo else None
     code = 0
     try:
         console.print(f"[bold]migsched up[/]: namespace {namespace or '(none)'}; logs in {run_dir}")
@@ -144,8 +148,8 @@ def command(
             f"NATS {stack.nats_url}{' (started here)' if stack.nats and stack.nats.owned else ''}; "
             f"Redis {stack.redis_url}{' (started here)' if stack.redis and stack.redis.owned else ''}"
         )
-        if demo:
-            code = asyncio.run(_demo(stack, console, trace, limit, speedup, seed, json_out, keep, timeout_s))
+        if replay is not None:
+            code = asyncio.run(_demo(stack, console, *replay, speedup, json_out, keep, timeout_s))
         else:
             asyncio.run(_serve(stack, console))
     except StackError as exc:
@@ -248,13 +252,26 @@ def _stop_event() -> asyncio.Event:
     return stop
 
 
+def _demo_workload(trace: str, limit: int, seed: int, n_gpus: int) -> tuple[Workload, dict[str, int]]:
+    """The jobs the demo replays (one MIG instance each) and a count of those it leaves out; a usage error when
+    the trace cannot be read or leaves nothing to replay."""
+    try:
+        loaded = replayer.load(trace, default_geometry().model(MODEL), limit=limit, seed=seed, gpus=n_gpus)
+    except MigschedError as exc:
+        raise click.BadParameter(str(exc), param_hint="--trace") from None
+    workload, skipped = replayer.single_instance(loaded)
+    if not workload.jobs:
+        raise click.BadParameter(f"{trace!r} has no job of one MIG instance, the only kind the demo replays "
+                                 f"(left out: {skipped}); `migsched replay` publishes every kind", param_hint="--trace")
+    return workload, skipped
+
+
 async def _demo(
     stack: Stack,
     console: Console,
-    trace: str,
-    limit: int,
+    workload: Workload,
+    skipped: dict[str, int],
     speedup: float,
-    seed: int,
     json_out: Path | None,
     keep: bool,
     timeout_s: float,
@@ -263,12 +280,8 @@ async def _demo(
     from shared.state import RedisState
 
     geometry = default_geometry()
-    model = geometry.model(MODEL)
     per_node = gpus_per_node(stack.config.gpus)
     n_gpus = per_node * stack.config.executors
-    workload, skipped = replayer.single_instance(
-        replayer.load(trace, model, limit=limit, seed=seed, gpus=n_gpus)
-    )
     console.print(
         f"workload {workload.name}: {len(workload.jobs)} jobs over "
         f"{workload.jobs[-1].arrival - workload.jobs[0].arrival:,.0f} trace seconds at {speedup:g}x"

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from migsched.replayer import single_instance, whole_as_gpus
+from migsched.replayer import load, single_instance, whole_as_gpus
 from shared.mig.geometry import default_geometry
 from shared.policy.request import Demand
+from shared.sim.errors import WorkloadError
 from shared.sim.jobs import SimJob, Workload
 
 pytestmark = pytest.mark.unit
@@ -39,3 +40,24 @@ def test_the_demo_replay_keeps_one_mig_instance_a_job_and_counts_the_rest() -> N
     kept, skipped = single_instance(_workload())
     assert [j.id for j in kept.jobs] == ["whole", "named", "small"]
     assert skipped == {"gang (n whole GPUs)": 1, "time-sliced share": 1}
+
+
+def test_a_named_synthetic_mix_is_replayed_as_the_simulator_draws_it_gangs_across_nodes_included() -> None:
+    model = GEO.model("A100-40GB")
+    gangs = load("synthetic:gangs", model, limit=400, seed=1, gpus=256)
+    assert len(gangs.jobs) == 400
+    assert max(j.demand.gpus or 0 for j in gangs.jobs) > 8  # bigger than a node
+    plain = load("synthetic", model, limit=400, seed=1, gpus=256)  # the demo's: no job of several GPUs
+    assert all(j.demand.kind == "mig" for j in plain.jobs)
+    with pytest.raises(WorkloadError, match="unknown synthetic mix 'big': one of default, gangs"):
+        load("synthetic:big", model)
+
+
+def test_the_demo_refuses_a_trace_it_cannot_read_before_it_starts_anything() -> None:
+    from click.testing import CliRunner
+
+    from migsched.cli import main
+
+    r = CliRunner().invoke(main, ["up", "--demo", "--trace", "synthetic:big"])
+    assert r.exit_code == 2 and "unknown synthetic mix 'big'" in r.output
+    assert "migsched up" not in r.output and "stopped:" not in r.output  # nothing was started
