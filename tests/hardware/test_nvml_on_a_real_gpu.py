@@ -18,7 +18,7 @@ import pytest
 pynvml = pytest.importorskip("pynvml")
 
 from migsched import cudaprobe  # noqa: E402
-from services.executor.backend import InstanceInfo, WorkloadExit, WorkloadSpec  # noqa: E402
+from services.executor.backend import GpuInfo, InstanceInfo, WorkloadExit, WorkloadSpec  # noqa: E402
 from services.executor.config import ExecutorSettings, env_allowlist  # noqa: E402
 from services.executor.launch import gang_procs  # noqa: E402
 from services.executor.nvml_backend import NvmlBackend  # noqa: E402
@@ -64,7 +64,17 @@ def probe_answers(tail: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in tail.splitlines() if line.startswith("{")]
 
 
-def whole_gpu(gpus: list, index: int) -> InstanceInfo:  # type: ignore[type-arg]
+async def whole_gpus(b: NvmlBackend) -> tuple[list[GpuInfo], list[int]]:
+    """The node's GPUs and the indices of those not in MIG mode; skips the test (closing ``b``) when none is."""
+    gpus = list(await b.discover())
+    plain = [g.index for g in gpus if not g.mig_enabled]
+    if not plain:
+        await b.close()
+        pytest.skip("every GPU is in MIG mode")
+    return gpus, plain
+
+
+def whole_gpu(gpus: list[GpuInfo], index: int) -> InstanceInfo:
     return InstanceInfo(
         gpu_index=index,
         gi_id=2048,
@@ -94,11 +104,7 @@ def test_the_backend_discovers_every_gpu_nvml_reports_by_its_uuid_and_model(tmp_
 def test_a_workload_on_a_whole_gpu_sees_that_gpu_and_no_other(tmp_path: Path) -> None:
     async def go() -> None:
         b = backend(tmp_path)
-        gpus = list(await b.discover())
-        plain = [g.index for g in gpus if not g.mig_enabled]
-        if not plain:
-            await b.close()
-            pytest.skip("every GPU is in MIG mode")
+        gpus, plain = await whole_gpus(b)
         done = await finish(b, "probe", whole_gpu(gpus, plain[0]), WorkloadSpec(argv=PROBE, env=PROBE_ENV))
         await b.close()
         assert (done.status, done.reason) == (0, "completed"), done.output_tail
@@ -113,11 +119,7 @@ def test_a_workload_on_a_whole_gpu_sees_that_gpu_and_no_other(tmp_path: Path) ->
 def test_a_gang_part_started_per_gpu_gets_its_rank_and_its_gpu(tmp_path: Path) -> None:
     async def go() -> None:
         b = backend(tmp_path)
-        gpus = list(await b.discover())
-        plain = [g.index for g in gpus if not g.mig_enabled]
-        if not plain:
-            await b.close()
-            pytest.skip("every GPU is in MIG mode")
+        gpus, plain = await whole_gpus(b)
         gang = GangLaunch(
             world_size=2, first_rank=1, node_rank=1, hosts=("n0", "hw"), master_addr="n0", master_port=29501
         )

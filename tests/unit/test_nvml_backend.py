@@ -129,13 +129,20 @@ async def test_a_restarted_executor_registers_an_adopted_run_with_the_command_th
     await second.close()
 
 
-async def test_a_job_that_ended_while_the_executor_was_down_is_reported_lost(tmp_path: Path) -> None:
-    fake = FakeNvml([FakeGpu("A100-40GB")])
-    first = backend(fake, tmp_path)
+async def left_running(fake: FakeNvml, state_dir: Path, job: str, spec: WorkloadSpec) -> InstanceInfo:
+    """``job`` started on a new 7g instance by an executor that then goes away (an upgrade, a crash) while the
+    job runs; returns the instance."""
+    first = backend(fake, state_dir)
     await first.discover()
     inst = await first.create_instance(0, P7G, 0)
-    await first.start_workload("gone", inst, forever())
+    await first.start_workload(job, inst, spec)
     await first.close()
+    return inst
+
+
+async def test_a_job_that_ended_while_the_executor_was_down_is_reported_lost(tmp_path: Path) -> None:
+    fake = FakeNvml([FakeGpu("A100-40GB")])
+    inst = await left_running(fake, tmp_path, "gone", forever())
     pid = StateStore(tmp_path, "n1").load().jobs[0].pid
     os.killpg(pid, signal.SIGKILL)
     await wait_gone(pid)
@@ -160,12 +167,8 @@ async def test_a_job_that_ended_while_the_executor_was_down_is_reported_with_its
     tmp_path: Path, code: int, reason: str
 ) -> None:
     fake = FakeNvml([FakeGpu("A100-40GB")])
-    first = backend(fake, tmp_path)
-    await first.discover()
-    inst = await first.create_instance(0, P7G, 0)
     flag = tmp_path / "go"
-    await first.start_workload("ends", inst, until(flag, f"print('done'); sys.exit({code})"))
-    await first.close()  # the executor goes away (an upgrade, a crash) while the job runs
+    await left_running(fake, tmp_path, "ends", until(flag, f"print('done'); sys.exit({code})"))
     flag.touch()  # the job ends while no executor watches it
     await wait_gone(StateStore(tmp_path, "n1").load().jobs[0].pid)
 
@@ -180,12 +183,8 @@ async def test_a_job_that_ended_while_the_executor_was_down_is_reported_with_its
 
 async def test_a_job_ending_after_the_executor_restarted_is_reported_with_its_own_status(tmp_path: Path) -> None:
     fake = FakeNvml([FakeGpu("A100-40GB")])
-    first = backend(fake, tmp_path)
-    await first.discover()
-    inst = await first.create_instance(0, P7G, 0)
     flag = tmp_path / "go"
-    await first.start_workload("ends", inst, until(flag, "sys.exit(0)"))
-    await first.close()
+    await left_running(fake, tmp_path, "ends", until(flag, "sys.exit(0)"))
 
     second = backend(fake, tmp_path)
     await second.discover()
