@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESTARTS = 5
 """Restarts of one process ``migsched up`` makes before it gives up on the stack (``Stack.revive``)."""
 SCHEDULERS = ("balancer", "registry", "migration_planner")
+MODEL = "A100-40GB"
+"""The simulated executors' GPU model, unless ``--gpus`` names others."""
 
 
 def replay_timers(speedup: float) -> dict[str, str]:
@@ -63,7 +65,7 @@ def gpus_per_node(spec: str) -> int:
 class StackConfig:
     namespace: str = ""
     executors: int = 2
-    gpus: str = "A100-40GB:8"
+    gpus: str = f"{MODEL}:8"
     """Per executor: MODEL:COUNT[,...]."""
     reconfig_latency_s: float = 0.15
     executor_speedup: float = 1.0
@@ -333,3 +335,13 @@ def tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def stop_event() -> asyncio.Event:
+    """Set by SIGINT or SIGTERM: how a local stack (or its demo) is told to stop cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop

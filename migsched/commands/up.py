@@ -15,28 +15,17 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.console import Console
 
-from migsched import clusterview, livekpis, replayer
-from migsched.stack import Stack, StackConfig, StackError, gpus_per_node, replay_timers
+from migsched import demo as demo_replay
+from migsched.stack import MODEL, Stack, StackConfig, StackError, gpus_per_node, replay_timers, stop_event
 from services.executor.config import parse_gpu_specs
-from shared.errors import MigschedError
-from shared.mig.geometry import default_geometry
-from shared.sim.jobs import Workload
-from shared.state import TERMINAL_STATES
-
-MODEL = "A100-40GB"
 
 
 @click.command("up")
@@ -136,7 +125,7 @@ def command(
     stack = Stack(config)
     console = Console(stderr=False)
     # the demo's workload is read before anything starts: a trace that is not there stops nothing half-started
-    replay = _demo_workload(trace, limit, seed, gpus_per_node(gpus) * executors) if demo else None
+    replay = demo_replay.workload(trace, limit, seed, gpus_per_node(gpus) * executors) if demo else None
     code = 0
     try:
         console.print(f"[bold]migsched up[/]: namespace {namespace or '(none)'}; logs in {run_dir}")
@@ -149,7 +138,7 @@ def command(
             f"Redis {stack.redis_url}{' (started here)' if stack.redis and stack.redis.owned else ''}"
         )
         if replay is not None:
-            code = asyncio.run(_demo(stack, console, *replay, speedup, json_out, keep, timeout_s))
+            code = asyncio.run(demo_replay.run(stack, console, *replay, speedup, json_out, keep, timeout_s))
         else:
             asyncio.run(_serve(stack, console))
     except StackError as exc:
@@ -216,7 +205,7 @@ async def _serve(stack: Stack, console: Console) -> None:
     )
     console.print(next_steps(stack.config.namespace, stack.nats_url, stack.redis_url, stack.config.gpus)
                   + " Ctrl-C stops.")
-    stop = _stop_event()
+    stop = stop_event()
     while not stop.is_set():
         for line in stack.revive():  # an executor killed to try node loss comes back and registers afresh
             console.print(f"[yellow]{line}[/]")
@@ -243,139 +232,6 @@ def next_steps(namespace: str, nats_url: str, redis_url: str, gpus: str = f"{MOD
             f"`migsched status{flags}`{env}.")
 
 
-def _stop_event() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    return stop
-
-
-def _demo_workload(trace: str, limit: int, seed: int, n_gpus: int) -> tuple[Workload, dict[str, int]]:
-    """The jobs the demo replays (one MIG instance each) and a count of those it leaves out; a usage error when
-    the trace cannot be read or leaves nothing to replay."""
-    try:
-        loaded = replayer.load(trace, default_geometry().model(MODEL), limit=limit, seed=seed, gpus=n_gpus)
-    except MigschedError as exc:
-        raise click.BadParameter(str(exc), param_hint="--trace") from None
-    workload, skipped = replayer.single_instance(loaded)
-    if not workload.jobs:
-        raise click.BadParameter(f"{trace!r} has no job of one MIG instance, the only kind the demo replays "
-                                 f"(left out: {skipped}); `migsched replay` publishes every kind", param_hint="--trace")
-    return workload, skipped
-
-
-async def _demo(
-    stack: Stack,
-    console: Console,
-    workload: Workload,
-    skipped: dict[str, int],
-    speedup: float,
-    json_out: Path | None,
-    keep: bool,
-    timeout_s: float,
-) -> int:
-    from shared.client import MigschedClient
-    from shared.state import RedisState
-
-    geometry = default_geometry()
-    per_node = gpus_per_node(stack.config.gpus)
-    n_gpus = per_node * stack.config.executors
-    console.print(
-        f"workload {workload.name}: {len(workload.jobs)} jobs over "
-        f"{workload.jobs[-1].arrival - workload.jobs[0].arrival:,.0f} trace seconds at {speedup:g}x"
-        + (f"; left out: {skipped}" if skipped else "")
-    )
-    await stack.wait_ready()
-    stop = _stop_event()
-    ns = stack.config.namespace
-    state = RedisState.from_settings(stack.client_settings())
-    client = MigschedClient(stack.nats_url, namespace=ns)
-    await client.connect()
-    sampler = livekpis.Sampler(state, geometry, workload)
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
-    )
-    published = progress.add_task("submitted", total=len(workload.jobs))
-    ended = progress.add_task("ended", total=len(workload.jobs))
-    ids = [j.id for j in workload.jobs]
-    t0 = time.time()
-    sampling = asyncio.create_task(sampler.run())
-    replaying = asyncio.create_task(
-        replayer.replay(
-            client, workload, speedup, progress=lambda i, n: progress.update(published, completed=i)
-        )
-    )
-    finished = False
-    try:
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
-            while not stop.is_set():
-                stack.check_alive()
-                view = await clusterview.read(state, geometry)
-                done = sum(1 for j in ids if view.jobs.get(j) in TERMINAL_STATES)
-                progress.update(ended, completed=done)
-                live.update(
-                    Group(
-                        clusterview.render(view, show_jobs=0, title=f"migsched demo ({ns})", compact=True),
-                        progress,
-                    )
-                )
-                if replaying.done() and done >= len(ids):
-                    finished = True
-                    break
-                if time.time() - t0 > timeout_s:
-                    console.print(
-                        f"[yellow]timed out after {timeout_s:.0f}s with {len(ids) - done} jobs open[/]"
-                    )
-                    break
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.25)
-        replay = await replaying if replaying.done() else None
-        sampler.stop()
-        await sampling
-        if replay is None:
-            replaying.cancel()
-            return 130 if stop.is_set() else 1
-        wall = time.time() - t0
-        outcomes = await livekpis.outcomes(state, ids)
-        reconf = sum(
-            int(livekpis.scrape(port, "migsched_executor_reconfigurations_total"))
-            for name, port in stack.metrics_ports.items()
-            if name.startswith("executor")
-        )
-        live_k = livekpis.kpis(
-            workload,
-            replay,
-            outcomes,
-            sampler.samples,
-            geometry,
-            MODEL,
-            n_gpus,
-            reconfigurations=reconf,
-            wall_s=wall,
-        )
-        sim_k = livekpis.simulate(workload, stack.config.executors, per_node, MODEL)
-        console.print(_kpi_table(live_k, sim_k, speedup))
-        if json_out is not None:
-            json_out.write_text(
-                json.dumps(
-                    {
-                        "live": live_k,
-                        "simulator": sim_k,
-                        "speedup": speedup,
-                        "workload": workload.name,
-                        "skipped": skipped,
-                    },
-                    indent=2,
-                )
-            )
-        return 0 if finished else 1
-    finally:
-        await client.close()
-        await state.close()
-
-
 async def _forget(stack: Stack) -> None:
     """Delete the namespace's streams and Redis keys."""
     from shared.bus import JetStreamBus
@@ -392,18 +248,3 @@ async def _forget(stack: Stack) -> None:
         await bus.delete_streams()
     finally:
         await bus.close()
-
-
-def _kpi_table(live: dict[str, float | int], sim: dict[str, float | int], speedup: float) -> Table:
-    t = Table(title=f"KPIs (trace seconds; live stack replayed at {speedup:g}x)", title_justify="left")
-    t.add_column("KPI")
-    t.add_column("live stack", justify="right")
-    t.add_column("simulator", justify="right")
-    for k in livekpis.KPI_KEYS:
-        a, b = live.get(k, ""), sim.get(k, "")
-        t.add_row(
-            k,
-            f"{a:,.4g}" if isinstance(a, float) else str(a),
-            f"{b:,.4g}" if isinstance(b, float) else str(b),
-        )
-    return t
