@@ -194,6 +194,7 @@ def test_the_cli_submit_starts_the_jobs_trace_and_exports_its_span(
             msg = await bus.js.get_last_msg(bus.subjects.stream_jobs, bus.subjects.jobs_submit)
             return (msg.headers or {}).get("traceparent", "")
         finally:
+            await bus.delete_streams()  # the submit (--anyway) created them on a server other tests share
             await bus.close()
 
     tp = asyncio.run(stored_traceparent())
