@@ -40,6 +40,7 @@ class NvmlAdoption:
     _expected: tuple[str, ...]
     _grace: float
     _poll_s: float
+    _keep_logs: bool
     reconciliation: Reconciliation
 
     if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class NvmlAdoption:
             instance = existing.get((rec.gpu_uuid, rec.instance.gi_id), rec.instance)
             if owner is not None and instance.gpu_index != owner.index:  # indices can change across reboots
                 instance = msgspec.structs.replace(instance, gpu_index=owner.index)
-            run = AdoptedRun(instance, rec.pid, rec.start_time, Path(rec.log), self._poll_s)
+            run = AdoptedRun(instance, rec.pid, rec.start_time, Path(rec.log), self._poll_s, self._keep_logs)
             run.gpu_uuid = rec.gpu_uuid
             (adopted if run.alive() and owner is not None else lost).append(rec.job_id)
             if rec.started_by:
@@ -95,7 +96,7 @@ class NvmlAdoption:
             if rec.more:  # a gang's part started per GPU: all its processes, one run again
                 parts: list[Run] = [run]
                 for p in rec.more:
-                    more = AdoptedRun(p.instance, p.pid, p.start_time, Path(p.log), self._poll_s)
+                    more = AdoptedRun(p.instance, p.pid, p.start_time, Path(p.log), self._poll_s, self._keep_logs)
                     more.gpu_uuid = p.gpu_uuid or rec.gpu_uuid
                     parts.append(more)
                 group = GroupRun(instance, parts, self._grace)

@@ -201,12 +201,15 @@ class AdoptedRun(Run):
     """A workload a previous executor started: not our child, so we poll it, and learn its status from what its
     keeper recorded (unknown when the keeper was killed)."""
 
-    def __init__(self, instance: InstanceInfo, pid: int, start_time: int, log: Path, poll_s: float) -> None:
+    def __init__(
+        self, instance: InstanceInfo, pid: int, start_time: int, log: Path, poll_s: float, keep_log: bool = False
+    ) -> None:
         super().__init__(instance)
         self.pid = pid
         self.start_time = start_time
         self.log = log
         self.gpu_uuid = ""
+        self._keep_log = keep_log
         self._task = asyncio.get_running_loop().create_task(self._poll(poll_s))
 
     def alive(self) -> bool:
@@ -216,11 +219,15 @@ class AdoptedRun(Run):
         while self.alive():
             await asyncio.sleep(poll_s)
         recorded = take_status(status_path(self.log))
+        tail = read_tail(self.log)
+        if not self._keep_log:  # as a run this executor started: the log goes once its tail is read
+            with contextlib.suppress(OSError):
+                self.log.unlink()
         if recorded is not None:
-            self._finish(RunResult(status=recorded, output_tail=read_tail(self.log)))
+            self._finish(RunResult(status=recorded, output_tail=tail))
             return
         status = -int(signal.SIGTERM) if self.stopped else -1
-        self._finish(RunResult(status=status, output_tail=read_tail(self.log), status_known=False))
+        self._finish(RunResult(status=status, output_tail=tail, status_known=False))
 
     async def stop(self, grace_s: float) -> None:
         if self.done.done():
