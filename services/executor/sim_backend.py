@@ -278,4 +278,6 @@ class SimBackend:
         return self._jobs.jobs_on(gpu_index)
 
     async def close(self) -> None:
+        if self._processes:  # real processes no later sim executor adopts: the node takes them with it
+            await asyncio.gather(*(self._jobs.stop(job, 2.0) for job in list(self._jobs.running())))
         await self._jobs.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 from services.executor import sim_backend
 from services.executor.backend import (
     BackendError,
+    InstanceInfo,
     InsufficientResourcesError,
     PermissionDeniedError,
     WorkloadSpec,
@@ -20,6 +23,7 @@ from services.executor.backend import (
 from services.executor.backends import make_backend
 from services.executor.nvml_backend import NvmlBackend
 from services.executor.nvml_fake import FakeGpu, FakeNvml
+from services.executor.process import ProcessRun, proc_start_time
 from services.executor.sim_backend import SimBackend
 from shared.mig.geometry import default_geometry
 
@@ -81,6 +85,18 @@ async def test_a_stopped_job_has_left_running_when_stop_returns_and_exits_once()
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(sim.next_exit(), 0.05)
     await sim.close()
+
+
+async def test_a_simulated_node_that_goes_away_takes_its_process_workloads_with_it(tmp_path: Path) -> None:
+    # no later sim executor adopts them (the nvml backend does): left running they would run twice
+    sim = SimBackend(node="n1", models=["A100-40GB"], mig_disabled=[0], workloads="process", log_dir=tmp_path)
+    binding = InstanceInfo(gpu_index=0, gi_id=2048, ci_id=None, profile_id=0, profile="gpu", start=0, size=0,
+                           uuid="", gpus=(0,))
+    await sim.start_workload("j", binding, WorkloadSpec(argv=(sys.executable, "-c", "import time; time.sleep(60)")))
+    run = sim._jobs.get("j")
+    assert isinstance(run, ProcessRun) and proc_start_time(run.pid) is not None
+    await sim.close()
+    assert proc_start_time(run.pid) is None
 
 
 def test_an_unknown_backend_kind_is_refused() -> None:
