@@ -80,7 +80,10 @@ def main(argv: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _outlive)
     status = _start(argv[split + 1 :], account)
-    _record(argv[0], status)
+    try:
+        _record(argv[0], status)
+    except OSError as exc:  # the executor that started it still learns the status, from this exit code
+        print(f"exitkeeper: cannot record the status in {argv[0]}: {exc.strerror}", file=sys.stderr)
     return status if status >= 0 else 128 - status
 
 

@@ -66,6 +66,13 @@ def test_a_program_that_does_not_exist_is_recorded_as_127_with_the_reason(tmp_pa
     assert b"'/nonexistent/trainer' not found" in out
 
 
+def test_a_status_file_it_cannot_write_still_leaves_the_status_in_its_exit_code(tmp_path: Path) -> None:
+    missing = tmp_path / "gone" / "w.exit"
+    done = subprocess.run([sys.executable, "-I", str(KEEPER), str(missing), "--", *py("raise SystemExit(5)")],
+                          capture_output=True, timeout=30)
+    assert done.returncode == 5 and b"cannot record the status" in done.stderr
+
+
 @pytest.mark.parametrize("options", [(), ("--user",), ("--shell", "1"), ("--user", "x")])
 def test_malformed_keeper_arguments_are_refused_with_the_usage(tmp_path: Path, options: tuple[str, ...]) -> None:
     status = tmp_path / "w.exit"
