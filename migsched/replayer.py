@@ -66,23 +66,24 @@ def load(
     model: GpuModel,
     *,
     limit: int | None = None,
+    jobs: int = 200,
     seed: int = 0,
     load_factor: float = 0.8,
     gpus: int = 16,
     mapping: str | None = None,
     window: str = "auto",
 ) -> Workload:
-    """``synthetic`` (four classes, Poisson arrivals at ``load_factor`` of ``gpus`` GPUs, multi-GPU jobs as
-    whole-GPU ones), ``synthetic:MIX`` (a mix of the simulator's as it is, e.g. ``gangs``: 16- to 128-GPU gangs
-    too), an openb pod list (a path or a variant name such as ``default``), or any CSV with a column
-    ``mapping``."""
+    """``synthetic`` (``limit`` or else ``jobs`` jobs of four classes, Poisson arrivals at ``load_factor`` of
+    ``gpus`` GPUs, multi-GPU jobs as whole-GPU ones), ``synthetic:MIX`` (a mix of the simulator's as it is, e.g.
+    ``gangs``: 16- to 128-GPU gangs too), an openb pod list (a path or a variant name such as ``default``), or any
+    CSV with a column ``mapping``."""
     kind, colon, mix = trace.partition(":")
     if kind == "synthetic":
         if colon and mix not in MIXES:
             raise WorkloadError(f"unknown synthetic mix {mix!r}: one of {', '.join(MIXES)}")
         return synthetic(
             np.random.default_rng(seed),
-            jobs=limit or 200,
+            jobs=limit or jobs,
             load=load_factor,
             cluster_slices=gpus * model.compute_slices,
             classes=MIXES[mix] if colon else single_instance_classes(),

@@ -81,10 +81,8 @@ def command(
         raise click.UsageError("--whole-as-gpus publishes one-GPU jobs as gangs of one, which --mig-only leaves "
                                "out: give one of the two")
     m = default_geometry().model(model)
-    if trace.partition(":")[0] == "synthetic":
-        limit = limit or synthetic_jobs
-    loaded = replayer.load(trace, m, limit=limit, seed=seed, load_factor=load_factor, gpus=gpus, mapping=mapping,
-                           window=window)
+    loaded = replayer.load(trace, m, limit=limit, jobs=synthetic_jobs, seed=seed, load_factor=load_factor,
+                           gpus=gpus, mapping=mapping, window=window)
     workload, skipped = replayer.single_instance(loaded) if mig_only else (loaded, {})
     extra: dict[str, int] = {}  # with --whole-as-gpus: how many one-GPU jobs go out as gpus: 1
     if whole_as_gpus:

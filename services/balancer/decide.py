@@ -148,9 +148,9 @@ class Decider:
             if isinstance(answer, Hold):  # waits: quota | capacity | reserved capacity
                 if not answer.deferred:  # the policy's own rule for this job depends on its hint and age
                     memo.held[hk] = adm
-                closed = self._closed(shard, sub, now) if answer.reason == "capacity" else ()
-                why = "; ".join((f"{answer.reason}: {answer.detail}", *closed))[:1000]
-                hold = CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=(why, *answer.reasons))
+                closed = self._closed(shard, sub, now) if answer.reason == "capacity" else None
+                why = f"{answer.reason}: {answer.detail}" + (f"; {closed}" if closed else "")
+                hold = CannotPlace(job_id=sub.job_id, policy="tenancy", reasons=(why[:1000], *answer.reasons))
                 there = (self._now_elsewhere(c, shard, now, memo, self._admitted(c, now, memo))
                          if answer.reason == "capacity" else None)
                 if there is not None:
@@ -261,10 +261,9 @@ class Decider:
         mig = mig_gpus(self.shards.mirrors[shard].view()) if launches_per_node(sub) else frozenset()
         return held, mig
 
-    def _closed(self, shard: int, sub: JobSubmit, now: float) -> tuple[str, ...]:
-        """Why the shard's holds keep GPUs from ``sub``, as a reason of its own (none when they keep none)."""
-        closed = self.shards.holds[shard].closed_to(sub.job_id, sub.duration_hint_s, now) if self.reserves else None
-        return (closed,) if closed else ()
+    def _closed(self, shard: int, sub: JobSubmit, now: float) -> str | None:
+        """Why the shard's holds keep GPUs from ``sub``, as a reason of its own (None when they keep none)."""
+        return self.shards.holds[shard].closed_to(sub.job_id, sub.duration_hint_s, now) if self.reserves else None
 
     def _placed(self, req: JobRequest) -> Places:
         """Whether the policy places ``req`` on a shard's mirror now: None if so, else why not."""
@@ -317,9 +316,9 @@ class Decider:
         # with several shards the counts in the reasons are the shard's: say so, or they contradict the cluster
         # view beside them (free GPUs in another shard)
         where = f" in shard {shard} of {self.shards.count}" if self.shards.count > 1 else ""
-        closed = self._closed(shard, sub, now)  # the counts that follow are of the GPUs it may use
-        reason = (f"cannot place{where}: " + "".join(f"{c}; apart from them: " for c in closed)
-                  + "; ".join(dec.reasons))[:1000]
+        closed = self._closed(shard, sub, now)
+        apart = f"{closed}; apart from them: " if closed else ""  # the counts that follow: GPUs it may use
+        reason = (f"cannot place{where}: {apart}" + "; ".join(dec.reasons))[:1000]
         return Decided(c, dec, batch.enqueue(sub.job_id, c.spec, sub.priority, sub.submitted_at, reason, now,
                                              c.traceparent))
 

@@ -17,6 +17,7 @@ workload's ``PYTHONPATH`` does not affect it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -52,38 +53,30 @@ def _record(path: str, status: int) -> None:
         os.close(fd)
 
 
-USAGE = "usage: exitkeeper.py STATUS_FILE [--user UID --group GID --groups GID,...] -- PROGRAM [ARG...]"
-
-
-def _account(options: list[str]) -> dict[str, object] | None:
-    """``Popen``'s user, group and extra_groups from the keeper's options (None: malformed)."""
-    if len(options) % 2:
-        return None
-    names = {"--user": "user", "--group": "group", "--groups": "extra_groups"}
-    account: dict[str, object] = {}
-    for flag, value in zip(options[::2], options[1::2], strict=True):
-        if flag not in names:
-            return None
-        try:
-            account[names[flag]] = [int(g) for g in value.split(",") if g] if flag == "--groups" else int(value)
-        except ValueError:
-            return None
-    return account
+def _options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="exitkeeper.py", usage="%(prog)s STATUS_FILE [--user UID --group GID "
+                                "--groups GID,...] -- PROGRAM [ARG...]")
+    p.add_argument("status_file")
+    p.add_argument("--user", type=int)
+    p.add_argument("--group", type=int)
+    p.add_argument("--groups", type=lambda v: [int(g) for g in v.split(",") if g])
+    return p
 
 
 def main(argv: list[str]) -> int:
-    split = argv.index("--") if "--" in argv else -1
-    account = _account(argv[1:split]) if split >= 1 else None
-    if account is None or split == len(argv) - 1:
-        print(USAGE, file=sys.stderr)
-        return 2
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        _options().error("a program to run is needed after --")
+    split = argv.index("--")
+    opts = _options().parse_args(argv[:split])  # a malformed option exits 2 with the usage
+    account = {k: v for k, v in (("user", opts.user), ("group", opts.group), ("extra_groups", opts.groups))
+               if v is not None}
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _outlive)
     status = _start(argv[split + 1 :], account)
     try:
-        _record(argv[0], status)
+        _record(opts.status_file, status)
     except OSError as exc:  # the executor that started it still learns the status, from this exit code
-        print(f"exitkeeper: cannot record the status in {argv[0]}: {exc.strerror}", file=sys.stderr)
+        print(f"exitkeeper: cannot record the status in {opts.status_file}: {exc.strerror}", file=sys.stderr)
     return status if status >= 0 else 128 - status
 
 

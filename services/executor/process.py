@@ -16,6 +16,7 @@ import hashlib
 import os
 import pwd
 import re
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -119,11 +120,7 @@ def take_status(path: Path) -> int | None:
 
 def _check_program(job_id: str, program: str, search: str | None) -> None:
     """The errors the start would give, raised here: the keeper only writes them to the log."""
-    if os.sep in program:
-        candidates = [program]
-    else:
-        candidates = [os.path.join(d or ".", program) for d in (search or os.defpath).split(os.pathsep)]
-    found = next((c for c in candidates if os.path.isfile(c)), None)
+    found = shutil.which(program, mode=os.F_OK, path=search or os.defpath)
     if found is None:
         raise WorkloadError(f"job {job_id}: program {program!r} not found (argv is run without a shell)")
     if not os.access(found, os.X_OK):

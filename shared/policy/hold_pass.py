@@ -18,24 +18,30 @@ from shared.policy.reservation import Reservation, ReservationParams, due, may_u
 from shared.policy.snapshot import ClusterSnapshot
 
 
+def closing(holds: Iterable[Reservation], hint_s: float | None, now: float, slack_s: float = 0.0,
+            job_id: str | None = None) -> list[Reservation]:
+    """The holds whose GPUs a job of this hint, starting now, may not use (``may_use``; never its own)."""
+    return [r for r in holds if r.job_id != job_id and not may_use(hint_s, now, r.start, slack_s)]
+
+
 def blocking(holds: Iterable[Reservation], hint_s: float | None, now: float, slack_s: float = 0.0,
              job_id: str | None = None) -> set[str]:
-    """The GPUs of ``holds`` that a job of this hint, starting now, may not use (none of its own hold)."""
-    return {g for r in holds if r.job_id != job_id and not may_use(hint_s, now, r.start, slack_s) for g in r.gpus}
+    """The GPUs of the holds ``closing`` to such a job."""
+    return {g for r in closing(holds, hint_s, now, slack_s, job_id) for g in r.gpus}
 
 
 def closed_by(holds: Iterable[Reservation], hint_s: float | None, now: float, slack_s: float = 0.0,
               job_id: str | None = None) -> str | None:
-    """Why held GPUs are closed to a job (``blocking``'s rule), for its "why it waits": without it a job that
-    waits beside free but held GPUs reads as if there were none. None when no hold closes a GPU to it."""
-    closing = [r for r in holds if r.job_id != job_id and not may_use(hint_s, now, r.start, slack_s)]
-    if not closing:
+    """Why held GPUs are closed to a job, for its "why it waits": without it a job that waits beside free but
+    held GPUs reads as if there were none. None when no hold closes a GPU to it."""
+    closed = closing(holds, hint_s, now, slack_s, job_id)
+    if not closed:
         return None
-    names = [r.job_id for r in closing[:2]] + ([f"{len(closing) - 2} more"] if len(closing) > 2 else [])
-    soonest = min(r.start for r in closing) - now
+    names = [r.job_id for r in closed[:2]] + ([f"{len(closed) - 2} more"] if len(closed) > 2 else [])
+    soonest = min(r.start for r in closed) - now
     after = f"more than {slack_s:g} s after that" if slack_s else "after that"
     why = "it has no duration hint" if hint_s is None else f"its hint ({hint_s:g} s) ends {after}"
-    return (f"{sum(len(r.gpus) for r in closing)} GPU(s) held for {', '.join(names)} (expected start in "
+    return (f"{sum(len(r.gpus) for r in closed)} GPU(s) held for {', '.join(names)} (expected start in "
             f"{max(0.0, soonest):.0f} s) are closed to it: {why}")
 
 

@@ -47,6 +47,7 @@ def test_a_named_synthetic_mix_is_replayed_as_the_simulator_draws_it_gangs_acros
     gangs = load("synthetic:gangs", model, limit=400, seed=1, gpus=256)
     assert len(gangs.jobs) == 400
     assert max(j.demand.gpus or 0 for j in gangs.jobs) > 8  # bigger than a node
+    assert len(load("synthetic:gangs", model, jobs=50, gpus=256).jobs) == 50  # `replay --jobs` counts any mix
     plain = load("synthetic", model, limit=400, seed=1, gpus=256)  # the demo's: no job of several GPUs
     assert all(j.demand.kind == "mig" for j in plain.jobs)
     with pytest.raises(WorkloadError, match="unknown synthetic mix 'big': one of default, gangs"):
