@@ -55,7 +55,7 @@ def due(params: ReservationParams, waited_s: float, spans_nodes: bool) -> bool:
     on one node waits ``after_s`` first, as Slurm's ``bf_min_age_reserve`` does: meanwhile it competes as any
     job and most find room as the queue moves, where a hold at once drains GPUs that small jobs then queue
     behind (docs/results.md). A gang bigger than every node is held at once: draining many nodes takes hours,
-    so a later hold only delays it, and more of the big gangs run out of patience."""
+    so a later hold can only delay it."""
     return spans_nodes or waited_s >= params.after_s
 
 
@@ -283,7 +283,9 @@ def plan_across(
     """``need`` GPUs across nodes for a gang bigger than every node, from the usable positions ``pos`` and
     when each is expected free (``free``): the expected start is when the ``need``-th GPU of the cluster frees,
     and of the GPUs free by then the gang's node rule (``shared.policy.placement.gang.choose_nodes``) picks the nodes,
-    earliest-free GPUs first on each. ``sizes``: each node's GPUs of the kind planned."""
+    the GPUs busy longest (yet free by then) first on each: a GPU free now and held would idle until the start,
+    closed to the jobs that do not end first, so among nodes alike those with fewer GPUs free now go first.
+    ``sizes``: each node's GPUs of the kind planned."""
     order = np.lexsort((pos, free))
     at = float(free[order[need - 1]])
     if not np.isfinite(at) or at > deadline:
@@ -291,9 +293,15 @@ def plan_across(
     ready = order[free[order] <= at]
     nodes = np.asarray(snap.node_idx)[pos[ready]]
     count = np.bincount(nodes, minlength=sizes.size)
-    chosen = choose_nodes(count.tolist(), (count == sizes).tolist(), need)
+    # Which GPUs free by the start are held changes neither the start nor the nodes' count, but a GPU free now
+    # and held idles until then, closed to every job that would not end first: at a tie, the nodes with fewer
+    # GPUs free now, and on each node the GPUs busy longest
+    free_now = np.bincount(nodes[free[ready] <= now], minlength=sizes.size)
+    chosen = choose_nodes(count.tolist(), (count == sizes).tolist(), need, prefer=free_now.tolist())
     assert chosen is not None  # ``ready`` holds at least ``need`` GPUs
-    picked = np.concatenate([ready[nodes == j][:take] for j, take in chosen])  # indices into ``pos``
+    late = ready[np.lexsort((pos[ready], -free[ready]))]
+    late_nodes = np.asarray(snap.node_idx)[pos[late]]
+    picked = np.concatenate([late[late_nodes == j][:take] for j, take in chosen])  # indices into ``pos``
     gpus = tuple(snap.gpus[q].id for q in pos[picked].tolist())
     start = float(free[picked].max())
     node_names = tuple(dict.fromkeys(snap.gpus[q].node for q in pos[picked].tolist()))

@@ -43,10 +43,12 @@ def _fewest(free: list[int], n: int) -> int:
     return math.inf  # type: ignore[return-value]
 
 
-@given(free=st.lists(st.integers(0, 8), min_size=1, max_size=12), n=st.integers(1, 60))
-def test_the_node_choice_takes_exactly_n_gpus_on_the_fewest_nodes_that_hold_them(free: list[int], n: int) -> None:
+@given(free=st.lists(st.integers(0, 8), min_size=1, max_size=12), n=st.integers(1, 60), data=st.data())
+def test_the_node_choice_takes_exactly_n_gpus_on_the_fewest_nodes_that_hold_them(
+        free: list[int], n: int, data: st.DataObject) -> None:
     whole = [f == 8 for f in free]
-    chosen = choose_nodes(free, whole, n)
+    prefer = data.draw(st.none() | st.lists(st.integers(0, 8), min_size=len(free), max_size=len(free)))
+    chosen = choose_nodes(free, whole, n, prefer)
     if sum(free) < n:
         assert chosen is None
         return
@@ -61,6 +63,13 @@ def test_whole_free_nodes_go_first_and_the_rest_takes_the_tightest_node() -> Non
     free, whole = [4, 4, 6, 2, 3], [False, True, False, True, False]
     assert choose_nodes(free, whole, 8) == [(2, 6), (3, 2)]
     assert choose_nodes([4, 4, 1], [False, True, True], 5) == [(1, 4), (2, 1)]
+
+
+def test_between_nodes_alike_the_node_choice_takes_the_one_preferred_first() -> None:
+    free, whole = [4, 4, 4, 2], [True, True, True, False]
+    assert choose_nodes(free, whole, 6) == [(0, 4), (3, 2)]
+    assert choose_nodes(free, whole, 6, prefer=[3, 0, 1, 0]) == [(1, 4), (3, 2)]
+    assert choose_nodes(free, whole, 7, prefer=[3, 0, 1, 0]) == [(1, 4), (2, 3)]  # the rest: tightest, then preferred
 
 
 def _empty_of(snap: ClusterSnapshot) -> Counter[str]:

@@ -118,6 +118,31 @@ def test_a_gang_across_nodes_holds_the_gpus_small_jobs_share_last() -> None:
     assert plan(snap, "gang", 7, now=0.0, deadline=1000.0) is not None  # six whole GPUs are not enough
 
 
+def _empty(gid: str, node: str, index: int) -> GpuView:
+    return GpuView.build(id=gid, node=node, index=index, model="A100-40GB")
+
+
+def test_a_gang_across_nodes_holds_a_node_busy_until_its_start_before_one_free_now() -> None:
+    # 6 GPUs on nodes of 4: the 6th frees at 100, when n0 (free now) and n1 (busy until then) are ready alike
+    gpus = [_empty(f"e0{i}", "n0", i) for i in range(4)]
+    gpus += [_running(f"b1{i}", "n1", i, "7g.40gb", 100.0) for i in range(4)]
+    gpus += [_empty("e20", "n2", 0)] + [_running(f"b2{i}", "n2", i, "7g.40gb", 300.0) for i in (1, 2, 3)]
+    r = plan(snapshot_of(GEO, gpus), "gang", 6, now=0.0, deadline=1000.0)
+    assert r is not None and r.start == 100.0
+    assert {g for g in r.gpus if g.startswith("b1")} == {"b10", "b11", "b12", "b13"}
+    assert len([g for g in r.gpus if g.startswith("e0")]) == 2  # the rest on n0, two of its GPUs left open
+    assert r.nodes == ("n1", "n0")
+
+
+def test_on_a_node_a_gang_holds_the_gpus_busy_until_its_start_before_those_free_now() -> None:
+    gpus = [_running(f"b0{i}", "n0", i, "7g.40gb", 100.0) for i in range(4)]
+    gpus += [_empty(f"e1{i}", "n1", i) for i in (0, 1)] + [_running(f"b1{i}", "n1", i, "7g.40gb", 50.0) for i in (2, 3)]
+    gpus += [_running(f"b2{i}", "n2", i, "7g.40gb", 1000.0) for i in range(4)]
+    r = plan(snapshot_of(GEO, gpus), "gang", 6, now=0.0, deadline=2000.0)
+    assert r is not None and r.start == 100.0
+    assert set(r.gpus) == {"b00", "b01", "b02", "b03", "b12", "b13"}  # e10 and e11 stay open to jobs that fit now
+
+
 def _plain(gid: str, node: str, index: int, ends_at: float | None) -> GpuView:
     """A GPU not in MIG mode, running a whole-GPU job until ``ends_at`` (None: free)."""
     insts = [] if ends_at is None else [InstanceView(id=f"i-{gid}", profile="gpu", start=0, size=8, compute=7,

@@ -68,10 +68,13 @@ def never_fits(demand: Demand, cluster_gpus: int, of_one_kind: int | None = None
     return f"needs {demand.gpus} GPUs; the cluster has {cluster_gpus}"
 
 
-def choose_nodes(free: Sequence[int], whole: Sequence[bool], n: int) -> list[tuple[int, int]] | None:
+def choose_nodes(free: Sequence[int], whole: Sequence[bool], n: int, prefer: Sequence[int] | None = None,
+                 ) -> list[tuple[int, int]] | None:
     """``(node, GPUs taken there)`` for ``n`` GPUs over nodes with ``free[j]`` usable GPUs (``whole[j]``: all of
-    node ``j``'s GPUs are free), by the module's rule; None when they add up to fewer than ``n``."""
-    order = sorted((j for j in range(len(free)) if free[j] > 0), key=lambda j: (-free[j], not whole[j], j))
+    node ``j``'s GPUs are free), by the module's rule; None when they add up to fewer than ``n``. ``prefer``: between
+    nodes that the rule ranks alike, the lower ``prefer[j]`` goes first (default: the lower index)."""
+    pref = prefer if prefer is not None else [0] * len(free)
+    order = sorted((j for j in range(len(free)) if free[j] > 0), key=lambda j: (-free[j], not whole[j], pref[j], j))
     total, k = 0, 0
     while k < len(order) and total < n:
         total += free[order[k]]
@@ -80,7 +83,7 @@ def choose_nodes(free: Sequence[int], whole: Sequence[bool], n: int) -> list[tup
         return None
     bulk = order[: k - 1]
     rest = n - sum(free[j] for j in bulk)
-    last = min(order[k - 1 :], key=lambda j: (free[j] < rest, free[j], j))  # the tightest node that holds it
+    last = min(order[k - 1 :], key=lambda j: (free[j] < rest, free[j], pref[j], j))  # the tightest node that holds it
     return [(j, free[j]) for j in bulk] + [(last, rest)]
 
 
