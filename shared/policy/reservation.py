@@ -5,6 +5,8 @@ on one node has waited ``after_s`` without fitting; a gang bigger than every nod
 free soonest: on the node where its ``n``-th GPU frees first, by the expected ends of the jobs running there
 (start + duration hint; the snapshot's ``ends`` column), leaving out the GPUs that small jobs share
 (``hosts_small_jobs``: smaller MIG instances, time-sliced shares) unless no other GPUs would ever free for it. A
+gang bigger than every node starts when the cluster's ``n``-th GPU frees, and of the GPUs free by then it holds
+those busy longest on the fewest nodes (``plan_across``), so that the GPUs free now stay open meanwhile. A
 ``gpus: n`` job may be held on GPUs not in MIG mode too (``plan(plain=True)``). Other jobs may use a held GPU
 only when their own hint says they end before the reservation's expected start; a job without a hint may not.
 At most ``max_held`` reservations exist at once, and a job gets none when its GPUs would not free before its
