@@ -205,3 +205,15 @@ def test_with_unlimited_patience_every_gang_runs_when_the_cluster_holds_the_bigg
     assert any(int(c[:-3]) > 8 for c in gangs)
     assert all(v.rejected == 0 for v in gangs.values()), gangs  # only interactive jobs have a patience of their own
     assert k.refused == {}
+
+
+@pytest.mark.parametrize("name", ["migsched", "paper", "best-fit"])
+def test_a_gang_without_a_node_of_empty_mig_gpus_says_so_and_nothing_of_plain_gpus_there_are_none_of(
+        name: str) -> None:
+    busy = InstanceView(id="i", profile="1g.5gb", start=0, size=1, compute=1, job_id="j")
+    gpus = [GpuView.build(id="a0", node="a", index=0, model="A100-40GB"),
+            GpuView.build(id="a1", node="a", index=1, model="A100-40GB", instances=[busy])]
+    _, policy = get_policy(name)
+    d = policy(snapshot_of(GEO, gpus), JobRequest(job_id="w", demand=Demand(kind="gpus", gpus=2)))
+    assert isinstance(d, CannotPlace)
+    assert d.reasons == ("no node has 2 empty GPU(s) in MIG mode; the most on one node is 1",)

@@ -58,6 +58,27 @@ def test_a_gang_goes_to_the_policys_gang_rule_once_plain_gpus_are_out_and_a_miss
     assert isinstance(d, CannotPlace) and "my rule says no" in d.reasons and len(d.reasons) > 1
 
 
+def test_a_gang_that_misses_names_only_the_kinds_of_gpu_the_cluster_has() -> None:
+    job = JobRequest(job_id="w", demand=Demand(kind="gpus", gpus=2))
+    policy = compose("mine", Rules(mig=_refuse, gang=_refuse))
+    only_mig = policy(snapshot_of(GEO, [_busy_mig("g0"), _busy_mig("g1")]), job)
+    assert isinstance(only_mig, CannotPlace) and only_mig.reasons == ("my rule says no",)
+    busy_share = JobRequest(job_id="x", demand=Demand(kind="shared"))
+    only_plain = policy(snapshot_of(GEO, [_plain("g0", replicas=2).with_instances(
+        [share_instance(0, busy_share, "i0", 0.0)]), _plain("g1")]), job)
+    assert isinstance(only_plain, CannotPlace)
+    assert only_plain.reasons == ("no node has 2 free plain (non-MIG) GPU(s); the most on one node is 1",)
+
+
+def test_a_gang_kept_waiting_by_the_mig_rule_says_why_on_a_cluster_without_mig_gpus() -> None:
+    def waits(snap: ClusterSnapshot, job: JobRequest) -> Decision:
+        return CannotPlace(job_id=job.job_id, policy="mine", reasons=("a long gang waits",), deferred=True)
+
+    d = compose("mine", Rules(mig=_refuse, gang=waits))(snapshot_of(GEO, [_plain("g0")]),
+                                                       JobRequest(job_id="w", demand=Demand(kind="gpus", gpus=2)))
+    assert isinstance(d, CannotPlace) and d.deferred and "a long gang waits" in d.reasons and len(d.reasons) == 2
+
+
 def test_a_static_layout_policy_that_lays_out_its_own_gangs_is_not_offered_plain_gpus_first() -> None:
     def gang(snap: ClusterSnapshot, job: JobRequest) -> Decision:
         return CannotPlace(job_id=job.job_id, policy="mine", reasons=("only my layout",))

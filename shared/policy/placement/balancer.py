@@ -32,7 +32,7 @@ from shared.policy.placement.balancer_keys import _UNFIT, _compile, _Compiled, _
 from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
 from shared.policy.placement.explain import Cand, explain_choice, whole_placement
 from shared.policy.placement.explain import idle_at as _idle_at
-from shared.policy.placement.sharing import place_plain_gpus, place_share
+from shared.policy.placement.sharing import gang_reasons, no_node_has, place_plain_gpus, place_share
 from shared.policy.placement.slots import create_slot as _create_slot
 from shared.policy.placement.slots import full_slot, whole_order
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
@@ -246,7 +246,7 @@ def place_whole(
         most = max((len(v) for v in by_node.values()), default=0)
         return CannotPlace(
             job_id=job.job_id, policy=policy,
-            reasons=(f"no node has {n} empty GPU(s); the most on one node is {most}",), counts=dict(counts),
+            reasons=(no_node_has(n, "empty", most, mig=True),), counts=dict(counts),
         )
     _, node = min(fitting)
     model_of = snap.geometry.model
@@ -275,8 +275,7 @@ def place(snap: ClusterSnapshot, job: JobRequest, params: BalancerParams | None 
         whole = place_whole(snap, job, params)
         if isinstance(whole, Placement):
             return whole
-        return CannotPlace(job_id=job.job_id, policy="balancer", reasons=plain.reasons + whole.reasons,
-                           counts={**plain.counts, **whole.counts})
+        return gang_reasons(snap, plain, whole)
     if job.demand.kind == "shared":
         return place_share(snap, job)
     return place_mig(snap, job, params)

@@ -21,7 +21,7 @@ import msgspec
 from shared.policy.placement.alignment import AlignParams
 from shared.policy.placement.balancer import BalancerParams, place_whole
 from shared.policy.placement.decision import CannotPlace, Decision, JobRequest, Placement
-from shared.policy.placement.sharing import place_plain_gpus, place_share
+from shared.policy.placement.sharing import gang_reasons, place_plain_gpus, place_share
 from shared.policy.placement.slots import PlacementPolicy
 from shared.policy.snapshot import ClusterSnapshot
 
@@ -62,8 +62,7 @@ def compose(name: str, rules: Rules) -> PlacementPolicy:
             else:
                 decision = gang(snap, job)
                 if plain is not None and isinstance(decision, CannotPlace):
-                    decision = CannotPlace(job_id=job.job_id, policy=name, reasons=plain.reasons + decision.reasons,
-                                           counts={**plain.counts, **decision.counts}, deferred=decision.deferred)
+                    decision = gang_reasons(snap, plain, decision)
         else:
             decision = rules.mig(snap, job)
         return decision if decision.policy == name else msgspec.structs.replace(decision, policy=name)

@@ -103,6 +103,22 @@ def _plain_positions(snap: ClusterSnapshot) -> npt.NDArray[np.intp]:
     return np.flatnonzero(~np.asarray(snap.mig, dtype=bool) & np.asarray(snap.healthy, dtype=bool))
 
 
+def no_node_has(n: int, what: str, most: int, mig: bool = False) -> str:
+    """Why a gang of ``n`` whole GPUs (``what`` ones, in MIG mode or not) finds no node with room for it."""
+    return f"no node has {n} {what} GPU(s){' in MIG mode' if mig else ''}; the most on one node is {most}"
+
+
+def gang_reasons(snap: ClusterSnapshot, plain: CannotPlace, mig: CannotPlace) -> CannotPlace:
+    """Why a ``gpus: n`` job fits neither on plain GPUs (``plain``) nor on GPUs in MIG mode (``mig``): both
+    answers, less the one about a kind the cluster has no GPU of (it would only say that no node has room), unless
+    the MIG rule keeps the job waiting (``deferred``: its reason is why)."""
+    kinds = np.asarray(snap.mig, dtype=bool)
+    keep_mig = kinds.any() or mig.deferred or not len(snap)
+    reasons = (plain.reasons if (~kinds).any() else ()) + (mig.reasons if keep_mig else ())
+    return msgspec.structs.replace(mig, reasons=reasons or plain.reasons + mig.reasons,
+                                   counts={**plain.counts, **mig.counts})
+
+
 def place_plain_gpus(
     snap: ClusterSnapshot, job: JobRequest, policy: str = "balancer", whole_on_shared: bool = True
 ) -> Decision:
@@ -126,7 +142,7 @@ def place_plain_gpus(
     fitting = [(len(gs), i, node) for i, (node, gs) in enumerate(by_node.items()) if len(gs) >= n]
     if not fitting:
         most = max((len(v) for v in by_node.values()), default=0)
-        reasons = (f"no node has {n} free plain (non-MIG) GPU(s); the most on one node is {most}",)
+        reasons = (no_node_has(n, "free plain (non-MIG)", most),)
         return CannotPlace(job_id=job.job_id, policy=policy, reasons=reasons, counts=dict(counts))
     free_on_node, _, node = min(fitting)
     chosen = sorted(by_node[node], key=lambda g: (g.replicas >= 1, g.index))[:n]

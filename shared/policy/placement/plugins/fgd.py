@@ -40,6 +40,7 @@ from shared.policy.fragcost import UNIFORM_SHAPES
 from shared.policy.placement.decision import Decision, JobRequest
 from shared.policy.placement.explain import whole_placement
 from shared.policy.placement.registry import PolicySpec, Rules, register
+from shared.policy.placement.sharing import no_node_has
 from shared.policy.placement.slots import (
     UnknownPolicyError,
     cannot_place,
@@ -231,7 +232,7 @@ def _gang(snap: ClusterSnapshot, job: JobRequest, nodes: Nodes, name: str) -> De
     candidates = first[size >= n]
     if not len(candidates):
         most = int(size.max()) if len(size) else 0
-        return cannot_place(job, name, {f"no node has {n} empty GPU(s); the most on one node is {most}": len(snap)})
+        return cannot_place(job, name, {no_node_has(n, "empty", most, mig=True): len(snap)})
     taken = rank < n
     members, where = empty[taken], at[taken]
     m, q = len(nodes.total), len(nodes.target.pods)

@@ -63,6 +63,7 @@ from shared.policy.placement.gang import member_slots
 from shared.policy.placement.long_gangs import waits
 from shared.policy.placement.registry import PolicySpec, Rules, register
 from shared.policy.placement.rules import compose
+from shared.policy.placement.sharing import no_node_has
 from shared.policy.placement.slots import UnknownPolicyError, count_ok, create_slot, reuse_slot
 from shared.policy.request import resolve_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView
@@ -266,7 +267,7 @@ def _gang(snap: ClusterSnapshot, job: JobRequest, ctx: Context, params: AlignPar
     room = empty[count >= n]
     if not room.size:
         return CannotPlace(job_id=job.job_id, policy=policy, reasons=(
-            f"no node has {n} empty GPU(s); the most on one node is {int(count.max()) if count.size else 0}",))
+            no_node_has(n, "empty", int(count.max()) if count.size else 0, mig=True),))
     node = np.asarray(snap.node_idx)
     _, first = np.unique(node[room], return_index=True)  # each such node's first empty GPU
     head = gang_head(ctx, room[first])
