@@ -108,7 +108,7 @@ class Reports:
                 iid = r.instance_id or ""
                 attempt = place_attempt(r.started_by, r.job_id) if r.started_by else None
                 after.append((d, b.release(r.job_id, r.exit, r.reason or f"exit {r.exit}", now, iid, r.node,
-                                           attempt), "exit"))
+                                           attempt, r.id), "exit"))
         results: list[Any] = []
         if len(b):
             with telemetry.step("registry apply reports", [d.ctx for d in ds]):
@@ -269,12 +269,14 @@ class Reports:
         if res.status == "stale" or (res.status == "noop" and not res.state):
             self.log.info("ignored exit of %s from %s: %s", r.job_id, r.node, res.status)
             return []
-        if res.status == "noop" and (d.deliveries <= 1 or (r.instance_id and not res.gpu_id)):
-            # the job was released already. A redelivered exit (this process, or one before it, may have
-            # crashed between the release and this publish) of the job's last instance, or naming none, is
-            # published again (the same id: JetStream drops it if it went out). A first delivery is the exit of
-            # another copy of the job (both copies of a move ending on their own, or a run started again by a
-            # command an executor applied late after a restart): the job's exit went out already.
+        if res.status == "noop" and not res.gpu_id and (d.deliveries <= 1 or r.instance_id):
+            # the job was released already. The report that released it, redelivered (this process, or one
+            # before it, may have crashed or lost its server between the release and this publish), comes back
+            # with the GPU (release.lua keeps the report's id) and its exit is published again (the same id:
+            # JetStream drops it if it went out); so is a redelivered exit naming no instance. The delivery count
+            # cannot tell alone: a consumer's new leader may count a redelivery as the first. Any other report is
+            # the exit of another copy of the job (both copies of a move ending on their own, or a run started
+            # again by a command an executor applied late after a restart): the job's exit went out already.
             self.log.info("ignored exit of %s from %s: released already", r.job_id, r.node)
             return []
         gpu = res.gpu_id or gpu_id_of(r.node, r.gpu_index or 0)

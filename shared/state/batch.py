@@ -142,12 +142,13 @@ class Batch:
 
     def release(
         self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
-        attempt: int | None = None,
+        attempt: int | None = None, report: str = "",
     ) -> int:
         """``instance_id``: the instance the exit names ('' = any); ``node``: the node that reported it ('' =
         any); ``attempt``: that of the place command that started the run (None: unknown). An exit that names no
         instance, from a node where the job holds nothing, is stale; so is one of a run an earlier attempt
-        started (that placement is gone, whatever instance the job holds now)."""
+        started (that placement is gone, whatever instance the job holds now). ``report``: the exit report's id,
+        kept with the release: once released, only that report (redelivered) gets the GPU back (``noop``)."""
 
         def parse(v: Any) -> ReleaseResult:
             status = _s(v[0])
@@ -187,7 +188,7 @@ class Batch:
             "release",
             JobKeys(job_id, _job_script_keys),
             [job_id, kind, EXIT_TO_STATE[kind], reason, repr(now), instance_id, node,
-             "" if attempt is None else str(attempt)],
+             "" if attempt is None else str(attempt), report],
             parse,
         )
 

@@ -65,12 +65,14 @@ class JobTransitions(MemoryPrelude):
 
     def _t_release(
         self, job: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
-        attempt: int | None = None,
+        attempt: int | None = None, report: str = "",
     ) -> ReleaseResult:
         sh = self._js(job)
         j = sh.jobs.get(job)
         if j is None or j.state not in _ACTIVE:
-            if j is not None and j.gpu and instance_id and instance_id == j.inst:
+            released_by = sh.xid.get(job)
+            same = released_by is None or not report or report == released_by  # see release.lua
+            if j is not None and j.gpu and instance_id and instance_id == j.inst and same:
                 _, g0 = self._gpu(j.gpu)
                 if g0 is not None:
                     return ReleaseResult(
@@ -152,6 +154,8 @@ class JobTransitions(MemoryPrelude):
         j.mig_gpu = j.mig_inst = ""
         j.mig_gone = ()
         to = EXIT_TO_STATE[kind]
+        if report:
+            sh.xid[job] = report
         if to == "pending":
             self._requeue(sh, job, prev, reason, now)
         else:
@@ -328,6 +332,7 @@ class JobTransitions(MemoryPrelude):
                 sh.hist.pop(job, None)
                 sh.late.pop(job, None)  # the job hash's 'late' field in Redis
                 sh.ra.pop(job, None)
+                sh.xid.pop(job, None)
                 n += 1
             del sh.done[job]
         return n

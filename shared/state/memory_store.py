@@ -166,9 +166,9 @@ class MemoryState(JobTransitions, MigrationTransitions, MemoryReads):
 
     async def release(
         self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
-        attempt: int | None = None,
+        attempt: int | None = None, report: str = "",
     ) -> ReleaseResult:
-        return self._t_release(job_id, kind, reason, now, instance_id, node, attempt)
+        return self._t_release(job_id, kind, reason, now, instance_id, node, attempt, report)
 
     async def mark_running(
         self,

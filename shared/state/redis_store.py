@@ -188,9 +188,9 @@ class RedisState(DerivedReads):
 
     async def release(
         self, job_id: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
-        attempt: int | None = None,
+        attempt: int | None = None, report: str = "",
     ) -> ReleaseResult:
-        return await self._one("release", job_id, kind, reason, now, instance_id, node, attempt)
+        return await self._one("release", job_id, kind, reason, now, instance_id, node, attempt, report)
 
     async def mark_running(
         self,

@@ -2,18 +2,22 @@
 -- are no-ops. KEYS[2] job hash. ARGV: job_id, exit_kind, new_state, reason, now, instance_id ('' = any), node
 -- ('' = any: the reporting node; an exit naming no instance from a node where the job holds nothing is stale),
 -- attempt (of the place command that started the run; '' = unknown): older than that of the placement's run, the
--- run's placement is gone and the exit is stale, even when it names the instance a later placement reuses.
+-- run's placement is gone and the exit is stale, even when it names the instance a later placement reuses;
+-- report (the exit report's id, '' = unknown).
 -- Returns {status, state, gpu, node, profile, insts, ver, model, index, slots[, stop node, stop gpu, stop
 -- instance, given back[, member stops]]} (see ReleaseResult); {'member', state, gpu, node, '', freed slots}
 -- when one member of a gang across nodes completed and others still run.
 local job, jkey = ARGV[1], KEYS[2]
 local now = tonumber(ARGV[5])
-local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'node', 'slots', 'attempts', 'ra')
+local f = redis.call('HMGET', jkey, 'state', 'gpu', 'inst', 'mig_gpu', 'mig_inst', 'node', 'slots', 'attempts', 'ra',
+  'xid')
+local report = ARGV[9] or ''
 local st = f[1]
 if st ~= 'placing' and st ~= 'running' and st ~= 'migrating' then
-  -- already released: still hand back the GPU as it is now when the exit names the job's last instance, so a
-  -- consumer acting after the release (retention) needs no second read
-  if f[2] and ARGV[6] ~= '' and ARGV[6] == f[3] then
+  -- already released: still hand back the GPU as it is now when the exit names the job's last instance and is
+  -- the report that released it (ARGV[9], kept as 'xid'), redelivered: its job exit is to go out again. Another
+  -- report naming that instance (another copy of the job) gets none
+  if f[2] and ARGV[6] ~= '' and ARGV[6] == f[3] and (not f[10] or report == '' or report == f[10]) then
     local gm = redis.call('HMGET', gk(f[2]), 'inst', 'model', 'index', 'ver')
     if gm[2] then
       return {'noop', st or '', f[2], f[6] or '', '', gm[1], tonumber(gm[4]), gm[2], gm[3], f[7] or ''}
@@ -108,6 +112,7 @@ if st == 'migrating' and f[4] then
   if #back > 0 then given = f[4] .. '|' .. table.concat(back, ',') end
 end
 if f[4] or st == 'migrating' then redis.call('HDEL', jkey, 'mig_gpu', 'mig_inst', 'mig_gone') end
+if report ~= '' then redis.call('HSET', jkey, 'xid', report) end
 if ARGV[3] == 'pending' then
   requeue(job, st, ARGV[4], now)
 else

@@ -95,9 +95,26 @@ async def a_late_run_taken_by_one_placement_is_stale_for_the_next(store: Any) ->
     await clean(store)
 
 
+
+async def once_released_only_the_report_that_released_the_job_gets_its_gpu_back(store: Any) -> None:
+    await with_idle_instance(store)
+    a0 = await place(store, "j1", IDLE, "reuse")
+    assert await start(store, "j1", IDLE, a0) == "ok"
+    res = await store.release("j1", "completed", "exit 0", NOW, IDLE.id, "n1", a0, "exit-1")
+    assert (res.status, res.state) == ("ok", "finished")
+    # the same report, redelivered (its job exit may not have gone out): the GPU, so it goes out again
+    again = await store.release("j1", "completed", "exit 0", NOW, IDLE.id, "n1", a0, "exit-1")
+    assert (again.status, again.gpu_id) == ("noop", "n1/0") and again.gpu is not None
+    # another report naming the same instance (another copy of the job): nothing
+    other = await store.release("j1", "completed", "exit 0", NOW, IDLE.id, "n1", a0, "exit-2")
+    assert (other.status, other.gpu_id, other.gpu) == ("noop", "", None)
+    # a report of unknown id keeps the old rule: the last instance named is enough
+    assert (await store.release("j1", "completed", "exit 0", NOW, IDLE.id, "n1", a0)).gpu_id == "n1/0"
+
 CASES = [
     an_earlier_runs_exit_on_the_instance_the_job_is_placed_on_again_ends_nothing,
     an_exit_whose_attempt_is_unknown_is_the_current_runs,
     a_late_run_the_placement_took_as_its_own_ends_it_with_its_exit,
     a_late_run_taken_by_one_placement_is_stale_for_the_next,
+    once_released_only_the_report_that_released_the_job_gets_its_gpu_back,
 ]
