@@ -295,17 +295,14 @@ def plan_across(
     ready = order[free[order] <= at]
     nodes = np.asarray(snap.node_idx)[pos[ready]]
     count = np.bincount(nodes, minlength=sizes.size)
-    # Which GPUs free by the start are held changes neither the start nor the nodes' count, but a GPU free now
-    # and held idles until then, closed to every job that would not end first: at a tie, the nodes with fewer
-    # GPUs free now, and on each node the GPUs busy longest
     free_now = np.bincount(nodes[free[ready] <= now], minlength=sizes.size)
     chosen = choose_nodes(count.tolist(), (count == sizes).tolist(), need, prefer=free_now.tolist())
     assert chosen is not None  # ``ready`` holds at least ``need`` GPUs
-    late = ready[np.lexsort((pos[ready], -free[ready]))]
-    late_nodes = np.asarray(snap.node_idx)[pos[late]]
-    picked = np.concatenate([late[late_nodes == j][:take] for j, take in chosen])  # indices into ``pos``
+    late = np.lexsort((pos[ready], -free[ready]))  # within ``ready``: busy longest first
+    by_late, late_nodes = ready[late], nodes[late]
+    picked = np.concatenate([by_late[late_nodes == j][:take] for j, take in chosen])  # indices into ``pos``
     gpus = tuple(snap.gpus[q].id for q in pos[picked].tolist())
-    start = float(free[picked].max())
+    start = at  # any ``need`` of the GPUs free by ``at`` include one that frees only then
     node_names = tuple(dict.fromkeys(snap.gpus[q].node for q in pos[picked].tolist()))
     reason = "free now" if start <= now else f"expected free in {start - now:.0f} s"
     return Reservation(job_id=job_id, gpus=gpus, node=node_names[0], start=start, reason=reason, nodes=node_names)

@@ -37,10 +37,10 @@ class _Shard:
         self.late: dict[str, set[int]] = {}
         """Per job, the attempts whose late run ``mark_running`` handled (the job hash's ``late`` in Redis)."""
         self.ra: dict[str, tuple[int, int]] = {}
-        self.xid: dict[str, str] = {}
-        """Per released job, the id of the exit report that released it (release.lua's ``xid``)."""
         """Per job, (its attempts, the earlier attempt whose late run its placement took): the job hash's
         ``ra`` in Redis, valid while the job's attempts stay the first."""
+        self.xid: dict[str, str] = {}
+        """Per released job, the id of the exit report that released it (release.lua's ``xid``)."""
         self.occ = bytearray()
         self.holds: bytes | None = None
         """The balancer's reservations, encoded as in Redis (``model.encode_holds``)."""

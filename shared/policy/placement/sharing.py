@@ -115,8 +115,7 @@ def gang_reasons(snap: ClusterSnapshot, plain: CannotPlace, mig: CannotPlace) ->
     kinds = np.asarray(snap.mig, dtype=bool)
     keep_mig = kinds.any() or mig.deferred or not len(snap)
     reasons = (plain.reasons if (~kinds).any() else ()) + (mig.reasons if keep_mig else ())
-    return msgspec.structs.replace(mig, reasons=reasons or plain.reasons + mig.reasons,
-                                   counts={**plain.counts, **mig.counts})
+    return msgspec.structs.replace(mig, reasons=reasons, counts={**plain.counts, **mig.counts})
 
 
 def place_plain_gpus(
