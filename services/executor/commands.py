@@ -22,12 +22,12 @@ from typing import Any
 import msgspec
 from opentelemetry import context as otel_context
 
+from services.common.recent import Recent
 from services.executor.backend import Backend, BackendError, InstanceInfo, WorkloadError, WorkloadSpec
 from services.executor.exits import ExitReports
 from services.executor.instances import InstanceBook, gpu_index_of, report, undo
 from services.executor.launch import Proc, gang_procs
 from services.executor.plain import plain_target
-from services.executor.recent import Recent
 from services.executor.registration import Registration
 from services.executor.runs import Runs
 from shared.errors import MigschedError

@@ -1,6 +1,8 @@
 """The executor's exit reports: every workload exit goes out on ``node.<node>.report`` as ``job_exit``, in
 batches, never before its job's start report, retried through NATS outages with the same ids (the stream
-drops a copy that had gone out). A stop of a copy that moved on (``migrate_stop``) is not an exit.
+drops a copy that had gone out). A stop of a copy that moved on (``migrate_stop``) is not an exit. The heartbeats
+repeat each report for a few seconds after it went out (``told``): the node registry applies one its consumer
+never delivered.
 """
 
 from __future__ import annotations
@@ -8,25 +10,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
 
+from services.common.recent import Recent
 from services.executor.backend import Backend, WorkloadExit
 from services.executor.instances import InstanceBook
-from services.executor.recent import Recent
 from services.executor.runs import Runs
 from shared import telemetry
 from shared.bus import Outgoing
 from shared.errors import MigschedError
-from shared.events import ExitKind, JobExited, new_id, now
+from shared.events import ExitKind, JobExited, ToldExit, new_id, now
 from shared.ports import EventBus
 
 log = logging.getLogger("migsched.executor")
 _tracer = telemetry.tracer("migsched.executor")
 REMEMBERED_EXITS = 50000
 """Hard cap of ``ExitReports.recent`` (a safety net: the window bounds it, ~rate × window)."""
+TOLD_AFTER_S = 1.0
+"""A heartbeat repeats an exit report once it has been out this long: by then the registry has it, unless its
+consumer skipped it, and repeating it sooner would only race the report."""
+TOLD_FOR_S = 10.0
+"""... and until it has been out this long: several heartbeats, in case one of them is lost too."""
+TOLD_MAX = 64
+"""At most this many exits in one heartbeat (the newest): the schema's bound."""
+_TOLD_KEPT = 4096
+"""Reports kept for the heartbeats: at a higher rate than ``_TOLD_KEPT / TOLD_AFTER_S`` a second only the newest
+``TOLD_MAX`` would go out anyway."""
 _EXIT_KIND: dict[str, ExitKind] = {
     "completed": "completed",
     "failed": "failed",
@@ -51,6 +64,8 @@ class ExitReports:
         # fails as it would have); an event only for a job someone waits on (one per exit held 8 MB at 20,000)
         self.recent: Recent[None] = Recent(window_s, REMEMBERED_EXITS, clock=clock)
         self._waiters: dict[str, asyncio.Event] = {}
+        self._clock = clock
+        self._told: deque[tuple[float, ToldExit]] = deque(maxlen=_TOLD_KEPT)  # (when published, report), oldest 1st
 
     async def run(self) -> None:
         """Report exits as they come, in batches: everything that ended while the last batch was being
@@ -125,13 +140,24 @@ class ExitReports:
             for span in spans:
                 span.end()
             for o in out:
-                self.published(o.msg.job_id)  # type: ignore[attr-defined]
+                self.published(o.msg)  # type: ignore[arg-type]
 
-    def published(self, job_id: str) -> None:
-        self.recent.put(job_id, None)
+    def published(self, report: JobExited) -> None:
+        self.recent.put(report.job_id, None)
+        self._told.append((self._clock(), ToldExit.of(report)))
+        job_id = report.job_id
         waiter = self._waiters.pop(job_id, None)
         if waiter is not None:
             waiter.set()
+
+    def told(self) -> tuple[ToldExit, ...]:
+        """The exit reports a heartbeat repeats now: out for ``TOLD_AFTER_S`` to ``TOLD_FOR_S``, the newest
+        ``TOLD_MAX``, oldest first."""
+        now_ = self._clock()
+        while self._told and self._told[0][0] <= now_ - TOLD_FOR_S:
+            self._told.popleft()
+        due = [e for at, e in self._told if at <= now_ - TOLD_AFTER_S]
+        return tuple(due[-TOLD_MAX:])
 
     async def reported(self, job_id: str, timeout: float) -> None:
         """Until this job's exit report is on the stream (or ``timeout``)."""

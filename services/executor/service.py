@@ -30,6 +30,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.common import health
+from services.common.recent import Recent
 from services.executor import nvml_codes
 from services.executor.backend import Backend, BackendError, BusyInstanceError
 from services.executor.commands import Commands, lane_of
@@ -37,7 +38,6 @@ from services.executor.config import ExecutorError, ExecutorSettings, build_back
 from services.executor.exits import ExitReports
 from services.executor.instances import InstanceBook
 from services.executor.metrics import ExecutorMetrics
-from services.executor.recent import Recent
 from services.executor.registration import Registration
 from services.executor.runs import Runs
 from shared import telemetry
@@ -309,6 +309,7 @@ class Executor:
                         at=now(),
                         running=running,
                         slots=slots,
+                        exits=self.exits.told(),
                     ),
                 )
             except MigschedError as exc:

@@ -14,3 +14,7 @@ NODES = Gauge("migsched_nodes", "Nodes by state (up, lost)", ["state"])
 JOBS_EXPIRED = Counter(
     "migsched_jobs_expired_total", "Ended jobs deleted from Redis by the retention sweep (age or cap)"
 )
+MISSED_EXITS = Counter(
+    "migsched_registry_missed_exits_total",
+    "Exit reports the registry's consumer never delivered, applied from the heartbeat that repeated them",
+)

@@ -35,6 +35,7 @@ from typing import Any
 
 from services.common import metrics as common
 from services.common.metric_cache import child
+from services.common.recent import Recent
 from services.common.service import Context
 from services.common.stop_command import stop_command
 from services.registry import metrics as m
@@ -56,6 +57,12 @@ from shared.policy.retention import demand_instant
 from shared.state import StoredInstance, gpu_id_of
 from shared.state.model import PLAIN_PROFILES
 
+APPLIED_EXITS_S = 60.0
+"""How long this process remembers an exit report it applied: past the ten seconds a heartbeat repeats it, with
+room for a heartbeat consumer that lags."""
+APPLIED_EXITS_MAX = 100_000
+"""Hard cap of the remembered exits (a safety net: the window bounds them, ~rate × window)."""
+
 
 class Reports:
     def __init__(self, ctx: Context, idle: IdleInstances,
@@ -68,6 +75,9 @@ class Reports:
         self.log = ctx.log
         self.idle = idle
         self.on_registered = on_registered
+        self.applied: Recent[None] = Recent(APPLIED_EXITS_S, APPLIED_EXITS_MAX)
+        """The ids of the exit reports this process applied lately: a heartbeat that lists one again is told
+        nothing new (``MissedExits``)."""
 
     async def on_report(self, ds: list[Delivery]) -> None:
         """A node's reports in the order it sent them: the transitions of the reports before a registration are
@@ -77,15 +87,16 @@ class Reports:
         for d in ds:
             if d.data.__struct_config__.tag == "registered":
                 if run:
-                    await self._apply(run)
+                    await self.apply(run)
                     run = []
                 await self.on_registered(d)
             else:
                 run.append(d)
         if run:
-            await self._apply(run)
+            await self.apply(run)
 
-    async def _apply(self, ds: list[Delivery]) -> None:
+    async def apply(self, ds: list[Delivery]) -> None:
+        """Reports other than registrations, in order, as one batch of transitions."""
         await self.state.locate(d.data.node for d in ds)  # a node's block may name its shard
         now = time.time()
         b = self.state.batch()
@@ -187,6 +198,9 @@ class Reports:
             await self.bus.publish_batch(out)
         if left:  # after jobs.exit is out: the balancer hears of the room first
             await self.idle.retain_or_destroy(left)
+        for d, _, what in after:
+            if what == "exit":
+                self.applied.put(d.data.id, None)
 
     def _done(self, b: Any, r: CmdDone, now: float) -> int:
         child(m.COMMANDS, r.command, "done").inc()

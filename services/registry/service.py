@@ -7,6 +7,7 @@ composition of named parts, each in its module:
 - ``Nodes``: registrations, heartbeats, liveness, and commands without a result in time (``node.*.heartbeat``,
   ``registered`` reports);
 - ``Reports``: command results and job exits turned into transitions (``node.*.report``), then ``jobs.exit``;
+- ``MissedExits``: the exit reports a heartbeat repeats that ``Reports`` never received, applied all the same;
 - ``IdleInstances``: after an exit, keep the instance for reuse or destroy it;
 - ``Moves``: migration orders (``sched.migrate``) to ``migrate_start`` / ``migrate_stop`` commands;
 - ``Cancels``: ``jobs.cancel`` to the cancel transition, and a ``stop`` command for an active job;
@@ -24,10 +25,11 @@ from services.common.service import Service
 from services.registry.cancels import Cancels
 from services.registry.expiry import EXPIRE_EVERY_S, Expiry
 from services.registry.idle import IdleInstances
+from services.registry.missed_exits import MissedExits
 from services.registry.moves import Moves
 from services.registry.nodes import Nodes
 from services.registry.reports import Reports
-from shared.bus import Consumer
+from shared.bus import Consumer, Delivery
 from shared.settings import RegistrySettings
 
 
@@ -41,6 +43,7 @@ class NodeRegistry(Service):
         self.nodes = Nodes(ctx)
         self.idle = IdleInstances(ctx)
         self.reports = Reports(ctx, self.idle, self.nodes.on_registered)
+        self.missed = MissedExits(ctx, self.reports)
         self.moves = Moves(ctx)
         self.cancels = Cancels(ctx)
         self.expiry = Expiry(ctx)
@@ -52,9 +55,13 @@ class NodeRegistry(Service):
             b.consumer(s.stream_sched, "partitioner-migrate", s.sched_migrate, self.moves.on_migrate),
             b.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, self.cancels.on_cancel),
             b.consumer(s.stream_node, "registry-report", s.node_reports, self.reports.on_report, linger_s=slow),
-            b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.nodes.on_heartbeat,
+            b.consumer(s.stream_node, "registry-heartbeat", s.node_heartbeats, self.on_heartbeat,
                        linger_s=slow, traced=False),
         ]
+
+    async def on_heartbeat(self, ds: list[Delivery]) -> None:
+        await self.nodes.on_heartbeat(ds)
+        await self.missed.on_heartbeat(ds)
 
     def periodic(self) -> list[tuple[str, float, Any]]:
         st = self.settings

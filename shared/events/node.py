@@ -124,6 +124,33 @@ class RunningSlot(msgspec.Struct, frozen=True, kw_only=True):
     start: Slice
 
 
+class ToldExit(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``job_exit`` report the node published a moment ago, repeated in its heartbeats: the node registry
+    applies one it never received (a consumer can skip a stored message when its stream's leader changes).
+    The fields are the report's (same ``id``), the node is the heartbeat's, the reason is cut short."""
+
+    id: MsgId
+    at: Timestamp
+    job_id: JobId
+    gpu_index: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    instance_id: InstanceId | None = None
+    status: Annotated[int, msgspec.Meta(ge=-255, le=255)] = 0
+    exit: ExitKind = "completed"
+    reason: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    started_by: MsgId | None = None
+
+    @classmethod
+    def of(cls, r: JobExited) -> ToldExit:
+        return cls(id=r.id, at=r.at, job_id=r.job_id, gpu_index=r.gpu_index, instance_id=r.instance_id,
+                   status=r.status, exit=r.exit, reason=r.reason[:256], started_by=r.started_by)
+
+    def report(self, node: str) -> JobExited:
+        """The report as the node published it (its reason cut short)."""
+        return JobExited(id=self.id, node=node, at=self.at, job_id=self.job_id, gpu_index=self.gpu_index,
+                         instance_id=self.instance_id, status=self.status, exit=self.exit, reason=self.reason,
+                         started_by=self.started_by)
+
+
 class Heartbeat(Message, frozen=True, kw_only=True):
     node: NodeName
     seq: Annotated[int, msgspec.Meta(ge=0)]
@@ -132,3 +159,6 @@ class Heartbeat(Message, frozen=True, kw_only=True):
     slots: Annotated[tuple[RunningSlot, ...], msgspec.Meta(max_length=4096)] = ()
     """Of ``running``, the jobs on a MIG instance and where: ``migsched check --executors`` holds them against
     the state's instance (plain bindings are left out)."""
+    exits: Annotated[tuple[ToldExit, ...], msgspec.Meta(max_length=64)] = ()
+    """The ``job_exit`` reports published one to ten seconds before (at most 64, the newest): the registry
+    applies those it did not receive to jobs its state still has running."""

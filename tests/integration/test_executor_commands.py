@@ -61,6 +61,13 @@ async def test_a_place_command_creates_the_instance_starts_the_job_and_reports_i
     assert [(i.profile, i.start) for i in await rig.executor.backend.list_instances(0)] == [("3g.20gb", 4)]
 
 
+async def test_the_heartbeats_after_a_job_exit_repeat_its_report(rig: Rig) -> None:
+    await rig.send(place("c1", "j1", 0, "1g.5gb", 0, duration=0.0))
+    exited = await rig.watch.until(lambda m: isinstance(m, JobExited) and m.job_id == "j1")
+    hb = await rig.watch.until(lambda m: isinstance(m, Heartbeat) and m.exits)
+    assert [e.report(NODE) for e in hb.exits] == [exited]
+
+
 async def test_a_job_that_ends_at_once_is_reported_after_its_cmd_done(rig: Rig) -> None:
     await rig.send(place("c0", "j0", 1, "1g.5gb", 0, duration=0.0))
     await rig.watch.until(lambda m: isinstance(m, JobExited) and m.job_id == "j0")

@@ -10,10 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.executor.recent import Recent
+from services.common.recent import Recent
 from services.executor.service import Executor
 from shared.bus import Outgoing
-from shared.events import CmdDone, CmdFailed, Command, encode, now
+from shared.events import CmdDone, CmdFailed, Command, JobExited, encode, now
 from tests.executor_rig import NODE, Clock, Rig, place
 
 pytestmark = pytest.mark.unit
@@ -168,7 +168,7 @@ async def test_the_remembered_commands_stay_within_the_window_at_a_steady_rate()
 
 async def test_published_exits_are_remembered_for_the_window_then_forgotten() -> None:
     rig = Rig()
-    rig.ex.exits.published("j1")
+    rig.ex.exits.published(JobExited(id="x1", node=NODE, at=1.0, job_id="j1"))
     rig.clock.t += 60.0
     assert "j1" in rig.ex.exits.recent
     await rig.ex.exits.reported("j1", timeout=0.0)  # known: returns at once

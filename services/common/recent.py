@@ -1,5 +1,6 @@
-"""A map whose entries are kept for a time window, in rotating generations (what the executor remembers of
-commands it handled and exits it published, for as long as a redelivery or a waiting move can ask)."""
+"""A map whose entries are kept for a time window, in rotating generations: what the executor remembers of
+commands it handled and exits it published, for as long as a redelivery or a waiting move can ask, and the
+exits the node registry applied, for as long as a heartbeat lists them."""
 
 from __future__ import annotations
 
