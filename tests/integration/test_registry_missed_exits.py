@@ -5,12 +5,14 @@ or one of a run an earlier placement started, changes nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
-from services.common.testing import Namespace, Stack, make_settings
-from shared.events import Heartbeat, JobExited, ToldExit, new_id
+from services.common.testing import Namespace, ScriptedExecutor, Stack, Watch, make_settings
+from shared.events import Heartbeat, JobExit, JobExited, ToldExit, new_id
 from shared.state import audit
 from tests.integration.test_registry_earlier_exits import GEO, IID, NEVER, _exit, _placed
 from tests.integration.test_registry_flow import is_, until
@@ -25,73 +27,66 @@ async def _heartbeat(ns: Namespace, *exits: JobExited) -> None:
     )
 
 
-async def _stack(ns: Namespace, prefix: str, nats_url: str, redis_url: str) -> Stack:
-    """The registry (the balancer stopped: placements are made here) and node n1 with one GPU."""
-    from services.common.testing import ScriptedExecutor
-
-    stack = Stack(prefix, nats_url, redis_url, node_timeout_s=NEVER, cmd_timeout_s=NEVER)
-    await stack.start()
-    n1 = ScriptedExecutor(ns.bus, "n1", gpus=1, auto_ack=False)
-    await n1.start()
-    assert await until(lambda: len(stack.balancer.mirrors[0]) >= 1)
-    await n1.stop()
-    await stack.balancer.stop()
-    stack.services.remove(stack.balancer)
-    return stack
+@contextlib.asynccontextmanager
+async def _registry(prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[tuple[Namespace, Watch[JobExit]]]:
+    """The registry (the balancer stopped: placements are made here), node n1 with one GPU, and a watch of
+    ``jobs.exit``."""
+    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
+        stack = Stack(prefix, nats_url, redis_url, node_timeout_s=NEVER, cmd_timeout_s=NEVER)
+        await stack.start()
+        watch = await ns.watch_exits()
+        try:
+            n1 = ScriptedExecutor(ns.bus, "n1", gpus=1, auto_ack=False)
+            await n1.start()
+            assert await until(lambda: len(stack.balancer.mirrors[0]) >= 1)
+            await n1.stop()
+            await stack.balancer.stop()
+            stack.services.remove(stack.balancer)
+            yield ns, watch
+            assert await audit(ns.state, GEO) == []
+        finally:
+            await watch.close()
+            await stack.stop()
 
 
 async def test_an_exit_whose_report_never_arrived_ends_the_job_from_the_heartbeat_that_repeats_it(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = await _stack(ns, prefix, nats_url, redis_url)
-        watch = await ns.watch_exits()
-        try:
-            attempt = await _placed(ns, "create")
-            await _heartbeat(ns)  # a heartbeat that lists nothing ends nothing
-            await asyncio.sleep(0.3)
-            assert (await ns.state.job("j1")).state == "running"  # type: ignore[union-attr]
-            lost = _exit("completed", f"place:j1:{attempt}")  # published by the node, skipped by the consumer
-            await _heartbeat(ns, lost)
-            assert await until(is_(ns, "j1", "finished"))
-            assert [(e.job_id, e.kind, e.instance_id) for e in watch.seen] == [("j1", "completed", IID)]
-            # the report shows up after all, and the heartbeats go on listing it: nothing more happens (the exit
-            # may go out again under its id, which the stream drops)
-            await ns.bus.publish(ns.bus.subjects.node_report("n1"), lost)
-            await _heartbeat(ns, lost)
-            await asyncio.sleep(0.3)
-            assert {e.id for e in watch.seen} == {f"exit:j1:{IID}"}
-            assert [h.to for h in await ns.state.history("j1")].count("finished") == 1
-            assert await audit(ns.state, GEO) == []
-        finally:
-            await watch.close()
-            await stack.stop()
+    async with _registry(prefix, nats_url, redis_url) as (ns, watch):
+        attempt = await _placed(ns, "create")
+        await _heartbeat(ns)  # a heartbeat that lists nothing ends nothing
+        await asyncio.sleep(0.3)
+        assert (await ns.state.job("j1")).state == "running"  # type: ignore[union-attr]
+        lost = _exit("completed", f"place:j1:{attempt}")  # published by the node, skipped by the consumer
+        await _heartbeat(ns, lost)
+        assert await until(is_(ns, "j1", "finished"))
+        assert [(e.job_id, e.kind, e.instance_id) for e in watch.seen] == [("j1", "completed", IID)]
+        # the report shows up after all, and the heartbeats go on listing it: nothing more happens (the exit
+        # may go out again under its id, which the stream drops)
+        await ns.bus.publish(ns.bus.subjects.node_report("n1"), lost)
+        await _heartbeat(ns, lost)
+        await asyncio.sleep(0.3)
+        assert {e.id for e in watch.seen} == {f"exit:j1:{IID}"}
+        assert [h.to for h in await ns.state.history("j1")].count("finished") == 1
 
 
 async def test_a_repeated_exit_the_registry_applied_or_of_an_earlier_run_changes_nothing(
     prefix: str, nats_url: str, redis_url: str
 ) -> None:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = await _stack(ns, prefix, nats_url, redis_url)
-        watch = await ns.watch_exits()
-        try:
-            first = await _placed(ns, "create")
-            assert (await ns.state.release("j1", "lost", "node resync", time.time())).state == "pending"
-            second = await _placed(ns, "reuse")
-            # the first run's exit, which the registry never received, comes in a heartbeat after the second
-            # run started on the same instance: it names the first run's place command
-            await _heartbeat(ns, _exit("cancelled", f"place:j1:{first}"))
-            await asyncio.sleep(0.5)
-            assert (await ns.state.job("j1")).state == "running"  # type: ignore[union-attr]
-            assert watch.seen == []
-            done = _exit("failed", f"place:j1:{second}")
-            await ns.bus.publish(ns.bus.subjects.node_report("n1"), done)
-            assert await until(is_(ns, "j1", "failed"))
-            await _heartbeat(ns, done)  # applied already: passed over
-            await asyncio.sleep(0.3)
-            assert [(e.job_id, e.kind) for e in watch.seen] == [("j1", "failed")]
-            assert "cancelled" not in [h.to for h in await ns.state.history("j1")]
-            assert await audit(ns.state, GEO) == []
-        finally:
-            await watch.close()
-            await stack.stop()
+    async with _registry(prefix, nats_url, redis_url) as (ns, watch):
+        first = await _placed(ns, "create")
+        assert (await ns.state.release("j1", "lost", "node resync", time.time())).state == "pending"
+        second = await _placed(ns, "reuse")
+        # the first run's exit, which the registry never received, comes in a heartbeat after the second
+        # run started on the same instance: it names the first run's place command
+        await _heartbeat(ns, _exit("cancelled", f"place:j1:{first}"))
+        await asyncio.sleep(0.5)
+        assert (await ns.state.job("j1")).state == "running"  # type: ignore[union-attr]
+        assert watch.seen == []
+        done = _exit("failed", f"place:j1:{second}")
+        await ns.bus.publish(ns.bus.subjects.node_report("n1"), done)
+        assert await until(is_(ns, "j1", "failed"))
+        await _heartbeat(ns, done)  # applied already: passed over
+        await asyncio.sleep(0.3)
+        assert [(e.job_id, e.kind) for e in watch.seen] == [("j1", "failed")]
+        assert "cancelled" not in [h.to for h in await ns.state.history("j1")]
