@@ -78,6 +78,9 @@ class Reports:
         self.applied: Recent[None] = Recent(APPLIED_EXITS_S, APPLIED_EXITS_MAX)
         """The ids of the exit reports this process applied lately: a heartbeat that lists one again is told
         nothing new (``MissedExits``)."""
+        self.latest: dict[str, float] = {}
+        """Per node, the newest ``at`` of the reports this process received from it: a node's reports come in
+        the order it sent them, so an exit it sent earlier and never received here was skipped."""
 
     async def on_report(self, ds: list[Delivery]) -> None:
         """A node's reports in the order it sent them: the transitions of the reports before a registration are
@@ -94,6 +97,11 @@ class Reports:
                 run.append(d)
         if run:
             await self.apply(run)
+        latest = self.latest
+        for d in ds:
+            r = d.data
+            if r.at > latest.get(r.node, 0.0):
+                latest[r.node] = r.at
 
     async def apply(self, ds: list[Delivery]) -> None:
         """Reports other than registrations, in order, as one batch of transitions."""

@@ -161,4 +161,4 @@ class Heartbeat(Message, frozen=True, kw_only=True):
     the state's instance (plain bindings are left out)."""
     exits: Annotated[tuple[ToldExit, ...], msgspec.Meta(max_length=64)] = ()
     """The ``job_exit`` reports published one to ten seconds before (at most 64, the newest): the registry
-    applies those it did not receive to jobs its state still has running."""
+    applies those it did not receive, once overdue, to jobs its state still has running."""

@@ -1,6 +1,7 @@
 """An exit report the registry's consumer never delivered, on real NATS and Redis: the node's heartbeat repeats
-it, and the registry applies it as the report would have been applied. A repeated report it applied already,
-or one of a run an earlier placement started, changes nothing."""
+it, and once a later report of the node has come (the consumer went past it) the registry applies it as the
+report would have been applied. A repeated report it applied already, or one of a run an earlier placement
+started, changes nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, Watch, make_settings
-from shared.events import Heartbeat, JobExit, JobExited, ToldExit, new_id
+from shared.events import Drift, Heartbeat, JobExit, JobExited, ToldExit, new_id
 from shared.state import audit
 from tests.integration.test_registry_earlier_exits import GEO, IID, NEVER, _exit, _placed
 from tests.integration.test_registry_flow import is_, until
@@ -25,6 +26,13 @@ async def _heartbeat(ns: Namespace, *exits: JobExited) -> None:
         ns.bus.subjects.node_heartbeat("n1"),
         Heartbeat(id=new_id("hb"), node="n1", seq=1, at=time.time(), exits=tuple(ToldExit.of(e) for e in exits)),
     )
+
+
+async def _went_past(ns: Namespace, e: JobExited) -> None:
+    """A report n1 sent after ``e`` reaches the registry: its consumer went past ``e``."""
+    await ns.bus.publish(ns.bus.subjects.node_report("n1"),
+                         Drift(id=new_id("drift"), node="n1", at=e.at + 1.0, details=("later",)))
+    await asyncio.sleep(0.3)
 
 
 @contextlib.asynccontextmanager
@@ -59,6 +67,10 @@ async def test_an_exit_whose_report_never_arrived_ends_the_job_from_the_heartbea
         assert (await ns.state.job("j1")).state == "running"  # type: ignore[union-attr]
         lost = _exit("completed", f"place:j1:{attempt}")  # published by the node, skipped by the consumer
         await _heartbeat(ns, lost)
+        await asyncio.sleep(0.3)  # its report may only be late: it waits
+        assert (await ns.state.job("j1")).state == "running"  # type: ignore[union-attr]
+        await _went_past(ns, lost)
+        await _heartbeat(ns, lost)
         assert await until(is_(ns, "j1", "finished"))
         assert [(e.job_id, e.kind, e.instance_id) for e in watch.seen] == [("j1", "completed", IID)]
         # the report shows up after all, and the heartbeats go on listing it: nothing more happens (the exit
@@ -79,7 +91,10 @@ async def test_a_repeated_exit_the_registry_applied_or_of_an_earlier_run_changes
         second = await _placed(ns, "reuse")
         # the first run's exit, which the registry never received, comes in a heartbeat after the second
         # run started on the same instance: it names the first run's place command
-        await _heartbeat(ns, _exit("cancelled", f"place:j1:{first}"))
+        earlier = _exit("cancelled", f"place:j1:{first}")
+        await _heartbeat(ns, earlier)
+        await _went_past(ns, earlier)
+        await _heartbeat(ns)
         await asyncio.sleep(0.5)
         assert (await ns.state.job("j1")).state == "running"  # type: ignore[union-attr]
         assert watch.seen == []

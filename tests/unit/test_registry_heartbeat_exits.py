@@ -1,8 +1,11 @@
-"""The registry's side of the exits a heartbeat repeats, on the in-memory bus and store: one repeated by several
-heartbeats of a batch is applied once, and one whose batch failed after its release (the ``jobs.exit`` publish
-refused) is applied again when the heartbeats come back, so that its exit goes out."""
+"""The registry's side of the exits a heartbeat repeats, on the in-memory bus and store. An exit it has not
+received waits while its report may only be late; it is applied once the consumer has gone past it (a later
+report of the node arrived) or the grace is over, once however many heartbeats of a batch list it, and again when
+its first application failed to publish the job's exit."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -11,7 +14,7 @@ from prometheus_client import REGISTRY
 from services.registry.service import NodeRegistry
 from shared.bus import Delivery, MemoryBus
 from shared.bus.errors import BusError
-from shared.events import Heartbeat, JobExit, JobExited, ToldExit, decode, now
+from shared.events import Drift, Heartbeat, JobExit, JobExited, ToldExit, decode, now
 from shared.settings import RegistrySettings, load
 from shared.state.memory_store import MemoryState
 from tests.contract.state_cases.earlier_exit import IDLE, with_idle_instance
@@ -25,7 +28,43 @@ class _Msg:
         self.subject, self.stream_seq, self.deliveries, self.headers, self.data = subject, seq, 1, None, b""
 
 
-async def _running() -> tuple[NodeRegistry, MemoryBus, MemoryState, JobExited]:
+class _Clock:
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _Rig:
+    def __init__(self, reg: NodeRegistry, bus: MemoryBus, store: MemoryState, lost: JobExited) -> None:
+        self.reg, self.bus, self.store, self.lost = reg, bus, store, lost
+        self.clock = _Clock()
+        reg.missed.clock = self.clock
+
+    def _delivery(self, subject: str, seq: int, data: Any) -> Delivery:
+        return Delivery(_Msg(subject, seq), data, trace.INVALID_SPAN, None)  # type: ignore[arg-type]
+
+    async def heartbeats(self, *listed: tuple[JobExited, ...]) -> None:
+        subject = self.bus.subjects.node_heartbeat("n1")
+        await self.reg.on_heartbeat([
+            self._delivery(subject, seq, Heartbeat(id=f"hb-{seq}", node="n1", seq=seq, at=now(),
+                                                   exits=tuple(ToldExit.of(e) for e in exits)))
+            for seq, exits in enumerate(listed, 1)])
+
+    async def later_report(self) -> None:
+        """A report the node sent after the exit, received: the consumer went past the exit."""
+        drift = Drift(id="drift-1", node="n1", at=self.lost.at + 1.0, details=("x",))
+        await self.reg.reports.on_report([self._delivery(self.bus.subjects.node_report("n1"), 9, drift)])
+
+    async def state(self) -> str:
+        return (await self.store.job("j1")).state  # type: ignore[union-attr]
+
+    def exits(self) -> list[JobExit]:
+        subject = self.bus.subjects.jobs_exit
+        return [decode(s, d, self.bus.subjects) for s, d, _ in self.bus.sent if s == subject]
+
+
+async def _running() -> _Rig:
     store = MemoryState()
     await with_idle_instance(store)
     attempt = await place(store, "j1", IDLE, "reuse")
@@ -35,45 +74,52 @@ async def _running() -> tuple[NodeRegistry, MemoryBus, MemoryState, JobExited]:
     await bus.ensure_streams()
     lost = JobExited(id="exit-1", node="n1", at=now(), job_id="j1", gpu_index=0, instance_id=IDLE.id,
                      started_by=f"place:j1:{attempt}")
-    return NodeRegistry(st, bus, store), bus, store, lost
-
-
-def _heartbeats(bus: MemoryBus, *listed: tuple[JobExited, ...]) -> list[Delivery]:
-    subject = bus.subjects.node_heartbeat("n1")
-    return [Delivery(_Msg(subject, seq), Heartbeat(id=f"hb-{seq}", node="n1", seq=seq, at=now(),  # type: ignore[arg-type]
-                                                    exits=tuple(ToldExit.of(e) for e in exits)),
-                     trace.INVALID_SPAN, None)
-            for seq, exits in enumerate(listed, 1)]
+    return _Rig(NodeRegistry(st, bus, store), bus, store, lost)
 
 
 def _missed() -> float:
     return REGISTRY.get_sample_value("migsched_registry_missed_exits_total") or 0.0
 
 
-def _exits(bus: MemoryBus) -> list[JobExit]:
-    subject = bus.subjects.jobs_exit
-    return [decode(s, d, bus.subjects) for s, d, _ in bus.sent if s == subject]
+async def test_an_exit_not_received_waits_while_its_report_may_only_be_late() -> None:
+    rig = await _running()
+    await rig.heartbeats((rig.lost,), (rig.lost,))
+    rig.clock.t = rig.reg.missed.grace_s - 1.0
+    await rig.heartbeats((rig.lost,))
+    assert await rig.state() == "running" and rig.exits() == []
 
 
-async def test_an_exit_several_heartbeats_of_a_batch_repeat_is_applied_once() -> None:
-    reg, bus, store, lost = await _running()
+async def test_an_exit_the_consumer_went_past_is_applied_once_however_many_heartbeats_list_it() -> None:
+    rig = await _running()
     before = _missed()
-    await reg.on_heartbeat(_heartbeats(bus, (lost,), (lost,), (lost,)))
-    assert (await store.job("j1")).state == "finished"  # type: ignore[union-attr]
+    await rig.heartbeats((rig.lost,))
+    await rig.later_report()
+    await rig.heartbeats((rig.lost,), (rig.lost,), (rig.lost,))
+    assert await rig.state() == "finished"
     assert _missed() - before == 1
-    assert [(e.job_id, e.kind) for e in _exits(bus)] == [("j1", "completed")]
-    await reg.on_heartbeat(_heartbeats(bus, (lost,)))  # applied: passed over without a read
-    assert _missed() - before == 1 and len(_exits(bus)) == 1
+    assert [(e.job_id, e.kind) for e in rig.exits()] == [("j1", "completed")]
+    await rig.heartbeats((rig.lost,))  # applied: passed over
+    assert _missed() - before == 1 and len(rig.exits()) == 1
 
 
-async def test_an_exit_applied_from_a_heartbeat_whose_publish_failed_goes_out_when_the_heartbeat_comes_back() -> None:
-    reg, bus, store, lost = await _running()
-    batch = _heartbeats(bus, (lost,))
-    bus.closed = True  # the release is applied, then the jobs.exit publish is refused
+async def test_an_exit_is_applied_after_the_grace_when_no_later_report_comes() -> None:
+    rig = await _running()
+    await rig.heartbeats((rig.lost,))
+    rig.clock.t = rig.reg.missed.grace_s
+    await rig.heartbeats(())  # the node's later heartbeats no longer list it
+    assert await rig.state() == "finished"
+    assert [(e.job_id, e.kind) for e in rig.exits()] == [("j1", "completed")]
+
+
+async def test_an_exit_applied_from_a_heartbeat_whose_publish_failed_goes_out_at_the_next_heartbeat() -> None:
+    rig = await _running()
+    await rig.heartbeats((rig.lost,))
+    await rig.later_report()
+    rig.bus.closed = True  # the release is applied, then the jobs.exit publish is refused
     with pytest.raises(BusError):
-        await reg.on_heartbeat(batch)
-    assert (await store.job("j1")).state == "finished"  # type: ignore[union-attr]
-    assert _exits(bus) == []
-    bus.closed = False
-    await reg.on_heartbeat(batch)  # the batch comes back: the job has ended, and its exit goes out all the same
-    assert [(e.job_id, e.kind, e.instance_id) for e in _exits(bus)] == [("j1", "completed", IDLE.id)]
+        await rig.heartbeats(())
+    assert await rig.state() == "finished"
+    assert rig.exits() == []
+    rig.bus.closed = False
+    await rig.heartbeats(())  # the job has ended, and its exit goes out all the same
+    assert [(e.job_id, e.kind, e.instance_id) for e in rig.exits()] == [("j1", "completed", IDLE.id)]
