@@ -145,8 +145,7 @@ class ExitReports:
     def published(self, report: JobExited) -> None:
         self.recent.put(report.job_id, None)
         self._told.append((self._clock(), ToldExit.of(report)))
-        job_id = report.job_id
-        waiter = self._waiters.pop(job_id, None)
+        waiter = self._waiters.pop(report.job_id, None)
         if waiter is not None:
             waiter.set()
 
