@@ -31,6 +31,7 @@ from shared.bus.health import BusHealth
 from shared.bus.outgoing import Outgoing, count_published
 from shared.bus.publish_acks import PublishAcks, reply_decoder
 from shared.bus.puller import Puller
+from shared.bus.server_version import replication_warning
 from shared.bus.transport import ConsumerSpec
 from shared.events import Subjects, encode
 from shared.settings import Settings
@@ -100,6 +101,8 @@ class JetStreamBus:
     async def ensure_streams(self) -> None:
         """Create or update the five streams, one per concern (idempotent; every service calls it)."""
         st = self.settings
+        if why := self.replication_warning():
+            log.warning("%s", why)
         storage = api.StorageType.FILE if st.stream_storage == "file" else api.StorageType.MEMORY
         for name, subjects in self.subjects.streams().items():
             cfg = api.StreamConfig(
@@ -113,6 +116,15 @@ class JetStreamBus:
                 discard=api.DiscardPolicy.OLD,
             )
             await self._retrying(f"setting up stream {name}", functools.partial(self._ensure_stream, name, cfg))
+
+    def replication_warning(self) -> str | None:
+        """Why the connected server is unsafe for this namespace's replicated streams, if it is."""
+        v = self.nc.connected_server_version
+        try:
+            version = f"{v.major}.{v.minor}.{v.patch}"
+        except ValueError:  # not a semantic version: said as it is
+            version = repr(v)
+        return replication_warning(version, self.settings.stream_replicas)
 
     async def _stream_exists(self, name: str) -> bool:
         try:

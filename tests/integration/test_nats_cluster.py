@@ -11,6 +11,7 @@ import pytest
 
 from services.common.testing import make_settings
 from shared.bus import Delivery, JetStreamBus, Outgoing
+from shared.bus.server_version import FIXED_IN, parse
 from shared.events import Demand, JobSubmit, now
 from shared.localcluster import NatsCluster, start_nats_cluster
 
@@ -28,10 +29,19 @@ def submit(i: int) -> JobSubmit:
     return JobSubmit(id=f"m-{i}", job_id=f"j{i}", demand=Demand(kind="mig", profile="1g.5gb"), submitted_at=now())
 
 
-async def test_streams_are_replicated_on_three_servers(cluster: NatsCluster, prefix: str) -> None:
+async def test_streams_are_replicated_on_three_servers(
+    cluster: NatsCluster, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
     bus = await JetStreamBus.connect(make_settings(prefix, cluster.url, "redis://unused", stream_replicas=3))
     try:
-        await bus.ensure_streams()
+        with caplog.at_level("WARNING", logger="migsched.bus"):
+            await bus.ensure_streams()
+        v = bus.nc.connected_server_version
+        version = parse(f"{v.major}.{v.minor}.{v.patch}")
+        assert version is not None
+        # a server that can skip a message of a replicated consumer is named at start
+        warned = [r.getMessage() for r in caplog.records if "can skip a message" in r.getMessage()]
+        assert bool(warned) == (version[:2] < FIXED_IN), warned
         for name in bus.subjects.streams():
             info = await bus.js.stream_info(name)
             assert info.config.num_replicas == 3
