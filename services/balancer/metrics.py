@@ -48,6 +48,11 @@ ROUTED = Counter("migsched_jobs_routed_total", "New jobs sent to a shard other t
 """reason: ``never_fits`` (no set of the home's GPUs could host it), ``no_room_now`` (the home could not place it
 then, another shard could), ``sooner_elsewhere`` (no shard could; a large job's GPUs are expected to free sooner in
 another)."""
+MISSED_SUBMITS = Counter(
+    "migsched_balancer_missed_submits_total",
+    "Submits the stream stored that the balancer's durable consumer skipped across a change of its leader, "
+    "decided when read back",
+)
 QUEUE_DEPTH = Gauge("migsched_queue_depth", "Pending jobs, all tenants")
 PENDING = Gauge("migsched_pending_jobs", "Pending jobs per tenant and priority class",
                 ["tenant", "priority_class"])

@@ -5,7 +5,8 @@ shard's priority queue with the policy's reasons, and is tried again (backfill) 
 a capacity change, or the periodic pass.
 
 Consumers: ``jobs.submit`` (balancer-submit), ``jobs.cancel`` (balancer-cancel), ``jobs.exit`` (balancer-exit),
-``sched.capacity`` (balancer-capacity). All decisions and commits run under one lock, so the mirror is only
+``sched.capacity`` (balancer-capacity); submits that ``balancer-submit`` skipped when its leader changed are read
+back from the stream (``MissedSubmits``). All decisions and commits run under one lock, so the mirror is only
 changed by one batch at a time; Redis serialises against the other services and replicas.
 
 The service is a composition of named parts, each in its module: ``Candidate`` (a decoded job), ``Shards``
@@ -30,11 +31,13 @@ from services.balancer.decide import Decider, DecisionMetrics, placed_on
 from services.balancer.dispatch import Dispatcher
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
+from services.balancer.missed_submits import LEAD_POLL_S, MissedSubmits
 from services.balancer.pipeline import Pipeline
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.balancer.waiting import Waiting
 from services.common.service import Service
+from shared import telemetry
 from shared.bus import Consumer, Delivery
 from shared.events import JobSubmit
 from shared.policy.placement.balancer import BalancerParams
@@ -94,6 +97,8 @@ class Balancer(Service):
                                      lambda: self.waiting.request(queue_grew=True), self.log)
         self.pipeline = Pipeline(self.state, self.shards, self.ledger, decider, self.dispatcher, self.waiting,
                                  metrics, st.max_rounds, self.name, self.log)
+        self.missed = MissedSubmits(self.bus, self.state, self.subjects.stream_jobs, "balancer-submit",
+                                    self.subjects.jobs_submit, grace_s=2 * st.ack_wait_s)
         self.backfiller = Backfill(st, self.state, self.shards, self.ledger, self.pipeline, self.dispatcher,
                                    self.waiting, metrics, self.reserves, self.lock, self.name)
 
@@ -138,6 +143,7 @@ class Balancer(Service):
             ("backfill", 0.02, self.backfiller.tick),
             ("backfill-sweep", 1.0, self._sweep),
             ("refresh-on-demand", 0.2, self._refresh_if_wanted),
+            ("missed-submits", LEAD_POLL_S, self.decide_missed_submits),
             *([("tenancy-reload", st.tenancy_poll_s, self._poll_tenancy)] if self.ledger.active else []),
         ]
 
@@ -200,6 +206,20 @@ class Balancer(Service):
             out = await self.pipeline.run(cands)
         # published outside the lock: the reservations are committed, and the next batch can be decided meanwhile
         await self.dispatcher.send(out)
+
+    async def decide_missed_submits(self) -> int:
+        """Decide the submits the durable consumer skipped, once a look back finds any; how many it found."""
+        missed = await self.missed.poll()
+        if not missed:
+            return 0
+        self.log.warning("%d submits were skipped by consumer balancer-submit when its leader changed, and are "
+                         "decided now: %s", len(missed), ", ".join(x.submit.job_id for x in missed[:20]))
+        m.MISSED_SUBMITS.inc(len(missed))
+        cands = [Candidate(submit=x.submit, spec=x.spec, ctx=telemetry.extract(x.headers)) for x in missed]
+        async with self.lock:
+            out = await self.pipeline.run(cands)
+        await self.dispatcher.send(out)
+        return len(missed)
 
     # --- jobs.exit, sched.capacity, jobs.cancel -------------------------------------------------------------
     async def on_exit(self, ds: list[Delivery]) -> None:

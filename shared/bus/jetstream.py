@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import functools
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from shared.bus.outgoing import Outgoing, count_published
 from shared.bus.publish_acks import PublishAcks, reply_decoder
 from shared.bus.puller import Puller
 from shared.bus.server_version import replication_warning
-from shared.bus.transport import ConsumerSpec
+from shared.bus.transport import ConsumerLead, ConsumerSpec, StoredMessage
 from shared.events import Subjects, encode
 from shared.settings import Settings
 
@@ -290,6 +292,57 @@ class JetStreamBus:
         error = reply_decoder.decode(reply.data).error if reply.data else None
         if error and error.get("code") != 404:
             raise BusError(f"cannot delete consumer {durable} on {stream}: {error}")
+
+    async def consumer_lead(self, stream: str, durable: str) -> ConsumerLead | None:
+        """The consumer's leader and delivered sequence; None when there is no such consumer."""
+        try:
+            info = await self.js.consumer_info(stream, durable)
+        except NotFoundError:
+            return None
+        except nats.errors.Error as exc:
+            raise BusError(f"consumer info of {durable} on {stream} failed: {exc!r}") from exc
+        cluster = info.cluster
+        leader = ""
+        if cluster is not None and cluster.leader:
+            since = cluster.leader_since.isoformat() if cluster.leader_since is not None else ""
+            leader = f"{cluster.leader}@{since}" if since else cluster.leader
+        elif cluster is None or not cluster.name:  # one server, no cluster: its leader never changes
+            leader = "standalone"
+        return ConsumerLead(leader, int(info.delivered.stream_seq))
+
+    async def stored(self, stream: str, subject: str, since: float, up_to_seq: int,
+                     limit: int) -> list[StoredMessage]:
+        """The messages of ``subject`` the stream stored from ``since`` on (seconds since the epoch), up to stream
+        sequence ``up_to_seq`` and at most ``limit``, read through a consumer of its own that nothing acks and
+        the server drops soon after (the same API subjects as the service's own consumers)."""
+        name = f"scan-{uuid.uuid4().hex[:12]}"
+        cfg = api.ConsumerConfig(
+            name=name, filter_subject=subject, ack_policy=api.AckPolicy.NONE,
+            deliver_policy=api.DeliverPolicy.BY_START_TIME,
+            opt_start_time=datetime.datetime.fromtimestamp(since, datetime.UTC),
+            inactive_threshold=10.0, max_waiting=4,
+        )
+        try:
+            await self.js.add_consumer(stream, cfg)
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot read {subject} on {stream}: {exc!r}") from exc
+        puller = Puller(self.nc, stream, name, min(256, max(1, limit)), expires_s=1.0)
+        await puller.start()
+        out: list[StoredMessage] = []
+        try:
+            while len(out) < limit:
+                msgs = await puller.next_batch(1.0)
+                if not msgs:
+                    return out
+                for m in msgs:
+                    meta = m.metadata
+                    seq = int(meta.sequence.stream)
+                    if seq > up_to_seq or len(out) >= limit:
+                        return out
+                    out.append(StoredMessage(seq, m.subject, m.data, m.headers or {}, meta.timestamp.timestamp()))
+            return out
+        finally:
+            await puller.stop()
 
 
 class JetStreamMessage:

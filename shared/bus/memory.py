@@ -6,13 +6,17 @@ It keeps what the services rely on, and ``tests/contract/`` checks each against 
 - a durable consumer is shared: replicas binding the same name split the messages; an ephemeral one sees every
   message published after it was made;
 - an unacknowledged message comes back after ``ack_wait``, a nak'd one after its delay, until the consumer's
-  delivery limit; a consumer without acks forgets each message once delivered.
+  delivery limit; a consumer without acks forgets each message once delivered;
+- a durable consumer has a leader (``elect`` moves it) and a delivered sequence, and the stream's messages can be
+  read back from a time on; ``skip`` moves a consumer past a message it never delivered, as a replicated
+  consumer of nats-server before 2.11 can after its leader changes (``shared.bus.server_version``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +27,7 @@ from shared.bus.consumer import Consumer, Handler
 from shared.bus.errors import BusError
 from shared.bus.health import BusHealth
 from shared.bus.outgoing import Outgoing, Stored, count_published
-from shared.bus.transport import ConsumerSpec
+from shared.bus.transport import ConsumerLead, ConsumerSpec, StoredMessage
 from shared.events import Subjects, encode
 from shared.settings import Settings
 
@@ -45,6 +49,7 @@ class _Entry:
     subject: str
     data: bytes
     headers: Mapping[str, str]
+    at: float  # when it was stored, seconds since the epoch
 
 
 @dataclass(slots=True)
@@ -67,6 +72,8 @@ class _ConsumerState:
     spec: ConsumerSpec
     clock: Callable[[], float]
     cursor: int = 0  # index of the next entry never delivered
+    delivered_seq: int = 0  # the last stream sequence handed out
+    term: int = 1  # the leader's term: ``MemoryBus.elect`` starts a new one
     deliveries: dict[int, int] = field(default_factory=dict)  # seq -> times delivered, while unacknowledged
     due: dict[int, float] = field(default_factory=dict)  # seq -> when it may be delivered again
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -90,6 +97,7 @@ class _ConsumerState:
         return out
 
     def _deliver(self, e: _Entry, now: float) -> MemoryMessage:
+        self.delivered_seq = max(self.delivered_seq, e.seq)
         if not self.spec.acks:
             return MemoryMessage(self, e, 1)
         n = self.deliveries.get(e.seq, 0) + 1
@@ -213,7 +221,7 @@ class MemoryBus:
             if known is not None and now - known[1] < window:
                 return Stored(stream.name, known[0], True)
         seq = len(stream.entries) + 1
-        stream.entries.append(_Entry(seq, subject, data, dict(headers)))
+        stream.entries.append(_Entry(seq, subject, data, dict(headers), time.time()))
         if msg_id:
             stream.seen[msg_id] = (seq, now)
         for c in stream.consumers.values():
@@ -266,3 +274,36 @@ class MemoryBus:
         s = self.streams.get(stream)
         if s is not None:
             s.consumers.pop(durable, None)
+
+    async def consumer_lead(self, stream: str, durable: str) -> ConsumerLead | None:
+        s = self.streams.get(stream)
+        state = s.consumers.get(durable) if s is not None else None
+        if state is None:
+            return None
+        return ConsumerLead(f"memory@{state.term}", state.delivered_seq)
+
+    async def stored(self, stream: str, subject: str, since: float, up_to_seq: int,
+                     limit: int) -> list[StoredMessage]:
+        s = self.streams.get(stream)
+        if s is None:
+            raise BusError(f"cannot read {subject} on {stream}: stream {stream} not found")
+        hits = (e for e in s.entries if e.seq <= up_to_seq and e.at >= since and matches(subject, e.subject))
+        return [StoredMessage(e.seq, e.subject, e.data, e.headers, e.at) for e in itertools.islice(hits, limit)]
+
+    # --- what a replicated consumer of an older nats-server can do ------------------------------------------
+    def elect(self, stream: str, durable: str) -> None:
+        """The consumer gets a new leader."""
+        self.streams[stream].consumers[durable].term += 1
+
+    def skip(self, stream: str, durable: str) -> int:
+        """Move the consumer past the next message it would deliver, as though it had been delivered and acked;
+        its stream sequence (0: nothing to skip)."""
+        state = self.streams[stream].consumers[durable]
+        entries = state.stream.entries
+        while state.cursor < len(entries):
+            e = entries[state.cursor]
+            state.cursor += 1
+            if matches(state.spec.subject, e.subject):
+                state.delivered_seq = max(state.delivered_seq, e.seq)
+                return e.seq
+        return 0

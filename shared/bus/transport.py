@@ -49,6 +49,25 @@ class ConsumerSpec(NamedTuple):
     fetch_timeout_s: float
 
 
+class ConsumerLead(NamedTuple):
+    """Who leads a durable consumer, and how far it has delivered: ``leader`` names the leader's term (the server
+    and, where the server says, since when; "" while it elects one), ``delivered_seq`` the last stream sequence
+    it has handed out."""
+
+    leader: str
+    delivered_seq: int
+
+
+class StoredMessage(NamedTuple):
+    """One message as its stream keeps it: ``at`` is when the stream stored it (seconds since the epoch)."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: Mapping[str, str]
+    at: float
+
+
 class Transport(Protocol):
     settings: Settings
     subjects: Subjects

@@ -7,20 +7,23 @@ without acks, and the trace context in the headers.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.common.testing import until
 from shared.bus import BusError, Consumer, Delivery, JetStreamBus, MemoryBus, Outgoing
 from shared.bus.consumer import raw
-from shared.events import Demand, JobSubmit, now
+from shared.events import Demand, JobCancel, JobSubmit, now
 from shared.ports import EventBus
 
 pytestmark = pytest.mark.timeout(60)
 
 MakeBus = Callable[..., Awaitable[Any]]
+decode_submit = msgspec.json.Decoder(JobSubmit).decode
 
 
 def submit(i: int, profile: str = "1g.5gb") -> JobSubmit:
@@ -181,6 +184,34 @@ async def test_an_unacknowledged_message_comes_back_after_the_ack_wait(bus_facto
     await again[0].ack()
     assert await sub.next_batch(1.0) == []
     await sub.stop()
+
+
+async def test_the_stream_reads_back_a_subject_from_a_time_on_up_to_a_sequence(bus_factory: MakeBus) -> None:
+    bus = await bus_factory()
+    subj = bus.subjects.jobs_submit
+    await bus.publish(subj, submit(0))
+    await asyncio.sleep(1.1)  # JetStream's start time is read to the second or finer: leave a clear gap
+    since = time.time()
+    acks = await bus.publish_batch([Outgoing(subj, submit(i)) for i in range(1, 6)])
+    await bus.publish(bus.subjects.jobs_cancel, JobCancel(id="c-1", job_id="j1", reason="x", at=now()))
+    got = await bus.stored(bus.subjects.stream_jobs, subj, since, acks[3].seq, limit=100)
+    assert [m.seq for m in got] == [a.seq for a in acks[:4]]  # not the earlier one, nor past the sequence
+    assert [decode_submit(m.data).job_id for m in got] == ["j1", "j2", "j3", "j4"]
+    assert all(m.subject == subj and since - 1 <= m.at <= time.time() + 1 for m in got)
+    assert got[0].headers.get("Nats-Msg-Id") == "m-1"
+    assert len(await bus.stored(bus.subjects.stream_jobs, subj, since, acks[-1].seq, limit=2)) == 2
+
+
+async def test_a_durable_consumer_tells_its_leader_and_how_far_it_delivered(bus_factory: MakeBus) -> None:
+    bus = await bus_factory()
+    assert await bus.consumer_lead(bus.subjects.stream_jobs, "nobody") is None
+    c = await collect(bus, "led")
+    acks = await bus.publish_batch([Outgoing(bus.subjects.jobs_submit, submit(i)) for i in range(3)])
+    assert await until(lambda: len(c.got) >= 3)
+    await c.stop()
+    lead = await bus.consumer_lead(bus.subjects.stream_jobs, "led")
+    assert lead is not None and lead.leader
+    assert lead.delivered_seq == acks[-1].seq
 
 
 async def test_replicas_of_one_durable_share_the_messages(bus_factory: MakeBus) -> None:

@@ -299,3 +299,30 @@ async def test_a_password_file_logs_in_the_user_the_url_names(
         assert ack.stream == "JOBS"
     finally:
         await bus.close()
+
+
+async def test_the_balancer_may_ask_who_leads_its_consumer_and_read_back_the_submits(
+    secured: tuple[LocalServer, dict[str, str]], admin: Session
+) -> None:
+    server, secrets = secured
+    host = server.url.split("://", 1)[1]
+
+    def bus_of(user: str) -> Settings:
+        password = secrets[next(u.env_var("nats") for u in access.users() if u.name == user)]
+        return load(Settings, env={}, nats_url=f"nats://{user}:{quote(password, safe='')}@{host}")
+
+    pub = await JetStreamBus.connect(bus_of("publisher"))
+    bus = await JetStreamBus.connect(bus_of("balancer"))
+    try:
+        c = bus.consumer("JOBS", "balancer-submit", "jobs.submit", lambda ds: asyncio.sleep(0))
+        await c.start()
+        ack = await pub.publish(pub.subjects.jobs_submit, JobSubmit(
+            id="back-1", job_id="back-1", demand=Demand(profile="1g.5gb"), submitted_at=1.0))
+        lead = await bus.consumer_lead("JOBS", "balancer-submit")
+        assert lead is not None and lead.leader
+        got = await bus.stored("JOBS", "jobs.submit", 0.0, ack.seq, limit=10)
+        assert [m.seq for m in got][-1] == ack.seq
+        c.stop()
+    finally:
+        await bus.close()
+        await pub.close()

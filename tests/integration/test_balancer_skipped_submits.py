@@ -1,0 +1,83 @@
+"""A submit that the balancer's durable consumer went past without delivering, found after the consumer's
+leader changed on a 3-node NATS cluster, and placed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
+from shared.bus import Delivery
+from shared.events import Demand, JobSubmit, now
+from shared.localcluster import NatsCluster, start_nats_cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.ha, pytest.mark.timeout(90)]
+ACK_WAIT_S = 3.0  # the look back comes twice this after the change
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    c = start_nats_cluster(3, Path(tmp_path_factory.mktemp("nats-cluster")))
+    yield c
+    c.stop()
+
+
+def submit(job: str) -> JobSubmit:
+    return JobSubmit(id=f"s-{job}", job_id=job, demand=Demand(kind="mig", profile="1g.5gb"), submitted_at=now())
+
+
+def missed_total() -> float:
+    return REGISTRY.get_sample_value("migsched_balancer_missed_submits_total") or 0.0
+
+
+async def test_a_submit_skipped_across_a_change_of_the_consumers_leader_is_placed(
+    cluster: NatsCluster, prefix: str, redis_url: str
+) -> None:
+    common = {"stream_replicas": 3, "ack_wait_s": ACK_WAIT_S}
+    async with Namespace(make_settings(prefix, cluster.url, redis_url, **common)) as ns:
+        s = ns.bus.subjects
+        # what a skipping server does: the durable goes past the submit, and the balancer never sees it
+        taken: list[str] = []
+
+        async def take(ds: list[Delivery]) -> None:
+            taken.extend(d.data.job_id for d in ds)
+
+        thief = ns.bus.consumer(s.stream_jobs, "balancer-submit", s.jobs_submit, take)
+        await thief.start()
+        await ns.bus.publish(s.jobs_submit, submit("skipped"))
+        while not taken:
+            await thief.poll(1.0)
+        thief.stop()
+
+        stack = Stack(prefix, cluster.url, redis_url, **common)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
+        await ex.start()
+        try:
+            assert await until(lambda: _ready(stack), 20)
+            before = missed_total()
+            assert await stack.balancer.decide_missed_submits() == 0  # the first look notes the leader
+            await ns.bus.publish(s.jobs_submit, submit("ordinary"))
+            assert await until(lambda: _placed(ex, "ordinary"), 20)
+            assert await ns.state.job("skipped") is None
+
+            reply = await ns.bus.nc.request(
+                f"$JS.API.CONSUMER.LEADER.STEPDOWN.{s.stream_jobs}.balancer-submit", b"", timeout=5)
+            assert b'"success":true' in reply.data.replace(b" ", b"")
+            assert await until(lambda: _placed(ex, "skipped"), 40)
+            assert missed_total() - before == 1  # the ordinary submit, known to the state, was left alone
+            assert [c.job_id for c in ex.commands("place")].count("ordinary") == 1
+        finally:
+            await ex.stop()
+            await stack.stop()
+
+
+async def _ready(stack: Stack) -> bool:
+    return len(stack.balancer.mirrors[0]) >= 1
+
+
+async def _placed(ex: ScriptedExecutor, job: str) -> bool:
+    return any(c.job_id == job for c in ex.commands("place"))
