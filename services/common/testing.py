@@ -74,6 +74,8 @@ class ScriptedExecutor:
         self.fail_jobs: set[str] = set()
         self.fail_once: set[str] = set()
         """Jobs whose next placement fails, once: deterministic however fast the retry comes back."""
+        self.lose_stop: set[str] = set()
+        """Jobs whose next ``stop`` never arrives, as though the consumer had skipped it."""
         self.arrivals: list[tuple[float, Command]] = []
         self.running: dict[str, Command] = {}
         self.seq = 0
@@ -131,6 +133,9 @@ class ScriptedExecutor:
         out: list[Outgoing] = []
         for d in ds:
             c: Command = d.data
+            if c.kind == "stop" and c.job_id in self.lose_stop:
+                self.lose_stop.discard(c.job_id)
+                continue
             self.arrivals.append((t, c))
             if self.auto_ack:
                 out.extend(self.reply(c))

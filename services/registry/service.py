@@ -8,6 +8,8 @@ composition of named parts, each in its module:
   ``registered`` reports);
 - ``Reports``: command results and job exits turned into transitions (``node.*.report``), then ``jobs.exit``;
 - ``MissedExits``: the exit reports a heartbeat repeats that ``Reports`` never received, applied all the same;
+- ``StrayRuns``: runs a heartbeat still lists a command time-out after their job ended or was cancelled, stopped
+  again;
 - ``IdleInstances``: after an exit, keep the instance for reuse or destroy it;
 - ``Moves``: migration orders (``sched.migrate``) to ``migrate_start`` / ``migrate_stop`` commands;
 - ``Cancels``: ``jobs.cancel`` to the cancel transition, and a ``stop`` command for an active job;
@@ -29,6 +31,7 @@ from services.registry.missed_exits import MissedExits
 from services.registry.moves import Moves
 from services.registry.nodes import Nodes
 from services.registry.reports import Reports
+from services.registry.stray_runs import StrayRuns
 from shared.bus import Consumer, Delivery
 from shared.settings import RegistrySettings
 
@@ -44,6 +47,7 @@ class NodeRegistry(Service):
         self.idle = IdleInstances(ctx)
         self.reports = Reports(ctx, self.idle, self.nodes.on_registered)
         self.missed = MissedExits(ctx, self.reports)
+        self.stray = StrayRuns(ctx)
         self.moves = Moves(ctx)
         self.cancels = Cancels(ctx)
         self.expiry = Expiry(ctx)
@@ -62,6 +66,7 @@ class NodeRegistry(Service):
     async def on_heartbeat(self, ds: list[Delivery]) -> None:
         await self.nodes.on_heartbeat(ds)
         await self.missed.on_heartbeat(ds)
+        self.stray.on_heartbeat(ds)
 
     def periodic(self) -> list[tuple[str, float, Any]]:
         st = self.settings
@@ -69,6 +74,7 @@ class NodeRegistry(Service):
         return [
             ("liveness", max(0.2, st.node_timeout_s / 5), self.nodes.check_liveness),
             ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.nodes.sweep_commands),
+            ("stray-runs", max(1.0, st.cmd_timeout_s / 4), self.stray.sweep),
             *([("expire-jobs", EXPIRE_EVERY_S, self.expiry.expire_jobs)] if sweeps else []),
         ]
 

@@ -4,11 +4,11 @@ Before 2.11, a replicated consumer (``MIGSCHED_STREAM_REPLICAS`` > 1) whose lead
 its old leader handed the message to the client before its peers agreed that it was delivered, and the new leader,
 on the client's ack of a later message, moved its start past it. A message lost in transit with the old leader's
 server, or one whose handler failed and wanted it back, was then never delivered again. nats-server fixed this
-over its 2.10.26-2.11 releases. Of what migsched sends, an executor's exit is repeated in its heartbeats, a
-place command that goes unanswered times out and is decided again, and the balancer reads back the submits
-stored around a change of its consumer's leader; but a skipped stop command is lost, and every recovery waits out
-a grace. So a replicated deployment wants 2.11 or later, and every service says so at start when its server is
-older.
+over its 2.10.26-2.11 releases. migsched recovers what it can of such a loss: an executor's exit is repeated in
+its heartbeats, a place command that goes unanswered times out and is decided again, the balancer reads back the
+submits stored around a change of its consumer's leader, and a node still running a job that ended or was
+cancelled gets its stop again. Each recovery waits out a grace, and a stop of a preempted job is not recovered;
+so a replicated deployment wants 2.11 or later, and every service says so at start when its server is older.
 """
 
 from __future__ import annotations
@@ -37,5 +37,5 @@ def replication_warning(version: str, replicas: int) -> str | None:
     if parsed[:2] >= FIXED_IN:
         return None
     return (f"nats-server {version} with MIGSCHED_STREAM_REPLICAS={replicas}: before {FIXED_IN[0]}.{FIXED_IN[1]}, "
-            "a replicated consumer whose leader changes can skip a message it had delivered (a stop command is "
-            f"then lost, other messages recovered late); run nats-server {FIXED_IN[0]}.{FIXED_IN[1]} or later")
+            "a replicated consumer whose leader changes can skip a message it had delivered (migsched recovers "
+            f"most such messages, late); run nats-server {FIXED_IN[0]}.{FIXED_IN[1]} or later")
