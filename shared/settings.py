@@ -61,7 +61,8 @@ Redis Cluster (each shard's keys in one slot)."""
     stream_storage: str = "file"
     """JetStream storage: 'file' (survives a NATS restart) or 'memory'."""
     stream_replicas: int = 1
-    """JetStream replicas per stream (1 for a single server; 3 on a NATS cluster)."""
+    """JetStream replicas per stream (1 for a single server; 3 on a NATS cluster, of nats-server 2.11 or later:
+    an older server's replicated consumer can skip a message when its leader changes)."""
     stream_max_age_s: float = 86400.0
     """How long JetStream keeps messages (limits retention); the dedupe window is ``dup_window_s``."""
     dup_window_s: float = 0.0
