@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from services.common.testing import private_state
-from shared.localcluster import RedisCluster, start_redis_cluster
+from shared.localcluster import NatsCluster, RedisCluster, start_nats_cluster, start_redis_cluster
 from shared.localservers import LocalServer, resolve
 from shared.state import RedisState
 
@@ -35,6 +35,15 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
     rig = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
     yield rig
     rig.stop()
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    """Three nats-servers routed into one JetStream cluster, one cluster per test module (a module may kill its
+    servers without touching another's)."""
+    c = start_nats_cluster(3, tmp_path_factory.mktemp("nats-cluster"))
+    yield c
+    c.stop()
 
 
 @pytest.fixture

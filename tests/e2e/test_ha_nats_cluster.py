@@ -19,23 +19,17 @@ import pytest
 from fault_harness import Load, Servers, assert_accounted, make_stack, through_fault
 
 from migsched.stack import Stack
-from shared.localcluster import NatsCluster, start_nats_cluster
+from shared.localcluster import NatsCluster
 from shared.localservers import LocalServer, free_port, start_redis
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ha, pytest.mark.timeout(150)]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    c = start_nats_cluster(3, tmp_path_factory.mktemp("nats-cluster"))
-    yield c
-    c.stop()
-
 
 @pytest.fixture(scope="module")
-def stack(cluster: NatsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(nats_cluster: NatsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     redis = start_redis(free_port(), tmp_path_factory.mktemp("redis"), appendonly=True)
-    servers = Servers(nats=LocalServer(url=cluster.url), redis=redis)
+    servers = Servers(nats=LocalServer(url=nats_cluster.url), redis=redis)
     st = make_stack(servers, "h" + uuid.uuid4().hex[:8], tmp_path_factory.mktemp("ha-run"),
                     env={"MIGSCHED_STREAM_REPLICAS": "3"})
     try:
@@ -48,9 +42,9 @@ def stack(cluster: NatsCluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.mark.parametrize("client", ["migsched-balancer", "migsched-registry"])
 async def test_losing_the_nats_server_a_service_is_connected_to_loses_no_job(
-    cluster: NatsCluster, stack: Stack, client: str
+    nats_cluster: NatsCluster, stack: Stack, client: str
 ) -> None:
-    victim = cluster.servers[cluster.serving(client)]
+    victim = nats_cluster.servers[nats_cluster.serving(client)]
     retried: list[int] = []
 
     async def fault(load: Load) -> None:
@@ -66,5 +60,5 @@ async def test_losing_the_nats_server_a_service_is_connected_to_loses_no_job(
     # does not know after the server loss; its re-registration, sent with the first refusal, lets the state adopt
     # it before the job's retries run out.
     assert_accounted(out, ids)
-    print(f"\n{client}: its server killed; reconnected to server {cluster.serving(client)}; longest pause between "
+    print(f"\n{client}: its server killed; reconnected to server {nats_cluster.serving(client)}; longest pause between "
           f"placements {pause:.2f} s; {retried[0]} load batch(es) retried while it was down")

@@ -3,26 +3,17 @@ leader changed on a 3-node NATS cluster, and placed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from prometheus_client import REGISTRY
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.bus import Delivery
 from shared.events import Demand, JobSubmit, now
-from shared.localcluster import NatsCluster, start_nats_cluster
+from shared.localcluster import NatsCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha, pytest.mark.timeout(90)]
 ACK_WAIT_S = 3.0  # the look back comes twice this after the change
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    c = start_nats_cluster(3, Path(tmp_path_factory.mktemp("nats-cluster")))
-    yield c
-    c.stop()
 
 
 def submit(job: str) -> JobSubmit:
@@ -34,10 +25,10 @@ def missed_total() -> float:
 
 
 async def test_a_submit_skipped_across_a_change_of_the_consumers_leader_is_placed(
-    cluster: NatsCluster, prefix: str, redis_url: str
+    nats_cluster: NatsCluster, prefix: str, redis_url: str
 ) -> None:
     common = {"stream_replicas": 3, "ack_wait_s": ACK_WAIT_S}
-    async with Namespace(make_settings(prefix, cluster.url, redis_url, **common)) as ns:
+    async with Namespace(make_settings(prefix, nats_cluster.url, redis_url, **common)) as ns:
         s = ns.bus.subjects
         # what a skipping server does: the durable goes past the submit, and the balancer never sees it
         taken: list[str] = []
@@ -52,7 +43,7 @@ async def test_a_submit_skipped_across_a_change_of_the_consumers_leader_is_place
             await thief.poll(1.0)
         thief.stop()
 
-        stack = Stack(prefix, cluster.url, redis_url, **common)
+        stack = Stack(prefix, nats_cluster.url, redis_url, **common)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
         await ex.start()

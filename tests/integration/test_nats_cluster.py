@@ -4,8 +4,6 @@ server that client is connected to, while it publishes and consumes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -13,16 +11,10 @@ from services.common.testing import make_settings
 from shared.bus import Delivery, JetStreamBus, Outgoing
 from shared.bus.server_version import FIXED_IN, parse
 from shared.events import Demand, JobSubmit, now
-from shared.localcluster import NatsCluster, start_nats_cluster
+from shared.localcluster import NatsCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha, pytest.mark.timeout(120)]
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    c = start_nats_cluster(3, Path(tmp_path_factory.mktemp("nats-cluster")))
-    yield c
-    c.stop()
 
 
 def submit(i: int) -> JobSubmit:
@@ -30,9 +22,9 @@ def submit(i: int) -> JobSubmit:
 
 
 async def test_streams_are_replicated_on_three_servers(
-    cluster: NatsCluster, prefix: str, caplog: pytest.LogCaptureFixture
+    nats_cluster: NatsCluster, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bus = await JetStreamBus.connect(make_settings(prefix, cluster.url, "redis://unused", stream_replicas=3))
+    bus = await JetStreamBus.connect(make_settings(prefix, nats_cluster.url, "redis://unused", stream_replicas=3))
     try:
         with caplog.at_level("WARNING", logger="migsched.bus"):
             await bus.ensure_streams()
@@ -52,10 +44,10 @@ async def test_streams_are_replicated_on_three_servers(
 
 
 async def test_a_client_survives_the_loss_of_its_server_and_every_message_is_handled_once(
-    cluster: NatsCluster, prefix: str
+    nats_cluster: NatsCluster, prefix: str
 ) -> None:
     name = f"seed-client-{prefix}"
-    st = make_settings(prefix, cluster.url, "redis://unused", stream_replicas=3, stream_storage="file",
+    st = make_settings(prefix, nats_cluster.url, "redis://unused", stream_replicas=3, stream_storage="file",
                        publish_timeout_s=5.0)
     bus = await JetStreamBus.connect(st, name=name)
     got: list[str] = []
@@ -81,7 +73,7 @@ async def test_a_client_survives_the_loss_of_its_server_and_every_message_is_han
                     await asyncio.sleep(0.2)
 
         await publish(100)
-        victim = cluster.servers[cluster.serving(name)]
+        victim = nats_cluster.servers[nats_cluster.serving(name)]
         assert victim.proc is not None
         victim.proc.kill()
         await asyncio.to_thread(victim.proc.wait, 10)
@@ -90,16 +82,16 @@ async def test_a_client_survives_the_loss_of_its_server_and_every_message_is_han
         deadline = loop.time() + 60
         while len(set(got)) < 200 and loop.time() < deadline:
             await asyncio.sleep(0.1)
-        moved = cluster.serving(name)
+        moved = nats_cluster.serving(name)
         c.stop()
         await task
-        assert cluster.servers[moved] is not victim
+        assert nats_cluster.servers[moved] is not victim
         assert sorted(set(got)) == sorted(f"j{i}" for i in range(200))
         # at least once, never lost; a batch handled while its acks were in flight to the lost server comes back
         assert len(got) - 200 <= 100
     finally:
         if victim is not None:
             await asyncio.to_thread(victim.restart)
-            await asyncio.to_thread(cluster.wait_ready)
+            await asyncio.to_thread(nats_cluster.wait_ready)
         await bus.delete_streams()
         await bus.close()

@@ -5,56 +5,37 @@ its first application failed to publish the job's exit."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from opentelemetry import trace
 from prometheus_client import REGISTRY
 
 from services.registry.service import NodeRegistry
-from shared.bus import Delivery, MemoryBus
+from shared.bus import MemoryBus
 from shared.bus.errors import BusError
 from shared.events import Drift, Heartbeat, JobExit, JobExited, ToldExit, decode, now
-from shared.settings import RegistrySettings, load
 from shared.state.memory_store import MemoryState
-from tests.contract.state_cases.earlier_exit import IDLE, with_idle_instance
-from tests.contract.state_cases.late_run import place, start
+from tests.contract.state_cases.earlier_exit import IDLE
+from tests.registry_rig import Clock, delivery, running_registry
 
 pytestmark = pytest.mark.unit
-
-
-class _Msg:
-    def __init__(self, subject: str, seq: int) -> None:
-        self.subject, self.stream_seq, self.deliveries, self.headers, self.data = subject, seq, 1, None, b""
-
-
-class _Clock:
-    t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class _Rig:
     def __init__(self, reg: NodeRegistry, bus: MemoryBus, store: MemoryState, lost: JobExited) -> None:
         self.reg, self.bus, self.store, self.lost = reg, bus, store, lost
-        self.clock = _Clock()
+        self.clock = Clock()
         reg.missed.clock = self.clock
-
-    def _delivery(self, subject: str, seq: int, data: Any) -> Delivery:
-        return Delivery(_Msg(subject, seq), data, trace.INVALID_SPAN, None)  # type: ignore[arg-type]
 
     async def heartbeats(self, *listed: tuple[JobExited, ...]) -> None:
         subject = self.bus.subjects.node_heartbeat("n1")
         await self.reg.on_heartbeat([
-            self._delivery(subject, seq, Heartbeat(id=f"hb-{seq}", node="n1", seq=seq, at=now(),
-                                                   exits=tuple(ToldExit.of(e) for e in exits)))
+            delivery(subject, seq, Heartbeat(id=f"hb-{seq}", node="n1", seq=seq, at=now(),
+                                             exits=tuple(ToldExit.of(e) for e in exits)))
             for seq, exits in enumerate(listed, 1)])
 
     async def later_report(self) -> None:
         """A report the node sent after the exit, received: the consumer went past the exit."""
         drift = Drift(id="drift-1", node="n1", at=self.lost.at + 1.0, details=("x",))
-        await self.reg.reports.on_report([self._delivery(self.bus.subjects.node_report("n1"), 9, drift)])
+        await self.reg.reports.on_report([delivery(self.bus.subjects.node_report("n1"), 9, drift)])
 
     async def state(self) -> str:
         return (await self.store.job("j1")).state  # type: ignore[union-attr]
@@ -65,16 +46,10 @@ class _Rig:
 
 
 async def _running() -> _Rig:
-    store = MemoryState()
-    await with_idle_instance(store)
-    attempt = await place(store, "j1", IDLE, "reuse")
-    assert await start(store, "j1", IDLE, attempt) == "ok"
-    st = load(RegistrySettings, env={}, metrics_port=0)
-    bus = MemoryBus(st)
-    await bus.ensure_streams()
+    reg, bus, store, attempt = await running_registry()
     lost = JobExited(id="exit-1", node="n1", at=now(), job_id="j1", gpu_index=0, instance_id=IDLE.id,
                      started_by=f"place:j1:{attempt}")
-    return _Rig(NodeRegistry(st, bus, store), bus, store, lost)
+    return _Rig(reg, bus, store, lost)
 
 
 def _missed() -> float:

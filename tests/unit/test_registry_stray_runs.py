@@ -3,47 +3,29 @@ time-out later gets its stop again, under a new id, once per time-out; a job tha
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from opentelemetry import trace
 from prometheus_client import REGISTRY
 
 from services.registry.service import NodeRegistry
-from shared.bus import Delivery, MemoryBus
+from shared.bus import MemoryBus
 from shared.events import Command, Heartbeat, decode, now
-from shared.settings import RegistrySettings, load
 from shared.state.memory_store import MemoryState
-from tests.contract.state_cases.earlier_exit import IDLE, with_idle_instance
-from tests.contract.state_cases.late_run import place, start
+from tests.registry_rig import Clock, delivery, running_registry
 
 pytestmark = pytest.mark.unit
-
-
-class _Msg:
-    def __init__(self, subject: str, seq: int) -> None:
-        self.subject, self.stream_seq, self.deliveries, self.headers, self.data = subject, seq, 1, None, b""
-
-
-class _Clock:
-    t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class _Rig:
     def __init__(self, reg: NodeRegistry, bus: MemoryBus, store: MemoryState) -> None:
         self.reg, self.bus, self.store = reg, bus, store
-        self.clock = _Clock()
+        self.clock = Clock()
         reg.stray.clock = self.clock
         self.seq = 0
 
     async def heartbeat(self, *running: str) -> None:
         self.seq += 1
         hb = Heartbeat(id=f"hb-{self.seq}", node="n1", seq=self.seq, at=now(), running=running)
-        msg: Any = _Msg(self.bus.subjects.node_heartbeat("n1"), self.seq)
-        await self.reg.on_heartbeat([Delivery(msg, hb, trace.INVALID_SPAN, None)])
+        await self.reg.on_heartbeat([delivery(self.bus.subjects.node_heartbeat("n1"), self.seq, hb)])
 
     async def sweep_after(self, seconds: float, *running: str) -> int:
         """``seconds`` later, a heartbeat listing ``running``, then a sweep: the stops it sent."""
@@ -58,14 +40,8 @@ class _Rig:
 
 
 async def _running() -> _Rig:
-    store = MemoryState()
-    await with_idle_instance(store)
-    attempt = await place(store, "j1", IDLE, "reuse")
-    assert await start(store, "j1", IDLE, attempt) == "ok"
-    st = load(RegistrySettings, env={}, metrics_port=0)
-    bus = MemoryBus(st)
-    await bus.ensure_streams()
-    return _Rig(NodeRegistry(st, bus, store), bus, store)
+    reg, bus, store, _ = await running_registry()
+    return _Rig(reg, bus, store)
 
 
 def _stray_stops() -> float:
