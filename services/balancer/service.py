@@ -31,11 +31,12 @@ from services.balancer.decide import Decider, DecisionMetrics, placed_on
 from services.balancer.dispatch import Dispatcher
 from services.balancer.holds import Holds
 from services.balancer.mirror import Mirror
-from services.balancer.missed_submits import LEAD_POLL_S, MissedSubmits
+from services.balancer.missed_submits import MissedSubmits
 from services.balancer.pipeline import Pipeline
 from services.balancer.shards import Shards
 from services.balancer.tenancy import TenantLedger
 from services.balancer.waiting import Waiting
+from services.common.read_back import LEAD_POLL_S
 from services.common.service import Service
 from shared import telemetry
 from shared.bus import Consumer, Delivery

@@ -18,6 +18,10 @@ MISSED_EXITS = Counter(
     "migsched_registry_missed_exits_total",
     "Exit reports the registry's consumer never delivered, applied from the heartbeat that repeated them",
 )
+MISSED_CANCELS = Counter(
+    "migsched_registry_missed_cancels_total",
+    "Cancels the registry's durable consumer skipped across a change of its leader, applied when read back",
+)
 STRAY_STOPS = Counter(
     "migsched_registry_stray_stops_total",
     "Stop commands sent again for runs a node still reported a command time-out after their job ended or was "

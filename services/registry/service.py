@@ -12,7 +12,8 @@ composition of named parts, each in its module:
   again;
 - ``IdleInstances``: after an exit, keep the instance for reuse or destroy it;
 - ``Moves``: migration orders (``sched.migrate``) to ``migrate_start`` / ``migrate_stop`` commands;
-- ``Cancels``: ``jobs.cancel`` to the cancel transition, and a ``stop`` command for an active job;
+- ``Cancels``: ``jobs.cancel`` to the cancel transition, and a ``stop`` command for an active job (cancels the
+  consumer skipped when its leader changed are read back and applied);
 - ``Expiry``: jobs ended long ago deleted from Redis, so the state does not grow with every job ever submitted.
 
 Durable consumer names keep the service's former name (``partitioner-migrate``, ``partitioner-cancel``): a
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.common.read_back import LEAD_POLL_S
 from services.common.service import Service
 from services.registry.cancels import Cancels
 from services.registry.expiry import EXPIRE_EVERY_S, Expiry
@@ -75,6 +77,7 @@ class NodeRegistry(Service):
             ("liveness", max(0.2, st.node_timeout_s / 5), self.nodes.check_liveness),
             ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.nodes.sweep_commands),
             ("stray-runs", max(1.0, st.cmd_timeout_s / 4), self.stray.sweep),
+            ("missed-cancels", LEAD_POLL_S, self.cancels.apply_skipped),
             *([("expire-jobs", EXPIRE_EVERY_S, self.expiry.expire_jobs)] if sweeps else []),
         ]
 

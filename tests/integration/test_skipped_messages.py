@@ -1,5 +1,5 @@
-"""A submit that the balancer's durable consumer went past without delivering, found after the consumer's
-leader changed on a 3-node NATS cluster, and placed."""
+"""Messages a durable consumer went past without delivering them, found after the consumer's leader changed on a
+3-node NATS cluster: a submit is placed, a cancel applied."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
 from shared.bus import Delivery
-from shared.events import Demand, JobSubmit, now
+from shared.events import Demand, JobCancel, JobSubmit, now
 from shared.localcluster import NatsCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha, pytest.mark.timeout(90)]
@@ -72,3 +72,47 @@ async def _ready(stack: Stack) -> bool:
 
 async def _placed(ex: ScriptedExecutor, job: str) -> bool:
     return any(c.job_id == job for c in ex.commands("place"))
+
+
+async def test_a_cancel_skipped_across_a_change_of_the_consumers_leader_is_applied(
+    nats_cluster: NatsCluster, prefix: str, redis_url: str
+) -> None:
+    common = {"stream_replicas": 3, "ack_wait_s": ACK_WAIT_S}
+    async with Namespace(make_settings(prefix, nats_cluster.url, redis_url, **common)) as ns:
+        s = ns.bus.subjects
+        taken: list[str] = []
+
+        async def take(ds: list[Delivery]) -> None:
+            taken.extend(d.data.job_id for d in ds)
+
+        # the registry's durable goes past a cancel sent ahead of its job's submit
+        thief = ns.bus.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, take)
+        await thief.start()
+        await ns.bus.publish(s.jobs_cancel, JobCancel(id="c-late", job_id="late", reason="user", at=now()))
+        while not taken:
+            await thief.poll(1.0)
+        thief.stop()
+
+        stack = Stack(prefix, nats_cluster.url, redis_url, **common)
+        await stack.start()
+        ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
+        await ex.start()
+        try:
+            assert await until(lambda: _ready(stack), 20)
+            assert await stack.registry.cancels.apply_skipped() == 0  # the first look notes the leader
+            reply = await ns.bus.nc.request(
+                f"$JS.API.CONSUMER.LEADER.STEPDOWN.{s.stream_jobs}.partitioner-cancel", b"", timeout=5)
+            assert b'"success":true' in reply.data.replace(b" ", b"")
+            assert await until(lambda: _cancelled(ns, "late"), 40)
+            await ns.bus.publish(s.jobs_submit, submit("late"))
+            await ns.bus.publish(s.jobs_submit, submit("after"))
+            assert await until(lambda: _placed(ex, "after"), 20)
+            assert not await _placed(ex, "late")  # its submit found the cancel's tombstone
+        finally:
+            await ex.stop()
+            await stack.stop()
+
+
+async def _cancelled(ns: Namespace, job: str) -> bool:
+    rec = await ns.state.job(job)
+    return rec is not None and rec.state == "cancelled"
