@@ -328,19 +328,8 @@ class JetStreamBus:
             raise BusError(f"cannot read {subject} on {stream}: {exc!r}") from exc
         puller = Puller(self.nc, stream, name, min(256, max(1, limit)), expires_s=1.0)
         await puller.start()
-        out: list[StoredMessage] = []
         try:
-            while len(out) < limit:
-                msgs = await puller.next_batch(1.0)
-                if not msgs:
-                    return out
-                for m in msgs:
-                    meta = m.metadata
-                    seq = int(meta.sequence.stream)
-                    if seq > up_to_seq or len(out) >= limit:
-                        return out
-                    out.append(StoredMessage(seq, m.subject, m.data, m.headers or {}, meta.timestamp.timestamp()))
-            return out
+            return await puller.read_stored(up_to_seq, limit)
         finally:
             await puller.stop()
 

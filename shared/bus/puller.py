@@ -20,6 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from shared.bus.inbox import Inbox
+from shared.bus.transport import StoredMessage
 
 
 class PullRequests:
@@ -103,3 +104,19 @@ class Puller:
         if self.requests.should_ask(self._reconnect_count(), time.monotonic()):
             await self.nc.publish(self.api, self._request, reply=self.inbox)
         return await self.buffer.next_batch(timeout)
+
+    async def read_stored(self, up_to_seq: int, limit: int) -> list[StoredMessage]:
+        """What a consumer without acks delivers, as its stream stored it, up to stream sequence ``up_to_seq`` and
+        at most ``limit`` messages, until a second passes with nothing more."""
+        out: list[StoredMessage] = []
+        while len(out) < limit:
+            msgs = await self.next_batch(1.0)
+            if not msgs:
+                break
+            for m in msgs:
+                meta = m.metadata
+                seq = int(meta.sequence.stream)
+                if seq > up_to_seq or len(out) >= limit:
+                    return out
+                out.append(StoredMessage(seq, m.subject, m.data, m.headers or {}, meta.timestamp.timestamp()))
+        return out
