@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import pytest
 from prometheus_client import REGISTRY
 
@@ -13,7 +16,7 @@ from shared.localcluster import NatsCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.ha, pytest.mark.timeout(90)]
 ACK_WAIT_S = 3.0  # the look back comes twice this after the change
-
+ON_CLUSTER = {"stream_replicas": 3, "ack_wait_s": ACK_WAIT_S}
 
 
 def submit(job: str) -> JobSubmit:
@@ -24,46 +27,62 @@ def missed_total() -> float:
     return REGISTRY.get_sample_value("migsched_balancer_missed_submits_total") or 0.0
 
 
+async def go_past(ns: Namespace, durable: str, subject: str, msg: JobSubmit | JobCancel) -> None:
+    """What a skipping server does: the durable goes past ``msg``, and the service never sees it."""
+    taken: list[str] = []
+
+    async def take(ds: list[Delivery]) -> None:
+        taken.extend(d.data.job_id for d in ds)
+
+    thief = ns.bus.consumer(ns.bus.subjects.stream_jobs, durable, subject, take)
+    await thief.start()
+    await ns.bus.publish(subject, msg)
+    while not taken:
+        await thief.poll(1.0)
+    thief.stop()
+
+
+async def step_down(ns: Namespace, durable: str) -> None:
+    """The consumer's leader steps down: another server leads it."""
+    reply = await ns.bus.nc.request(
+        f"$JS.API.CONSUMER.LEADER.STEPDOWN.{ns.bus.subjects.stream_jobs}.{durable}", b"", timeout=5)
+    assert b'"success":true' in reply.data.replace(b" ", b"")
+
+
+@contextlib.asynccontextmanager
+async def stack_on(ns: Namespace, prefix: str, nats_url: str, redis_url: str) -> AsyncIterator[
+        tuple[Stack, ScriptedExecutor]]:
+    """The balancer and the registry on the cluster, and a node of one GPU, ready."""
+    stack = Stack(prefix, nats_url, redis_url, **ON_CLUSTER)
+    await stack.start()
+    ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
+    await ex.start()
+    try:
+        assert await until(lambda: _ready(stack), 20)
+        yield stack, ex
+    finally:
+        await ex.stop()
+        await stack.stop()
+
+
 async def test_a_submit_skipped_across_a_change_of_the_consumers_leader_is_placed(
     nats_cluster: NatsCluster, prefix: str, redis_url: str
 ) -> None:
-    common = {"stream_replicas": 3, "ack_wait_s": ACK_WAIT_S}
-    async with Namespace(make_settings(prefix, nats_cluster.url, redis_url, **common)) as ns:
+    async with Namespace(make_settings(prefix, nats_cluster.url, redis_url, **ON_CLUSTER)) as ns:
         s = ns.bus.subjects
-        # what a skipping server does: the durable goes past the submit, and the balancer never sees it
-        taken: list[str] = []
+        await go_past(ns, "balancer-submit", s.jobs_submit, submit("skipped"))
 
-        async def take(ds: list[Delivery]) -> None:
-            taken.extend(d.data.job_id for d in ds)
-
-        thief = ns.bus.consumer(s.stream_jobs, "balancer-submit", s.jobs_submit, take)
-        await thief.start()
-        await ns.bus.publish(s.jobs_submit, submit("skipped"))
-        while not taken:
-            await thief.poll(1.0)
-        thief.stop()
-
-        stack = Stack(prefix, nats_cluster.url, redis_url, **common)
-        await stack.start()
-        ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
-        await ex.start()
-        try:
-            assert await until(lambda: _ready(stack), 20)
+        async with stack_on(ns, prefix, nats_cluster.url, redis_url) as (stack, ex):
             before = missed_total()
             assert await stack.balancer.decide_missed_submits() == 0  # the first look notes the leader
             await ns.bus.publish(s.jobs_submit, submit("ordinary"))
             assert await until(lambda: _placed(ex, "ordinary"), 20)
             assert await ns.state.job("skipped") is None
 
-            reply = await ns.bus.nc.request(
-                f"$JS.API.CONSUMER.LEADER.STEPDOWN.{s.stream_jobs}.balancer-submit", b"", timeout=5)
-            assert b'"success":true' in reply.data.replace(b" ", b"")
+            await step_down(ns, "balancer-submit")
             assert await until(lambda: _placed(ex, "skipped"), 40)
             assert missed_total() - before == 1  # the ordinary submit, known to the state, was left alone
             assert [c.job_id for c in ex.commands("place")].count("ordinary") == 1
-        finally:
-            await ex.stop()
-            await stack.stop()
 
 
 async def _ready(stack: Stack) -> bool:
@@ -77,40 +96,20 @@ async def _placed(ex: ScriptedExecutor, job: str) -> bool:
 async def test_a_cancel_skipped_across_a_change_of_the_consumers_leader_is_applied(
     nats_cluster: NatsCluster, prefix: str, redis_url: str
 ) -> None:
-    common = {"stream_replicas": 3, "ack_wait_s": ACK_WAIT_S}
-    async with Namespace(make_settings(prefix, nats_cluster.url, redis_url, **common)) as ns:
+    async with Namespace(make_settings(prefix, nats_cluster.url, redis_url, **ON_CLUSTER)) as ns:
         s = ns.bus.subjects
-        taken: list[str] = []
+        # a cancel sent ahead of its job's submit
+        await go_past(ns, "partitioner-cancel", s.jobs_cancel,
+                      JobCancel(id="c-late", job_id="late", reason="user", at=now()))
 
-        async def take(ds: list[Delivery]) -> None:
-            taken.extend(d.data.job_id for d in ds)
-
-        # the registry's durable goes past a cancel sent ahead of its job's submit
-        thief = ns.bus.consumer(s.stream_jobs, "partitioner-cancel", s.jobs_cancel, take)
-        await thief.start()
-        await ns.bus.publish(s.jobs_cancel, JobCancel(id="c-late", job_id="late", reason="user", at=now()))
-        while not taken:
-            await thief.poll(1.0)
-        thief.stop()
-
-        stack = Stack(prefix, nats_cluster.url, redis_url, **common)
-        await stack.start()
-        ex = ScriptedExecutor(ns.bus, "n1", gpus=1)
-        await ex.start()
-        try:
-            assert await until(lambda: _ready(stack), 20)
+        async with stack_on(ns, prefix, nats_cluster.url, redis_url) as (stack, ex):
             assert await stack.registry.cancels.apply_skipped() == 0  # the first look notes the leader
-            reply = await ns.bus.nc.request(
-                f"$JS.API.CONSUMER.LEADER.STEPDOWN.{s.stream_jobs}.partitioner-cancel", b"", timeout=5)
-            assert b'"success":true' in reply.data.replace(b" ", b"")
+            await step_down(ns, "partitioner-cancel")
             assert await until(lambda: _cancelled(ns, "late"), 40)
             await ns.bus.publish(s.jobs_submit, submit("late"))
             await ns.bus.publish(s.jobs_submit, submit("after"))
             assert await until(lambda: _placed(ex, "after"), 20)
             assert not await _placed(ex, "late")  # its submit found the cancel's tombstone
-        finally:
-            await ex.stop()
-            await stack.stop()
 
 
 async def _cancelled(ns: Namespace, job: str) -> bool:

@@ -35,17 +35,22 @@ async def _rig() -> tuple[NodeRegistry, MemoryBus, MemoryState, Clock]:
     return reg, bus, store, clock
 
 
-async def test_a_cancel_skipped_across_a_change_of_leader_stops_its_running_job() -> None:
-    reg, bus, store, clock = await _rig()
-    before = _applied()
-    assert await reg.cancels.apply_skipped() == 0  # the first look notes the leader
-    await bus.publish(bus.subjects.jobs_cancel, JobCancel(id="c-1", job_id="j1", reason="user", at=now()))
+async def _skipped_then_looked_back(reg: NodeRegistry, bus: MemoryBus, clock: Clock) -> int:
+    """The consumer skips the next cancel and changes leader; the cancels applied once the grace is over."""
     assert bus.skip(bus.subjects.stream_jobs, CONSUMER) > 0
     bus.elect(bus.subjects.stream_jobs, CONSUMER)
     clock.t += 5
     assert await reg.cancels.apply_skipped() == 0  # the change is seen; a redelivery may still come
     clock.t += reg.cancels.read_back.grace_s
-    assert await reg.cancels.apply_skipped() == 1
+    return await reg.cancels.apply_skipped()
+
+
+async def test_a_cancel_skipped_across_a_change_of_leader_stops_its_running_job() -> None:
+    reg, bus, store, clock = await _rig()
+    before = _applied()
+    assert await reg.cancels.apply_skipped() == 0  # the first look notes the leader
+    await bus.publish(bus.subjects.jobs_cancel, JobCancel(id="c-1", job_id="j1", reason="user", at=now()))
+    assert await _skipped_then_looked_back(reg, bus, clock) == 1
     rec = await store.job("j1")
     assert rec is not None and rec.cancel and rec.state == "running"  # flagged: its exit ends it
     sent = [decode(s, d, bus.subjects) for s, d, _ in bus.sent if s == bus.subjects.cmd("n1")]
@@ -59,12 +64,7 @@ async def test_a_cancel_the_state_shows_applied_is_not_applied_again() -> None:
     cancel = JobCancel(id="c-1", job_id="j1", reason="user", at=now())
     await bus.publish(bus.subjects.jobs_cancel, cancel)
     await store.cancel("j1", "user", now())  # the consumer delivered it, and it was applied
-    bus.skip(bus.subjects.stream_jobs, CONSUMER)
-    bus.elect(bus.subjects.stream_jobs, CONSUMER)
-    clock.t += 5
-    await reg.cancels.apply_skipped()
-    clock.t += reg.cancels.read_back.grace_s
-    assert await reg.cancels.apply_skipped() == 0
+    assert await _skipped_then_looked_back(reg, bus, clock) == 0
     assert not [s for s, _, _ in bus.sent if s == bus.subjects.cmd("n1")]
 
 
@@ -72,11 +72,6 @@ async def test_a_cancel_of_a_job_never_submitted_leaves_its_tombstone() -> None:
     reg, bus, store, clock = await _rig()
     await reg.cancels.apply_skipped()
     await bus.publish(bus.subjects.jobs_cancel, JobCancel(id="c-2", job_id="later", at=now()))
-    bus.skip(bus.subjects.stream_jobs, CONSUMER)
-    bus.elect(bus.subjects.stream_jobs, CONSUMER)
-    clock.t += 5
-    await reg.cancels.apply_skipped()
-    clock.t += reg.cancels.read_back.grace_s
-    assert await reg.cancels.apply_skipped() == 1
+    assert await _skipped_then_looked_back(reg, bus, clock) == 1
     rec = await store.job("later")
     assert rec is not None and rec.state == "cancelled"  # a submit arriving now is a no-op
