@@ -27,7 +27,7 @@ from load.generator import Generator, JobFactory, steady
 from load.recorder import Recorder
 from shared import access
 from shared.bus import JetStreamBus
-from shared.events import Demand, JobSubmit, Subjects
+from shared.events import Demand, JobCancel, JobSubmit, Subjects
 from shared.localservers import LocalServer, start_nats
 from shared.settings import Settings, load
 
@@ -301,26 +301,31 @@ async def test_a_password_file_logs_in_the_user_the_url_names(
         await bus.close()
 
 
-async def test_the_balancer_may_ask_who_leads_its_consumer_and_read_back_the_submits(
-    secured: tuple[LocalServer, dict[str, str]], admin: Session
+@pytest.mark.parametrize(("user", "durable", "subject"), [
+    ("balancer", "balancer-submit", "jobs.submit"),
+    ("registry", "partitioner-cancel", "jobs.cancel"),
+])
+async def test_a_service_may_ask_who_leads_its_consumer_and_read_back_what_it_stored(
+    secured: tuple[LocalServer, dict[str, str]], admin: Session, user: str, durable: str, subject: str
 ) -> None:
     server, secrets = secured
     host = server.url.split("://", 1)[1]
 
-    def bus_of(user: str) -> Settings:
-        password = secrets[next(u.env_var("nats") for u in access.users() if u.name == user)]
-        return load(Settings, env={}, nats_url=f"nats://{user}:{quote(password, safe='')}@{host}")
+    def bus_of(name: str) -> Settings:
+        password = secrets[next(u.env_var("nats") for u in access.users() if u.name == name)]
+        return load(Settings, env={}, nats_url=f"nats://{name}:{quote(password, safe='')}@{host}")
 
     pub = await JetStreamBus.connect(bus_of("publisher"))
-    bus = await JetStreamBus.connect(bus_of("balancer"))
+    bus = await JetStreamBus.connect(bus_of(user))
     try:
-        c = bus.consumer("JOBS", "balancer-submit", "jobs.submit", lambda ds: asyncio.sleep(0))
+        c = bus.consumer("JOBS", durable, subject, lambda ds: asyncio.sleep(0))
         await c.start()
-        ack = await pub.publish(pub.subjects.jobs_submit, JobSubmit(
-            id="back-1", job_id="back-1", demand=Demand(profile="1g.5gb"), submitted_at=1.0))
-        lead = await bus.consumer_lead("JOBS", "balancer-submit")
+        msg = (JobSubmit(id="back-1", job_id="back-1", demand=Demand(profile="1g.5gb"), submitted_at=1.0)
+               if subject == "jobs.submit" else JobCancel(id="back-2", job_id="back-2", at=1.0))
+        ack = await pub.publish(subject, msg)
+        lead = await bus.consumer_lead("JOBS", durable)
         assert lead is not None and lead.leader
-        got = await bus.stored("JOBS", "jobs.submit", 0.0, ack.seq, limit=10)
+        got = await bus.stored("JOBS", subject, 0.0, ack.seq, limit=10)
         assert [m.seq for m in got][-1] == ack.seq
         c.stop()
     finally:
