@@ -144,7 +144,8 @@ class Balancer(Service):
             ("backfill", 0.02, self.backfiller.tick),
             ("backfill-sweep", 1.0, self._sweep),
             ("refresh-on-demand", 0.2, self._refresh_if_wanted),
-            ("missed-submits", LEAD_POLL_S, self.decide_missed_submits),
+            # a consumer of one copy has no leader to lose (``services.common.read_back``)
+            *([("missed-submits", LEAD_POLL_S, self.decide_missed_submits)] if st.stream_replicas > 1 else []),
             *([("tenancy-reload", st.tenancy_poll_s, self._poll_tenancy)] if self.ledger.active else []),
         ]
 
@@ -202,7 +203,9 @@ class Balancer(Service):
 
     # --- jobs.submit ----------------------------------------------------------------------------------------
     async def on_submit(self, ds: list[Delivery]) -> None:
-        cands = [Candidate(submit=d.data, spec=d.msg.data, ctx=d.ctx, delivery=d) for d in ds]
+        await self._decide([Candidate(submit=d.data, spec=d.msg.data, ctx=d.ctx, delivery=d) for d in ds])
+
+    async def _decide(self, cands: list[Candidate]) -> None:
         async with self.lock:
             out = await self.pipeline.run(cands)
         # published outside the lock: the reservations are committed, and the next batch can be decided meanwhile
@@ -216,10 +219,8 @@ class Balancer(Service):
         self.log.warning("%d submits were skipped by consumer balancer-submit when its leader changed, and are "
                          "decided now: %s", len(missed), ", ".join(x.submit.job_id for x in missed[:20]))
         m.MISSED_SUBMITS.inc(len(missed))
-        cands = [Candidate(submit=x.submit, spec=x.spec, ctx=telemetry.extract(x.headers)) for x in missed]
-        async with self.lock:
-            out = await self.pipeline.run(cands)
-        await self.dispatcher.send(out)
+        await self._decide([Candidate(submit=x.submit, spec=x.spec, ctx=telemetry.extract(x.headers))
+                            for x in missed])
         return len(missed)
 
     # --- jobs.exit, sched.capacity, jobs.cancel -------------------------------------------------------------

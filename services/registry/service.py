@@ -77,7 +77,8 @@ class NodeRegistry(Service):
             ("liveness", max(0.2, st.node_timeout_s / 5), self.nodes.check_liveness),
             ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.nodes.sweep_commands),
             ("stray-runs", max(1.0, st.cmd_timeout_s / 4), self.stray.sweep),
-            ("missed-cancels", LEAD_POLL_S, self.cancels.apply_skipped),
+            # a consumer of one copy has no leader to lose (``services.common.read_back``)
+            *([("missed-cancels", LEAD_POLL_S, self.cancels.apply_skipped)] if st.stream_replicas > 1 else []),
             *([("expire-jobs", EXPIRE_EVERY_S, self.expiry.expire_jobs)] if sweeps else []),
         ]
 

@@ -88,13 +88,19 @@ class _ConsumerState:
                 del self.due[seq], self.deliveries[seq]
                 continue
             out.append(self._deliver(self.stream.entries[seq - 1], now))
+        while len(out) < n and (e := self.advance()) is not None:
+            out.append(self._deliver(e, now))
+        return out
+
+    def advance(self) -> _Entry | None:
+        """Move the cursor past the next entry of the consumer's subject, and return it (None: none is left)."""
         entries = self.stream.entries
-        while len(out) < n and self.cursor < len(entries):
+        while self.cursor < len(entries):
             e = entries[self.cursor]
             self.cursor += 1
             if matches(self.spec.subject, e.subject):
-                out.append(self._deliver(e, now))
-        return out
+                return e
+        return None
 
     def _deliver(self, e: _Entry, now: float) -> MemoryMessage:
         self.delivered_seq = max(self.delivered_seq, e.seq)
@@ -299,11 +305,8 @@ class MemoryBus:
         """Move the consumer past the next message it would deliver, as though it had been delivered and acked;
         its stream sequence (0: nothing to skip)."""
         state = self.streams[stream].consumers[durable]
-        entries = state.stream.entries
-        while state.cursor < len(entries):
-            e = entries[state.cursor]
-            state.cursor += 1
-            if matches(state.spec.subject, e.subject):
-                state.delivered_seq = max(state.delivered_seq, e.seq)
-                return e.seq
-        return 0
+        e = state.advance()
+        if e is None:
+            return 0
+        state.delivered_seq = max(state.delivered_seq, e.seq)
+        return e.seq
