@@ -74,5 +74,7 @@ class ReadBack:
             try:
                 out.append(ReadMessage(decode(m.subject, m.data, self.bus.subjects), m))
             except DecodeError:
-                continue  # the consumer dead-letters what does not decode: nothing here to apply
+                # nothing to apply: the consumer dead-letters such a message when it delivers it; one it skipped
+                # stays in the stream only (``migsched dlq`` does not list it)
+                continue
         return out
