@@ -24,6 +24,7 @@ from shared.events import (
     JobExit,
     JobExited,
     Registered,
+    RunStart,
     new_id,
 )
 from shared.settings import BalancerSettings, MigrationPlannerSettings, RegistrySettings, Settings, load
@@ -124,7 +125,8 @@ class ScriptedExecutor:
         await self.bus.publish(
             self.bus.subjects.node_heartbeat(self.node),
             Heartbeat(
-                id=new_id("hb"), node=self.node, seq=self.seq, at=time.time(), running=tuple(self.running)
+                id=new_id("hb"), node=self.node, seq=self.seq, at=time.time(), running=tuple(self.running),
+                started=tuple(RunStart(job_id=j, cmd_id=c.cmd_id) for j, c in self.running.items()),
             ),
         )
 
@@ -184,7 +186,9 @@ class ScriptedExecutor:
                 ),
             )
         ]
-        if c.kind == "stop" and c.job_id:
+        run = self.running.get(c.job_id or "")
+        if c.kind == "stop" and c.job_id and not (run and c.src_cmd_id not in (None, run.cmd_id)):
+            # as the executor: a stop naming the command of another run of the job is not this run's
             out.append(Outgoing(subj, self._exit(c.job_id, "cancelled", "stopped by command")))
         return out
 

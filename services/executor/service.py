@@ -49,6 +49,7 @@ from shared.events import (
     Command,
     Heartbeat,
     RunningSlot,
+    RunStart,
     decode,
     encode,
     now,
@@ -298,6 +299,8 @@ class Executor:
             slots = tuple(RunningSlot(job_id=j, gpu_index=i.gpu_index, profile=i.profile, start=i.start)
                           for j, i in sorted(on.items())
                           if not i.gpus and i.profile and 0 <= i.start <= 7 and 0 <= i.gpu_index <= 1023)[:4096]
+            by = self.runs.started_by
+            started = tuple(RunStart(job_id=j, cmd_id=by[j]) for j in running if by.get(j))
             self.metrics.running(len(running))
             try:
                 await self.bus.publish(
@@ -309,6 +312,7 @@ class Executor:
                         at=now(),
                         running=running,
                         slots=slots,
+                        started=started,
                         exits=self.exits.told(),
                     ),
                 )

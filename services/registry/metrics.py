@@ -24,6 +24,6 @@ MISSED_CANCELS = Counter(
 )
 STRAY_STOPS = Counter(
     "migsched_registry_stray_stops_total",
-    "Stop commands sent again for runs a node still reported a command time-out after their job ended or was "
-    "cancelled",
+    "Stop commands sent again for runs a node still reported a command time-out after their job ended, was "
+    "cancelled, was queued again or was placed on other nodes",
 )

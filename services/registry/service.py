@@ -8,8 +8,8 @@ composition of named parts, each in its module:
   ``registered`` reports);
 - ``Reports``: command results and job exits turned into transitions (``node.*.report``), then ``jobs.exit``;
 - ``MissedExits``: the exit reports a heartbeat repeats that ``Reports`` never received, applied all the same;
-- ``StrayRuns``: runs a heartbeat still lists a command time-out after their job ended or was cancelled, stopped
-  again;
+- ``StrayRuns``: runs a heartbeat still lists a command time-out after their job ended, was cancelled, was
+  queued again or was placed on other nodes, stopped again;
 - ``IdleInstances``: after an exit, keep the instance for reuse or destroy it;
 - ``Moves``: migration orders (``sched.migrate``) to ``migrate_start`` / ``migrate_stop`` commands;
 - ``Cancels``: ``jobs.cancel`` to the cancel transition, and a ``stop`` command for an active job (cancels the

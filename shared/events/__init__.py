@@ -35,7 +35,7 @@ The schemas, one module per concern (everything is re-exported here: import from
   ``CapacityChanged``, ``Preempted``, ``JobInfo``, ``wire_gpu``);
 - ``commands``: ``cmd.<node>`` (``Command``, ``PlainSlot``);
 - ``node``: ``node.<node>.*`` (``NodeReport`` and its kinds, ``GpuReport``, ``InstanceReport``, ``Heartbeat``,
-  ``RunningSlot``, ``ToldExit``);
+  ``RunningSlot``, ``RunStart``, ``ToldExit``);
 - ``subjects``: ``Subjects``, subject and stream names per namespace;
 - ``codec``: ``decode``, ``encode``, ``check_demand``, ``json_schemas``.
 """
@@ -80,6 +80,7 @@ from shared.events.node import (
     NodeReport,
     Registered,
     RunningSlot,
+    RunStart,
     ToldExit,
 )
 from shared.events.sched import CapacityChanged, JobInfo, MigrateOrder, MoveSpec, Placed, Preempted, wire_gpu
@@ -140,6 +141,7 @@ __all__ = [
     "ProfileName",
     "Reason",
     "Registered",
+    "RunStart",
     "RunningSlot",
     "Seconds",
     "Size",

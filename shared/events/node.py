@@ -124,6 +124,14 @@ class RunningSlot(msgspec.Struct, frozen=True, kw_only=True):
     start: Slice
 
 
+class RunStart(msgspec.Struct, frozen=True, kw_only=True):
+    """Which command started a job's run on the node (``WorkloadSpec.started_by``): a ``stop`` naming it as
+    ``src_cmd_id`` ends that run only, never a later one of the same job."""
+
+    job_id: JobId
+    cmd_id: MsgId
+
+
 class ToldExit(msgspec.Struct, frozen=True, kw_only=True):
     """A ``job_exit`` report the node published a moment ago, repeated in its heartbeats: the node registry
     applies one it never received (a consumer can skip a stored message when its stream's leader changes).
@@ -159,6 +167,9 @@ class Heartbeat(Message, frozen=True, kw_only=True):
     slots: Annotated[tuple[RunningSlot, ...], msgspec.Meta(max_length=4096)] = ()
     """Of ``running``, the jobs on a MIG instance and where: ``migsched check --executors`` holds them against
     the state's instance (plain bindings are left out)."""
+    started: Annotated[tuple[RunStart, ...], msgspec.Meta(max_length=4096)] = ()
+    """Of ``running``, the command that started each run, where the node knows it: the node registry stops a
+    run of a job re-queued or placed on other nodes by that command alone."""
     exits: Annotated[tuple[ToldExit, ...], msgspec.Meta(max_length=64)] = ()
     """The ``job_exit`` reports published one to ten seconds before (at most 64, the newest): the registry
     applies those it did not receive, once overdue, to jobs its state still has running."""

@@ -209,6 +209,11 @@ class JobRecord(msgspec.Struct, kw_only=True):
             return self.slots
         return ((self.gpu, self.inst),) if self.gpu and self.inst else ()
 
+    def nodes(self) -> frozenset[str]:
+        """The nodes its placement and its migration target are on (a GPU id is ``<node>/<index>``)."""
+        gpus = [g for g, _ in self.held()] + [g for g in (self.gpu, self.mig_gpu) if g]
+        return frozenset({self.node} if self.node else set()) | {g.rpartition("/")[0] for g in gpus}
+
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
     at: float

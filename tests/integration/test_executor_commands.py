@@ -1,6 +1,6 @@
-"""The executor against a real NATS (JetStream): registration, heartbeats, commands applied idempotently
-through the sim backend, failures reported with their NVML code, job exits, stops and gangs (moves:
-``test_executor_moves.py``).
+"""The executor against a real NATS (JetStream): registration, heartbeats (what runs, where, started by which
+command), commands applied idempotently through the sim backend, failures reported with their NVML code, job
+exits, stops and gangs (moves: ``test_executor_moves.py``).
 
 Each test runs one in-process executor in its own namespace (``tests.executor_bus_rig``).
 """
@@ -44,6 +44,7 @@ async def test_an_executor_registers_its_gpus_and_heartbeats_what_runs_where(rig
     await rig.send(place("c1", "j1", 1, "3g.20gb", 4, duration=60.0))
     hb = await rig.watch.until(lambda m: isinstance(m, Heartbeat) and "j1" in m.running)
     assert [(s.job_id, s.gpu_index, s.profile, s.start) for s in hb.slots] == [("j1", 1, "3g.20gb", 4)]
+    assert [(r.job_id, r.cmd_id) for r in hb.started] == [("j1", "c1")]  # which command started the run
 
 
 async def test_a_place_command_creates_the_instance_starts_the_job_and_reports_its_exit(rig: Rig) -> None:

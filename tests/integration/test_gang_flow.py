@@ -5,6 +5,7 @@ members, topology domains, and nodes of both kinds of GPU (which shard a gang li
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -192,6 +193,44 @@ async def test_a_gang_across_nodes_preempted_for_an_urgent_job_is_stopped_on_eve
     assert hi.stop_jobs == ("gang",)  # stopped where the urgent job goes, by its place command
     assert any(c.job_id == "gang" for c in other.commands("stop"))  # and by a stop on the other node
     await e.clean()
+
+
+async def test_a_preempted_gangs_part_whose_stop_was_lost_is_stopped_again_and_only_that_run(
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "tenancy.toml").write_text(GANG_TENANCY)
+    async with scripted_cluster(prefix, nats_url, redis_url, {"n1": WHOLE2, "n2": WHOLE2}, cmd_timeout_s=2.0,
+                                tenancy_file=str(tmp_path / "tenancy.toml")) as e:
+        await e.submit(submit("gang", Demand(kind="gpus", gpus=4), tenant="team"))
+        assert await until(e.all_in(["gang"], "running"))
+        part = {ex.node: ex.running["gang"].cmd_id for ex in e.nodes}
+        for ex in e.nodes:
+            ex.lose_stop.add("gang")  # the stop of its part on the node the urgent job does not go to
+        await e.submit(submit("hi", Demand(kind="gpus", gpus=2), tenant="urgent"))
+        assert await until(e.all_in(["hi"], "running"))
+        assert (await e.states(["gang"])) == {"gang": "pending"}
+        other = next(ex for ex in e.nodes if "gang" in ex.running)
+        assert "gang" not in other.lose_stop  # its stop came, and was lost
+
+        async def beat_until_stopped() -> bool:
+            for _ in range(80):
+                if other.commands("stop"):
+                    return True
+                for ex in e.nodes:
+                    await ex.heartbeat()
+                await asyncio.sleep(0.1)
+            return False
+
+        assert await beat_until_stopped()
+        [stop] = other.commands("stop")
+        assert (stop.job_id, stop.src_cmd_id) == ("gang", part[other.node])
+        assert await until(lambda: _stopped(other, "gang"))
+        assert (await e.states(["gang", "hi"])) == {"gang": "pending", "hi": "running"}
+        await e.clean()
+
+
+async def _stopped(ex: ScriptedExecutor, job: str) -> bool:
+    return job not in ex.running
 
 
 def _gang(job: str, gpus: int, topology: Topology, tenant: str = "default") -> JobSubmit:

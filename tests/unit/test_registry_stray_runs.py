@@ -1,5 +1,6 @@
 """Runs a node goes on listing after their stop: a cancelled or ended job still in a node's heartbeats a command
-time-out later gets its stop again, under a new id, once per time-out; a job that may be wanted never does."""
+time-out later gets its stop again, under a new id, once per time-out; so does a run of a job queued again or
+placed on another node, by a stop that names the command that started it; the job's own placement never does."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from prometheus_client import REGISTRY
 
 from services.registry.service import NodeRegistry
 from shared.bus import MemoryBus
-from shared.events import Command, Heartbeat, decode, now
+from shared.events import Command, Heartbeat, RunStart, decode, now
+from shared.state import StoredInstance
 from shared.state.memory_store import MemoryState
+from tests.contract.state_cases.earlier_exit import IDLE
+from tests.contract.state_cases.late_run import P1, place
 from tests.registry_rig import Clock, delivery, running_registry
 
 pytestmark = pytest.mark.unit
@@ -21,10 +25,13 @@ class _Rig:
         self.clock = Clock()
         reg.stray.clock = self.clock
         self.seq = 0
+        self.started: dict[str, str] = {}
+        """What the node says started each run it lists (none: it names no command)."""
 
     async def heartbeat(self, *running: str) -> None:
         self.seq += 1
-        hb = Heartbeat(id=f"hb-{self.seq}", node="n1", seq=self.seq, at=now(), running=running)
+        started = tuple(RunStart(job_id=j, cmd_id=self.started[j]) for j in running if j in self.started)
+        hb = Heartbeat(id=f"hb-{self.seq}", node="n1", seq=self.seq, at=now(), running=running, started=started)
         await self.reg.on_heartbeat([delivery(self.bus.subjects.node_heartbeat("n1"), self.seq, hb)])
 
     async def sweep_after(self, seconds: float, *running: str) -> int:
@@ -33,6 +40,11 @@ class _Rig:
         await self.heartbeat(*running)
         return await self.reg.stray.sweep()
 
+    async def requeue(self) -> None:
+        """``j1`` back in the queue (preempted, say) while ``n1`` goes on running it: its stop was lost."""
+        assert (await self.store.release("j1", "preempted", "for an urgent job", now(), "", "", None)).state \
+            == "pending"
+
     def stops(self) -> list[Command]:
         subject = self.bus.subjects.cmd("n1")
         cmds = [decode(s, d, self.bus.subjects) for s, d, _ in self.bus.sent if s == subject]
@@ -40,8 +52,10 @@ class _Rig:
 
 
 async def _running() -> _Rig:
-    reg, bus, store, _ = await running_registry()
-    return _Rig(reg, bus, store)
+    reg, bus, store, attempt = await running_registry()
+    rig = _Rig(reg, bus, store)
+    rig.started["j1"] = f"place:j1:{attempt}"
+    return rig
 
 
 def _stray_stops() -> float:
@@ -91,4 +105,57 @@ async def test_a_node_whose_heartbeats_stopped_is_left_to_its_resync() -> None:
     assert await rig.sweep_after(1, "gone") == 0
     rig.clock.t += 3 * rig.reg.stray.grace_s  # no heartbeat since
     assert await rig.reg.stray.sweep() == 0
+    assert rig.stops() == []
+
+
+async def test_a_run_of_a_job_queued_again_is_stopped_by_a_stop_naming_the_command_that_started_it() -> None:
+    rig = await _running()
+    await rig.requeue()
+    assert await rig.sweep_after(1, "j1") == 0
+    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 1
+    [stop] = rig.stops()
+    # that run only: a placement of j1 on n1 meanwhile starts another run, which this stop does not end
+    assert (stop.job_id, stop.src_cmd_id, stop.src_instance_id) == ("j1", rig.started["j1"], None)
+
+
+async def test_a_run_of_a_job_placed_on_another_node_is_stopped() -> None:
+    rig = await _running()
+    await rig.requeue()
+    await rig.store.register_node("n2", [{"id": "n2/0", "index": 0, "model": "A100-40GB", "mig": True,
+                                          "healthy": True, "uuid": "GPU-n2-0", "instances": [], "replicas": 0,
+                                          "jobs": []}], now(), "reg-n2")
+    on_n2 = StoredInstance(id="n2/0:1g.5gb@0:j1", profile="1g.5gb", start=0, size=P1.memory_slices,
+                           compute=P1.compute_slices)
+    await place(rig.store, "j1", on_n2)
+    assert await rig.sweep_after(1, "j1") == 0
+    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 1
+    [stop] = rig.stops()
+    assert (stop.node, stop.src_cmd_id) == ("n1", rig.started["j1"])
+
+
+async def test_a_run_on_the_node_of_the_jobs_placement_is_left_alone_whatever_command_started_it() -> None:
+    rig = await _running()
+    await rig.requeue()
+    await place(rig.store, "j1", IDLE, "reuse")  # placed on n1 again: its new run may take the old one's place
+    for _ in range(3):
+        assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 0
+    assert rig.stops() == []
+
+
+async def test_a_new_run_restarts_the_time_out() -> None:
+    rig = await _running()
+    await rig.requeue()
+    assert await rig.sweep_after(1, "j1") == 0
+    rig.started["j1"] = "place:j1:9"  # stopped meanwhile, and started again by a later command
+    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 0
+    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 1
+    assert [s.src_cmd_id for s in rig.stops()] == ["place:j1:9"]
+
+
+async def test_a_run_of_a_job_queued_again_whose_command_the_node_does_not_name_is_left_alone() -> None:
+    rig = await _running()
+    await rig.requeue()
+    rig.started.clear()  # an executor that names no command: a stop could end a later run of the job
+    for _ in range(3):
+        assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 0
     assert rig.stops() == []
