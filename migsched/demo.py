@@ -131,6 +131,8 @@ async def run(
             wall_s=wall,
         )
         sim_k = livekpis.simulate(workload, stack.config.executors, per_node, MODEL)
+        if not console.is_terminal:  # the live view's last line, written to a file or pipe, ends without one
+            console.line()
         console.print(kpi_table(live_k, sim_k, speedup))
         if json_out is not None:
             json_out.write_text(
