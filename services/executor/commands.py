@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -157,17 +157,16 @@ class Commands:
         assert cmd.job_id is not None and cmd.instance_id is not None
         if cmd.kind == "place":
             await self._stop_preempted(cmd)
-        changed = 0
         bindings: tuple[InstanceInfo, ...] = ()
         if cmd.plain:  # whole GPU(s) or a time-sliced share: no MIG operation, bound to the GPUs themselves
             if cmd.kind != "place" or cmd.ops:
                 raise WorkloadError(f"{cmd.cmd_id}: plain GPU slots come only in a place command without ops")
             target = plain_target(cmd, await self.backend.discover())
         elif cmd.mig_members:  # a gang on full-size MIG instances: one per GPU, one process each
-            changed, bindings = await self._members(cmd, created)
+            bindings = await self._members(cmd, created)
             target = bindings[0]
         else:
-            changed = await self._ops(cmd, created)
+            await self._ops(cmd, created)
             lane = lane_of(cmd, self.backend)
             found = await self.book.find(lane, cmd.instance_id)
             if found is None:
@@ -212,8 +211,6 @@ class Commands:
             job_id=cmd.job_id,
             instance=inst,
         )
-        if changed:
-            self.metrics.reconfigured(changed)
         # A place's cmd_done is its start report: the registry marks the job running on it (an executor no
         # longer sends job_started, which only repeated it: one report, one Lua call and one publish per job).
         return [done]
@@ -227,7 +224,7 @@ class Commands:
             raise WorkloadError(f"{cmd.cmd_id}: launch per-node needs non-MIG GPUs (a process sees one MIG device)")
         return gang_procs(cmd.gang, [m.gpu_index for m in (cmd.mig_members or cmd.plain)])
 
-    async def _members(self, cmd: Command, created: list[InstanceInfo]) -> tuple[int, tuple[InstanceInfo, ...]]:
+    async def _members(self, cmd: Command, created: list[InstanceInfo]) -> tuple[InstanceInfo, ...]:
         """Make a MIG gang's members on this node: each GPU's ops under that GPU's lane lock (the command's own
         lane is held by the caller), then every member instance as the backend sees it."""
         by_gpu: dict[int, list[MigOp]] = {}
@@ -237,21 +234,20 @@ class Commands:
                 raise WorkloadError(f"{cmd.cmd_id}: op on {op.gpu_id}, which names no GPU of this node")
             by_gpu.setdefault(index, []).append(op)
         lane = lane_of(cmd, self.backend)
-        changed = 0
         for index in sorted(by_gpu):
             busy = {(index, gi) for gi in self.backend.jobs_on(index)}
             if index == lane:
-                changed += await self.book.apply(index, by_gpu[index], busy, created)
+                await self._apply(index, by_gpu[index], busy, created)
                 continue
             async with self.gpu_locks[index]:
-                changed += await self.book.apply(index, by_gpu[index], busy, created)
+                await self._apply(index, by_gpu[index], busy, created)
         found = []
         for m in cmd.mig_members:
             info = await self.book.find(m.gpu_index, m.instance_id)
             if info is None:
                 raise WorkloadError(f"instance {m.instance_id} does not exist on GPU {m.gpu_index} of {self.node}")
             found.append(info)
-        return changed, tuple(found)
+        return tuple(found)
 
     async def _stop_preempted(self, cmd: Command) -> None:
         """A placement that preempted jobs: stop their workloads before the ops destroy or reuse their
@@ -279,7 +275,16 @@ class Commands:
         lane = lane_of(cmd, self.backend)
         destroys = any(op.kind == "destroy_gi" for op in cmd.ops)
         busy = {(lane, gi) for gi in self.backend.jobs_on(lane)} if destroys else set()
-        return await self.book.apply(lane, cmd.ops, busy, created)
+        return await self._apply(lane, cmd.ops, busy, created)
+
+    async def _apply(self, lane: int, ops: Sequence[MigOp], busy: set[tuple[int, int]],
+                     created: list[InstanceInfo] | None) -> int:
+        """``book.apply``, counting the GPU instances it created or destroyed: those of every command (a place,
+        a move, the destroys of a stop or of an idle instance), not only a place's or a move's."""
+        changed = await self.book.apply(lane, ops, busy, created)
+        if changed:
+            self.metrics.reconfigured(changed)
+        return changed
 
     def _log_stop(self, cmd: Command, job: str) -> None:
         """Which run a stop ends, and why it took it for the run it names: a stop of one run that ends a run it

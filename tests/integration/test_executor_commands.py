@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pynvml
 import pytest
+from prometheus_client import REGISTRY
 
 from shared.events import (
     CmdDone,
@@ -118,8 +119,10 @@ async def test_a_create_refused_for_overlap_is_followed_by_a_registration_listin
 
 
 async def test_a_stop_command_ends_the_job_as_cancelled_and_destroys_only_idle_instances(rig: Rig) -> None:
+    before = _reconfigurations()
     await rig.send(place("c4", "j4", 0, "7g.40gb", 0))
     await rig.watch.until(is_done("c4"))
+    assert _reconfigurations() - before == 1  # the instance created
     busy = Command(
         id="c5",
         cmd_id="c5",
@@ -148,6 +151,11 @@ async def test_a_stop_command_ends_the_job_as_cancelled_and_destroys_only_idle_i
     )
     assert isinstance(await rig.watch.until(is_done("c7")), CmdDone)
     assert await rig.executor.backend.list_instances(0) == []
+    assert _reconfigurations() - before == 2  # and destroyed, by a command that is not a place
+
+
+def _reconfigurations() -> float:
+    return REGISTRY.get_sample_value("migsched_executor_reconfigurations_total", {"node": NODE}) or 0.0
 
 
 async def test_a_gang_on_mig_gpus_makes_a_full_size_instance_on_each_and_one_run(rig: Rig) -> None:
