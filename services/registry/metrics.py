@@ -22,6 +22,11 @@ MISSED_CANCELS = Counter(
     "migsched_registry_missed_cancels_total",
     "Cancels the registry's durable consumer skipped across a change of its leader, applied when read back",
 )
+MOVES_RESUMED = Counter(
+    "migsched_registry_moves_resumed_total",
+    "Moves whose target copy ran a command time-out without the move completing, given their source's "
+    "migrate_stop again",
+)
 STRAY_STOPS = Counter(
     "migsched_registry_stray_stops_total",
     "Stop commands sent again for runs a node still reported a command time-out after their job ended, was "

@@ -15,6 +15,7 @@ from shared.bus import Delivery, Outgoing
 from shared.events import Command, MigrateOrder
 from shared.policy.partition import PartitionPlan, plan_partition
 from shared.policy.placement.decision import Slot
+from shared.state.model import JobRecord
 
 
 class Moves:
@@ -122,3 +123,31 @@ class Moves:
             at=now,
         )
         return [Outgoing(self.subjects.cmd(o.dst_node), cmd, d.ctx)]
+
+
+def source_stop(job: JobRecord, cid: str, now: float) -> Command:
+    """The ``migrate_stop`` of a migrating job's source copy, once its target copy started: the executor stops
+    the copy on the source instance where it still runs, and answers either way; its answer commits the move."""
+    gi = int(job.gpu.rsplit("/", 1)[1]) if "/" in job.gpu else None
+    return Command(
+        id=cid,
+        cmd_id=cid,
+        kind="migrate_stop",
+        node=job.node,
+        gpu_id=job.gpu,
+        gpu_index=gi,
+        instance_id=job.mig_inst,
+        src_instance_id=job.inst,
+        job_id=job.job_id,
+        at=now,
+    )
+
+
+def move_target_tail(cmd_id: str, job_id: str) -> str:
+    """The tail ``:<job>.<nonce>`` of a move's target instance id (``new_instance_id(.., f"{job}.{nonce}")``)
+    from its ``migrate_start`` command id (``mig:<job>:<nonce>:start``); '' for any other id."""
+    head = f"mig:{job_id}:"
+    if not (cmd_id.startswith(head) and cmd_id.endswith(":start")):
+        return ""
+    nonce = cmd_id[len(head) : -len(":start")]
+    return f":{job_id}.{nonce}" if nonce else ""

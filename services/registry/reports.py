@@ -41,6 +41,7 @@ from services.common.stop_command import stop_command
 from services.registry import metrics as m
 from services.registry.commands import member_stops, place_attempt
 from services.registry.idle import IdleInstances
+from services.registry.moves import move_target_tail, source_stop
 from shared import telemetry
 from shared.bus import Delivery, Outgoing
 from shared.events import (
@@ -340,35 +341,12 @@ class Reports:
             return [Outgoing(self.subjects.cmd(r.node), orphan, d.ctx)]
         if job is None or job.state != "migrating":
             return []
-        cid = r.cmd_id.removesuffix(":start") + ":stop"
-        gi = int(job.gpu.rsplit("/", 1)[1]) if "/" in job.gpu else None
-        cmd = Command(
-            id=cid,
-            cmd_id=cid,
-            kind="migrate_stop",
-            node=job.node,
-            gpu_id=job.gpu,
-            gpu_index=gi,
-            instance_id=job.mig_inst,
-            src_instance_id=job.inst,
-            job_id=job.job_id,
-            at=now,
-        )
+        cmd = source_stop(job, r.cmd_id.removesuffix(":start") + ":stop", now)
         return [Outgoing(self.subjects.cmd(job.node), cmd, d.ctx)]
 
 
 # services/executor/commands.py: a place command whose (reused) instance is not on the GPU
 _MISSING = re.compile(r"instance (\S+) does not exist on GPU")
-
-
-def move_target_tail(cmd_id: str, job_id: str) -> str:
-    """The tail ``:<job>.<nonce>`` of a move's target instance id (``new_instance_id(.., f"{job}.{nonce}")``)
-    from its ``migrate_start`` command id (``mig:<job>:<nonce>:start``); '' for any other id."""
-    head = f"mig:{job_id}:"
-    if not (cmd_id.startswith(head) and cmd_id.endswith(":start")):
-        return ""
-    nonce = cmd_id[len(head) : -len(":start")]
-    return f":{job_id}.{nonce}" if nonce else ""
 
 
 def _instance_of(cmd_id: str) -> str:

@@ -8,8 +8,11 @@ composition of named parts, each in its module:
   ``registered`` reports);
 - ``Reports``: command results and job exits turned into transitions (``node.*.report``), then ``jobs.exit``;
 - ``MissedExits``: the exit reports a heartbeat repeats that ``Reports`` never received, applied all the same;
+- ``ListedRuns``: what each node's last heartbeat said it runs, and which command started each run;
 - ``StrayRuns``: runs a heartbeat still lists a command time-out after their job ended, was cancelled, was
   queued again or was placed on other nodes, stopped again;
+- ``StalledMoves``: moves whose target copy runs a command time-out without the move completing, given their
+  source's ``migrate_stop`` again;
 - ``IdleInstances``: after an exit, keep the instance for reuse or destroy it;
 - ``Moves``: migration orders (``sched.migrate``) to ``migrate_start`` / ``migrate_stop`` commands;
 - ``Cancels``: ``jobs.cancel`` to the cancel transition, and a ``stop`` command for an active job (cancels the
@@ -29,10 +32,12 @@ from services.common.service import Service
 from services.registry.cancels import Cancels
 from services.registry.expiry import EXPIRE_EVERY_S, Expiry
 from services.registry.idle import IdleInstances
+from services.registry.listed_runs import ListedRuns
 from services.registry.missed_exits import MissedExits
 from services.registry.moves import Moves
 from services.registry.nodes import Nodes
 from services.registry.reports import Reports
+from services.registry.stalled_moves import StalledMoves
 from services.registry.stray_runs import StrayRuns
 from shared.bus import Consumer, Delivery
 from shared.settings import RegistrySettings
@@ -49,7 +54,9 @@ class NodeRegistry(Service):
         self.idle = IdleInstances(ctx)
         self.reports = Reports(ctx, self.idle, self.nodes.on_registered)
         self.missed = MissedExits(ctx, self.reports)
-        self.stray = StrayRuns(ctx)
+        self.listed = ListedRuns(self.settings.cmd_timeout_s)
+        self.stray = StrayRuns(ctx, self.listed)
+        self.stalled = StalledMoves(ctx, self.listed)
         self.moves = Moves(ctx)
         self.cancels = Cancels(ctx)
         self.expiry = Expiry(ctx)
@@ -68,7 +75,7 @@ class NodeRegistry(Service):
     async def on_heartbeat(self, ds: list[Delivery]) -> None:
         await self.nodes.on_heartbeat(ds)
         await self.missed.on_heartbeat(ds)
-        self.stray.on_heartbeat(ds)
+        self.listed.on_heartbeat(ds)
 
     def periodic(self) -> list[tuple[str, float, Any]]:
         st = self.settings
@@ -77,6 +84,7 @@ class NodeRegistry(Service):
             ("liveness", max(0.2, st.node_timeout_s / 5), self.nodes.check_liveness),
             ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.nodes.sweep_commands),
             ("stray-runs", max(1.0, st.cmd_timeout_s / 4), self.stray.sweep),
+            ("stalled-moves", max(1.0, st.cmd_timeout_s / 4), self.stalled.sweep),
             # a consumer of one copy has no leader to lose (``services.common.read_back``)
             *([("missed-cancels", LEAD_POLL_S, self.cancels.apply_skipped)] if st.stream_replicas > 1 else []),
             *([("expire-jobs", EXPIRE_EVERY_S, self.expiry.expire_jobs)] if sweeps else []),

@@ -7,9 +7,10 @@ server, or one whose handler failed and wanted it back, was then never delivered
 over its 2.10.26-2.11 releases. migsched recovers what it can of such a loss: an executor's exit is repeated in
 its heartbeats, a place command that goes unanswered times out and is decided again, the balancer reads back the
 submits (the registry the cancels) stored around a change of its consumer's leader, and a node still running a
-job that ended, was cancelled, was queued again or was placed elsewhere gets its stop again. Each recovery waits
-out a grace, and a skipped migration order or command is not recovered; so a replicated deployment wants 2.11 or
-later, and every service says so at start when its server is older.
+job that ended, was cancelled, was queued again or was placed elsewhere gets its stop again, as does the source
+of a move whose target copy runs. Each recovery waits out a grace, and a skipped migration order or
+``migrate_start`` is not recovered; so a replicated deployment wants 2.11 or later, and every service says so at
+start when its server is older.
 """
 
 from __future__ import annotations

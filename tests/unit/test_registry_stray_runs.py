@@ -23,7 +23,7 @@ class _Rig:
     def __init__(self, reg: NodeRegistry, bus: MemoryBus, store: MemoryState) -> None:
         self.reg, self.bus, self.store = reg, bus, store
         self.clock = Clock()
-        reg.stray.clock = self.clock
+        reg.listed.clock = self.clock
         self.seq = 0
         self.started: dict[str, str] = {}
         """What the node says started each run it lists (none: it names no command)."""
@@ -64,7 +64,7 @@ def _stray_stops() -> float:
 
 async def test_a_cancelled_job_still_running_a_time_out_later_is_stopped_again_once_per_time_out() -> None:
     rig = await _running()
-    grace = rig.reg.stray.grace_s
+    grace = rig.reg.listed.grace_s
     assert (await rig.store.cancel("j1", "by request", now())).status == "stop"  # its stop never arrives
     before = _stray_stops()
     assert await rig.sweep_after(1, "j1") == 0  # first seen stray
@@ -82,28 +82,28 @@ async def test_a_run_that_ends_after_its_stop_is_not_stopped_again() -> None:
     rig = await _running()
     await rig.store.cancel("j1", "by request", now())
     assert await rig.sweep_after(1, "j1") == 0
-    assert await rig.sweep_after(rig.reg.stray.grace_s + 1) == 0  # the next heartbeat no longer lists it
+    assert await rig.sweep_after(rig.reg.listed.grace_s + 1) == 0  # the next heartbeat no longer lists it
     assert rig.stops() == []
 
 
 async def test_a_job_the_state_has_running_is_never_stopped() -> None:
     rig = await _running()
     for _ in range(5):
-        assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 0
+        assert await rig.sweep_after(rig.reg.listed.grace_s, "j1") == 0
     assert rig.stops() == []
 
 
 async def test_a_run_of_a_job_the_state_no_longer_holds_is_stopped_after_a_time_out() -> None:
     rig = await _running()
     assert await rig.sweep_after(1, "j1", "gone") == 0
-    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1", "gone") == 1
+    assert await rig.sweep_after(rig.reg.listed.grace_s, "j1", "gone") == 1
     assert [s.job_id for s in rig.stops()] == ["gone"]
 
 
 async def test_a_node_whose_heartbeats_stopped_is_left_to_its_resync() -> None:
     rig = await _running()
     assert await rig.sweep_after(1, "gone") == 0
-    rig.clock.t += 3 * rig.reg.stray.grace_s  # no heartbeat since
+    rig.clock.t += 3 * rig.reg.listed.grace_s  # no heartbeat since
     assert await rig.reg.stray.sweep() == 0
     assert rig.stops() == []
 
@@ -112,7 +112,7 @@ async def test_a_run_of_a_job_queued_again_is_stopped_by_a_stop_naming_the_comma
     rig = await _running()
     await rig.requeue()
     assert await rig.sweep_after(1, "j1") == 0
-    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 1
+    assert await rig.sweep_after(rig.reg.listed.grace_s, "j1") == 1
     [stop] = rig.stops()
     # that run only: a placement of j1 on n1 meanwhile starts another run, which this stop does not end
     assert (stop.job_id, stop.src_cmd_id, stop.src_instance_id) == ("j1", rig.started["j1"], None)
@@ -128,7 +128,7 @@ async def test_a_run_of_a_job_placed_on_another_node_is_stopped() -> None:
                            compute=P1.compute_slices)
     await place(rig.store, "j1", on_n2)
     assert await rig.sweep_after(1, "j1") == 0
-    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 1
+    assert await rig.sweep_after(rig.reg.listed.grace_s, "j1") == 1
     [stop] = rig.stops()
     assert (stop.node, stop.src_cmd_id) == ("n1", rig.started["j1"])
 
@@ -138,7 +138,7 @@ async def test_a_run_on_the_node_of_the_jobs_placement_is_left_alone_whatever_co
     await rig.requeue()
     await place(rig.store, "j1", IDLE, "reuse")  # placed on n1 again: its new run may take the old one's place
     for _ in range(3):
-        assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 0
+        assert await rig.sweep_after(rig.reg.listed.grace_s, "j1") == 0
     assert rig.stops() == []
 
 
@@ -147,8 +147,8 @@ async def test_a_new_run_restarts_the_time_out() -> None:
     await rig.requeue()
     assert await rig.sweep_after(1, "j1") == 0
     rig.started["j1"] = "place:j1:9"  # stopped meanwhile, and started again by a later command
-    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 0
-    assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 1
+    assert await rig.sweep_after(rig.reg.listed.grace_s, "j1") == 0
+    assert await rig.sweep_after(rig.reg.listed.grace_s, "j1") == 1
     assert [s.src_cmd_id for s in rig.stops()] == ["place:j1:9"]
 
 
@@ -157,5 +157,5 @@ async def test_a_run_of_a_job_queued_again_whose_command_the_node_does_not_name_
     await rig.requeue()
     rig.started.clear()  # an executor that names no command: a stop could end a later run of the job
     for _ in range(3):
-        assert await rig.sweep_after(rig.reg.stray.grace_s, "j1") == 0
+        assert await rig.sweep_after(rig.reg.listed.grace_s, "j1") == 0
     assert rig.stops() == []
