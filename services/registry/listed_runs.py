@@ -12,6 +12,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from shared.bus import Delivery
+from shared.ports import StateStore
+from shared.state.model import JobRecord
 
 CHECK_MAX = 50_000
 """Runs a sweep looks at, at most (the nodes' lists are bounded by the heartbeat schema)."""
@@ -24,6 +26,12 @@ class ListedRun(NamedTuple):
     """The command that started the run, where the node named it; '' where it did not."""
     heard: float
     """When the heartbeat that listed it was received (``ListedRuns.clock``)."""
+
+
+async def records(state: StateStore, runs: list[ListedRun]) -> dict[str, JobRecord | None]:
+    """The state's record of each listed run's job (None: gone), in one read."""
+    jobs = sorted({r.job for r in runs})
+    return dict(zip(jobs, await state.jobs(jobs), strict=True)) if jobs else {}
 
 
 class _Listing(NamedTuple):

@@ -22,7 +22,7 @@ import time
 
 from services.common.service import Context
 from services.registry import metrics as m
-from services.registry.listed_runs import ListedRun, ListedRuns, Overdue
+from services.registry.listed_runs import ListedRun, ListedRuns, Overdue, records
 from services.registry.moves import move_target_tail, source_stop
 from shared.bus import Outgoing
 from shared.state.model import JobRecord
@@ -49,14 +49,10 @@ class StalledMoves:
         """Send again the ``migrate_stop`` of the moves stalled for a grace; how many went out."""
         now = self.listed.clock()
         runs = [r for r in self.listed.current() if move_target_tail(r.started_by, r.job)]
-        if not runs:
-            self.overdue.settle()
-            return 0
-        jobs = sorted({r.job for r in runs})
-        records = dict(zip(jobs, await self.state.jobs(jobs), strict=True))
+        recs = await records(self.state, runs)
         out: list[Outgoing] = []
         for run in runs:
-            rec = records.get(run.job)
+            rec = recs.get(run.job)
             if rec is None or not stalled(rec, run):
                 continue
             held = self.overdue.check((run.node, run.job, run.started_by), run.heard, now)

@@ -24,7 +24,7 @@ import time
 from services.common.service import Context
 from services.common.stop_command import stop_command
 from services.registry import metrics as m
-from services.registry.listed_runs import ListedRuns, Overdue
+from services.registry.listed_runs import ListedRuns, Overdue, records
 from shared.bus import Outgoing
 from shared.state.model import ACTIVE_STATES, TERMINAL_STATES, JobRecord
 
@@ -62,11 +62,10 @@ class StrayRuns:
         """Stop again the runs stray for a grace; how many stops went out."""
         now = self.listed.clock()
         runs = self.listed.current()
-        jobs = sorted({r.job for r in runs})
-        records = dict(zip(jobs, await self.state.jobs(jobs), strict=True)) if jobs else {}
+        recs = await records(self.state, runs)
         out: list[Outgoing] = []
         for node, job, by, heard in runs:
-            rec = records.get(job)
+            rec = recs.get(job)
             why = stray(rec)
             if why is not None:
                 by = ""  # no run of it is wanted: any run of it on the node ends
