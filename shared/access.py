@@ -180,6 +180,10 @@ def users(nodes: Iterable[str] = DEFAULT_NODES, roles: Iterable[Role] = ROLES) -
             if role.consume:  # locating a stream by subject and account limits: metadata only
                 pub += ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]
             sub = [inbox_prefix(name) + ".>", *(fill(s) for s in role.subscribe)]
+            # a trusted service tells its consumers' leader elections apart where the server does not say
+            # since when a leader leads (``shared.bus.elections``)
+            sub += [f"$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.{c.stream}.*" for c in role.consume
+                    if c.durable is None]
             out.append(User(name, role, node, tuple(dict.fromkeys(pub)), tuple(dict.fromkeys(sub))))
     return out
 

@@ -2,12 +2,12 @@
 its leader.
 
 A replicated consumer of a nats-server before 2.11 can skip a message when its leader changes
-(``shared.bus.server_version``). ``ReadBack`` asks who leads the consumer every few seconds. After a change,
-once ``grace_s`` has passed (any redelivery due by then has come), it reads back the messages stored from a grace
-before the last look that saw the old leader up to what the consumer has delivered; a message past the delivered
-sequence is the consumer's to deliver. The caller keeps those its state shows were never applied. Services run
-it only while ``MIGSCHED_STREAM_REPLICAS`` is above 1: a consumer of one copy lives on one server, and its leader
-never changes.
+(``shared.bus.server_version``). ``ReadBack`` asks who leads the consumer every few seconds (the leader's term: a
+leader that moved away and back reads as a change, ``shared.bus.elections``). After a change, once ``grace_s`` has
+passed (any redelivery due by then has come), it reads back the messages stored from a grace before the last look
+that saw the old leader up to what the consumer has delivered; a message past the delivered sequence is the
+consumer's to deliver. The caller keeps those its state shows were never applied. Services run it only while
+``MIGSCHED_STREAM_REPLICAS`` is above 1: a consumer of one copy lives on one server, and its leader never changes.
 """
 
 from __future__ import annotations

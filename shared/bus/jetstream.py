@@ -28,6 +28,7 @@ from opentelemetry import context as otel_context
 
 from shared import access, telemetry
 from shared.bus.consumer import Consumer, Handler
+from shared.bus.elections import Elections
 from shared.bus.errors import BusError, SubscriptionClosed
 from shared.bus.health import BusHealth
 from shared.bus.outgoing import Outgoing, count_published
@@ -63,6 +64,7 @@ class JetStreamBus:
         self.health = health or BusHealth(connected=nc.is_connected)
         self.js: JetStreamContext = nc.jetstream(publish_async_max_pending=8192)
         self.acks = PublishAcks(nc)
+        self.elections = Elections(nc)
         self.settings = settings
         self.subjects = Subjects(settings.namespace)
 
@@ -303,9 +305,10 @@ class JetStreamBus:
             raise BusError(f"consumer info of {durable} on {stream} failed: {exc!r}") from exc
         cluster = info.cluster
         leader = ""
-        if cluster is not None and cluster.leader:
-            since = cluster.leader_since.isoformat() if cluster.leader_since is not None else ""
-            leader = f"{cluster.leader}@{since}" if since else cluster.leader
+        if cluster is not None and cluster.leader and cluster.leader_since is not None:
+            leader = f"{cluster.leader}@{cluster.leader_since.isoformat()}"
+        elif cluster is not None and cluster.leader:  # no since-when: which election, from the advisories
+            leader = f"{cluster.leader}#{await self.elections.count(stream, durable)}"
         elif cluster is None or not cluster.name:  # one server, no cluster: its leader never changes
             leader = "standalone"
         return ConsumerLead(leader, int(info.delivered.stream_seq))

@@ -51,8 +51,8 @@ class ConsumerSpec(NamedTuple):
 
 class ConsumerLead(NamedTuple):
     """Who leads a durable consumer, and how far it has delivered: ``leader`` names the leader's term (the server
-    and, where the server says, since when; "" while it elects one), ``delivered_seq`` the last stream sequence
-    it has handed out."""
+    and since when, or, from a server that does not say since when, how many elections this client has seen
+    announced; "" while it elects one), ``delivered_seq`` the last stream sequence it has handed out."""
 
     leader: str
     delivered_seq: int

@@ -27,6 +27,7 @@ from load.generator import Generator, JobFactory, steady
 from load.recorder import Recorder
 from shared import access
 from shared.bus import JetStreamBus
+from shared.bus.elections import advisory_subject
 from shared.events import Demand, JobCancel, JobSubmit, Subjects
 from shared.localservers import LocalServer, start_nats
 from shared.settings import Settings, load
@@ -331,3 +332,18 @@ async def test_a_service_may_ask_who_leads_its_consumer_and_read_back_what_it_st
     finally:
         await bus.close()
         await pub.close()
+
+
+@pytest.mark.parametrize(("user", "stream", "durable"), [
+    ("balancer", "JOBS", "balancer-submit"),
+    ("registry", "JOBS", "partitioner-cancel"),
+])
+async def test_a_service_may_watch_its_consumers_leader_elections_and_no_others(
+    login, admin: Session, user: str, stream: str, durable: str
+) -> None:
+    svc = await login(user)
+    await svc.nc.subscribe(advisory_subject(stream, durable))  # what ``shared.bus.elections`` counts
+    await svc.no_violation()
+    other = advisory_subject("CMD", access.durable_for("node-a"))  # a stream the service does not consume
+    await svc.nc.subscribe(other)
+    assert f'permissions violation for subscription to "{other.lower()}"' in await svc.violation()

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings, until
-from shared.bus import Delivery
+from shared.bus import BusError, Delivery
 from shared.events import Demand, JobCancel, JobSubmit, now
 from shared.localcluster import NatsCluster
 
@@ -115,3 +115,38 @@ async def test_a_cancel_skipped_across_a_change_of_the_consumers_leader_is_appli
 async def _cancelled(ns: Namespace, job: str) -> bool:
     rec = await ns.state.job(job)
     return rec is not None and rec.state == "cancelled"
+
+
+async def test_a_consumer_leader_that_moves_away_and_back_reads_as_a_new_term(
+    nats_cluster: NatsCluster, prefix: str, redis_url: str
+) -> None:
+    async with Namespace(make_settings(prefix, nats_cluster.url, redis_url, **ON_CLUSTER)) as ns:
+        s = ns.bus.subjects
+        await go_past(ns, "led", s.jobs_submit, submit("any"))
+        first = await ns.bus.consumer_lead(s.stream_jobs, "led")
+        assert first is not None and first.leader
+        name = _server(first.leader)
+        seen = [first.leader]
+        for _ in range(12):  # each step-down hands it to another server, until its first leader has it again
+            await step_down(ns, "led")
+
+            async def next_term() -> bool:
+                try:
+                    lead = await ns.bus.consumer_lead(s.stream_jobs, "led")
+                except BusError:  # no leader to answer while it elects one
+                    return False
+                if lead is None or not lead.leader or lead.leader == seen[-1]:
+                    return False
+                seen.append(lead.leader)
+                return True
+
+            assert await until(next_term, 20)
+            if _server(seen[-1]) == name:
+                break
+        assert _server(seen[-1]) == name, seen
+        assert len(set(seen)) == len(seen), seen  # the same server, and a term a look can tell from its first
+
+
+def _server(leader: str) -> str:
+    """The server's name in a ``ConsumerLead.leader`` (before its ``@since`` or ``#elections``)."""
+    return leader.split("@")[0].split("#")[0]
