@@ -31,12 +31,10 @@ class MissedSubmits:
         self.read_back = ReadBack(bus, stream, durable, subject, grace_s, clock)
 
     async def poll(self) -> list[Missed]:
-        found: dict[str, Missed] = {}
-        for m in await self.read_back.poll():
-            if isinstance(m.data, JobSubmit):
-                found.setdefault(m.data.job_id, Missed(m.data, m.stored.data, dict(m.stored.headers)))
+        found = await self.read_back.by_job(JobSubmit)
         if not found:
             return []
         ids = list(found)
         records = await self.state.jobs(ids)
-        return [found[j] for j, rec in zip(ids, records, strict=True) if rec is None]
+        return [Missed(found[j].data, found[j].stored.data, dict(found[j].stored.headers))
+                for j, rec in zip(ids, records, strict=True) if rec is None]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from shared.bus.transport import StoredMessage
-from shared.events import DecodeError, decode
+from shared.events import DecodeError, JobCancel, JobSubmit, decode
 from shared.ports import EventBus
 
 LEAD_POLL_S = 5.0
@@ -78,3 +78,11 @@ class ReadBack:
                 # stays in the stream only (``migsched dlq`` does not list it)
                 continue
         return out
+
+    async def by_job(self, kind: type[JobSubmit | JobCancel]) -> dict[str, ReadMessage]:
+        """``poll``'s messages of ``kind``, the first of each job."""
+        found: dict[str, ReadMessage] = {}
+        for m in await self.poll():
+            if isinstance(m.data, kind):
+                found.setdefault(m.data.job_id, m)
+        return found

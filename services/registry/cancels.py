@@ -64,14 +64,12 @@ class Cancels:
 
     async def apply_skipped(self) -> int:
         """Apply the cancels the consumer skipped, once a look back finds any; how many it applied."""
-        found: dict[str, tuple[JobCancel, otel_context.Context | None]] = {}
-        for msg in await self.read_back.poll():
-            if isinstance(msg.data, JobCancel):
-                found.setdefault(msg.data.job_id, (msg.data, telemetry.extract(msg.stored.headers)))
+        found = await self.read_back.by_job(JobCancel)
         if not found:
             return 0
         records = await self.state.jobs(list(found))
-        skipped = [found[j] for j, rec in zip(found, records, strict=True)
+        skipped = [(found[j].data, telemetry.extract(found[j].stored.headers))
+                   for j, rec in zip(found, records, strict=True)
                    if rec is None or not (rec.state in TERMINAL_STATES or rec.cancel)]
         if skipped:
             self.log.warning("%d cancels were skipped by consumer %s when its leader changed, and are applied now: "

@@ -1,8 +1,8 @@
 """What each node's last heartbeat said it runs: the jobs, and the command that started each run.
 
-The registry's sweeps that hold the state against what nodes run (``stray_runs``, ``stalled_moves``) read it. A
-node silent for twice the command time-out is lost or gone, and what it ran is its resync's to stop, so its list
-is dropped.
+The registry holds the state against what nodes run every quarter command time-out: one ``look`` (the listed
+runs and, in one read, their jobs' records) is judged by ``stray_runs`` and by ``stalled_moves``. A node silent
+for twice the command time-out is lost or gone, and what it ran is its resync's to stop, so its list is dropped.
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ class ListedRun(NamedTuple):
     """When the heartbeat that listed it was received (``ListedRuns.clock``)."""
 
 
-async def records(state: StateStore, runs: list[ListedRun]) -> dict[str, JobRecord | None]:
-    """The state's record of each listed run's job (None: gone), in one read."""
-    jobs = sorted({r.job for r in runs})
-    return dict(zip(jobs, await state.jobs(jobs), strict=True)) if jobs else {}
+class Look(NamedTuple):
+    now: float
+    """``ListedRuns.clock`` at the look."""
+    runs: list[ListedRun]
+    records: dict[str, JobRecord | None]
+    """Each listed run's job as the state holds it (None: gone)."""
 
 
 class _Listing(NamedTuple):
@@ -58,6 +60,13 @@ class ListedRuns:
         self._by_node = {n: lst for n, lst in self._by_node.items() if now - lst.heard < 2 * self.grace_s}
         return [ListedRun(node, job, lst.started.get(job, ""), lst.heard)
                 for node, lst in self._by_node.items() for job in lst.running][:CHECK_MAX]
+
+    async def look(self, state: StateStore) -> Look:
+        """The runs listed now, with their jobs' records read in one go."""
+        now = self.clock()
+        runs = self.current()
+        jobs = sorted({r.job for r in runs})
+        return Look(now, runs, dict(zip(jobs, await state.jobs(jobs), strict=True)) if jobs else {})
 
 
 class Overdue:

@@ -55,8 +55,8 @@ class NodeRegistry(Service):
         self.reports = Reports(ctx, self.idle, self.nodes.on_registered)
         self.missed = MissedExits(ctx, self.reports)
         self.listed = ListedRuns(self.settings.cmd_timeout_s)
-        self.stray = StrayRuns(ctx, self.listed)
-        self.stalled = StalledMoves(ctx, self.listed)
+        self.stray = StrayRuns(ctx, self.listed.grace_s)
+        self.stalled = StalledMoves(ctx, self.listed.grace_s)
         self.moves = Moves(ctx)
         self.cancels = Cancels(ctx)
         self.expiry = Expiry(ctx)
@@ -77,14 +77,18 @@ class NodeRegistry(Service):
         await self.missed.on_heartbeat(ds)
         self.listed.on_heartbeat(ds)
 
+    async def check_listed_runs(self) -> tuple[int, int]:
+        """Hold what the nodes list against the state, in one read: the stops sent again, the moves resumed."""
+        look = await self.listed.look(self.state)
+        return await self.stray.sweep(look), await self.stalled.sweep(look)
+
     def periodic(self) -> list[tuple[str, float, Any]]:
         st = self.settings
         sweeps = st.job_retention_s > 0 or st.job_retention_max > 0
         return [
             ("liveness", max(0.2, st.node_timeout_s / 5), self.nodes.check_liveness),
             ("command-timeouts", max(1.0, st.cmd_timeout_s / 4), self.nodes.sweep_commands),
-            ("stray-runs", max(1.0, st.cmd_timeout_s / 4), self.stray.sweep),
-            ("stalled-moves", max(1.0, st.cmd_timeout_s / 4), self.stalled.sweep),
+            ("listed-runs", max(1.0, st.cmd_timeout_s / 4), self.check_listed_runs),
             # a consumer of one copy has no leader to lose (``services.common.read_back``)
             *([("missed-cancels", LEAD_POLL_S, self.cancels.apply_skipped)] if st.stream_replicas > 1 else []),
             *([("expire-jobs", EXPIRE_EVERY_S, self.expiry.expire_jobs)] if sweeps else []),

@@ -5,11 +5,11 @@ has the registry send ``migrate_stop`` to the source node, and that command's ``
 (``reports``). A replicated consumer of a nats-server before 2.11 can skip any of these three messages
 (``shared.bus.server_version``), which leaves the job ``migrating``, its target reserved, until it exits.
 
-Each heartbeat names the command that started each run (``listed_runs``). A job still migrating whose move's
-target node lists it as started by that move's ``migrate_start``, at one sweep and again a command time-out
-later, gets its ``migrate_stop`` again under a new id, at most once per time-out. That command is idempotent at
-the executor (it stops the source copy where that still runs, and answers either way), and its answer commits
-the move.
+Each heartbeat names the command that started each run (``listed_runs``, whose look this judges). A job still
+migrating whose move's target node lists it as started by that move's ``migrate_start``, at one sweep and again a
+command time-out later, gets its ``migrate_stop`` again under a new id, at most once per time-out. That command is
+idempotent at the executor (it stops the source copy where that still runs, and answers either way), and its answer
+commits the move.
 
 A move whose ``sched.migrate`` order or ``migrate_start`` was skipped is not resumed: nothing tells whether that
 command is still on its way, and a start applied after an abort would leave the job running where the state
@@ -22,40 +22,35 @@ import time
 
 from services.common.service import Context
 from services.registry import metrics as m
-from services.registry.listed_runs import ListedRun, ListedRuns, Overdue, records
+from services.registry.listed_runs import ListedRun, Look, Overdue
 from services.registry.moves import move_target_tail, source_stop
 from shared.bus import Outgoing
 from shared.state.model import JobRecord
 
 
-def stalled(rec: JobRecord | None, run: ListedRun) -> bool:
+def stalled(rec: JobRecord, run: ListedRun) -> bool:
     """Whether ``run`` is the target copy of the move ``rec`` is still migrating by."""
-    if rec is None or rec.state != "migrating" or not rec.mig_gpu:
+    if rec.state != "migrating" or not rec.mig_gpu:
         return False
     tail = move_target_tail(run.started_by, run.job)
     return bool(tail) and rec.mig_inst.endswith(tail) and run.node == rec.mig_gpu.rpartition("/")[0]
 
 
 class StalledMoves:
-    def __init__(self, ctx: Context, listed: ListedRuns) -> None:
-        self.state = ctx.state
+    def __init__(self, ctx: Context, grace_s: float) -> None:
         self.bus = ctx.bus
         self.log = ctx.log
-        self.listed = listed
-        self.overdue = Overdue(listed.grace_s)
+        self.overdue = Overdue(grace_s)
         """Keyed by (node, job, the move's ``migrate_start`` id)."""
 
-    async def sweep(self) -> int:
+    async def sweep(self, look: Look) -> int:
         """Send again the ``migrate_stop`` of the moves stalled for a grace; how many went out."""
-        now = self.listed.clock()
-        runs = [r for r in self.listed.current() if move_target_tail(r.started_by, r.job)]
-        recs = await records(self.state, runs)
         out: list[Outgoing] = []
-        for run in runs:
-            rec = recs.get(run.job)
+        for run in look.runs:
+            rec = look.records.get(run.job)
             if rec is None or not stalled(rec, run):
                 continue
-            held = self.overdue.check((run.node, run.job, run.started_by), run.heard, now)
+            held = self.overdue.check((run.node, run.job, run.started_by), run.heard, look.now)
             if held is None:
                 continue
             cid = f"{run.started_by.removesuffix(':start')}:stop:{int(time.time() * 1000)}"

@@ -24,7 +24,7 @@ import time
 from services.common.service import Context
 from services.common.stop_command import stop_command
 from services.registry import metrics as m
-from services.registry.listed_runs import ListedRuns, Overdue, records
+from services.registry.listed_runs import Look, Overdue
 from shared.bus import Outgoing
 from shared.state.model import ACTIVE_STATES, TERMINAL_STATES, JobRecord
 
@@ -50,22 +50,17 @@ def not_its_placement(rec: JobRecord, node: str) -> str | None:
 
 
 class StrayRuns:
-    def __init__(self, ctx: Context, listed: ListedRuns) -> None:
-        self.state = ctx.state
+    def __init__(self, ctx: Context, grace_s: float) -> None:
         self.bus = ctx.bus
         self.log = ctx.log
-        self.listed = listed
-        self.overdue = Overdue(listed.grace_s)
+        self.overdue = Overdue(grace_s)
         """Keyed by (node, job, the command that started the run or '')."""
 
-    async def sweep(self) -> int:
+    async def sweep(self, look: Look) -> int:
         """Stop again the runs stray for a grace; how many stops went out."""
-        now = self.listed.clock()
-        runs = self.listed.current()
-        recs = await records(self.state, runs)
         out: list[Outgoing] = []
-        for node, job, by, heard in runs:
-            rec = recs.get(job)
+        for node, job, by, heard in look.runs:
+            rec = look.records.get(job)
             why = stray(rec)
             if why is not None:
                 by = ""  # no run of it is wanted: any run of it on the node ends
@@ -73,7 +68,7 @@ class StrayRuns:
                 why = not_its_placement(rec, node)
             if why is None:
                 continue
-            held = self.overdue.check((node, job, by), heard, now)
+            held = self.overdue.check((node, job, by), heard, look.now)
             if held is None:
                 continue
             cid = f"stop:{job}:stray:{node}:{int(time.time() * 1000)}"

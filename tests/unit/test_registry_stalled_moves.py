@@ -36,7 +36,7 @@ class _Rig:
         hb = Heartbeat(id=f"hb-{self.seq}", node=node, seq=self.seq, at=now(), running=("k1",),
                        started=(RunStart(job_id="k1", cmd_id=started_by),))
         await self.reg.on_heartbeat([delivery(self.bus.subjects.node_heartbeat(node), self.seq, hb)])
-        return await self.reg.stalled.sweep()
+        return (await self.reg.check_listed_runs())[1]
 
     def sent(self, node: str) -> list[Command]:
         subject = self.bus.subjects.cmd(node)

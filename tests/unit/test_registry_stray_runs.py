@@ -38,7 +38,7 @@ class _Rig:
         """``seconds`` later, a heartbeat listing ``running``, then a sweep: the stops it sent."""
         self.clock.t += seconds
         await self.heartbeat(*running)
-        return await self.reg.stray.sweep()
+        return (await self.reg.check_listed_runs())[0]
 
     async def requeue(self) -> None:
         """``j1`` back in the queue (preempted, say) while ``n1`` goes on running it: its stop was lost."""
@@ -104,7 +104,7 @@ async def test_a_node_whose_heartbeats_stopped_is_left_to_its_resync() -> None:
     rig = await _running()
     assert await rig.sweep_after(1, "gone") == 0
     rig.clock.t += 3 * rig.reg.listed.grace_s  # no heartbeat since
-    assert await rig.reg.stray.sweep() == 0
+    assert (await rig.reg.check_listed_runs())[0] == 0
     assert rig.stops() == []
 
 
