@@ -1,33 +1,27 @@
-"""``MemoryState``'s job transitions (mirror ``lua/enqueue.lua``, ``settle.lua``, ``release.lua``,
-``mark_running.lua``, ``fail_placement.lua``, ``cancel.lua`` and ``expire.lua``): a job queued, settled, leaving
-its instances, started, failed to place, cancelled, forgotten after its retention."""
+"""``MemoryState``'s job transitions (mirror ``lua/enqueue.lua``, ``settle.lua``, ``release.lua`` (in
+``memory_release``), ``mark_running.lua``, ``fail_placement.lua``, ``cancel.lua`` and ``expire.lua``): a job
+queued, settled, leaving its instances, started, failed to place, cancelled, forgotten after its retention."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 
 from shared.state.codec import CancelResult
 from shared.state.memory_prelude import _ACTIVE, MemoryPrelude, _Shard
+from shared.state.memory_release import release
 from shared.state.memory_slots import (
-    give_back,
     hold_for_stop,
     hold_members,
-    inst_node,
-    job_nodes,
     names,
     node_of,
     spans,
     vacate,
 )
-from shared.state.memory_slots import idle as _idle
 from shared.state.model import (
-    EXIT_TO_STATE,
     TERMINAL_STATES,
     JobRecord,
     PlacementFailure,
     ReleaseResult,
-    StoredGpu,
     StoredInstance,
     prio_score,
 )
@@ -67,113 +61,7 @@ class JobTransitions(MemoryPrelude):
         self, job: str, kind: str, reason: str, now: float, instance_id: str = "", node: str = "",
         attempt: int | None = None, report: str = "",
     ) -> ReleaseResult:
-        sh = self._js(job)
-        j = sh.jobs.get(job)
-        if j is None or j.state not in _ACTIVE:
-            released_by = sh.xid.get(job)
-            same = released_by is None or not report or report == released_by  # see release.lua
-            if j is not None and j.gpu and instance_id and instance_id == j.inst and same:
-                _, g0 = self._gpu(j.gpu)
-                if g0 is not None:
-                    return ReleaseResult(
-                        status="noop",
-                        job_id=job,
-                        state=j.state,
-                        gpu_id=j.gpu,
-                        node=j.node,
-                        gpu=copy.deepcopy(g0),
-                    )
-            return ReleaseResult(status="noop", job_id=job, state=j.state if j else "")
-        current = j.attempts
-        ra = sh.ra.get(job)
-        if ra is not None and ra[0] == current:
-            current = ra[1]
-        if attempt is not None and attempt < current:  # an earlier placement's run (see release.lua)
-            return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
-        across = bool(instance_id) and spans(j.held())
-        if instance_id and instance_id not in (j.inst, j.mig_inst) and not (across and names(j, instance_id)):
-            return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
-        if not instance_id and node and node not in job_nodes(j):
-            return ReleaseResult(status="stale", job_id=job, state=j.state, gpu_id=j.gpu, node=j.node)
-        prev, gpu_id, node, slots = j.state, j.gpu, j.node, j.slots
-        stops: list[tuple[str, str, str]] = []
-        if across:  # see release.lua: one member node's exit
-            member = inst_node(instance_id)
-            mine, others = [], False
-            for gid, iid in j.held():
-                _, g = self._gpu(gid)
-                i = next((x for x in g.instances if x.id == iid), None) if g else None
-                if g is None or i is None or i.job != job:
-                    continue
-                if node_of(gid) == member:
-                    mine.append((g, gid, iid))
-                else:
-                    others = True
-            if not mine:
-                return ReleaseResult(status="noop", job_id=job, state=prev)
-            for g, _gid, iid in mine:
-                vacate(g.instances, iid, job, False)
-                self._save(sh, g)
-            freed = tuple((gid, iid) for _g, gid, iid in mine)
-            if others and EXIT_TO_STATE[kind] == "finished":
-                self._hist(sh, job, prev, prev, f"node {member} completed its part of the gang", now)
-                return ReleaseResult(status="member", job_id=job, state=prev, gpu_id=freed[0][0], node=member,
-                                     instance_id=instance_id, slots=freed)
-            if others:
-                stops = hold_members(self, sh, job, j.held(), member)
-            slots = freed
-        profile = ""
-        first: StoredGpu | None = None
-        for n, (gid, iid) in enumerate(j.held()):
-            _, g = self._gpu(gid)
-            if g is None:
-                continue
-            held = next((x for x in g.instances if x.id == iid), None)
-            left = vacate(g.instances, iid, job, False) if held is None or held.state != "retiring" else None
-            if n == 0:
-                first, profile = g, left.profile if left else ""
-            self._save(sh, g)
-        stop: tuple[str, str, str] | None = None
-        given = ""
-        if prev == "migrating" and j.mig_gpu:
-            _, mg = self._gpu(j.mig_gpu)
-            if mg is not None:
-                for i in list(mg.instances):
-                    if i.id == j.mig_inst and i.job == job:  # see release.lua: an exit from the source drops
-                        if i.created and instance_id and instance_id != j.mig_inst:  # a created target, or
-                            if mg.node and mg.node != node:  # holds it for a stop on another node
-                                hold_for_stop(i, job)
-                                stop = (mg.node, mg.id, i.id)
-                            else:
-                                mg.instances.remove(i)
-                        else:
-                            _idle(i)
-                back = give_back(mg.instances, j.mig_gone, "retiring")
-                self._save(sh, mg, "claim" if back else True)
-                given = f"{mg.id}|{','.join(back)}" if back else ""
-        j.mig_gpu = j.mig_inst = ""
-        j.mig_gone = ()
-        to = EXIT_TO_STATE[kind]
-        if report:
-            sh.xid[job] = report
-        if to == "pending":
-            self._requeue(sh, job, prev, reason, now)
-        else:
-            self._state(sh, job, prev, to, reason, now)
-        return ReleaseResult(
-            status="ok",
-            job_id=job,
-            state=to,
-            gpu_id=gpu_id,
-            node=node,
-            instance_id=instance_id,
-            profile=profile,
-            gpu=copy.deepcopy(first),
-            slots=slots,
-            stop=stop,
-            given_back=given,
-            stops=tuple(stops),
-        )
+        return release(self, job, kind, reason, now, instance_id, node, attempt, report)
 
     def _t_mark_running(
         self,

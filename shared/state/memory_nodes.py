@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from shared.state.memory_slots import hold_for_stop, hold_members, idle, names, spans, vacate
@@ -23,31 +24,40 @@ def _stop_foreign(i: StoredInstance, job: str, gid: str, stops: Stops) -> None:
     stops.append((job, gid, i.id))
 
 
-def _evict(
-    store: Any,
-    sh: Any,
-    insts: list[StoredInstance],
-    keep: Any,
-    reason: str,
-    now: float,
-    requeued: list[str],
-    gangs: list[tuple[str, tuple[tuple[str, str], ...]]],
-    moves: list[Move],
-) -> list[StoredInstance]:
-    out = []
-    for i in insts:
-        if keep(i):
-            out.append(i)
-        elif i.job and i.state != "idle":
-            j = sh.jobs.get(i.job)
-            if j is not None and j.state in ("placing", "running", "migrating") and names(j, i.id):
-                if j.slots:
-                    gangs.append((i.job, j.slots))
-                if j.state == "migrating":
-                    moves.append((i.job, ((j.gpu, j.inst), (j.mig_gpu, j.mig_inst))))
-                store._requeue(sh, i.job, j.state, reason, now)
-                requeued.append(i.job)
-    return out
+class _Eviction:
+    """What evicting a node's instances left to do: the jobs re-queued, the gangs and moves among them whose
+    other instances are freed at the end (``finish``), and the jobs to stop."""
+
+    def __init__(self, store: Any, sh: Any, now: float) -> None:
+        self.store, self.sh, self.now = store, sh, now
+        self.requeued: list[str] = []
+        self.gangs: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+        self.moves: list[Move] = []
+        self.stops: Stops = []
+
+    def evict(self, insts: list[StoredInstance], keep: Callable[[StoredInstance], bool],
+              reason: str) -> list[StoredInstance]:
+        """The instances ``keep`` keeps; the job placed on any other is re-queued."""
+        sh = self.sh
+        out = []
+        for i in insts:
+            if keep(i):
+                out.append(i)
+            elif i.job and i.state != "idle":
+                j = sh.jobs.get(i.job)
+                if j is not None and j.state in ("placing", "running", "migrating") and names(j, i.id):
+                    if j.slots:
+                        self.gangs.append((i.job, j.slots))
+                    if j.state == "migrating":
+                        self.moves.append((i.job, ((j.gpu, j.inst), (j.mig_gpu, j.mig_inst))))
+                    self.store._requeue(sh, i.job, j.state, reason, self.now)
+                    self.requeued.append(i.job)
+        return out
+
+    def finish(self, node: str, reported: set[str] | None) -> None:
+        """The re-queued moves' and gangs' instances elsewhere freed, or held until their nodes stop them."""
+        _free_moves(self.store, self.moves, node, reported, self.stops)
+        _free_gangs(self.store, self.sh, self.gangs, node, self.stops)
 
 
 def _free_moves(store: Any, moves: list[Move], node: str, reported: set[str] | None, stops: Stops) -> None:
@@ -103,107 +113,16 @@ def register(
     h = sh.nodes.get(node)
     if reg_id and h is not None and h.get("reg_id") == reg_id:  # redelivered: applied already
         return {"requeued": [], "drift": [], "gpus": [g for g in h["gpus"].split(",") if g], "replay": True}
-    requeued: list[str] = []
+    ev = _Eviction(store, sh, now)
     drift: list[str] = []
-    stops: Stops = []
-    gangs: list[tuple[str, tuple[tuple[str, str], ...]]] = []
-    moves: list[Move] = []
-    reported_ids = {r["id"] for g in gpus for r in g.get("instances", ())}
-    ids = []
     for g in gpus:
-        ids.append(g["id"])
-        reported = [
-            StoredInstance(
-                **{k: v for k, v in r.items() if k in ("id", "profile", "start", "size", "compute")}
-            )
-            for r in g.get("instances", [])
-        ]
-        rjob: dict[str, str] = {r["id"]: r["job"] for r in g.get("instances", []) if r.get("job")}
         cur = sh.gpus.get(g["id"])
         if cur is None:
-            for r in reported:
-                if r.id in rjob:
-                    _stop_foreign(r, rjob[r.id], g["id"], stops)
-            cur = sh.gpus[g["id"]] = StoredGpu(
-                id=g["id"],
-                node=node,
-                index=g["index"],
-                model=g["model"],
-                mig=bool(g["mig"]),
-                healthy=bool(g["healthy"]),
-                ver=0,
-                pos=len(sh.gpus),
-                uuid=g.get("uuid", ""),
-                replicas=int(g.get("replicas", 0)),
-                instances=reported,
-            )
-            store._save(sh, cur, "claim")
-            continue
-        by_id = {r.id: r for r in reported}
-        running = set(g.get("jobs", ()))
-
-        def keep(
-            i: StoredInstance,
-            gid: str = g["id"],
-            by_id: dict[str, StoredInstance] = by_id,
-            running: set[str] = running,
-        ) -> bool:
-            if i.id in by_id:
-                del by_id[i.id]
-                return True
-            if i.profile in PLAIN_PROFILES and i.job and i.job in running:
-                return True
-            if i.state in ("reserved", "target"):
-                return True
-            if i.state != "idle":
-                drift.append(f"{gid}: {i.id} ({i.state}) not reported")
-            return False
-
-        kept = _evict(
-            store,
-            sh,
-            cur.instances,
-            keep,
-            f"node {node} re-registered without the instance",
-            now,
-            requeued,
-            gangs,
-            moves,
-        )
-        for i in kept:
-            job = rjob.get(i.id)
-            held = i.job == job and i.state not in ("idle", "retiring")
-            if job and not held:
-                if i.state in ("idle", "retiring"):
-                    _stop_foreign(i, job, g["id"], stops)
-                else:
-                    stops.append((job, g["id"], i.id))
-        for r in reported:
-            if r.id in by_id:
-                job = rjob.get(r.id)
-                # as node.lua: a one-GPU reservation in its way is re-queued and what the node has adopted
-                kept = _evict(store, sh, kept, functools.partial(_not_in_way, sh, r),
-                              f"node {node} holds {r.id} where the reservation is", now, requeued, gangs,
-                              moves)
-                if any(i.mask & r.mask for i in kept):
-                    drift.append(f"{g['id']}: reported {r.id} overlaps the state")
-                    if job:
-                        stops.append((job, g["id"], r.id))
-                else:
-                    if job:
-                        _stop_foreign(r, job, g["id"], stops)
-                    kept.append(r)
-        cur.instances = kept
-        cur.mig, cur.healthy, cur.model, cur.uuid, cur.replicas = (
-            bool(g["mig"]),
-            bool(g["healthy"]),
-            g["model"],
-            g.get("uuid", ""),
-            int(g.get("replicas", 0)),
-        )
-        store._save(sh, cur, "claim")
-    _free_moves(store, moves, node, reported_ids, stops)
-    _free_gangs(store, sh, gangs, node, stops)
+            _add_gpu(store, sh, node, g, ev.stops)
+        else:
+            _refresh_gpu(ev, node, g, cur, drift)
+    ev.finish(node, {r["id"] for g in gpus for r in g.get("instances", ())})
+    ids = [g["id"] for g in gpus]
     sh.nodes[node] = {
         "state": "up",
         "last_seen": repr(now),
@@ -213,7 +132,94 @@ def register(
         "addr": addr,
         "labels": json.dumps(labels or {}, sort_keys=True),
     }
-    return {"requeued": requeued, "drift": drift, "gpus": ids, "stops": [list(x) for x in stops]}
+    return {"requeued": ev.requeued, "drift": drift, "gpus": ids, "stops": [list(x) for x in ev.stops]}
+
+
+def _reported(g: dict[str, Any]) -> tuple[list[StoredInstance], dict[str, str]]:
+    """The instances a registration reports on GPU ``g``, and the job running on each that runs one."""
+    raw = g.get("instances", [])
+    fields = ("id", "profile", "start", "size", "compute")
+    return [StoredInstance(**{k: v for k, v in r.items() if k in fields}) for r in raw], {
+        r["id"]: r["job"] for r in raw if r.get("job")
+    }
+
+
+def _add_gpu(store: Any, sh: Any, node: str, g: dict[str, Any], stops: Stops) -> None:
+    """A GPU the state has never seen, taken as reported; a job it runs is no placement's, so it is stopped."""
+    reported, rjob = _reported(g)
+    for r in reported:
+        if r.id in rjob:
+            _stop_foreign(r, rjob[r.id], g["id"], stops)
+    cur = sh.gpus[g["id"]] = StoredGpu(
+        id=g["id"],
+        node=node,
+        index=g["index"],
+        model=g["model"],
+        mig=bool(g["mig"]),
+        healthy=bool(g["healthy"]),
+        ver=0,
+        pos=len(sh.gpus),
+        uuid=g.get("uuid", ""),
+        replicas=int(g.get("replicas", 0)),
+        instances=reported,
+    )
+    store._save(sh, cur, "claim")
+
+
+def _refresh_gpu(ev: _Eviction, node: str, g: dict[str, Any], cur: StoredGpu, drift: list[str]) -> None:
+    """A known GPU reconciled with its report: instances the node no longer has are evicted (their jobs
+    re-queued), jobs the state does not hold there are stopped, and reported instances the state lacks are
+    adopted where nothing overlaps them."""
+    gid = g["id"]
+    reported, rjob = _reported(g)
+    unknown = {r.id: r for r in reported}  # what ``keep`` does not match is reported but not in the state
+    running = set(g.get("jobs", ()))
+
+    def keep(i: StoredInstance) -> bool:
+        if i.id in unknown:
+            del unknown[i.id]
+            return True
+        if i.profile in PLAIN_PROFILES and i.job and i.job in running:
+            return True
+        if i.state in ("reserved", "target"):
+            return True
+        if i.state != "idle":
+            drift.append(f"{gid}: {i.id} ({i.state}) not reported")
+        return False
+
+    kept = ev.evict(cur.instances, keep, f"node {node} re-registered without the instance")
+    for i in kept:
+        job = rjob.get(i.id)
+        held = i.job == job and i.state not in ("idle", "retiring")
+        if job and not held:
+            if i.state in ("idle", "retiring"):
+                _stop_foreign(i, job, gid, ev.stops)
+            else:
+                ev.stops.append((job, gid, i.id))
+    for r in reported:
+        if r.id in unknown:
+            kept = _adopt(ev, node, gid, r, rjob.get(r.id), kept, drift)
+    cur.instances = kept
+    cur.mig, cur.healthy, cur.model = bool(g["mig"]), bool(g["healthy"]), g["model"]
+    cur.uuid, cur.replicas = g.get("uuid", ""), int(g.get("replicas", 0))
+    ev.store._save(ev.sh, cur, "claim")
+
+
+def _adopt(ev: _Eviction, node: str, gid: str, r: StoredInstance, job: str | None, kept: list[StoredInstance],
+           drift: list[str]) -> list[StoredInstance]:
+    """A reported instance the state lacks: as node.lua, a one-GPU reservation in its way is re-queued and the
+    instance adopted (its job stopped), unless it overlaps what the state holds there."""
+    in_way = f"node {node} holds {r.id} where the reservation is"
+    kept = ev.evict(kept, functools.partial(_not_in_way, ev.sh, r), in_way)
+    if any(i.mask & r.mask for i in kept):
+        drift.append(f"{gid}: reported {r.id} overlaps the state")
+        if job:
+            ev.stops.append((job, gid, r.id))
+        return kept
+    if job:
+        _stop_foreign(r, job, gid, ev.stops)
+    kept.append(r)
+    return kept
 
 
 def stopped(store: Any, sh: Any, node: str, job: str) -> dict[str, Any]:
@@ -239,19 +245,15 @@ def lost(store: Any, sh: Any, node: str, now: float, reason: str) -> dict[str, A
     h = sh.nodes.get(node)
     if h is None or h.get("state") != "up":
         return {"requeued": [], "drift": [], "gpus": []}
-    requeued: list[str] = []
-    gangs: list[tuple[str, tuple[tuple[str, str], ...]]] = []
-    moves: list[Move] = []
+    ev = _Eviction(store, sh, now)
     ids = [g for g in h["gpus"].split(",") if g]
     for gid in ids:
         g = sh.gpus[gid]
-        _evict(store, sh, g.instances, lambda i: False, reason, now, requeued, gangs, moves)
+        ev.evict(g.instances, lambda i: False, reason)
         g.healthy = False
         g.instances = []
         store._save(sh, g, "claim")
-    stops: Stops = []
-    _free_moves(store, moves, node, None, stops)
-    _free_gangs(store, sh, gangs, node, stops)
+    ev.finish(node, None)
     h["state"] = "lost"
     h["lost_at"] = repr(now)
-    return {"requeued": requeued, "drift": [], "gpus": ids, "stops": [list(x) for x in stops]}
+    return {"requeued": ev.requeued, "drift": [], "gpus": ids, "stops": [list(x) for x in ev.stops]}

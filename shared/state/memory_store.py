@@ -5,8 +5,8 @@ Every transition runs synchronously inside one call, so it is atomic like a Lua 
 calls and ``run()`` applies them in order, like the Redis pipeline.
 
 ``MemoryState`` is assembled from one module per concern: ``memory_prelude`` (shards and the helpers of
-``prelude.lua``), ``memory_jobs`` (job transitions), ``memory_migrate`` (migration), ``memory_slots``
-(reservations and how a job leaves its slots), ``memory_nodes`` (node registration and loss),
+``prelude.lua``), ``memory_jobs`` (job transitions), ``memory_migrate`` (migration), ``memory_reserve``
+(reservations), ``memory_slots`` (how a job leaves its slots), ``memory_nodes`` (node registration and loss),
 ``memory_reads`` (reads). This module holds the class itself, the batch, the instance transition and the
 single-transition shortcuts.
 """
@@ -22,7 +22,7 @@ from shared.state.memory_jobs import JobTransitions
 from shared.state.memory_migrate import MigrationTransitions
 from shared.state.memory_prelude import _Shard
 from shared.state.memory_reads import MemoryReads
-from shared.state.memory_slots import reserve as _reserve
+from shared.state.memory_reserve import reserve as _reserve
 from shared.state.model import (
     PlacementFailure,
     ReleaseResult,

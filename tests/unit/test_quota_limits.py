@@ -14,7 +14,7 @@ from shared.policy.quota import Admit, QuotaBook, QuotaPolicy, TenantQuota, Usag
 from shared.policy.shard_quota import shard_limits
 from shared.state import usage as counters
 from shared.state.memory_prelude import _Shard
-from shared.state.memory_slots import over_quota
+from shared.state.memory_reserve import over_quota
 from shared.state.model import Reservation, StoredInstance
 
 pytestmark = pytest.mark.unit
