@@ -65,6 +65,21 @@ APPLIED_EXITS_MAX = 100_000
 """Hard cap of the remembered exits (a safety net: the window bounds them, ~rate × window)."""
 
 
+class _Effects:
+    """What one batch of reports leads to once its transitions ran."""
+
+    def __init__(self, gone: Any) -> None:
+        self.out: list[Outgoing] = []
+        self.freed: list[str] = []
+        """GPUs with room freed: one capacity signal names them all."""
+        self.left: list[tuple[Any, str, Any]] = []
+        """(GPU after the release, instance the job left, span): kept or destroyed once the exits are out."""
+        self.ended: list[tuple[str, str]] = []
+        """(node, job) gone from the node: an instance kept for it may idle."""
+        self.gone = gone
+        """A batch of reused instances a node lacks, dropped."""
+
+
 class Reports:
     def __init__(self, ctx: Context, idle: IdleInstances,
                  on_registered: Callable[[Delivery], Awaitable[None]]) -> None:
@@ -109,8 +124,31 @@ class Reports:
         await self.state.locate(d.data.node for d in ds)  # a node's block may name its shard
         now = time.time()
         b = self.state.batch()
+        fx = _Effects(self.state.batch())
+        after = self._queue(b, ds, now, fx)
+        results: list[Any] = []
+        if len(b):
+            with telemetry.step("registry apply reports", [d.ctx for d in ds]):
+                results = await b.run()
+        for d, idx, what in after:
+            if what == "done" and d.data.command == "migrate_start":
+                fx.out.extend(await self._stop_source(d, d.data, now))
+            elif idx < 0:
+                continue
+            elif what == "exit":
+                await self._after_exit(d, results[idx], now, fx)
+            elif what == "done":
+                self._after_done(d, results[idx], now, fx)
+            else:
+                await self._after_failed(d, results[idx], now, fx)
+        await self._publish(ds, now, fx)
+        for d, _, what in after:
+            if what == "exit":
+                self.applied.put(d.data.id, None)
+
+    def _queue(self, b: Any, ds: list[Delivery], now: float, fx: _Effects) -> list[tuple[Delivery, int, str]]:
+        """Each report's transition queued on ``b``: (the report, its result's index, what it was)."""
         after: list[tuple[Delivery, int, str]] = []
-        ended: list[tuple[str, str]] = []  # (node, job) gone from the node: an instance kept for it may idle
         for d in ds:
             r = d.data
             kind = r.__struct_config__.tag
@@ -119,7 +157,7 @@ class Reports:
             elif isinstance(r, CmdDone):
                 after.append((d, self._done(b, r, now), "done"))
                 if r.command == "stop" and r.job_id:
-                    ended.append((r.node, r.job_id))
+                    fx.ended.append((r.node, r.job_id))
             elif isinstance(r, CmdFailed):
                 after.append((d, self._failed(b, r, now), "failed"))
             elif isinstance(r, JobStarted):
@@ -129,87 +167,67 @@ class Reports:
                 attempt = place_attempt(r.started_by, r.job_id) if r.started_by else None
                 after.append((d, b.release(r.job_id, r.exit, r.reason or f"exit {r.exit}", now, iid, r.node,
                                            attempt, r.id), "exit"))
-        results: list[Any] = []
-        if len(b):
-            with telemetry.step("registry apply reports", [d.ctx for d in ds]):
-                results = await b.run()
-        out: list[Outgoing] = []
-        freed: list[str] = []
-        left: list[tuple[Any, str, Any]] = []  # (GPU after the release, instance the job left, span)
-        gone = self.state.batch()
-        for d, idx, what in after:
-            r = d.data
-            if what == "done" and r.command == "migrate_start":
-                out.extend(await self._stop_source(d, r, now))
-                continue
-            if idx < 0:
-                continue
-            res = results[idx]
-            if what == "done" and r.command == "place" and res == "stop":
-                out.append(self._stop_late(d, r, now))
-                continue
-            if what == "exit" and res.status == "member":  # one node of a gang across nodes completed its part
-                freed.extend(g for g, _ in res.slots)
-                continue
-            if what == "exit":
-                out.extend(self._exit_out(d, r, res, now))
-                if res.status == "ok" and res.stops:  # the other nodes of a gang across nodes stop their parts
-                    out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx)
-                               for c in member_stops(r.job_id, res.stops, now))
-                if res.status == "ok" and res.stop:
-                    out.append(self._stop_target(d, r, res.stop, now))
-                if res.status == "ok" and res.given_back:  # the move's ops may not have run: destroy them
-                    out.extend(await self.idle.destroy_given_back(res.given_back, now))
-                if res.status != "ok":  # not the state's copy: perhaps one a registration found and stopped
-                    ended.append((r.node, r.job_id))
-                if res.status == "ok" and res.gpu is not None and r.instance_id:
-                    left.append((res.gpu, r.instance_id, d.span))
+        return after
 
-            elif what == "done" and r.command == "migrate_stop" and res[0] == "ok":
-                src_gpu = res[1].split("|", 1)[0]
-                freed.append(src_gpu)
-                child(common.MIGRATIONS, "move", "committed").inc()
-            elif what == "done" and r.command == "destroy_idle" and res == "ok":
-                freed.append(_gpu_of(r))
-            elif what == "failed" and r.command == "place" and res[0] == "ok":
-                freed.extend(g for g in res[2].split(",") if g)  # a gang frees several GPUs
-                out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx)  # members of a gang that started
-                           for c in member_stops(r.job_id, res.stops, now))
-                missing = _MISSING.search(r.error)
-                if missing and res[2]:  # a reused instance the node lacks: forget it, or it is reused (and
-                    gone.instance("drop", r.node, res[2].split(",")[0], missing.group(1), now)  # fails) again
-                self.log.info(
-                    "placement of %s failed on %s (%s): job now %s", r.job_id, r.node, r.error, res[1]
-                )
-            elif what == "failed" and r.command == "migrate_start":
-                child(common.MIGRATIONS, "move", "aborted").inc()
-                if res[0] == "ok" and res[1]:
-                    out.extend(await self.idle.destroy_given_back(res[1], now))
-        if len(gone):
-            await gone.run()
-        for node, job in dict.fromkeys(ended):  # rare (stops, stale exits): one script each
-            freed.extend((await self.state.node_stopped(node, job, now))["gpus"])
-        if freed:
-            out.append(
-                Outgoing(
-                    self.subjects.sched_capacity,
-                    CapacityChanged(
-                        id=f"cap-{ds[0].msg.stream_seq}-{ds[0].subject}".replace(".", "-")[
-                            :200
-                        ],
-                        gpu_ids=tuple(sorted(set(freed))),
-                        reason="instances freed",
-                        at=now,
-                    ),
-                )
-            )
-        if out:
-            await self.bus.publish_batch(out)
-        if left:  # after jobs.exit is out: the balancer hears of the room first
-            await self.idle.retain_or_destroy(left)
-        for d, _, what in after:
-            if what == "exit":
-                self.applied.put(d.data.id, None)
+    async def _after_exit(self, d: Delivery, res: Any, now: float, fx: _Effects) -> None:
+        r = d.data
+        if res.status == "member":  # one node of a gang across nodes completed its part
+            fx.freed.extend(g for g, _ in res.slots)
+            return
+        fx.out.extend(self._exit_out(d, r, res, now))
+        if res.status != "ok":  # not the state's copy: perhaps one a registration found and stopped
+            fx.ended.append((r.node, r.job_id))
+            return
+        if res.stops:  # the other nodes of a gang across nodes stop their parts
+            fx.out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx)
+                          for c in member_stops(r.job_id, res.stops, now))
+        if res.stop:
+            fx.out.append(self._stop_target(d, r, res.stop, now))
+        if res.given_back:  # the move's ops may not have run: destroy them
+            fx.out.extend(await self.idle.destroy_given_back(res.given_back, now))
+        if res.gpu is not None and r.instance_id:
+            fx.left.append((res.gpu, r.instance_id, d.span))
+
+    def _after_done(self, d: Delivery, res: Any, now: float, fx: _Effects) -> None:
+        r = d.data
+        if r.command == "place" and res == "stop":
+            fx.out.append(self._stop_late(d, r, now))
+        elif r.command == "migrate_stop" and res[0] == "ok":
+            fx.freed.append(res[1].split("|", 1)[0])  # the source's GPU
+            child(common.MIGRATIONS, "move", "committed").inc()
+        elif r.command == "destroy_idle" and res == "ok":
+            fx.freed.append(_gpu_of(r))
+
+    async def _after_failed(self, d: Delivery, res: Any, now: float, fx: _Effects) -> None:
+        r = d.data
+        if r.command == "place" and res[0] == "ok":
+            fx.freed.extend(g for g in res[2].split(",") if g)  # a gang frees several GPUs
+            fx.out.extend(Outgoing(self.subjects.cmd(c.node), c, d.ctx)  # members of a gang that started
+                          for c in member_stops(r.job_id, res.stops, now))
+            missing = _MISSING.search(r.error)
+            if missing and res[2]:  # a reused instance the node lacks: forget it, or it is reused (and fails) again
+                fx.gone.instance("drop", r.node, res[2].split(",")[0], missing.group(1), now)
+            self.log.info("placement of %s failed on %s (%s): job now %s", r.job_id, r.node, r.error, res[1])
+        elif r.command == "migrate_start":
+            child(common.MIGRATIONS, "move", "aborted").inc()
+            if res[0] == "ok" and res[1]:
+                fx.out.extend(await self.idle.destroy_given_back(res[1], now))
+
+    async def _publish(self, ds: list[Delivery], now: float, fx: _Effects) -> None:
+        """The follow-up transitions, then one capacity signal for every GPU freed and the messages, then the
+        instances the exited jobs left kept or destroyed."""
+        if len(fx.gone):
+            await fx.gone.run()
+        for node, job in dict.fromkeys(fx.ended):  # rare (stops, stale exits): one script each
+            fx.freed.extend((await self.state.node_stopped(node, job, now))["gpus"])
+        if fx.freed:
+            cap_id = f"cap-{ds[0].msg.stream_seq}-{ds[0].subject}".replace(".", "-")[:200]
+            cap = CapacityChanged(id=cap_id, gpu_ids=tuple(sorted(set(fx.freed))), reason="instances freed", at=now)
+            fx.out.append(Outgoing(self.subjects.sched_capacity, cap))
+        if fx.out:
+            await self.bus.publish_batch(fx.out)
+        if fx.left:  # after jobs.exit is out: the balancer hears of the room first
+            await self.idle.retain_or_destroy(fx.left)
 
     def _done(self, b: Any, r: CmdDone, now: float) -> int:
         child(m.COMMANDS, r.command, "done").inc()
