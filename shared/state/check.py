@@ -50,110 +50,99 @@ def check_state(
     """``done``: the shard's ended jobs (``:done``); None skips rule 7. ``usage``: its usage counters
     (``StateStore.tenant_usage``); None skips rule 8."""
     out: list[Violation] = []
-    holders: dict[tuple[str, str], str] = {}  # (gpu, instance) -> job
+    holders: Holders = {}
     for g in gpus:
-        try:
-            model = geometry.model(g.model)
-        except UnknownModelError:
-            out.append(Violation(kind="model", subject=g.id, detail=f"unknown model {g.model!r}"))
-            continue
-        out.extend(_plain_violations(g))
-        seen = 0
-        counts: Counter[str] = Counter()
-        for i in g.instances:
-            if i.profile in PLAIN_PROFILES or not g.mig:
-                if i.job and i.state not in ("idle", "retiring"):  # retiring: a part being stopped
-                    holders[(g.id, i.id)] = i.job
-                continue  # checked by _plain_violations
-            if i.mask & seen:
-                out.append(
-                    Violation(kind="overlap", subject=g.id, detail=f"{i.id} overlaps another instance")
-                )
-            seen |= i.mask
-            counts[i.profile] += 1
-            if not model.has_profile(i.profile):
-                out.append(
-                    Violation(kind="profile", subject=g.id, detail=f"{i.id}: {model.name} has no {i.profile}")
-                )
-            elif i.start not in model.profile(i.profile).placements:
-                out.append(
-                    Violation(
-                        kind="placement",
-                        subject=g.id,
-                        detail=f"{i.id}: {i.profile} cannot start at {i.start}",
-                    )
-                )
-            if i.job and i.state not in ("idle", "retiring"):
-                holders[(g.id, i.id)] = i.job
-        for prof, n in counts.items():
-            if model.has_profile(prof) and n > model.profile(prof).max_count:
-                out.append(
-                    Violation(
-                        kind="count",
-                        subject=g.id,
-                        detail=f"{n} x {prof} > max {model.profile(prof).max_count}",
-                    )
-                )
-        if occupancy is not None and g.pos < len(occupancy) and occupancy[g.pos] != g.busy_mask:
-            out.append(
-                Violation(
-                    kind="occupancy",
-                    subject=g.id,
-                    detail=f"occupancy byte {occupancy[g.pos]:#04x} != busy mask {g.busy_mask:#04x}",
-                )
-            )
+        out.extend(_gpu_violations(geometry, g, occupancy, holders))
     named: set[tuple[str, str]] = set()
     for j in jobs:
-        if j.state not in JOB_STATES:
-            out.append(Violation(kind="state", subject=j.job_id, detail=f"unknown state {j.state!r}"))
-        if (j.state == "pending") != (j.job_id in pending):
-            out.append(
-                Violation(
-                    kind="queue",
-                    subject=j.job_id,
-                    detail=f"state {j.state} but {'in' if j.job_id in pending else 'not in'} the queue",
-                )
-            )
-        if j.state in ACTIVE_STATES:
-            held = j.slots or ((j.gpu, j.inst),)
-            if j.slots and j.slots[0] != (j.gpu, j.inst):
-                out.append(
-                    Violation(kind="reservation", subject=j.job_id, detail=f"first slot is not {j.gpu} {j.inst}")
-                )
-            completed = _completed_parts(j.slots, holders, j.job_id)
-            for gpu, inst in (*held, (j.mig_gpu, j.mig_inst)) if j.state == "migrating" else held:
-                named.add((gpu, inst))
-                if holders.get((gpu, inst)) != j.job_id and gpu.rpartition("/")[0] not in completed:
-                    out.append(
-                        Violation(
-                            kind="reservation",
-                            subject=j.job_id,
-                            detail=f"{j.state} on {gpu} {inst}, which does not hold it",
-                        )
-                    )
+        out.extend(_job_violations(j, pending, holders, named))
     states = {j.job_id: j.state for j in jobs}
-    for (gpu, inst), job in holders.items():
-        if job.startswith("~"):
-            continue
-        if (gpu, inst) not in named:
-            out.append(
-                Violation(
-                    kind="orphan",
-                    subject=gpu,
-                    detail=f"{inst} held by {job} ({states.get(job, 'unknown job')}) which does not name it",
-                )
-            )
-    known = set(states)
-    for q in pending - known:
-        out.append(Violation(kind="queue", subject=q, detail="queued but unknown"))
-    for d in sorted(done or ()):
-        # a live job listed as ended would be deleted under it (expire.lua skips it, but the record is wrong)
+    out.extend(_orphans(holders, named, states))
+    out.extend(Violation(kind="queue", subject=q, detail="queued but unknown") for q in pending - set(states))
+    out.extend(_done_violations(done or set(), states))
+    if usage is not None:
+        out.extend(_usage_violations(jobs, usage))
+    return out
+
+
+Holders = dict[tuple[str, str], str]
+"""(gpu, instance) -> the job its non-idle instance holds."""
+
+
+def _gpu_violations(geometry: Geometry, g: StoredGpu, occupancy: bytes | None, holders: Holders) -> list[Violation]:
+    """Rules 1-3 and 6 on one GPU; records in ``holders`` the job each of its instances holds."""
+    try:
+        model = geometry.model(g.model)
+    except UnknownModelError:
+        return [Violation(kind="model", subject=g.id, detail=f"unknown model {g.model!r}")]
+    out = _plain_violations(g)
+    seen = 0
+    counts: Counter[str] = Counter()
+    for i in g.instances:
+        if i.job and i.state not in ("idle", "retiring"):  # retiring: a part being stopped
+            holders[(g.id, i.id)] = i.job
+        if i.profile in PLAIN_PROFILES or not g.mig:
+            continue  # checked by _plain_violations
+        if i.mask & seen:
+            out.append(Violation(kind="overlap", subject=g.id, detail=f"{i.id} overlaps another instance"))
+        seen |= i.mask
+        counts[i.profile] += 1
+        if not model.has_profile(i.profile):
+            out.append(Violation(kind="profile", subject=g.id, detail=f"{i.id}: {model.name} has no {i.profile}"))
+        elif i.start not in model.profile(i.profile).placements:
+            detail = f"{i.id}: {i.profile} cannot start at {i.start}"
+            out.append(Violation(kind="placement", subject=g.id, detail=detail))
+    for prof, n in counts.items():
+        if model.has_profile(prof) and n > model.profile(prof).max_count:
+            detail = f"{n} x {prof} > max {model.profile(prof).max_count}"
+            out.append(Violation(kind="count", subject=g.id, detail=detail))
+    if occupancy is not None and g.pos < len(occupancy) and occupancy[g.pos] != g.busy_mask:
+        detail = f"occupancy byte {occupancy[g.pos]:#04x} != busy mask {g.busy_mask:#04x}"
+        out.append(Violation(kind="occupancy", subject=g.id, detail=detail))
+    return out
+
+
+def _job_violations(j: JobRecord, pending: set[str], holders: Holders, named: set[tuple[str, str]]) -> list[Violation]:
+    """Rules 4 and 5 on one job; records in ``named`` the instances an active job names."""
+    out: list[Violation] = []
+    if j.state not in JOB_STATES:
+        out.append(Violation(kind="state", subject=j.job_id, detail=f"unknown state {j.state!r}"))
+    if (j.state == "pending") != (j.job_id in pending):
+        where = "in" if j.job_id in pending else "not in"
+        out.append(Violation(kind="queue", subject=j.job_id, detail=f"state {j.state} but {where} the queue"))
+    if j.state not in ACTIVE_STATES:
+        return out
+    held = j.slots or ((j.gpu, j.inst),)
+    if j.slots and j.slots[0] != (j.gpu, j.inst):
+        out.append(Violation(kind="reservation", subject=j.job_id, detail=f"first slot is not {j.gpu} {j.inst}"))
+    completed = _completed_parts(j.slots, holders, j.job_id)
+    for gpu, inst in (*held, (j.mig_gpu, j.mig_inst)) if j.state == "migrating" else held:
+        named.add((gpu, inst))
+        if holders.get((gpu, inst)) != j.job_id and gpu.rpartition("/")[0] not in completed:
+            detail = f"{j.state} on {gpu} {inst}, which does not hold it"
+            out.append(Violation(kind="reservation", subject=j.job_id, detail=detail))
+    return out
+
+
+def _orphans(holders: Holders, named: set[tuple[str, str]], states: Mapping[str, str]) -> list[Violation]:
+    """Rule 5's other half: an instance held by a job that does not name it (``~``: a node's unknown run)."""
+    return [
+        Violation(kind="orphan", subject=gpu,
+                  detail=f"{inst} held by {job} ({states.get(job, 'unknown job')}) which does not name it")
+        for (gpu, inst), job in holders.items()
+        if not job.startswith("~") and (gpu, inst) not in named
+    ]
+
+
+def _done_violations(done: set[str], states: Mapping[str, str]) -> list[Violation]:
+    """Rule 7: a live job listed as ended would be deleted under it (expire.lua skips it, but the record is
+    wrong)."""
+    out: list[Violation] = []
+    for d in sorted(done):
         if d not in states:
             out.append(Violation(kind="done", subject=d, detail="listed as ended but unknown"))
         elif states[d] not in TERMINAL_STATES:
             out.append(Violation(kind="done", subject=d, detail=f"listed as ended but {states[d] or 'in no state'}"))
-    if usage is not None:
-        out.extend(_usage_violations(jobs, usage))
     return out
 
 
