@@ -168,6 +168,42 @@ def ha_servers(work: Path) -> Servers:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    sc = scenario(args.name)
+    work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
+    (work / "nats").mkdir()
+    (work / "redis").mkdir()
+    servers_up = ha_servers(work) if args.ha else single_servers(work, args.nats_procs)
+    nats_url, redis_url, server_pids, stop_servers, data_redis = servers_up
+    watch_redis(data_redis)
+    prof = Path(args.profile).resolve() if args.profile else None
+    config = _stack_config(args, sc.gpus, sc.model, work, prof)
+    os.environ["MIGSCHED_NATS_URL"] = nats_url
+    os.environ["MIGSCHED_REDIS_URL"] = redis_url
+    stack = Stack(config)
+    rc = 1
+    try:
+        stack.start()
+        asyncio.run(stack.wait_ready(120))
+        cmd = _harness_cmd(args, sc.name, stack, nats_url, argv)
+        print("+", " ".join(cmd), flush=True)
+        procs_by_name = {p.name: p.popen.pid for p in stack.procs if p.popen is not None}
+        rc = _run_harness(cmd, procs_by_name, server_pids, args.cpu_window)
+        print(redis_pauses(data_redis), flush=True)
+        print(f"nats-server JetStream store on disk: {disk_mib(work / 'nats'):.0f} MiB", flush=True)
+    finally:
+        status = stack.stop(grace_s=20)
+        stop_servers()
+        print("exit status:", status, flush=True)
+        print(pauses(work / "run"), flush=True)
+        # the servers' stores and the logs: ~100 MB a run, left behind by every run before
+        shutil.rmtree(work, ignore_errors=True)
+    if prof is not None:
+        print(hot_spots(prof), flush=True)
+    return rc
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m load.live", description=__doc__.splitlines()[0])
     ap.add_argument("name", help="a scenario of `python -m load scenarios`")
     ap.add_argument("--duration", type=float, help="seconds of arrivals (phases scaled in proportion)")
@@ -191,32 +227,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds ended jobs stay in Redis and messages in the streams (0: the services' defaults)")
     ap.add_argument("--retention-max", type=int,
                     help="most ended jobs kept in Redis per shard (MIGSCHED_JOB_RETENTION_MAX; default: the services')")
-    args = ap.parse_args(argv)
-    sc = scenario(args.name)
-    work = Path(tempfile.mkdtemp(prefix="migsched-live-"))
-    (work / "nats").mkdir()
-    (work / "redis").mkdir()
-    servers_up = ha_servers(work) if args.ha else single_servers(work, args.nats_procs)
-    nats_url, redis_url, server_pids, stop_servers, data_redis = servers_up
-    watch_redis(data_redis)
-    gpus = sc.gpus
+    return ap
+
+
+def _stack_config(args: argparse.Namespace, gpus: int, model: str, work: Path, prof: Path | None) -> StackConfig:
+    """The stack of a run: the scenario's GPUs as simulated nodes of up to 64 GPUs, in a fresh namespace; with
+    ``--ha`` R3 streams, a replica holding every transition acted on, and two of each service."""
     procs = max(1, math.ceil(gpus / 64))
-    per = gpus // procs
-    ns = "live" + uuid.uuid4().hex[:6]
     env = service_env(args.retention, args.retention_max)
-    prof = Path(args.profile).resolve() if args.profile else None
     if prof is not None:
         prof.mkdir(parents=True, exist_ok=True)
         for old in prof.glob("*.prof"):
             old.unlink()
         env["MIGSCHED_PROFILE"] = str(prof)
-    if args.ha:  # R3 streams, a replica holds every transition acted on, two of each service
+    if args.ha:
         env |= {"MIGSCHED_STREAM_REPLICAS": "3", "MIGSCHED_REDIS_WAIT_REPLICAS": "1"}
-    config = StackConfig(
+    return StackConfig(
         replicas=2 if args.ha else 1,
-        namespace=ns,
+        namespace="live" + uuid.uuid4().hex[:6],
         executors=procs,
-        gpus=f"{sc.model}:{per}",
+        gpus=f"{model}:{gpus // procs}",
         run_dir=work / "run",
         reconfig_latency_s=0.0,
         heartbeat_s=2.0,
@@ -225,98 +255,76 @@ def main(argv: list[str] | None = None) -> int:
         metrics=False,
         env=env,
     )
-    os.environ["MIGSCHED_NATS_URL"] = nats_url
-    os.environ["MIGSCHED_REDIS_URL"] = redis_url
-    stack = Stack(config)
-    rc = 1
+
+
+def _harness_cmd(args: argparse.Namespace, name: str, stack: Stack, nats_url: str,
+                 argv: list[str] | None) -> list[str]:
+    """``python -m load scenario`` against the stack, sampling the RSS of its processes."""
+    cfg = stack.config
+    cmd = [
+        sys.executable, "-m", "load", "scenario", name,
+        "--nats", nats_url.split(",")[0],  # a client learns the cluster's other servers from the first
+        "--namespace", cfg.namespace, "--rss", "--rss-interval", "2", "--drain", str(args.drain),
+    ]
+    for p in stack.procs:
+        if p.popen is not None:
+            cmd += ["--pid", f"{p.name}={p.popen.pid}"]
+    if args.duration:
+        cmd += ["--duration", str(args.duration)]
+    if args.report:
+        cmd += ["--report", args.report]
+    skip = [st for st in (args.skip or "").split(",") if st]
+    if "placed" not in skip:
+        skip.append("placed")  # the balancer sends the command itself: no sched.placed to watch
+    cmd += ["--skip", ",".join(skip)]
+    if args.timelines:
+        cmd += ["--timelines", str(Path(args.timelines).resolve())]
+    if args.final:
+        cmd += ["--final", args.final]
+    servers_note = ("a 3-server NATS cluster (R3 streams) and a Redis primary with two replicas and three "
+                    "sentinels (WAIT 1), two replicas of each service" if args.ha else
+                    f"one nats-server (GOMAXPROCS {args.nats_procs or 'default'}) and one Redis")
+    model, per = cfg.gpus.split(":")
+    notes = [
+        f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
+        f"registry, migration-planner, {cfg.executors} sim executor(s) × {per} {model} in "
+        f"{len(stack.executor_groups())} process(es); {servers_note}. "
+        f"Driver: `python -m load.live {' '.join(argv or sys.argv[1:])}`.",
+        *args.note,
+    ]
+    for n in notes:
+        cmd += ["--note", n]
+    return cmd
+
+
+def _run_harness(cmd: list[str], procs_by_name: dict[str, int], servers: dict[str, int], cpu_window: float) -> int:
+    """Run the harness and print the CPU seconds each stack process and server spent meanwhile (the servers
+    share the cores too: fewer messages or Redis calls per job show up there as well)."""
+    cpu0 = {name: cpu_seconds(pid) for name, pid in {**procs_by_name, **servers}.items()}
+    # the harness imports for a second or so before it sends: the watches started after it miss nothing
+    harness = subprocess.Popen(cmd, cwd=str(REPO))
+    watch = CpuWatch({**procs_by_name, **servers, "harness": harness.pid}, every_s=cpu_window)
+    if cpu_window > 0:
+        watch.start()
     try:
-        stack.start()
-        asyncio.run(stack.wait_ready(120))
-        pids = [f"{p.name}={p.popen.pid}" for p in stack.procs if p.popen is not None]
-        cmd = [
-            sys.executable,
-            "-m",
-            "load",
-            "scenario",
-            sc.name,
-            "--nats",
-            nats_url.split(",")[0],  # a client learns the cluster's other servers from the first
-            "--namespace",
-            ns,
-            "--rss",
-            "--rss-interval",
-            "2",
-            "--drain",
-            str(args.drain),
-        ]
-        for p in pids:
-            cmd += ["--pid", p]
-        if args.duration:
-            cmd += ["--duration", str(args.duration)]
-        if args.report:
-            cmd += ["--report", args.report]
-        skip = [st for st in (args.skip or "").split(",") if st]
-        if "placed" not in skip:
-            skip.append("placed")  # the balancer sends the command itself: no sched.placed to watch
-        if skip:
-            cmd += ["--skip", ",".join(skip)]
-        if args.timelines:
-            cmd += ["--timelines", str(Path(args.timelines).resolve())]
-        if args.final:
-            cmd += ["--final", args.final]
-        servers_note = ("a 3-server NATS cluster (R3 streams) and a Redis primary with two replicas and three "
-                        "sentinels (WAIT 1), two replicas of each service" if args.ha else
-                        f"one nats-server (GOMAXPROCS {args.nats_procs or 'default'}) and one Redis")
-        notes = [
-            f"Stack as processes on private servers (JetStream file storage, Redis AOF): balancer, "
-            f"registry, migration-planner, {procs} sim executor(s) × {per} {sc.model} in "
-            f"{len(stack.executor_groups())} process(es); {servers_note}. "
-            f"Driver: `python -m load.live {' '.join(argv or sys.argv[1:])}`.",
-            *args.note,
-        ]
-        for n in notes:
-            cmd += ["--note", n]
-        print("+", " ".join(cmd), flush=True)
-        procs_by_name = {p.name: p.popen.pid for p in stack.procs if p.popen is not None}
-        # the servers share the two cores too: fewer messages or Redis calls per job show up there as well
-        servers = server_pids
-        cpu0 = {name: cpu_seconds(pid) for name, pid in {**procs_by_name, **servers}.items()}
-        # the harness imports for a second or so before it sends: the watches started after it miss nothing
-        harness = subprocess.Popen(cmd, cwd=str(REPO))
-        watch = CpuWatch({**procs_by_name, **servers, "harness": harness.pid}, every_s=args.cpu_window)
-        if args.cpu_window > 0:
-            watch.start()
-        try:
-            rc = harness.wait()
-        except BaseException:  # as subprocess.call: an interrupted run leaves no harness behind
-            harness.kill()
-            harness.wait()
-            raise
-        finally:
-            watch.stop()
-        print("CPU seconds while the scenario ran (stack processes):", flush=True)
-        for name, pid in sorted(procs_by_name.items()):
-            print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
-        print("CPU seconds while the scenario ran (servers):", flush=True)
-        for name, pid in servers.items():
-            print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
-        print(redis_pauses(data_redis), flush=True)
-        print(f"nats-server JetStream store on disk: {disk_mib(work / 'nats'):.0f} MiB", flush=True)
-        if watch.windows:
-            print(f"CPU seconds per {args.cpu_window:g}-s window (and how busy all {watch.cores} cores were):",
-                  flush=True)
-            print(watch.table("cpu"), flush=True)
-            print(f"Seconds waiting, runnable, for a core per {args.cpu_window:g}-s window (all threads):", flush=True)
-            print(watch.table("wait"), flush=True)
+        rc = harness.wait()
+    except BaseException:  # as subprocess.call: an interrupted run leaves no harness behind
+        harness.kill()
+        harness.wait()
+        raise
     finally:
-        status = stack.stop(grace_s=20)
-        stop_servers()
-        print("exit status:", status, flush=True)
-        print(pauses(work / "run"), flush=True)
-        # the servers' stores and the logs: ~100 MB a run, left behind by every run before
-        shutil.rmtree(work, ignore_errors=True)
-    if prof is not None:
-        print(hot_spots(prof), flush=True)
+        watch.stop()
+    print("CPU seconds while the scenario ran (stack processes):", flush=True)
+    for name, pid in sorted(procs_by_name.items()):
+        print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
+    print("CPU seconds while the scenario ran (servers):", flush=True)
+    for name, pid in servers.items():
+        print(f"    {name:28s} {cpu_seconds(pid) - cpu0[name]:8.2f}", flush=True)
+    if watch.windows:
+        print(f"CPU seconds per {cpu_window:g}-s window (and how busy all {watch.cores} cores were):", flush=True)
+        print(watch.table("cpu"), flush=True)
+        print(f"Seconds waiting, runnable, for a core per {cpu_window:g}-s window (all threads):", flush=True)
+        print(watch.table("wait"), flush=True)
     return rc
 
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console, Group
@@ -25,6 +26,10 @@ from shared.errors import MigschedError
 from shared.mig.geometry import default_geometry
 from shared.sim.jobs import Workload
 from shared.state import TERMINAL_STATES
+
+if TYPE_CHECKING:
+    from migsched.replayer import Replay
+    from shared.state import RedisState
 
 
 def workload(trace: str, limit: int, seed: int, n_gpus: int) -> tuple[Workload, dict[str, int]]:
@@ -55,8 +60,6 @@ async def run(
     from shared.state import RedisState
 
     geometry = default_geometry()
-    per_node = gpus_per_node(stack.config.gpus)
-    n_gpus = per_node * stack.config.executors
     console.print(
         f"workload {workload.name}: {len(workload.jobs)} jobs over "
         f"{workload.jobs[-1].arrival - workload.jobs[0].arrival:,.0f} trace seconds at {speedup:g}x"
@@ -64,16 +67,14 @@ async def run(
     )
     await stack.wait_ready()
     stop = stop_event()
-    ns = stack.config.namespace
     state = RedisState.from_settings(stack.client_settings())
-    client = MigschedClient(stack.nats_url, namespace=ns)
+    client = MigschedClient(stack.nats_url, namespace=stack.config.namespace)
     await client.connect()
     sampler = livekpis.Sampler(state, geometry, workload)
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
     )
     published = progress.add_task("submitted", total=len(workload.jobs))
-    ended = progress.add_task("ended", total=len(workload.jobs))
     ids = [j.id for j in workload.jobs]
     t0 = time.time()
     sampling = asyncio.create_task(sampler.run())
@@ -82,30 +83,8 @@ async def run(
             client, workload, speedup, progress=lambda i, n: progress.update(published, completed=i)
         )
     )
-    finished = False
     try:
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
-            while not stop.is_set():
-                stack.check_alive()
-                view = await clusterview.read(state, geometry)
-                done = sum(1 for j in ids if view.jobs.get(j) in TERMINAL_STATES)
-                progress.update(ended, completed=done)
-                live.update(
-                    Group(
-                        clusterview.render(view, show_jobs=0, title=f"migsched demo ({ns})", compact=True),
-                        progress,
-                    )
-                )
-                if replaying.done() and done >= len(ids):
-                    finished = True
-                    break
-                if time.time() - t0 > timeout_s:
-                    console.print(
-                        f"[yellow]timed out after {timeout_s:.0f}s with {len(ids) - done} jobs open[/]"
-                    )
-                    break
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 0.25)
+        finished = await _watch(stack, console, state, ids, progress, replaying, stop, (t0, timeout_s))
         replay = await replaying if replaying.done() else None
         sampler.stop()
         await sampling
@@ -113,44 +92,60 @@ async def run(
             replaying.cancel()
             return 130 if stop.is_set() else 1
         wall = time.time() - t0
-        outcomes = await livekpis.outcomes(state, ids)
-        reconf = sum(
-            int(livekpis.scrape(port, "migsched_executor_reconfigurations_total"))
-            for name, port in stack.metrics_ports.items()
-            if name.startswith("executor")
-        )
-        live_k = livekpis.kpis(
-            workload,
-            replay,
-            outcomes,
-            sampler.samples,
-            geometry,
-            MODEL,
-            n_gpus,
-            reconfigurations=reconf,
-            wall_s=wall,
-        )
+        live_k = await _live_kpis(stack, state, workload, replay, sampler, wall)
+        per_node = gpus_per_node(stack.config.gpus)
         sim_k = livekpis.simulate(workload, stack.config.executors, per_node, MODEL)
         if not console.is_terminal:  # the live view's last line, written to a file or pipe, ends without one
             console.line()
         console.print(kpi_table(live_k, sim_k, speedup))
         if json_out is not None:
-            json_out.write_text(
-                json.dumps(
-                    {
-                        "live": live_k,
-                        "simulator": sim_k,
-                        "speedup": speedup,
-                        "workload": workload.name,
-                        "skipped": skipped,
-                    },
-                    indent=2,
-                )
-            )
+            report = {"live": live_k, "simulator": sim_k, "speedup": speedup, "workload": workload.name,
+                      "skipped": skipped}
+            json_out.write_text(json.dumps(report, indent=2))
         return 0 if finished else 1
     finally:
         await client.close()
         await state.close()
+
+
+async def _watch(stack: Stack, console: Console, state: RedisState, ids: list[str], progress: Progress,
+                 replaying: asyncio.Task[Replay], stop: asyncio.Event, limit: tuple[float, float]) -> bool:
+    """Draw the cluster and the progress until every job has ended (True), the time ``limit`` (start, seconds)
+    passes or a stop is asked for."""
+    t0, timeout_s = limit
+    geometry = default_geometry()
+    ended = progress.add_task("ended", total=len(ids))
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        while not stop.is_set():
+            stack.check_alive()
+            view = await clusterview.read(state, geometry)
+            done = sum(1 for j in ids if view.jobs.get(j) in TERMINAL_STATES)
+            progress.update(ended, completed=done)
+            title = f"migsched demo ({stack.config.namespace})"
+            live.update(Group(clusterview.render(view, show_jobs=0, title=title, compact=True), progress))
+            if replaying.done() and done >= len(ids):
+                return True
+            if time.time() - t0 > timeout_s:
+                console.print(f"[yellow]timed out after {timeout_s:.0f}s with {len(ids) - done} jobs open[/]")
+                return False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
+    return False
+
+
+async def _live_kpis(stack: Stack, state: RedisState, workload: Workload, replay: Replay,
+                     sampler: livekpis.Sampler, wall: float) -> dict[str, float | int]:
+    """The KPIs of the live run: the jobs' outcomes, the sampled occupancy, the executors' reconfigurations."""
+    ids = [j.id for j in workload.jobs]
+    outcomes = await livekpis.outcomes(state, ids)
+    reconf = sum(
+        int(livekpis.scrape(port, "migsched_executor_reconfigurations_total"))
+        for name, port in stack.metrics_ports.items()
+        if name.startswith("executor")
+    )
+    n_gpus = gpus_per_node(stack.config.gpus) * stack.config.executors
+    return livekpis.kpis(workload, replay, outcomes, sampler.samples, default_geometry(), MODEL, n_gpus,
+                         reconfigurations=reconf, wall_s=wall)
 
 
 
