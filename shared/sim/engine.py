@@ -22,24 +22,20 @@ from typing import Any
 
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.migration.unblock import UnblockParams
-from shared.policy.placement.align_index import AlignIndex
-from shared.policy.placement.alignment import AlignParams
-from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.decision import Slot
-from shared.policy.placement.gang import never_fits, spans_nodes
-from shared.policy.placement.index import PlacementIndex
-from shared.policy.placement.long_gangs import is_long
+from shared.policy.placement.gang import never_fits
 from shared.policy.placement.topology import never_within
 from shared.policy.reservation import Reservation, ReservationParams
 from shared.policy.retention import RecentDemand
 from shared.policy.snapshot import InstanceView
-from shared.sim import backfill, invariants, moves, release, reserving
+from shared.sim import backfill, invariants, moves, placer, release, reserving
 from shared.sim import events as ev
 from shared.sim.cluster import ClusterSpec, SimCluster
 from shared.sim.config import SimConfig
 from shared.sim.errors import InvariantError
 from shared.sim.interference import Interference
 from shared.sim.jobs import DONE, FUTURE, QUEUED, REJECTED, RUNNING, STARTING, SimJob, Workload
+from shared.sim.layouts import lay_out
 from shared.sim.metrics import Outcome, Recorder, RunResult
 from shared.sim.run import Policy, Spec
 
@@ -129,35 +125,18 @@ class Simulator:
             from shared.policy.migration import planner as migration
 
             self.mig = migration
-            self.mig_params = migration.MigrationParams(
-                threshold=self.cfg.threshold, cooldown_s=self.cfg.cooldown_s, max_moves=self.cfg.max_moves,
-                intra=getattr(spec, "migrate_intra", True), inter=getattr(spec, "migrate_inter", True),
-                pull_into_empty=getattr(spec, "pull_into_empty", True),
-                consolidate=getattr(spec, "consolidate", False),
-            )
-        self._initial_layout()
+            self.mig_params = moves.migration_params(spec, self.cfg)
+        self.layouts = lay_out(self.cluster, self.geometry, self.spec.initial_layout, workload)
+        """Each GPU's initial layout (``shared.sim.layouts``): what a static baseline restores."""
         if self.mig is not None:
             # the planner's pull sources and the screens of exits and ticks, kept incrementally
             # (shared.policy.migration.pull_index, shared.policy.migration.gate): the same moves, fewer plans
             self.cluster.attach_pull_index(self.mig_params.threshold, self.mig_params.cooldown_s)
             self.cluster.attach_defrag_screen(self.mig_params)
-        self.placer: PlacementIndex | AlignIndex | None = None
-        params = getattr(policy, "balancer_params", None)
-        align = getattr(policy, "align_params", None)
-        if isinstance(params, BalancerParams):
-            # the balancer's exact choice for MIG requests, kept incrementally (shared.policy.placement.index)
-            self.placer = self.cluster.attach_index(params)
-        elif isinstance(align, AlignParams) and AlignIndex.supports(align):
-            # migsched's exact choice for MIG requests, kept incrementally (shared.policy.placement.align_index)
-            self.placer = self.cluster.attach_align_index(align)
-        self.align = align if isinstance(align, AlignParams) else None
-        snap = self.cluster.snapshot() if self.align is not None else None
-        self.long_gangs = frozenset(
-            i for i, j in enumerate(self.jobs)
-            if snap is not None and self.align is not None and j.demand.kind == "gpus"
-            and not spans_nodes(snap, j.demand) and is_long(self.align, j.demand.gpus, self.hint(i), len(snap)))
-        """Jobs the policy's long-gang rule may keep waiting (``shared.policy.placement.long_gangs``): whether
-        one fits depends on the clock too, so their failures are not remembered (``backfill``)."""
+        self.placer, self.align = placer.attach(self.cluster, policy)
+        self.long_gangs = placer.long_gangs(self.cluster, self.jobs, self.align, self.hint)
+        """Jobs the policy's long-gang rule may keep waiting: whether one fits depends on the clock too, so their
+        failures are not remembered (``backfill``)."""
 
     def hint(self, i: int) -> float | None:
         """Job ``i``'s duration hint: its run time times ``hint_factor``; None when jobs give no hints."""
@@ -167,26 +146,6 @@ class Simulator:
     @property
     def version(self) -> int:
         return len(self.freed)
-
-    # set-up ------------------------------------------------------------------------------------------------
-    def _initial_layout(self) -> None:
-        self.layouts: dict[str, tuple[tuple[str, int], ...]] = {}
-        if not self.spec.initial_layout:
-            return
-        gpus = list(self.cluster.views.values())
-        if self.spec.initial_layout == "mix":
-            from shared.sim.layouts import mix_layouts
-
-            models = {g.model: self.geometry.model(g.model) for g in gpus}
-            self.layouts = mix_layouts(gpus, models, self.workload)
-        else:
-            from shared.policy.static_layouts import static_layout
-
-            for gpu in gpus:
-                self.layouts[gpu.id] = static_layout(self.geometry.model(gpu.model), self.spec.initial_layout)
-        for gpu in gpus:
-            for prof, start in self.layouts[gpu.id]:
-                self.cluster.add_idle(gpu.id, prof, start, f"{gpu.id}:{prof}@{start}:static")
 
     # the loop ----------------------------------------------------------------------------------------------
     def run(self) -> RunResult:

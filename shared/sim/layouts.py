@@ -11,11 +11,15 @@ the full-GPU layouts first so that whole nodes hold them (multi-GPU gangs need n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from shared.mig.geometry import GpuModel
+from shared.mig.geometry import Geometry, GpuModel
 from shared.mig.occupancy import Layout, fit_mix
 from shared.policy.snapshot import GpuView
 from shared.sim.jobs import Workload
+
+if TYPE_CHECKING:
+    from shared.sim.cluster import SimCluster
 
 # per shape: the mix of one GPU given to that shape (leftover slices get the next smaller shape)
 _KINDS: dict[str, dict[str, int]] = {
@@ -72,3 +76,21 @@ def mix_layouts(
         layout = _layout(model, kind) or _layout(model, "1g")
         out[gpu.id] = layout or ()
     return out
+
+
+def lay_out(cluster: SimCluster, geometry: Geometry, name: str | None, workload: Workload) -> dict[str, Layout]:
+    """Apply the initial layout ``name`` (``mix``, or a ``static_layout`` name; None or empty: none) to every GPU of
+    ``cluster`` as idle instances; returns each GPU's layout (what a static baseline restores)."""
+    if not name:
+        return {}
+    gpus = list(cluster.views.values())
+    if name == "mix":
+        layouts = mix_layouts(gpus, {g.model: geometry.model(g.model) for g in gpus}, workload)
+    else:
+        from shared.policy.static_layouts import static_layout
+
+        layouts = {gpu.id: static_layout(geometry.model(gpu.model), name) for gpu in gpus}
+    for gpu in gpus:
+        for prof, start in layouts[gpu.id]:
+            cluster.add_idle(gpu.id, prof, start, f"{gpu.id}:{prof}@{start}:static")
+    return layouts

@@ -11,12 +11,23 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from shared.policy.migration.gate import no_moves_after_exit
+from shared.policy.migration.moves import MigrationParams
 from shared.policy.placement.decision import Slot
 from shared.sim import events as ev
 from shared.sim.jobs import RUNNING
 
 if TYPE_CHECKING:
-    from shared.sim.run import SimRun
+    from shared.sim.config import SimConfig
+    from shared.sim.run import SimRun, Spec
+
+
+def migration_params(spec: Spec, cfg: SimConfig) -> MigrationParams:
+    """The planner's parameters for a policy that migrates: the run's thresholds, the policy's kinds of move."""
+    return MigrationParams(
+        threshold=cfg.threshold, cooldown_s=cfg.cooldown_s, max_moves=cfg.max_moves,
+        intra=getattr(spec, "migrate_intra", True), inter=getattr(spec, "migrate_inter", True),
+        pull_into_empty=getattr(spec, "pull_into_empty", True), consolidate=getattr(spec, "consolidate", False),
+    )
 
 
 class InFlight:
