@@ -44,15 +44,8 @@ import msgspec
 from shared.errors import MigschedError
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.priority import PriorityClass, PriorityClasses
-from shared.policy.quota import (
-    FUNGIBLE,
-    MIG_PREFIX,
-    CohortPolicy,
-    QuotaPolicy,
-    TenantQuota,
-    is_count,
-    is_resource,
-)
+from shared.policy.quota import CohortPolicy, QuotaPolicy, TenantQuota
+from shared.policy.resources import FUNGIBLE, MIG_PREFIX, is_count, is_resource
 
 ENV_FILE = "MIGSCHED_TENANCY_FILE"
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")

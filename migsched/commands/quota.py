@@ -25,7 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from migsched import endpoints
-from shared.policy.quota import QuotaBook, Usage, headroom
+from shared.policy.quota import QuotaBook, headroom
+from shared.policy.resources import Usage
 from shared.tenancy import Tenancy, TenancyError, load_tenancy
 
 

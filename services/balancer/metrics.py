@@ -21,7 +21,8 @@ from services.common.metric_cache import child
 from shared.events import JobSubmit
 from shared.mig.tables import popcount_table, tables_for
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_by_gpu, rate_of
-from shared.policy.quota import QuotaPolicy, Usage
+from shared.policy.quota import QuotaPolicy
+from shared.policy.resources import Usage
 from shared.policy.snapshot import ClusterSnapshot
 
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 86400)

@@ -21,17 +21,9 @@ from shared.errors import MigschedError
 from shared.policy.charges import instance_usage
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob, QueueEntry, order
-from shared.policy.quota import (
-    EMPTY,
-    GPU,
-    SHARED,
-    QuotaBook,
-    QuotaError,
-    Usage,
-    charge,
-    uncharge,
-)
+from shared.policy.quota import QuotaBook, QuotaError, charge, uncharge
 from shared.policy.reserve import ReserveParams
+from shared.policy.resources import EMPTY, GPU, SHARED, Usage
 from shared.policy.shard_quota import QuotaLimit, shard_limits
 from shared.policy.snapshot import ClusterSnapshot, GpuView
 from shared.tenancy import Reload, Tenancy, TenancyWatcher

@@ -16,8 +16,8 @@ import numpy as np
 from shared.mig.geometry import GpuModel, Profile
 from shared.policy.placement.decision import Placement
 from shared.policy.placement.sharing import SHARE_PROFILE, WHOLE_PROFILE
-from shared.policy.quota import COMPUTE, EMPTY, GPU, MEMORY, MIG_PREFIX, SHARED, Usage
 from shared.policy.request import Demand, resolve_profile
+from shared.policy.resources import COMPUTE, EMPTY, GPU, MEMORY, MIG_PREFIX, SHARED, Usage
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
 
 

@@ -20,7 +20,8 @@ from typing import Literal
 
 import msgspec
 
-from shared.policy.quota import COMPUTE, EMPTY, MEMORY, QuotaBook, Usage, Wait, admit_any
+from shared.policy.quota import QuotaBook, Wait, admit_any
+from shared.policy.resources import COMPUTE, EMPTY, MEMORY, Usage
 
 
 class PendingJob(msgspec.Struct, frozen=True, kw_only=True):

@@ -30,111 +30,18 @@ instance) is in ``shared.policy.charges``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Annotated, Literal
 
 import msgspec
 
 from shared.errors import MigschedError
-from shared.mig.geometry import Geometry
-
-MIG_PREFIX = "nvidia.com/mig-"
-GPU = "nvidia.com/gpu"
-SHARED = "nvidia.com/gpu.shared"
-COMPUTE = "compute_slices"
-MEMORY = "memory_gib"
-FUNGIBLE = (COMPUTE, MEMORY)
-DEVICE_COUNTS = (GPU, SHARED)
-_EPS = 1e-6
-_DIGITS = 6
+from shared.policy.resources import DIGITS, EMPTY, EPS, FUNGIBLE, Usage, is_count
 
 
 class QuotaError(MigschedError):
     """Quota accounting went wrong (uncharging what was never charged); a fault, never a "must wait"."""
-
-
-def is_count(resource: str) -> bool:
-    """Device counts are integers; fungible limits may be fractional."""
-    return resource not in FUNGIBLE
-
-
-def is_resource(resource: str, geometry: Geometry | None = None) -> bool:
-    """True for a resource a quota may name (MIG profile names checked against ``geometry`` when given)."""
-    if resource in FUNGIBLE or resource in DEVICE_COUNTS:
-        return True
-    if not resource.startswith(MIG_PREFIX) or len(resource) == len(MIG_PREFIX):
-        return False
-    if geometry is None:
-        return True
-    name = resource[len(MIG_PREFIX):]
-    return any(m.has_profile(name) for m in geometry.models)
-
-
-class Usage(Mapping[str, float]):
-    """An immutable amount per resource; missing = 0. Values are rounded to 1e-6 so that sums of GiB compare
-    exactly after a charge and its uncharge."""
-
-    __slots__ = ("_d", "_h")
-
-    def __init__(self, amounts: Mapping[str, float] | Iterable[tuple[str, float]] = ()) -> None:
-        items = amounts.items() if isinstance(amounts, Mapping) else amounts
-        d: dict[str, float] = {}
-        for k, v in items:
-            x = round(float(v), _DIGITS)
-            if x != 0:
-                d[k] = d.get(k, 0.0) + x
-        self._d = d
-        self._h: int | None = None
-
-    def __getitem__(self, key: str) -> float:
-        return self._d[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._d)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __hash__(self) -> int:
-        if self._h is None:
-            self._h = hash(frozenset(self._d.items()))
-        return self._h
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Usage):
-            return self._d == other._d
-        return isinstance(other, Mapping) and self._d == {k: v for k, v in other.items() if v != 0}
-
-    def __repr__(self) -> str:
-        return "Usage(" + ", ".join(f"{k}={v:g}" for k, v in sorted(self._d.items())) + ")"
-
-    def amount(self, resource: str) -> float:
-        return self._d.get(resource, 0.0)
-
-    def __add__(self, other: Mapping[str, float]) -> Usage:
-        d = dict(self._d)
-        for k, v in other.items():
-            d[k] = round(d.get(k, 0.0) + v, _DIGITS)
-        return Usage(d)
-
-    def __sub__(self, other: Mapping[str, float]) -> Usage:
-        d = dict(self._d)
-        for k, v in other.items():
-            d[k] = round(d.get(k, 0.0) - v, _DIGITS)
-        return Usage(d)
-
-    def scaled(self, n: float) -> Usage:
-        return Usage({k: v * n for k, v in self._d.items()})
-
-    def negative(self) -> tuple[str, ...]:
-        return tuple(k for k, v in self._d.items() if v < -_EPS)
-
-    def to_dict(self) -> dict[str, float]:
-        return dict(sorted(self._d.items()))
-
-
-EMPTY = Usage()
 
 
 # ---- the configuration a book reads ------------------------------------------------------------------------
@@ -247,7 +154,7 @@ class QuotaBook:
         tq = self.policy.tenant(tenant)
         if tq is None:
             return EMPTY
-        return Usage({r: v - tq.nominal(r) for r, v in self.used(tenant).items() if v > tq.nominal(r) + _EPS})
+        return Usage({r: v - tq.nominal(r) for r, v in self.used(tenant).items() if v > tq.nominal(r) + EPS})
 
     def borrowing(self, cohort: str) -> dict[str, Usage]:
         """The cohort's members that are borrowing, with what they borrow."""
@@ -300,7 +207,7 @@ Admission = Admit | Wait
 def _never(requested: float, most: float, what: str) -> str:
     """Said of a request no amount of waiting admits: more than ``most``, the most its tenant may ever use. It
     still waits rather than being refused, as the tenancy file may be raised while it waits (a reload)."""
-    if requested <= most + _EPS:
+    if requested <= most + EPS:
         return ""
     return f" (the job alone asks more than {what}: it runs only once the tenancy file raises it)"
 
@@ -323,7 +230,7 @@ def admit(book: QuotaBook, tenant: str, usage: Mapping[str, float]) -> Admission
             continue
         have = used.amount(r)
         new = have + q
-        if new <= nom + _EPS:
+        if new <= nom + EPS:
             continue
         over = new - max(nom, have)
         cap = tq.borrow_cap(r)
@@ -331,18 +238,18 @@ def admit(book: QuotaBook, tenant: str, usage: Mapping[str, float]) -> Admission
             return Wait(tenant=tenant, resource=r, requested=q, used=have, limit=nom,
                         detail=f"{tenant} would use {new:g} {r}; its quota is {nom:g}"
                                + _never(q, nom, "its whole quota"))
-        if new - nom > cap + _EPS:
+        if new - nom > cap + EPS:
             return Wait(tenant=tenant, resource=r, requested=q, used=have, limit=nom + cap,
                         detail=f"{tenant} would borrow {new - nom:g} {r} from cohort {tq.cohort}; "
                                f"its borrowing limit is {cap:g} (quota {nom:g})"
                                + _never(q, nom + cap, "its quota and borrowing limit together"))
         c_used, c_nom = book.cohort_totals(tq.cohort, r)
-        if c_used + q > c_nom + _EPS:
+        if c_used + q > c_nom + EPS:
             return Wait(tenant=tenant, resource=r, requested=q, used=have, limit=nom,
                         detail=f"{tenant} would use {new:g} {r} (quota {nom:g}) and cohort {tq.cohort} has "
                                f"{max(c_nom - c_used, 0):g} unused to lend"
                                + _never(q, c_nom, f"cohort {tq.cohort}'s whole quota"))
-        borrowed[r] = round(over, _DIGITS)
+        borrowed[r] = round(over, DIGITS)
         reasons.append(f"borrows {over:g} {r} from cohort {tq.cohort}")
     if not reasons:
         reasons.append(f"within {tenant}'s quota")
@@ -355,7 +262,7 @@ def within_nominal(book: QuotaBook, tenant: str, usage: Mapping[str, float]) -> 
     if tq is None:
         return False
     used = book.used(tenant)
-    return all(q <= 0 or used.amount(r) + q <= tq.nominal(r) + _EPS for r, q in usage.items())
+    return all(q <= 0 or used.amount(r) + q <= tq.nominal(r) + EPS for r, q in usage.items())
 
 
 def charge(book: QuotaBook, tenant: str, usage: Mapping[str, float]) -> QuotaBook:

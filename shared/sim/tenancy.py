@@ -31,8 +31,9 @@ from shared.policy.placement.balancer import BalancerParams
 from shared.policy.preemption import Victim
 from shared.policy.priority import PriorityClass
 from shared.policy.queue_order import PendingJob, order
-from shared.policy.quota import COMPUTE, MEMORY, QuotaBook, Usage, charge, uncharge
+from shared.policy.quota import QuotaBook, charge, uncharge
 from shared.policy.reserve import ReserveParams
+from shared.policy.resources import COMPUTE, MEMORY, Usage
 from shared.sim import events as ev
 from shared.sim import reserving
 from shared.sim.cluster import ClusterSpec

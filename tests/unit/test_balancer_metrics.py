@@ -14,8 +14,9 @@ from shared.mig.geometry import default_geometry
 from shared.mig.tables import tables_for
 from shared.policy.fragcost import UNIFORM_SHAPES, frag_rate
 from shared.policy.gpu_view import GpuView, InstanceView
-from shared.policy.quota import QuotaPolicy, TenantQuota, Usage
+from shared.policy.quota import QuotaPolicy, TenantQuota
 from shared.policy.request import mig
+from shared.policy.resources import Usage
 from shared.policy.snapshot import snapshot_of
 
 pytestmark = pytest.mark.unit

@@ -12,8 +12,9 @@ from shared.policy.placement.decision import JobRequest
 from shared.policy.placement.sharing import share_instance, whole_instance
 from shared.policy.preemption import NoVictims, Victims, choose_victims
 from shared.policy.priority import PriorityClass
-from shared.policy.quota import COMPUTE, CohortPolicy, QuotaBook, QuotaPolicy, TenantQuota, charge
+from shared.policy.quota import CohortPolicy, QuotaBook, QuotaPolicy, TenantQuota, charge
 from shared.policy.request import Demand, mig
+from shared.policy.resources import COMPUTE
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit

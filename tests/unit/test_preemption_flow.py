@@ -15,9 +15,10 @@ from shared.policy.admission import Hold, Start, decide
 from shared.policy.placement.decision import JobRequest
 from shared.policy.placement.sharing import SHARE_PROFILE, WHOLE_PROFILE, instance_for_slot
 from shared.policy.priority import PriorityClass
-from shared.policy.quota import COMPUTE, CohortPolicy, QuotaBook, QuotaPolicy, TenantQuota, charge, uncharge
+from shared.policy.quota import CohortPolicy, QuotaBook, QuotaPolicy, TenantQuota, charge, uncharge
 from shared.policy.request import Demand, mig
 from shared.policy.reserve import ReserveParams
+from shared.policy.resources import COMPUTE
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 
 pytestmark = pytest.mark.unit

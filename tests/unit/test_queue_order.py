@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.policy.queue_order import PendingJob, QueueEntry, dominant_share, order
-from shared.policy.quota import COMPUTE, MEMORY, QuotaBook, QuotaPolicy, TenantQuota, Usage, charge
+from shared.policy.quota import QuotaBook, QuotaPolicy, TenantQuota, charge
+from shared.policy.resources import COMPUTE, MEMORY, Usage
 
 pytestmark = pytest.mark.unit
 

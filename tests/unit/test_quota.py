@@ -13,10 +13,6 @@ from shared.policy.charges import capacity_of, placement_usage, profile_usage, r
 from shared.policy.placement.decision import JobRequest
 from shared.policy.placement.sharing import place_share
 from shared.policy.quota import (
-    COMPUTE,
-    GPU,
-    MEMORY,
-    SHARED,
     Admit,
     CohortPolicy,
     QuotaBook,
@@ -24,7 +20,6 @@ from shared.policy.quota import (
     QuotaPolicy,
     TenantQuota,
     Unlisted,
-    Usage,
     Wait,
     admit,
     admit_any,
@@ -34,6 +29,7 @@ from shared.policy.quota import (
     within_nominal,
 )
 from shared.policy.request import Demand, mig, sized
+from shared.policy.resources import COMPUTE, GPU, MEMORY, SHARED, Usage
 from shared.policy.snapshot import ClusterSnapshot, GpuView, snapshot_of
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.policy.quota import Admit, QuotaBook, QuotaPolicy, TenantQuota, Usage, admit
+from shared.policy.quota import Admit, QuotaBook, QuotaPolicy, TenantQuota, admit
+from shared.policy.resources import Usage
 from shared.policy.shard_quota import shard_limits
 from shared.state import usage as counters
 from shared.state.memory_prelude import _Shard

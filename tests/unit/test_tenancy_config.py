@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from migsched.commands.quota import command as quota_command
 from shared.policy.priority import BUILTIN_DEFAULT, PriorityClass, PriorityClasses, UnknownPriorityClassError
-from shared.policy.quota import COMPUTE, GPU
+from shared.policy.resources import COMPUTE, GPU
 from shared.tenancy import (
     ENV_FILE,
     TenancyError,
