@@ -83,36 +83,7 @@ class Commands:
             job_id=cmd.job_id,
         )
         if cmd.kind in ("stop", "migrate_stop", "resync"):
-            if cmd.cmd_id in self.stopped:
-                log.info("%s %s was carried out before: a run here now was placed since; none is stopped",
-                         cmd.kind, cmd.cmd_id)
-                return [done]
-            # A resync means the scheduler holds no job on this node (lost: all re-queued; unknown: never
-            # registered), so every workload here runs unbeknown to it, including ones started after the
-            # heartbeat that ``stop_jobs`` was read from; left running, registration would report their
-            # instances and the scheduler would adopt them idle and place other jobs on them (refused).
-            resync = (*cmd.stop_jobs, *(j for j in self.backend.running() if j not in cmd.stop_jobs))
-            for job in resync if cmd.kind == "resync" else (cmd.job_id,):
-                if not job:
-                    continue
-                if cmd.kind == "migrate_stop":
-                    if not self._runs_on(job, cmd.src_instance_id):
-                        continue  # moved within this node already (make-before-break in the backend)
-                    self.runs.retired.add(job)
-                elif cmd.kind == "stop" and (
-                        (cmd.src_instance_id and not self._runs_on(job, cmd.src_instance_id))
-                        or cmd.src_cmd_id not in (None, self.runs.started_by.get(job, cmd.src_cmd_id))):
-                    # a stop of one run (one a place command applied late started): the job runs elsewhere
-                    # here, or was started again by a later command (its current placement, maybe on an instance
-                    # of the same id), or no more, and that is not this stop's to end
-                    continue
-                self._log_stop(cmd, job)
-                await self.backend.stop_workload(job)
-            await self._ops(cmd)
-            if cmd.kind == "resync":
-                await self.registration.register()
-            self.stopped.put(cmd.cmd_id, None)
-            return [done]
+            return await self._stop(cmd, done)
         if cmd.kind == "destroy_idle":
             await self._ops(cmd)
             return [done]
@@ -121,24 +92,7 @@ class Commands:
         if cmd.kind == "migrate_start" and cmd.job_id not in self.backend.running():
             src_node = (cmd.src_instance_id or "").split("/", 1)[0]
             if src_node == self.node:  # its source copy was here and is gone: the job ended meanwhile
-                # Nothing is created: the state store removes a target created for a move when the job's exit
-                # is released (and when the move is aborted), whichever comes first. The exit goes out before
-                # this failure, so the registry releases the job before it aborts the (already ended) move.
-                await self.exits.reported(cmd.job_id, timeout=5.0)
-                # The idle instances in the target's way are destroyed all the same: the state store dropped
-                # them when it reserved the target and an abort does not bring them back, so a GPU that kept
-                # them would hold slices the state believes free (every placement there refused for overlap).
-                destroys = tuple(op for op in cmd.ops if op.kind in ("destroy_ci", "destroy_gi"))
-                kept = ""
-                if destroys:
-                    try:
-                        await self._ops(msgspec.structs.replace(cmd, ops=destroys))
-                    except MigschedError as exc:
-                        kept = f"; the idle instances in its way were not all destroyed: {exc}"
-                raise WorkloadError(
-                    f"cannot move job {cmd.job_id}: it ended on {self.node} before the move; the target "
-                    f"instance {cmd.instance_id} is not created{kept}"
-                )
+                await self._refuse_move_of_ended(cmd)
         created: list[InstanceInfo] = []
         try:
             return await self._start(cmd, ctx, done, created)
@@ -149,6 +103,61 @@ class Commands:
                     f"{exc}; could not undo: {'; '.join(left)}", code=getattr(exc, "code", None)
                 ) from exc
             raise
+
+    async def _stop(self, cmd: Command, done: CmdDone) -> list[Any]:
+        """A ``stop``, ``migrate_stop`` or ``resync``: the runs it names stopped, then its ops (idempotent on the
+        command's id)."""
+        if cmd.cmd_id in self.stopped:
+            log.info("%s %s was carried out before: a run here now was placed since; none is stopped",
+                     cmd.kind, cmd.cmd_id)
+            return [done]
+        # A resync means the scheduler holds no job on this node (lost: all re-queued; unknown: never
+        # registered), so every workload here runs unbeknown to it, including ones started after the
+        # heartbeat that ``stop_jobs`` was read from; left running, registration would report their
+        # instances and the scheduler would adopt them idle and place other jobs on them (refused).
+        resync = (*cmd.stop_jobs, *(j for j in self.backend.running() if j not in cmd.stop_jobs))
+        for job in resync if cmd.kind == "resync" else (cmd.job_id,):
+            if not job:
+                continue
+            if cmd.kind == "migrate_stop":
+                if not self._runs_on(job, cmd.src_instance_id):
+                    continue  # moved within this node already (make-before-break in the backend)
+                self.runs.retired.add(job)
+            elif cmd.kind == "stop" and (
+                    (cmd.src_instance_id and not self._runs_on(job, cmd.src_instance_id))
+                    or cmd.src_cmd_id not in (None, self.runs.started_by.get(job, cmd.src_cmd_id))):
+                # a stop of one run (one a place command applied late started): the job runs elsewhere
+                # here, or was started again by a later command (its current placement, maybe on an instance
+                # of the same id), or no more, and that is not this stop's to end
+                continue
+            self._log_stop(cmd, job)
+            await self.backend.stop_workload(job)
+        await self._ops(cmd)
+        if cmd.kind == "resync":
+            await self.registration.register()
+        self.stopped.put(cmd.cmd_id, None)
+        return [done]
+
+    async def _refuse_move_of_ended(self, cmd: Command) -> None:
+        """A ``migrate_start`` whose source copy ran here and is gone: the job ended meanwhile. Nothing is
+        created: the state store removes a target created for a move when the job's exit is released (and when
+        the move is aborted), whichever comes first. The exit goes out before this failure, so the registry
+        releases the job before it aborts the (already ended) move."""
+        await self.exits.reported(cmd.job_id or "", timeout=5.0)
+        # The idle instances in the target's way are destroyed all the same: the state store dropped them when it
+        # reserved the target and an abort does not bring them back, so a GPU that kept them would hold slices
+        # the state believes free (every placement there refused for overlap).
+        destroys = tuple(op for op in cmd.ops if op.kind in ("destroy_ci", "destroy_gi"))
+        kept = ""
+        if destroys:
+            try:
+                await self._ops(msgspec.structs.replace(cmd, ops=destroys))
+            except MigschedError as exc:
+                kept = f"; the idle instances in its way were not all destroyed: {exc}"
+        raise WorkloadError(
+            f"cannot move job {cmd.job_id}: it ended on {self.node} before the move; the target "
+            f"instance {cmd.instance_id} is not created{kept}"
+        )
 
     async def _start(
         self, cmd: Command, ctx: otel_context.Context, done: CmdDone, created: list[InstanceInfo]
