@@ -1,12 +1,18 @@
-"""Gangs across nodes: the multi-node-heavy mix (``-w synthetic:gangs``) under each policy, with and without
-reservations; one markdown row per cluster size and policy, means over the seeds.
+"""Gangs across nodes: the multi-node-heavy mix (``synthetic:gangs``), or a trace with gangs across nodes, under
+each policy, with and without reservations; one markdown row per cluster size and policy, means over the seeds.
 
     .venv/bin/python load/bench_gangs.py --gpus 256 --gpus 512 --seed 1 --seed 2 --seed 3
     .venv/bin/python load/bench_gangs.py --policy migsched --reserve-slack 3600   # holds with an hour of slack
+    .venv/bin/python load/bench_gangs.py -w itp:cluster04 --gpus 560 --gpus 672 --seed 0 --seed 1 --seed 2
+
+``-w`` takes any workload ``migsched simulate`` does: ``itp:clusterNN`` (Microsoft's ITP traces, ``migsched
+traces`` says where to get them) or ``csv:PATH`` with ``--csv-map``. A trace replays as recorded for seed 0;
+any other seed shifts each arrival by up to ``--jitter`` seconds either way, drawn from the seed.
 
 Columns: every job's rejection; the rejection of the *big* gangs (16 GPUs or more); their mean wait (over the
 gangs that ran) and p95 wait (a rejected gang counted at its patience, so that turning a gang away never
-shortens the tail); the mean wait of the *small* jobs (1g-4g MIG requests); rejected GPU-hours; the share of
+shortens the tail); the mean wait of the *small* jobs (1g-4g MIG requests; in a workload without them, jobs of
+one whole GPU); rejected GPU-hours; the share of
 the cluster's GPU-hours that reservations held idle; utilisation. When the FIFO-with-reservations reference
 (``first-fit[reserve=on]``) runs too, a second table gives each policy's big-gang rejection, big-gang p95 wait and
 small-job wait minus the reference's, paired by seed (mean ± standard deviation over the seeds): whether a
@@ -47,6 +53,24 @@ PAIRED = ("big rejected", "big wait p95 h", "small wait mean s")
 SIZE_COLUMNS = ("rejected", "wait mean h", "wait p95 h")
 
 
+class Source(NamedTuple):
+    """Where a run's jobs come from: a synthetic mix (``jobs`` at ``load``, drawn from the seed), or a trace
+    (``csv_map`` for ``csv:PATH``), replayed as recorded for seed 0 or with arrivals jittered by up to
+    ``jitter_s``."""
+
+    workload: str = "synthetic:gangs"
+    jobs: int = 5000
+    load: float = 0.9
+    csv_map: str = ""
+    jitter_s: float = 60.0
+
+    def spec(self, seed: int) -> WorkloadSpec:
+        if self.workload.startswith("synthetic"):
+            return WorkloadSpec(name=self.workload, seed=seed, jobs=self.jobs, load=self.load)
+        return WorkloadSpec(name=self.workload, csv_map=self.csv_map, seed=seed,
+                            jitter_s=self.jitter_s if seed else 0.0)
+
+
 class Figures(NamedTuple):
     """One run's figures: ``row`` in ``COLUMNS`` order; ``sizes``, per gang size of ``BIG`` GPUs or more, its
     figures in ``SIZE_COLUMNS`` order (waits as in ``COLUMNS``: the mean over the gangs that ran, the p95 with a
@@ -67,12 +91,11 @@ def paired(mine: list[list[float]], ref: list[list[float]]) -> dict[str, tuple[f
     return out
 
 
-def run(gpus: int, seed: int, label: str, jobs: int, load: float, patience_s: float,
-        slack_s: float = 0.0) -> Figures:
+def run(gpus: int, seed: int, label: str, source: Source, patience_s: float, slack_s: float = 0.0) -> Figures:
     """One run's figures (``slack_s``: the reservations' slack, ``--reserve-slack``)."""
     geo = default_geometry()
     cluster = parse_cluster([f"A100-40GB:{gpus}"], geo)
-    wl = build(WorkloadSpec(name="synthetic:gangs", seed=seed, jobs=jobs, load=load), cluster, geo)
+    wl = build(source.spec(seed), cluster, geo)
     cfg = SimConfig(patience_s=patience_s, seed=seed, reserve_slack_s=slack_s)
     name, params = parse_label(label)
     spec, policy = get_policy(name, **{**policy_params(name, wl, cfg), **params})
@@ -84,6 +107,8 @@ def run(gpus: int, seed: int, label: str, jobs: int, load: float, patience_s: fl
     size = np.array([j.demand.gpus if j.demand.kind == "gpus" else 0 for j in wl.jobs])
     big = size >= BIG
     small = np.array([j.demand.kind == "mig" and j.shape in SMALL for j in wl.jobs])
+    if not small.any():  # a trace of whole GPUs: its one-GPU jobs (a full-size instance each)
+        small = np.array([j.gpus == 1 and j.shape == "7g" for j in wl.jobs])
     cluster_gpu_h = gpus * k.makespan_s / 3600
     row = [
         k.rejection_rate, *_gangs(big, ran, wait), float(wait[small & ran].mean()) if (small & ran).any() else 0.0,
@@ -102,7 +127,7 @@ def _gangs(sel: npt.NDArray[np.bool_], ran: npt.NDArray[np.bool_], wait: npt.NDA
             float(np.percentile(wait[sel], 95) / 3600)]
 
 
-def _run(args: tuple[int, int, str, int, float, float, float]) -> Figures:
+def _run(args: tuple[int, int, str, Source, float, float]) -> Figures:
     return run(*args)
 
 
@@ -111,8 +136,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpus", type=int, action="append", help="cluster size (repeatable; default 256 and 512)")
     ap.add_argument("--seed", type=int, action="append", help="workload seed (repeatable; default 1, 2, 3)")
     ap.add_argument("--policy", action="append", help=f"policy label (repeatable; default {', '.join(LABELS)})")
-    ap.add_argument("--jobs", type=int, default=5000)
-    ap.add_argument("--load", type=float, default=0.9)
+    ap.add_argument("-w", "--workload", default="synthetic:gangs",
+                    help="synthetic:gangs, a trace (itp:clusterNN) or csv:PATH with --csv-map")
+    ap.add_argument("--jobs", type=int, default=5000, help="synthetic mix: how many jobs")
+    ap.add_argument("--load", type=float, default=0.9, help="synthetic mix: offered load")
+    ap.add_argument("--csv-map", default="", help="csv:PATH: what its columns mean (see migsched simulate)")
+    ap.add_argument("--jitter", type=float, default=60.0,
+                    help="trace: seconds each arrival may move either way in a replay of a seed other than 0")
     ap.add_argument("--patience", type=float, default=86400.0, help="seconds a job waits before it is rejected")
     ap.add_argument("--reserve-slack", type=float, default=0.0,
                     help="a job may take a held GPU if its hint ends at most this many seconds after the hold's start")
@@ -121,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.reserve_slack < 0:
         ap.error("--reserve-slack must be >= 0")
     sizes, seeds, labels = a.gpus or [256, 512], a.seed or [1, 2, 3], a.policy or list(LABELS)
-    tasks = [(g, s, label, a.jobs, a.load, a.patience, a.reserve_slack) for g in sizes for label in labels
-             for s in seeds]
+    source = Source(workload=a.workload, jobs=a.jobs, load=a.load, csv_map=a.csv_map, jitter_s=a.jitter)
+    tasks = [(g, s, label, source, a.patience, a.reserve_slack) for g in sizes for label in labels for s in seeds]
     with ProcessPoolExecutor(a.workers) as ex:
         results = list(ex.map(_run, tasks))
     runs: dict[tuple[int, str], list[Figures]] = defaultdict(list)

@@ -65,7 +65,8 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, co
     "--workload",
     default="openb:default",
     show_default=True,
-    help="openb[:VARIANT|PATH] | dlrm | csv:PATH | synthetic[:default|gangs] (gangs: 16- to 128-GPU jobs too)",
+    help="openb[:VARIANT|PATH] | dlrm | itp:cluster01..10 | csv:PATH | synthetic[:default|gangs] (gangs: 16- to "
+         "128-GPU jobs too)",
 )
 @click.option(
     "--csv-map",

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from shared.sim.workloads.catalog import SNAPSHOT, TRACES, UPSTREAM, traces_dir
+from shared.sim.workloads.catalog import TRACES, traces_dir
 
 
 @click.command("traces")
@@ -27,7 +27,7 @@ def command(as_json: bool) -> None:
                 "folder": str(root / t.folder),
                 "found": [f.name for f in files],
                 "what": t.what,
-                "source": {"repository": UPSTREAM, "commit": SNAPSHOT, "path": t.upstream_path},
+                "source": {"repository": t.upstream, "commit": t.snapshot, "path": t.upstream_path},
             }
         )
     missing = [r for r in rows if not r["found"]]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from load.bench_gangs import BIG, COLUMNS, SIZE_COLUMNS, Figures, paired, run
+from load.bench_gangs import BIG, COLUMNS, SIZE_COLUMNS, Figures, Source, paired, run
 from shared.mig.geometry import default_geometry
 from shared.sim.cluster import parse_cluster
 from shared.sim.workloads.spec import WorkloadSpec, build
@@ -13,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 
 def _run(label: str) -> Figures:
-    return run(128, 1, label, jobs=600, load=1.0, patience_s=86400.0)
+    return run(128, 1, label, Source(jobs=600, load=1.0), patience_s=86400.0)
 
 
 def _figures(label: str) -> dict[str, float]:
@@ -66,3 +68,23 @@ def _gang_counts() -> dict[int, int]:
         if j.demand.kind == "gpus" and j.demand.gpus >= BIG:
             counts[j.demand.gpus] = counts.get(j.demand.gpus, 0) + 1
     return counts
+
+
+def test_a_trace_of_whole_gpus_replays_with_its_one_gpu_jobs_as_the_small_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MIGSCHED_TRACES_DIR", str(tmp_path))
+    (tmp_path / "microsoft-itp-2021").mkdir()
+    # ITP's columns: a 16-GPU gang holds both nodes for an hour; a one-GPU job arrives 10 s in and waits for it
+    (tmp_path / "microsoft-itp-2021" / "cluster04.csv").write_text(
+        "job_id,submission_time,duration,num_gpu\ng,0,3600,16\ns,10,60,1\n")
+    row = run(16, 0, "first-fit", Source(workload="itp:cluster04"), patience_s=86400.0).row
+    figures = dict(zip(COLUMNS, row, strict=True))
+    assert figures["rejected"] == 0.0 and figures["big rejected"] == 0.0
+    assert 3590.0 <= figures["small wait mean s"] < 3700.0  # the gang's hour, plus its instances' creation
+
+
+def test_a_trace_is_replayed_as_recorded_for_seed_0_and_jittered_for_any_other() -> None:
+    source = Source(workload="itp:cluster04", jitter_s=30.0)
+    assert source.spec(0).jitter_s == 0.0 and source.spec(3).jitter_s == 30.0 and source.spec(3).seed == 3
+    assert Source().spec(3).name == "synthetic:gangs" and Source().spec(3).seed == 3

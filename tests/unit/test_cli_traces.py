@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from migsched.cli import main
 from shared.mig.geometry import default_geometry
 from shared.sim.errors import WorkloadError
-from shared.sim.workloads.catalog import SNAPSHOT, UPSTREAM
+from shared.sim.workloads.catalog import ITP_SNAPSHOT, ITP_UPSTREAM, SNAPSHOT, UPSTREAM
 from shared.sim.workloads.dlrm import load_dlrm
+from shared.sim.workloads.itp import load_itp
 from shared.sim.workloads.openb import load_openb
 
 pytestmark = pytest.mark.unit
@@ -40,8 +41,12 @@ def test_traces_lists_what_it_found_and_exits_non_zero_naming_the_source_of_what
         "commit": SNAPSHOT,
         "path": "cluster-trace-gpu-v2025/disaggregated_DLRM_trace.csv",
     }
+    assert listing["itp"]["source"] == {
+        "repository": ITP_UPSTREAM, "commit": ITP_SNAPSHOT, "path": "data/raw-traces.tar.gz",
+    }
     text = CliRunner().invoke(main, ["traces"]).stdout
     assert "dlrm: MISSING" in text and SNAPSHOT in text and str(root) in text
+    assert "unpack data/raw-traces.tar.gz into $MIGSCHED_TRACES_DIR/microsoft-itp-2021/" in text
 
 
 def test_traces_exits_zero_when_every_known_trace_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,6 +54,7 @@ def test_traces_exits_zero_when_every_known_trace_is_found(tmp_path: Path, monke
     for folder, name in (
         ("alibaba-gpu-v2023-openb", "openb_pod_list_gpushare60.csv"),
         ("alibaba-gpu-v2025-dlrm", "disaggregated_DLRM_trace.csv"),
+        ("microsoft-itp-2021", "cluster04.csv"),
     ):
         (root / folder).mkdir()
         (root / folder / name).write_text("x\n")
@@ -64,6 +70,8 @@ def test_a_missing_trace_error_says_where_it_looked_and_where_to_get_it(
         load_openb("default", a100)
     with pytest.raises(WorkloadError) as dlrm:
         load_dlrm(random.Random(1), gpus=8)
-    for err in (openb, dlrm):
+    with pytest.raises(WorkloadError) as itp:
+        load_itp("cluster04", a100)
+    for err, upstream in ((openb, UPSTREAM), (dlrm, UPSTREAM), (itp, ITP_UPSTREAM)):
         message = str(err.value)
-        assert str(tmp_path) in message and UPSTREAM in message and "migsched traces" in message
+        assert str(tmp_path) in message and upstream in message and "migsched traces" in message

@@ -114,6 +114,30 @@ def test_the_real_openb_default_trace_loads() -> None:
     assert len(wl.jobs) > 6000 and wl.dropped["cpu_only"] == 1088
 
 
+def test_an_itp_cluster_file_replays_its_jobs_as_full_gpus_and_gangs_across_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MIGSCHED_TRACES_DIR", str(tmp_path))
+    (tmp_path / "microsoft-itp-2021").mkdir()
+    (tmp_path / "microsoft-itp-2021" / "cluster02.csv").write_text(
+        "job_id,submission_time,duration,num_gpu\nb,30,7200,64\na,10,600,1\nc,50,0,4\n")
+    wl = build(WorkloadSpec(name="itp:02"), parse_cluster(["A100-40GB:64"], GEO), GEO)
+    assert wl.name == "itp:cluster02" and wl.dropped == {"non_positive_duration": 1}
+    assert [(j.id, j.arrival, j.duration, j.shape, j.gpus) for j in wl.jobs] == [
+        ("a", 10.0, 600.0, "7g", 1), ("b", 30.0, 7200.0, "7g", 64),
+    ]
+    assert wl.jobs[1].demand.kind == "gpus" and {j.wclass for j in wl.jobs} == {"large-training"}
+    with pytest.raises(WorkloadError, match="needs the cluster"):
+        build(WorkloadSpec(name="itp"), parse_cluster(["A100-40GB:64"], GEO), GEO)
+
+
+@needs_trace("itp", "cluster04.csv")
+def test_the_real_itp_cluster04_trace_loads_with_its_gangs_across_nodes() -> None:
+    wl = build(WorkloadSpec(name="itp:cluster04"), parse_cluster(["A100-40GB:560"], GEO), GEO)
+    sizes = [j.gpus for j in wl.jobs]
+    assert len(wl.jobs) > 15000 and max(sizes) == 64 and sum(n > 8 for n in sizes) > 400
+
+
 def test_a_csv_trace_replays_through_a_column_mapping(tmp_path: Path) -> None:
     p = tmp_path / "jobs.csv"
     p.write_text("submit_ts,runtime,gpu,user,prio\n10,60,0.2,alice,high\n0,30,0.5,bob,1\n20,5,2,carol,0\n")

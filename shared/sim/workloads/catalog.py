@@ -13,23 +13,28 @@ from pathlib import Path
 
 UPSTREAM = "https://github.com/alibaba/clusterdata"
 SNAPSHOT = "7a6c496e4f4b6ce6150be8f881cb051bf2abff42"
+ITP_UPSTREAM = "https://github.com/microsoft/elasticflow-traces"
+ITP_SNAPSHOT = "277ed24d0e908c31a1c98145819e2e3853d8ac00"
 
 
 @dataclass(frozen=True, slots=True)
 class Trace:
-    name: str  # the workload name the simulator takes (``openb:<variant>``, ``dlrm``)
+    name: str  # the workload name the simulator takes (``openb:<variant>``, ``dlrm``, ``itp:<cluster>``)
     folder: str  # under the traces directory
     pattern: str  # the files of this trace inside ``folder``
-    upstream_path: str  # inside UPSTREAM at SNAPSHOT
+    upstream_path: str  # inside ``upstream`` at ``snapshot``
     what: str
+    upstream: str = UPSTREAM
+    snapshot: str = SNAPSHOT
+    unpack: bool = False  # ``upstream_path`` is an archive whose files go into ``folder``
 
     def files(self, root: Path | None = None) -> list[Path]:
         return sorted((root or traces_dir()).joinpath(self.folder).glob(self.pattern))
 
     def fetch_hint(self) -> str:
         return (
-            f"clone {UPSTREAM}, check out {SNAPSHOT}, and copy {self.upstream_path} "
-            f"into $MIGSCHED_TRACES_DIR/{self.folder}/"
+            f"clone {self.upstream}, check out {self.snapshot}, and {'unpack' if self.unpack else 'copy'} "
+            f"{self.upstream_path} into $MIGSCHED_TRACES_DIR/{self.folder}/"
         )
 
 
@@ -47,6 +52,17 @@ TRACES: tuple[Trace, ...] = (
         pattern="disaggregated_DLRM_trace.csv",
         upstream_path="cluster-trace-gpu-v2025/disaggregated_DLRM_trace.csv",
         what="Alibaba DLRM inference instances (NSDI'25), one whole GPU each: the background load",
+    ),
+    Trace(
+        name="itp",
+        folder="microsoft-itp-2021",
+        pattern="cluster*.csv",
+        upstream_path="data/raw-traces.tar.gz",
+        what="Microsoft ITP training jobs (ElasticFlow, ASPLOS'23): 10 clusters, 69,351 jobs of 1-64 whole GPUs, "
+             "gangs across nodes among them",
+        upstream=ITP_UPSTREAM,
+        snapshot=ITP_SNAPSHOT,
+        unpack=True,
     ),
 )
 

@@ -1,6 +1,6 @@
-"""A workload from its name: ``openb[:VARIANT|PATH]``, ``dlrm[:PATH]``, ``csv:PATH`` (with a column mapping) or
-``synthetic[:MIX]``, with an optional DLRM background beside it. The CLI and the benchmark matrix both build
-their workloads here."""
+"""A workload from its name: ``openb[:VARIANT|PATH]``, ``dlrm[:PATH]``, ``itp:CLUSTER`` (Microsoft's ITP
+traces), ``csv:PATH`` (with a column mapping) or ``synthetic[:MIX]``, with an optional DLRM background beside it.
+The CLI and the benchmark matrix both build their workloads here."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from shared.sim.jobs import Workload
 
 class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
-    """``openb[:VARIANT|PATH]`` | ``dlrm[:PATH]`` | ``csv:PATH`` | ``synthetic[:MIX]``"""
+    """``openb[:VARIANT|PATH]`` | ``dlrm[:PATH]`` | ``itp:CLUSTER`` | ``csv:PATH`` | ``synthetic[:MIX]``"""
     seed: int = 0
     jobs: int = 10_000
     """synthetic: how many jobs"""
@@ -40,6 +40,7 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
 def build(spec: WorkloadSpec, cluster: ClusterSpec, geometry: Geometry) -> Workload:
     from shared.sim.workloads.csv import load_csv
     from shared.sim.workloads.dlrm import load_dlrm
+    from shared.sim.workloads.itp import load_itp
     from shared.sim.workloads.openb import load_openb
     from shared.sim.workloads.synthetic import MIXES, synthetic
 
@@ -47,6 +48,10 @@ def build(spec: WorkloadSpec, cluster: ClusterSpec, geometry: Geometry) -> Workl
     kind, _, arg = spec.name.partition(":")
     if kind == "openb":
         wl = load_openb(arg or "default", model, window=spec.window, time_scale=spec.time_scale, limit=spec.limit)
+    elif kind == "itp":
+        if not arg:
+            raise WorkloadError("-w itp:CLUSTER needs the cluster, cluster01 to cluster10")
+        wl = load_itp(arg, model)
     elif kind == "csv":
         if not arg or not spec.csv_map:
             raise WorkloadError("-w csv:PATH needs the file and --csv-map key=column,...")
@@ -62,7 +67,8 @@ def build(spec: WorkloadSpec, cluster: ClusterSpec, geometry: Geometry) -> Workl
         gpus = spec.dlrm_gpus or cluster.gpu_count / 2
         wl = load_dlrm(random.Random(spec.seed), gpus=gpus, path=arg or None)
     else:
-        raise WorkloadError(f"unknown workload {spec.name!r}: use openb[:VARIANT|PATH], dlrm, csv:PATH or synthetic")
+        raise WorkloadError(f"unknown workload {spec.name!r}: use openb[:VARIANT|PATH], dlrm, itp:CLUSTER, "
+                            "csv:PATH or synthetic")
     wl = wl.jittered(spec.jitter_s, spec.seed)
     if kind != "dlrm" and spec.dlrm_gpus > 0:
         t0 = wl.jobs[0].arrival
