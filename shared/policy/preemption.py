@@ -30,18 +30,17 @@ from collections.abc import Mapping
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
-from shared.mig.occupancy import span
-from shared.mig.tables import COST_SCALE, popcount_table, tables_for
+from shared.mig.tables import COST_SCALE, tables_for
 from shared.policy.placement.decision import JobRequest, Placement, Slot
 from shared.policy.placement.gang import spans_nodes
 from shared.policy.placement.sharing import SHARE_PROFILE, WHOLE_PROFILE, share_slot, whole_slot
 from shared.policy.priority import PriorityClass
 from shared.policy.quota import QuotaBook
-from shared.policy.request import full_profile, resolve_profile
+from shared.policy.request import full_profile
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView
-from shared.policy.victim_eligibility import BLOCKED, LOST_SCALE, LOW, Eligibility, Key, Why, victim_cost
+from shared.policy.victim_eligibility import BLOCKED, Eligibility, Key, Why, victim_cost
+from shared.policy.victim_starts import mig_options
 
 
 class Victim(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,142 +75,6 @@ class NoVictims(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Choice = Victims | NoVictims
-def _mig_options(snap: ClusterSnapshot, job: JobRequest, elig: Eligibility, counts: Counter[str]
-                 ) -> tuple[Key, Slot, dict[str, InstanceView]] | None:
-    """Vectorised over the GPUs of each model: one Python pass collects, per GPU, the slices held by jobs that
-    may not be preempted (``blocked``) and each eligible instance's start, end, lost work and priority; then
-    every legal start is scored for all GPUs at once with mask arithmetic and the FragCost table."""
-    cols: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(7)]
-    for model_name, pos in snap.groups.items():
-        model = snap.models[model_name]
-        prof = resolve_profile(job.demand, model)
-        if prof is None:
-            counts[f"{model_name} has no profile for {job.demand.label()}"] += int(pos.size)
-            continue
-        ok = np.asarray(snap.mig[pos], dtype=bool) & np.asarray(snap.healthy[pos], dtype=bool)
-        pos = pos[ok & (snap.busy[pos] != 0)]
-        if pos.size:
-            _score_starts(snap, pos, model.memory_slices, prof.memory_slices, prof.placements,
-                          tables_for(model).fragcost_q, elig, counts, prof.name, cols)
-    if not cols[0]:
-        return None
-    cnt, lost_q, pmax, psum, frag, where, neg_s = (np.concatenate(c) for c in cols)
-    for i in np.lexsort((neg_s, where, frag, psum, pmax, lost_q, cnt)):
-        p, s = int(where[i]), -int(neg_s[i])
-        g = snap.gpus[p]
-        model = snap.geometry.model(g.model)
-        prof = resolve_profile(job.demand, model)
-        assert prof is not None
-        pm = span(prof.memory_slices, s)
-        if sum(1 for x in g.instances if x.profile == prof.name and not x.mask & pm) >= prof.max_count:
-            counts[f"{prof.name} at its max count"] += 1
-            continue
-        overlap = [x for x in g.instances if x.mask & pm]
-        victims = {x.job_id: x for x in overlap if x.job_id is not None}
-        if len(overlap) == 1 and overlap[0].profile == prof.name and overlap[0].start == s:
-            slot = Slot(gpu_id=g.id, node=g.node, model=model.name, profile=prof.name, start=s,
-                        size=prof.memory_slices, compute=prof.compute_slices, action="reuse",
-                        instance_id=overlap[0].id)
-        else:
-            slot = Slot(gpu_id=g.id, node=g.node, model=model.name, profile=prof.name, start=s,
-                        size=prof.memory_slices, compute=prof.compute_slices, action="create",
-                        destroy=tuple(x.id for x in overlap))
-        key: Key = (int(cnt[i]), int(lost_q[i]) / LOST_SCALE, int(pmax[i]), int(psum[i]), int(frag[i]),
-                     p, -s)
-        return key, slot, victims
-    return None
-
-
-def _score_starts(
-    snap: ClusterSnapshot, pos: npt.NDArray[np.intp], slices: int, size: int, placements: tuple[int, ...],
-    fragcost_q: npt.NDArray[np.int64], elig: Eligibility, counts: Counter[str], name: str,
-    cols: list[list[npt.NDArray[np.int64]]],
-) -> None:
-    n = int(pos.size)
-    blocked = [0] * n
-    rows: list[int] = []
-    starts_l: list[int] = []
-    sizes_l: list[int] = []
-    lost_l: list[float] = []
-    prio_l: list[int] = []
-    gpus = snap.gpus
-    # the hot loop of victim selection: plain priority mode is inlined (reclaim asks ``elig.why``)
-    fast, by_prio, jp, me = not elig.reclaim, elig.by_priority, elig.job.priority, elig.job.job_id
-    ckpt, now = elig.checkpoints, elig.now
-    for k, p in enumerate(pos.tolist()):
-        g = gpus[p]
-        b = 0
-        for inst in g.instances:
-            j = inst.job_id
-            if j is None:
-                continue
-            if fast:
-                ok = by_prio and inst.preemptible and inst.priority < jp and j != me
-            else:
-                ok = elig.why(g, inst) is not None
-            if ok:
-                rows.append(k)
-                starts_l.append(inst.start)
-                sizes_l.append(inst.size)
-                since = max(inst.started_at, ckpt[j]) if j in ckpt else inst.started_at
-                lost_l.append(now - since if now > since else 0.0)
-                prio_l.append(inst.priority)
-            else:
-                b |= ((1 << inst.size) - 1) << inst.start
-        blocked[k] = b
-    has = np.zeros(n, dtype=bool)
-    if not rows:
-        counts[BLOCKED] += n
-        return
-    r = np.asarray(rows, dtype=np.intp)
-    st = np.asarray(starts_l, dtype=np.int64)
-    sz = np.asarray(sizes_l, dtype=np.int64)
-    has[r] = True
-    counts[BLOCKED] += int((~has).sum())
-    starts = np.zeros(n, dtype=np.int64)
-    np.bitwise_or.at(starts, r, np.left_shift(1, st))
-    lost = np.zeros((n, slices), dtype=np.int64)
-    lost[r, st] = np.rint(np.asarray(lost_l) * LOST_SCALE).astype(np.int64)
-    pmax_t = np.full((n, slices), LOW, dtype=np.int64)
-    pmax_t[r, st] = prio_l
-    psum_t = np.zeros((n, slices), dtype=np.int64)
-    psum_t[r, st] = prio_l
-    end = np.zeros((n, slices), dtype=np.int64)
-    end[r, st] = st + sz
-    cover = np.full((n, slices), -1, dtype=np.int64)
-    for d in range(slices):
-        sel = sz > d
-        cover[r[sel], st[sel] + d] = st[sel]
-    blk = np.asarray(blocked, dtype=np.int64)
-    busy = snap.busy[pos].astype(np.int64)
-    pop = popcount_table()
-    freeable = np.zeros(n, dtype=bool)
-    for s in placements:
-        pm = span(size, s)
-        clear = (blk & pm) == 0
-        freeable |= clear & has
-        idx = np.flatnonzero(clear & ((busy & pm) != 0))
-        if idx.size == 0:
-            continue
-        c = cover[idx, s]
-        extra = (c >= 0) & (c < s)  # an eligible instance that starts before s and reaches into it
-        cc = np.where(extra, c, 0)
-        win = slice(s, s + size)
-        cols[0].append(pop[starts[idx] & pm].astype(np.int64) + extra)
-        cols[1].append(lost[idx, win].sum(axis=1) + np.where(extra, lost[idx, cc], 0))
-        cols[2].append(np.maximum(pmax_t[idx, win].max(axis=1), np.where(extra, pmax_t[idx, cc], LOW)))
-        cols[3].append(psum_t[idx, win].sum(axis=1) + np.where(extra, psum_t[idx, cc], 0))
-        lo = np.where(extra, c, s)
-        hi = np.maximum(s + size, end[idx, win].max(axis=1))
-        gone = np.left_shift(np.left_shift(1, hi - lo) - 1, lo)
-        cols[4].append(fragcost_q[(busy[idx] & ~gone) | pm])
-        cols[5].append(pos[idx].astype(np.int64))
-        cols[6].append(np.full(idx.size, -s, dtype=np.int64))
-    stuck = int((has & ~freeable).sum())
-    if stuck:
-        counts[f"no {name} placement clear of protected jobs"] += stuck
-
-
 def _share_options(snap: ClusterSnapshot, elig: Eligibility, counts: Counter[str]
                    ) -> tuple[Key, Slot, dict[str, InstanceView]] | None:
     best: tuple[Key, Slot, dict[str, InstanceView]] | None = None
@@ -345,7 +208,7 @@ def choose_victims(
     if kind == "gpus":
         best = _gang_options(snap, job, elig, counts)
     else:
-        found = _mig_options(snap, job, elig, counts) if kind == "mig" else _share_options(snap, elig, counts)
+        found = mig_options(snap, job, elig, counts) if kind == "mig" else _share_options(snap, elig, counts)
         best = None if found is None else (found[0], (found[1],), found[2])
     if best is None:
         reasons = tuple(f"{n} GPU(s): {why}" for why, n in counts.most_common())
