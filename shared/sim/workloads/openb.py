@@ -64,77 +64,17 @@ def load_openb(
     path = resolve(trace)
     if time_scale <= 0:
         raise WorkloadError(f"time_scale must be positive, got {time_scale}")
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise WorkloadError(
-                f"{path.name} lacks column(s) {', '.join(missing)} (the multigpu* variants have "
-                f"no time columns and cannot be replayed)"
-            )
-        rows = list(reader)
+    rows = _rows(path)
+    lo, hi = _window(window, rows)
     dropped = {"cpu_only": 0, "never_scheduled": 0, "outside_window": 0}
-    lo, hi = -float("inf"), float("inf")
-    if window == "auto":
-        lo = min(float(r["deletion_time"]) for r in rows)
-    elif window != "all":
-        try:
-            a, _, b = window.partition(":")
-            lo, hi = float(a or "-inf"), float(b or "inf")
-        except ValueError:
-            raise WorkloadError(f"window {window!r} is not auto, all or START:END") from None
     jobs: list[SimJob] = []
     shapes: dict[int, str] = {}
     for line, r in enumerate(rows, start=2):
-        try:
-            num_gpu, milli = int(r["num_gpu"]), int(r["gpu_milli"] or 0)
-            if num_gpu == 0:
-                dropped["cpu_only"] += 1
-                continue
-            if not r["scheduled_time"]:
-                dropped["never_scheduled"] += 1
-                continue
-            created, sched, deleted = (
-                float(r["creation_time"]),
-                float(r["scheduled_time"]),
-                float(r["deletion_time"]),
-            )
-        except ValueError as exc:
-            raise WorkloadError(f"{path.name}:{line}: {exc}") from None
-        if window not in ("auto", "all") and not lo <= created < hi:
-            dropped["outside_window"] += 1
-            continue
-        arrival = created
-        run = deleted - sched
-        if window == "auto" and created < lo:
-            arrival, run = (
-                lo,
-                deleted - max(sched, lo),
-            )  # alive when the observation starts: the rest of its run
-        if run <= 0:
-            dropped["zero_duration"] = dropped.get("zero_duration", 0) + 1
-            continue
-        if num_gpu > 1:
-            demand, shape = Demand(kind="gpus", gpus=num_gpu), "7g"
+        got = _pod(r, f"{path.name}:{line}", model, shapes, (lo, hi), window == "auto")
+        if isinstance(got, str):
+            dropped[got] = dropped.get(got, 0) + 1
         else:
-            if milli not in shapes:
-                shapes[milli] = profile_for_fraction(model, min(max(milli, 1), 1000) / 1000.0).shape
-            shape = shapes[milli]
-            demand = Demand(kind="mig", profile=shape)
-        qos = r["qos"]
-        jobs.append(
-            SimJob(
-                id=r["name"],
-                arrival=arrival,
-                duration=run,
-                demand=demand,
-                shape=shape,
-                tenant=qos or "none",
-                priority=PRIORITY.get(qos, 0),
-                latency_sensitive=qos == "LS",
-                wclass=_wclass(qos, num_gpu, milli),
-            )
-        )
+            jobs.append(got)
     if not jobs:
         raise WorkloadError(f"{path.name}: no replayable GPU pods")
     ordered = sort_jobs(jobs)
@@ -149,6 +89,73 @@ def load_openb(
         jobs=ordered,
         dropped={k: v for k, v in dropped.items() if v},
         notes=notes,
+    )
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise WorkloadError(
+                f"{path.name} lacks column(s) {', '.join(missing)} (the multigpu* variants have "
+                f"no time columns and cannot be replayed)"
+            )
+        return list(reader)
+
+
+def _window(window: str, rows: list[dict[str, str]]) -> tuple[float, float]:
+    """The creation times replayed: ``auto`` from the observation window's start (the earliest deletion)."""
+    if window == "auto":
+        return min(float(r["deletion_time"]) for r in rows), float("inf")
+    if window == "all":
+        return -float("inf"), float("inf")
+    try:
+        a, _, b = window.partition(":")
+        return float(a or "-inf"), float(b or "inf")
+    except ValueError:
+        raise WorkloadError(f"window {window!r} is not auto, all or START:END") from None
+
+
+def _pod(r: dict[str, str], where: str, model: GpuModel, shapes: dict[int, str], bounds: tuple[float, float],
+         auto: bool) -> SimJob | str:
+    """One pod as a job, or why it is dropped. ``auto``: a pod alive when the window opens arrives then with the
+    rest of its run; otherwise a pod created outside ``bounds`` is dropped."""
+    try:
+        num_gpu, milli = int(r["num_gpu"]), int(r["gpu_milli"] or 0)
+        if num_gpu == 0:
+            return "cpu_only"
+        if not r["scheduled_time"]:
+            return "never_scheduled"
+        created, sched, deleted = float(r["creation_time"]), float(r["scheduled_time"]), float(r["deletion_time"])
+    except ValueError as exc:
+        raise WorkloadError(f"{where}: {exc}") from None
+    lo, hi = bounds
+    if not auto and not lo <= created < hi:
+        return "outside_window"
+    arrival, run = created, deleted - sched
+    if auto and created < lo:  # alive when the observation starts: the rest of its run
+        arrival, run = lo, deleted - max(sched, lo)
+    if run <= 0:
+        return "zero_duration"
+    if num_gpu > 1:
+        demand, shape = Demand(kind="gpus", gpus=num_gpu), "7g"
+    else:
+        if milli not in shapes:
+            shapes[milli] = profile_for_fraction(model, min(max(milli, 1), 1000) / 1000.0).shape
+        shape = shapes[milli]
+        demand = Demand(kind="mig", profile=shape)
+    qos = r["qos"]
+    return SimJob(
+        id=r["name"],
+        arrival=arrival,
+        duration=run,
+        demand=demand,
+        shape=shape,
+        tenant=qos or "none",
+        priority=PRIORITY.get(qos, 0),
+        latency_sensitive=qos == "LS",
+        wclass=_wclass(qos, num_gpu, milli),
     )
 
 
