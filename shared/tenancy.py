@@ -167,7 +167,24 @@ def parse_tenancy(text: str, origin: str = "<tenancy>", geometry: Geometry | Non
     if unknown_tenants not in ("unlimited", "deny"):
         problems.append(f"defaults.unknown_tenants: must be 'unlimited' or 'deny', got {unknown_tenants!r}")
         unknown_tenants = "unlimited"
+    classes = _classes(doc, problems)
+    cohorts = _cohorts(doc, problems)
+    tenants: list[TenantQuota] = []
+    tenant_classes: dict[str, str] = {}
+    known = ({c.name for c in classes}, {c.name for c in cohorts})
+    for name, raw in _table(doc.get("tenants", {}), "tenants", problems).items():
+        got = _tenant(name, raw, known, geometry, problems)
+        if got is not None:
+            tenants.append(got[0])
+            if got[1] is not None:
+                tenant_classes[name] = got[1]
+    if problems:
+        raise TenancyError(origin, problems)
+    return Tenancy(QuotaPolicy(tenants, cohorts, unknown_tenants), PriorityClasses(classes), tenant_classes,
+                   source=origin)
 
+
+def _classes(doc: dict[str, Any], problems: list[str]) -> list[PriorityClass]:
     classes: list[PriorityClass] = []
     for name, raw in _table(doc.get("priority_classes", {}), "priority_classes", problems).items():
         where = f"priority_classes.{name}"
@@ -183,8 +200,10 @@ def parse_tenancy(text: str, origin: str = "<tenancy>", geometry: Geometry | Non
     defaults_set = sorted(c.name for c in classes if c.default)
     if len(defaults_set) > 1:
         problems.append(f"priority_classes: more than one default class ({', '.join(defaults_set)})")
-    class_names = {c.name for c in classes}
+    return classes
 
+
+def _cohorts(doc: dict[str, Any], problems: list[str]) -> list[CohortPolicy]:
     cohorts: list[CohortPolicy] = []
     for name, raw in _table(doc.get("cohorts", {}), "cohorts", problems).items():
         where = f"cohorts.{name}"
@@ -195,44 +214,41 @@ def parse_tenancy(text: str, origin: str = "<tenancy>", geometry: Geometry | Non
                 cohorts.append(msgspec.convert({"name": name, **body}, CohortPolicy))
             except msgspec.ValidationError as exc:
                 problems.append(f"{where}: {exc}")
-    cohort_names = {c.name for c in cohorts}
+    return cohorts
 
-    tenants: list[TenantQuota] = []
-    tenant_classes: dict[str, str] = {}
-    for name, raw in _table(doc.get("tenants", {}), "tenants", problems).items():
-        where = f"tenants.{name}"
-        body = _table(raw, where, problems)
-        _unknown(body, _TENANT_KEYS, where, problems)
-        if not _name(name, "tenant", problems):
-            continue
-        cohort = body.get("cohort")
-        if cohort is not None and (not isinstance(cohort, str) or cohort not in cohort_names):
-            known = ", ".join(sorted(cohort_names)) or "none defined; add a [cohorts.<name>] table"
-            problems.append(f"{where}.cohort: unknown cohort {cohort!r}; known: {known}")
-            cohort = None
-        klass = body.get("priority_class")
-        if klass is not None:
-            if klass not in class_names:
-                problems.append(f"{where}.priority_class: unknown priority class {klass!r}; "
-                                f"known: {', '.join(sorted(class_names)) or 'none defined'}")
-            else:
-                tenant_classes[name] = klass
-        quota = _amounts(body.get("quota", {}), f"{where}.quota", geometry, problems)
-        borrowing = None
-        if "borrowing_limit" in body:
-            borrowing = _amounts(body["borrowing_limit"], f"{where}.borrowing_limit", geometry, problems)
-            if body.get("cohort") is None:
-                problems.append(f"{where}.borrowing_limit: a tenant borrows only within a cohort")
-        unlisted = body.get("unlisted", "auto")
-        if unlisted not in ("auto", "deny", "unlimited"):
-            problems.append(f"{where}.unlisted: must be 'auto', 'deny' or 'unlimited', got {unlisted!r}")
-            unlisted = "auto"
-        tenants.append(TenantQuota(name=name, cohort=cohort, quota=quota, borrowing_limit=borrowing,
-                                   unlisted=unlisted))
-    if problems:
-        raise TenancyError(origin, problems)
-    return Tenancy(QuotaPolicy(tenants, cohorts, unknown_tenants), PriorityClasses(classes), tenant_classes,
-                   source=origin)
+
+def _tenant(name: str, raw: Any, known: tuple[set[str], set[str]], geometry: Geometry,
+            problems: list[str]) -> tuple[TenantQuota, str | None] | None:
+    """One ``[tenants.<name>]`` table: its quota and its priority class (None: none or unknown), or None when
+    its name is not valid. ``known``: the priority classes' and the cohorts' names."""
+    class_names, cohort_names = known
+    where = f"tenants.{name}"
+    body = _table(raw, where, problems)
+    _unknown(body, _TENANT_KEYS, where, problems)
+    if not _name(name, "tenant", problems):
+        return None
+    cohort = body.get("cohort")
+    if cohort is not None and (not isinstance(cohort, str) or cohort not in cohort_names):
+        listed = ", ".join(sorted(cohort_names)) or "none defined; add a [cohorts.<name>] table"
+        problems.append(f"{where}.cohort: unknown cohort {cohort!r}; known: {listed}")
+        cohort = None
+    klass = body.get("priority_class")
+    if klass is not None and klass not in class_names:
+        problems.append(f"{where}.priority_class: unknown priority class {klass!r}; "
+                        f"known: {', '.join(sorted(class_names)) or 'none defined'}")
+        klass = None
+    quota = _amounts(body.get("quota", {}), f"{where}.quota", geometry, problems)
+    borrowing = None
+    if "borrowing_limit" in body:
+        borrowing = _amounts(body["borrowing_limit"], f"{where}.borrowing_limit", geometry, problems)
+        if body.get("cohort") is None:
+            problems.append(f"{where}.borrowing_limit: a tenant borrows only within a cohort")
+    unlisted = body.get("unlisted", "auto")
+    if unlisted not in ("auto", "deny", "unlimited"):
+        problems.append(f"{where}.unlisted: must be 'auto', 'deny' or 'unlimited', got {unlisted!r}")
+        unlisted = "auto"
+    quota_ = TenantQuota(name=name, cohort=cohort, quota=quota, borrowing_limit=borrowing, unlisted=unlisted)
+    return quota_, klass
 
 
 def load_tenancy(path: str | Path, geometry: Geometry | None = None) -> Tenancy:
