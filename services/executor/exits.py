@@ -90,35 +90,13 @@ class ExitReports:
                     self.runs.retired.discard(ex.job_id)  # its copy elsewhere carries on: not an exit
                     self.runs.forget(ex.job_id)
                     continue
-                instance_id: str | None
-                gpu_index: int | None
-                if ex.instance is not None and (ex.job_id in self.backend.running()
-                                                or self._earlier(ex)):
-                    # an earlier run's exit: the job runs again already (a redelivered or retried place started
-                    # it after this run ended), or its latest run here ended too (this exit was held back while
-                    # its start report was not out). The tables are the latest run's and stay for that run's own
-                    # exit; this one names its own instance, or the registry would take it for the latest run's
-                    # and end that placement, which may be the one that runs the job
-                    ctx = self.runs.ctx.get(ex.job_id)
-                    instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
-                else:
-                    ctx = self.runs.ctx.pop(ex.job_id, None)
-                    self.runs.started.pop(ex.job_id, None)
-                    instance_id, gpu_index, _ = self.runs.instance.pop(ex.job_id, (None, None, None))
-                    if instance_id is None and ex.instance is not None:
-                        # the tables lost this run (another run's exit took them): the exit still names the
-                        # instance it ran on, or the registry would apply it to the job's run wherever it is
-                        instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
+                ctx, instance_id, gpu_index = self._run_of(ex)
                 kind: ExitKind = _EXIT_KIND.get(ex.reason, "failed" if ex.status else "completed")
                 if recording:
                     span = _tracer.start_span(
                         "executor job exit",
                         context=ctx,
-                        attributes={
-                            "migsched.job_id": ex.job_id,
-                            "migsched.exit": kind,
-                            "migsched.status": ex.status,
-                        },
+                        attributes={"migsched.job_id": ex.job_id, "migsched.exit": kind, "migsched.status": ex.status},
                     )
                     spans.append(span)
                     ctx = trace.set_span_in_context(span, ctx)
@@ -141,6 +119,25 @@ class ExitReports:
                 span.end()
             for o in out:
                 self.published(o.msg)  # type: ignore[arg-type]
+
+    def _run_of(self, ex: WorkloadExit) -> tuple[Any, str | None, int | None]:
+        """The trace context, instance and GPU index the exit ``ex`` reports; the latest run's tables are
+        dropped unless the exit is an earlier run's."""
+        if ex.instance is not None and (ex.job_id in self.backend.running() or self._earlier(ex)):
+            # an earlier run's exit: the job runs again already (a redelivered or retried place started it after
+            # this run ended), or its latest run here ended too (this exit was held back while its start report
+            # was not out). The tables are the latest run's and stay for that run's own exit; this one names its
+            # own instance, or the registry would take it for the latest run's and end that placement, which may
+            # be the one that runs the job
+            return self.runs.ctx.get(ex.job_id), self.book.name_of(ex.instance), ex.instance.gpu_index
+        ctx = self.runs.ctx.pop(ex.job_id, None)
+        self.runs.started.pop(ex.job_id, None)
+        instance_id, gpu_index, _ = self.runs.instance.pop(ex.job_id, (None, None, None))
+        if instance_id is None and ex.instance is not None:
+            # the tables lost this run (another run's exit took them): the exit still names the instance it ran
+            # on, or the registry would apply it to the job's run wherever it is
+            instance_id, gpu_index = self.book.name_of(ex.instance), ex.instance.gpu_index
+        return ctx, instance_id, gpu_index
 
     def published(self, report: JobExited) -> None:
         self.recent.put(report.job_id, None)
