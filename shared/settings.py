@@ -142,6 +142,11 @@ class BalancerSettings(Settings):
     """A job may take a held GPU if its duration hint ends at most this long after the hold's expected start
     (relaxed backfill): the held job may start up to this much later, and the queue behind it moves sooner.
     0 = only jobs that end before the start."""
+    default_hint_s: float = 0.0
+    """How long a job submitted without ``duration_hint_s`` is expected to run, for planning alone (Slurm's
+    DefaultTime): its GPUs count as freeing then when a hold plans which GPUs a large job waits for, and a
+    placement aligns with that end. 0 = its end is unknown and no hold counts on its GPUs. It never stops the
+    job, and such a job still may not use held GPUs."""
     threshold: float = 0.4
     """Lazy/Busy load threshold ``t``."""
     dynamic: bool = True
@@ -181,6 +186,8 @@ class BalancerSettings(Settings):
             raise SettingsError("MIGSCHED_ALIGN_MINUTE_S must be > 0")
         if not self.reserve_slack_s >= 0:
             raise SettingsError("MIGSCHED_RESERVE_SLACK_S must be >= 0")
+        if not self.default_hint_s >= 0:
+            raise SettingsError("MIGSCHED_DEFAULT_HINT_S must be >= 0 (0: no default)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

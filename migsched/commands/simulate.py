@@ -185,6 +185,14 @@ def _progress(enabled: bool) -> tuple[Callable[[str, int, int], None] | None, co
     help="a job may take a held GPU if its hint ends at most this many seconds after the hold's expected start "
     "(relaxed backfill); 0 = only if it ends before",
 )
+@click.option(
+    "--default-hint",
+    type=click.FloatRange(min=0.0),
+    default=0.0,
+    show_default=True,
+    help="seconds a job without a hint is expected to run, for planning holds (MIGSCHED_DEFAULT_HINT_S); 0 = "
+    "unknown",
+)
 @click.option("--sweep-threshold", default=None, help="run paper at each t, e.g. 0.2,0.3,0.4,0.5,0.6")
 @click.option(
     "--sweep-policy",

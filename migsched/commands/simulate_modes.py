@@ -37,6 +37,7 @@ def config(o: dict[str, Any], seed: int, patience: float) -> Any:
         reserve_after_s=float(o["reserve_after"]),
         max_reservations=int(o["max_reservations"]),
         reserve_slack_s=float(o["reserve_slack"]),
+        default_hint_s=float(o["default_hint"]),
     )
 
 

@@ -97,8 +97,11 @@ class DecisionMetrics:
 
 class Decider:
     def __init__(self, shards: Shards, ledger: TenantLedger, params: BalancerParams, policy: PlacementPolicy | None,
-                 reserves: bool, geometry: Geometry, metrics: DecisionMetrics) -> None:
+                 reserves: bool, geometry: Geometry, metrics: DecisionMetrics, default_hint_s: float = 0.0) -> None:
         self.shards = shards
+        self.default_hint_s = default_hint_s
+        """The expected run of a job without a hint (``MIGSCHED_DEFAULT_HINT_S``), written as its instances'
+        end."""
         self.ledger = ledger
         self.params = params
         self.policy = policy
@@ -333,12 +336,12 @@ class Decider:
         views = ({s.gpu_id: placed_view(mirror.get(s.gpu_id), victims) for s in dec.slots}
                  if gang and dec.slot.profile not in PLAIN_PROFILES else {})
         victim_jobs = {v.job_id for v in victims}
+        expected = sub.duration_hint_s or self.default_hint_s
         slots: list[SlotReservation] = []
         for s in dec.slots:
             # a gang's member never moves alone (its instance is not migratable)
             inst = reservation_instance(s, sub.job_id, c.priority, sub.tenant, sub.latency_sensitive,
-                                        sub.migratable and not gang,
-                                        now + sub.duration_hint_s if sub.duration_hint_s else 0.0)
+                                        sub.migratable and not gang, now + expected if expected else 0.0)
             if klass is not None:
                 inst.pre = klass.preemptible
             ver = mirror.apply(s, sub.job_id, inst, victim_jobs)

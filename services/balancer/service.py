@@ -93,7 +93,8 @@ class Balancer(Service):
             self.ledger.shard_of = lambda gpu_id: self.state.node_shard(gpu_id.rpartition("/")[0])
         self.waiting = Waiting()
         metrics = DecisionMetrics()
-        decider = Decider(self.shards, self.ledger, self.params, self.policy, self.reserves, self.geometry, metrics)
+        decider = Decider(self.shards, self.ledger, self.params, self.policy, self.reserves, self.geometry, metrics,
+                          default_hint_s=st.default_hint_s)
         self.dispatcher = Dispatcher(self.bus, self.state, self.geometry, st.max_attempts,
                                      lambda: self.waiting.request(queue_grew=True), self.log)
         self.pipeline = Pipeline(self.state, self.shards, self.ledger, decider, self.dispatcher, self.waiting,

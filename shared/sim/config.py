@@ -43,6 +43,10 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     hint_factor: float = 1.0
     """Each job's duration hint is its run time times this (users who overestimate give > 1); 0 = jobs give
     no hints. Reservations let only jobs whose hint ends before a hold's start use held GPUs."""
+    default_hint_s: float = 0.0
+    """How long a running job without a hint is expected to run, for planning alone (the GPUs a hold waits for
+    free at their jobs' expected ends); 0 = such a job's end is unknown and no hold counts on its GPU. The job
+    itself still may not use held GPUs."""
     reserve_after_s: float = 1200.0
     """A large job (whole GPUs) that fits on one node and has waited this long without fitting gets a
     reservation (policies that reserve); a gang bigger than every node gets one at once."""

@@ -300,6 +300,7 @@ class Simulator:
 
     def template(self, i: int) -> InstanceView:
         j = self.jobs[i]
+        expected = self._expected_s(j)
         return InstanceView(
             id="",
             profile="",
@@ -312,8 +313,13 @@ class Simulator:
             priority=j.priority,
             tenant=j.tenant,
             started_at=self.now,
-            ends_at=self.now + j.duration * self.cfg.hint_factor if self.cfg.hint_factor > 0 else None,
+            ends_at=None if expected is None else self.now + expected,
         )
+
+    def _expected_s(self, j: SimJob) -> float | None:
+        """How long a job that starts is expected to run: its hint, or the planning default without one."""
+        cfg = self.cfg
+        return j.duration * cfg.hint_factor if cfg.hint_factor > 0 else (cfg.default_hint_s or None)
 
     def ops_ready(self, gpu_id: str, ops: int) -> float:
         """Operations on one GPU run one after the other; different GPUs reconfigure in parallel."""

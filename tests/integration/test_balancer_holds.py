@@ -22,19 +22,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 GEO = default_geometry()
 
 
-def submit(job: str, profile: str, hint: float, tenant: str = "default") -> JobSubmit:
+def submit(job: str, profile: str, hint: float | None, tenant: str = "default") -> JobSubmit:
     return JobSubmit(id=f"s-{job}", job_id=job, demand=Demand(kind="mig", profile=profile),
                      duration_hint_s=hint, submitted_at=now(), tenant=tenant)
 
 
 @contextlib.asynccontextmanager
 async def one_node(prefix: str, nats_url: str, redis_url: str, gpus: int, slack_s: float = 0.0,
-                   tenancy_file: str = "") -> AsyncIterator[tuple[Namespace, Stack]]:
+                   tenancy_file: str = "", default_hint_s: float = 0.0) -> AsyncIterator[tuple[Namespace, Stack]]:
     """The stack with one scripted node of ``gpus`` GPUs, once the balancer's mirror holds them all. Holds are
     due at once (``MIGSCHED_RESERVE_AFTER_S=0``): these tests are about what a hold does."""
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
         stack = Stack(prefix, nats_url, redis_url, reserve_after_s=0.0, reserve_slack_s=slack_s,
-                      tenancy_file=tenancy_file)
+                      tenancy_file=tenancy_file, default_hint_s=default_hint_s)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=gpus)
         await ex.start()
@@ -106,6 +106,35 @@ async def test_a_waiting_whole_gpu_job_holds_the_gpu_that_frees_first(
         view = await clusterview.read(ns.state, GEO)
         assert [h.job_id for h in view.holds] == ["big"]
         assert view.reasons["big"].startswith("reserved: big: 1 GPU(s) on n1 held, expected free in")
+
+
+@pytest.mark.parametrize("default_hint_s", [0.0, 600.0])
+async def test_jobs_without_hints_let_a_hold_be_planned_only_with_a_default_expected_run(
+    prefix: str, nats_url: str, redis_url: str, default_hint_s: float
+) -> None:
+    async with one_node(prefix, nats_url, redis_url, 2, default_hint_s=default_hint_s) as (ns, stack):
+        gpu_of = running_gpu(ns)
+        t0 = now()
+        for job in ("a", "b"):  # a 4g on each GPU, neither with a hint
+            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit(job, "4g.20gb", None))
+            assert await until(lambda job=job: gpu_of(job))  # type: ignore[misc]
+        gpus = [g for g in (await ns.state.get_gpus([await gpu_of("a") or "", await gpu_of("b") or ""])) if g]
+        ends = [i.ends for g in gpus for i in g.instances if i.job in ("a", "b")]
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0))
+
+        async def pending() -> bool:
+            j = await ns.state.job("big")
+            return j is not None and j.state == "pending"
+
+        assert await until(pending)
+        await stack.balancer.backfill()  # the pass that plans the holds
+        _, holds = await ns.state.holds(0)
+        if default_hint_s:
+            # each run is expected to end 600 s after its placement: the hold counts on one of their GPUs
+            assert len(ends) == 2 and all(t0 + 600.0 <= e <= now() + 600.0 for e in ends)
+            assert [h.job_id for h in holds] == ["big"] and set(holds[0].gpus) <= {g.id for g in gpus}
+        else:  # no end is known: no hold can be planned
+            assert ends == [0.0, 0.0] and holds == []
 
 
 async def test_with_tenancy_a_waiting_whole_gpu_job_gets_a_hold_that_long_jobs_keep_off(

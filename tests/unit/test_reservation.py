@@ -365,6 +365,21 @@ def test_without_hints_nothing_backfills_onto_held_gpus() -> None:
     assert not s.out.completed[gang]
 
 
+def test_without_hints_a_default_expected_run_lets_a_hold_be_planned_and_the_gang_run() -> None:
+    wl = _starving()
+    spec, pol = get_policy("spread", reserve=True)
+    # the 1g jobs run 1,000 s; planned as 1,200-s runs, their GPUs free in time for a hold within the patience
+    cfg = SimConfig(interference=InterferenceParams(beta=0.0), hint_factor=0.0, default_hint_s=1200.0,
+                    check_invariants=True)
+    s = Simulator(wl, parse_cluster(["A100-40GB:4"], GEO, 2), spec, pol, cfg)
+    s.run()
+    gang = next(i for i, j in enumerate(wl.jobs) if j.id == "gang")
+    assert s.out.completed[gang] and s.reserved_idle_s > 0.0
+    # held once it had waited the 1,200 s a one-node gang waits: the small jobs give no hint, so none took a
+    # held GPU, and the gang started by the time the jobs running then had ended
+    assert s.out.start[gang] <= 350.0 + 1200.0 + 1000.0 + 1.0
+
+
 def test_a_masked_snapshot_hides_held_gpus_from_a_policy() -> None:
     snap = _snap(1, 2)
     healthy = np.array([g.id != "g00" for g in snap.gpus], dtype=bool)
