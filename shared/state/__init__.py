@@ -13,7 +13,9 @@ history. A job in a terminal state is listed with when it ended (``{ns:s}:done``
 by ``expire`` once that is older than the retention (the node registry's sweep, ``MIGSCHED_JOB_RETENTION_S``).
 """
 
+from shared.state.batch import Batch
 from shared.state.check import audit, check_state
+from shared.state.codec import CancelResult, StateError
 from shared.state.keys import Keys
 from shared.state.model import (
     ACTIVE_STATES,
@@ -32,7 +34,7 @@ from shared.state.model import (
     Violation,
     gpu_id_of,
 )
-from shared.state.redis_store import Batch, CancelResult, RedisState, StateError
+from shared.state.redis_store import RedisState
 from shared.state.sharding import empty_shard, shard_of
 
 __all__ = [
