@@ -56,6 +56,13 @@ def test_a_negative_slack_is_refused() -> None:
     assert load(BalancerSettings, env={"MIGSCHED_RESERVE_SLACK_S": "900"}).reserve_slack_s == 900.0
 
 
+def test_a_negative_default_hint_is_refused_and_none_is_the_default() -> None:
+    with pytest.raises(SettingsError, match="MIGSCHED_DEFAULT_HINT_S"):
+        load(BalancerSettings, env={"MIGSCHED_DEFAULT_HINT_S": "-60"})
+    assert load(BalancerSettings, env={}).default_hint_s == 0.0
+    assert load(BalancerSettings, env={"MIGSCHED_DEFAULT_HINT_S": "14400"}).default_hint_s == 14400.0
+
+
 def test_only_large_jobs_get_holds_and_never_outside_a_pass_or_past_patience() -> None:
     h = Holds(ReservationParams(after_s=0.0))
     assert h.consider(_snap(), _sub("big", "7g.40gb"), now=100.0) is None  # no pass running
