@@ -300,7 +300,9 @@ class Simulator:
 
     def template(self, i: int) -> InstanceView:
         j = self.jobs[i]
-        expected = self._expected_s(j)
+        expected = self.hint(i)
+        if expected is None:  # planned as the default run, when one is set
+            expected = self.cfg.default_hint_s or None
         return InstanceView(
             id="",
             profile="",
@@ -315,11 +317,6 @@ class Simulator:
             started_at=self.now,
             ends_at=None if expected is None else self.now + expected,
         )
-
-    def _expected_s(self, j: SimJob) -> float | None:
-        """How long a job that starts is expected to run: its hint, or the planning default without one."""
-        cfg = self.cfg
-        return j.duration * cfg.hint_factor if cfg.hint_factor > 0 else (cfg.default_hint_s or None)
 
     def ops_ready(self, gpu_id: str, ops: int) -> float:
         """Operations on one GPU run one after the other; different GPUs reconfigure in parallel."""
