@@ -1,8 +1,8 @@
 """``migsched up --demo``: replay a short workload into the stack just started, draw the slices filling and
 emptying, and print the live KPIs next to the simulator's for the same input.
 
-The demo replays the jobs of one MIG instance each (``replayer.single_instance``), the ones whose placements the
-simulator's can be compared with; ``migsched replay`` publishes every kind.
+The demo's executors run their GPUs in MIG mode, so it replays the jobs those take (``replayer.on_mig_gpus``):
+MIG instances and whole GPUs, gangs across nodes included; ``migsched replay`` publishes every kind.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ if TYPE_CHECKING:
 
 
 def workload(trace: str, limit: int, seed: int, n_gpus: int) -> tuple[Workload, dict[str, int]]:
-    """The jobs the demo replays (one MIG instance each) and a count of those it leaves out; a usage error when
-    the trace cannot be read or leaves nothing to replay."""
+    """The jobs the demo replays (those GPUs in MIG mode take) and a count of those it leaves out; a usage error
+    when the trace cannot be read or leaves nothing to replay."""
     try:
         loaded = replayer.load(trace, default_geometry().model(MODEL), limit=limit, seed=seed, gpus=n_gpus)
     except MigschedError as exc:
         raise click.BadParameter(str(exc), param_hint="--trace") from None
-    workload, skipped = replayer.single_instance(loaded)
+    workload, skipped = replayer.on_mig_gpus(loaded)
     if not workload.jobs:
-        raise click.BadParameter(f"{trace!r} has no job of one MIG instance, the only kind the demo replays "
+        raise click.BadParameter(f"{trace!r} has no job that GPUs in MIG mode run, the only kind the demo replays "
                                  f"(left out: {skipped}); `migsched replay` publishes every kind", param_hint="--trace")
     return workload, skipped
 

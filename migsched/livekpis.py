@@ -19,10 +19,11 @@ import msgspec
 import numpy as np
 
 from migsched.replayer import Replay
-from shared.mig.geometry import Geometry
+from shared.mig.geometry import Geometry, GpuModel
 from shared.policy.fragcost import demand_weights, frag_rate
-from shared.policy.request import resolve_profile
+from shared.policy.request import Demand, resolve_profile
 from shared.sim.jobs import Workload
+from shared.sim.metrics import Kpis
 from shared.state import RedisState
 from shared.state.codec import decode_job, history_raw
 
@@ -153,6 +154,14 @@ def scrape(port: int, metric: str) -> float:
     return total
 
 
+def _compute_slices(demand: Demand, model: GpuModel) -> int:
+    """The compute slices a job holds while it runs: its instance's, or every GPU of a gang."""
+    if demand.kind == "gpus":
+        return demand.gpus * model.compute_slices
+    prof = resolve_profile(demand, model)
+    return prof.compute_slices if prof else model.compute_slices
+
+
 def kpis(
     workload: Workload,
     replay: Replay,
@@ -173,8 +182,7 @@ def kpis(
     migrations = migrated = rejected = transitions = 0
     for job in workload.jobs:
         o = jobs.get(prefix + job.id)
-        prof = resolve_profile(job.demand, m)
-        compute.append(prof.compute_slices if prof else m.compute_slices)
+        compute.append(_compute_slices(job.demand, m))
         if o is None:
             o = JobOutcome(job_id=prefix + job.id, state="missing", submitted=math.nan)
         arrival.append(o.submitted)
@@ -222,7 +230,7 @@ def kpis(
     }
 
 
-def simulate(
+def simulated_run(
     workload: Workload,
     nodes: int,
     gpus_per_node: int,
@@ -231,9 +239,9 @@ def simulate(
     threshold: float = 0.4,
     reconfig_latency_s: float = 0.15,
     seed: int = 0,
-) -> dict[str, float | int]:
-    """The simulator's KPIs for the same workload, cluster and policy as a live replay. Interference,
-    migration downtime and checkpoint loss are off: the sim executors model none of them."""
+) -> Kpis:
+    """The simulator's run of the same workload, cluster and policy as a live replay. Interference, migration
+    downtime and checkpoint loss are off: the sim executors model none of them."""
     from shared.sim.cluster import ClusterSpec, NodeSpec
     from shared.sim.config import InterferenceParams, SimConfig
     from shared.sim.experiment import run_one
@@ -250,5 +258,15 @@ def simulate(
         interference=InterferenceParams(beta=0.0),
     )
     # the live balancer runs the default policy, holds for waiting large jobs included, on the replay's clock
-    k = msgspec.to_builtins(run_one(workload, cluster, "migsched", cfg).kpis)
-    return {key: k[key] for key in KPI_KEYS}
+    return run_one(workload, cluster, "migsched", cfg).kpis
+
+
+def comparable(k: Kpis) -> dict[str, float | int]:
+    """The KPIs of a simulated run that a live replay's are compared with (``KPI_KEYS``)."""
+    b = msgspec.to_builtins(k)
+    return {key: b[key] for key in KPI_KEYS}
+
+
+def simulate(workload: Workload, nodes: int, gpus_per_node: int, model: str) -> dict[str, float | int]:
+    """``comparable`` of ``simulated_run``."""
+    return comparable(simulated_run(workload, nodes, gpus_per_node, model))

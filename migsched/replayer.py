@@ -7,9 +7,9 @@ the
 sim executor runs it for) is ``duration / S``, and its patience ``patience / S``. Outcomes read back from the
 stack are multiplied by ``S`` again (``livekpis``), so they compare with the simulator's virtual-time KPIs.
 
-A replay compares the live stack's MIG placements with the simulator's; gangs (``n`` whole GPUs, one process per
-GPU) and time-sliced shares are left out of it and counted in ``Replay.skipped`` (their live placement is tested
-on its own).
+A replay onto GPUs in MIG mode compares the live stack with the simulator over MIG instances and whole GPUs,
+gangs across nodes included (their members on full-size instances); time-sliced shares, which only GPUs not in
+MIG mode take, are left out of it and counted (``on_mig_gpus``).
 """
 
 from __future__ import annotations
@@ -99,15 +99,29 @@ def load(
     return load_openb(trace, model, window=window, limit=limit)
 
 
-def single_instance(workload: Workload) -> tuple[Workload, dict[str, int]]:
-    """The jobs a replay on MIG GPUs compares (one MIG instance each) and a count of the rest."""
-    keep = tuple(j for j in workload.jobs if j.demand.kind == "mig")
-    skipped = {
-        "gang (n whole GPUs)": sum(1 for j in workload.jobs if j.demand.kind == "gpus"),
-        "time-sliced share": sum(1 for j in workload.jobs if j.demand.kind == "shared"),
-    }
-    skipped = {k: v for k, v in skipped.items() if v}
+_LEFT_OUT = {"gpus": "gang (n whole GPUs)", "shared": "time-sliced share"}
+
+
+def _keep(workload: Workload, kinds: frozenset[str]) -> tuple[Workload, dict[str, int]]:
+    """The jobs of ``workload`` whose demand is of one of ``kinds``, and a count of the rest by kind."""
+    skipped: dict[str, int] = {}
+    for j in workload.jobs:
+        if j.demand.kind not in kinds:
+            skipped[_LEFT_OUT[j.demand.kind]] = skipped.get(_LEFT_OUT[j.demand.kind], 0) + 1
+    keep = tuple(j for j in workload.jobs if j.demand.kind in kinds)
     return msgspec.structs.replace(workload, jobs=keep), skipped
+
+
+def single_instance(workload: Workload) -> tuple[Workload, dict[str, int]]:
+    """The jobs of one MIG instance each (``replay --mig-only``) and a count of the rest."""
+    return _keep(workload, frozenset({"mig"}))
+
+
+def on_mig_gpus(workload: Workload) -> tuple[Workload, dict[str, int]]:
+    """The jobs that GPUs in MIG mode run (MIG instances, and whole GPUs as full-size instances, gangs across
+    nodes included), the ones the demo replays and compares with the simulator, and a count of the rest: the
+    time-sliced shares, which take GPUs not in MIG mode only."""
+    return _keep(workload, frozenset({"mig", "gpus"}))
 
 
 def whole_as_gpus(workload: Workload, model: GpuModel) -> Workload:

@@ -49,8 +49,7 @@ from shared.mig.geometry import default_geometry
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--prefix", default="", help="Prepended to every job id (replay the same trace twice).")
 @click.option("--mig-only", is_flag=True,
-              help="Leave gangs (n whole GPUs) and time-sliced shares out: one MIG instance a job, as 'up --demo' "
-              "replays to compare with the simulator.")
+              help="Leave gangs (n whole GPUs) and time-sliced shares out: one MIG instance a job.")
 @click.option("--whole-as-gpus", is_flag=True,
               help="Publish each one-GPU job (the model's full-size MIG profile, e.g. 7g) as gpus: 1, which GPUs "
               "not in MIG mode take too.")

@@ -30,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 from stack_fixture import exits_on_stream, running_stack, settings_of
 
@@ -37,6 +38,8 @@ from migsched import livekpis, replayer
 from shared.bus import JetStreamBus
 from shared.client import MigschedClient
 from shared.mig.geometry import default_geometry
+from shared.sim.jobs import Workload
+from shared.sim.workloads.synthetic import CLASSES, synthetic
 from shared.state import TERMINAL_STATES, RedisState, Violation, audit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
@@ -48,7 +51,7 @@ PER_GPU = {"overlap", "placement", "count", "profile", "model"}
 
 
 async def _replay_and_audit(
-    stack: object, workload: object
+    stack: object, workload: object, n_gpus: int = 16
 ) -> tuple[dict, dict, list[Violation], list, float]:
     geometry = default_geometry()
     st = settings_of(stack)  # type: ignore[arg-type]
@@ -90,7 +93,7 @@ async def _replay_and_audit(
         sampler.samples,
         geometry,
         MODEL,
-        16,  # type: ignore[arg-type]
+        n_gpus,  # type: ignore[arg-type]
         reconfigurations=reconf,
         wall_s=wall,
     )
@@ -143,3 +146,66 @@ def test_a_replayed_workload_is_accounted_for_and_matches_the_simulator(
     assert abs(live["utilization"] - simulated["utilization"]) <= 0.15 * simulated["utilization"]
     assert abs(live["frag_rate_mean"] - simulated["frag_rate_mean"]) <= 0.15
     assert live["reconfigurations"] > 0
+
+
+GANG_NODES = 4
+GANG_JOBS = 120
+GANG_SHAPES = {"7g": 0.3, "2gpu": 0.1, "4gpu": 0.1, "8gpu": 0.15, "16gpu": 0.25, "24gpu": 0.1}
+"""The large-training class on 4 x 8 GPUs: whole GPUs, gangs within a node and gangs across two or three."""
+
+
+def _gang_workload(seed: int) -> Workload:
+    """The synthetic four-class mix at full load of 4 x 8 GPUs, its large training jobs as ``GANG_SHAPES`` with a
+    day's patience (as the gang benchmark's), so that gangs wait for GPUs rather than leave."""
+    big = {"shapes": GANG_SHAPES, "share": 0.15, "patience_s": 86400.0}
+    classes = tuple(msgspec.structs.replace(c, **big) if c.name == "large-training" else c for c in CLASSES)
+    slices = GANG_NODES * 8 * default_geometry().model(MODEL).compute_slices
+    return synthetic(np.random.default_rng(seed), jobs=GANG_JOBS, load=1.0, cluster_slices=slices,
+                     classes=classes, mix="gangs-4x8")
+
+
+def _gangs(workload: Workload, across: bool) -> set[str]:
+    """The ids of the jobs of several whole GPUs (with ``across``: more than one node's)."""
+    return {j.id for j in workload.jobs if j.demand.kind == "gpus" and j.demand.gpus > (8 if across else 1)}
+
+
+def test_a_replayed_workload_with_gangs_across_nodes_is_accounted_for_and_matches_the_simulator(
+    prefix: str, nats_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    workload, skipped = replayer.on_mig_gpus(_gang_workload(seed=1))
+    assert not skipped and len(_gangs(workload, across=True)) >= 5
+    run = livekpis.simulated_run(workload, GANG_NODES, 8, MODEL)
+    simulated = livekpis.comparable(run)
+    assert run.reserved_idle_gpu_h > 0  # the gangs wait, and holds drain GPUs for them
+    with running_stack(prefix, nats_url, redis_url, tmp_path, speedup=SPEEDUP, executors=GANG_NODES) as stack:
+        outcomes, live, violations, (exits, busy_left), _ = asyncio.run(
+            _replay_and_audit(stack, workload, n_gpus=GANG_NODES * 8))
+    print(json.dumps({"live": live, "simulator": simulated}, indent=2))
+
+    # every job, every gang included, accounted for exactly once; no slice double-booked; nothing left busy
+    assert [j for j, o in outcomes.items() if o is None or o.state not in TERMINAL_STATES] == []
+    per_job = Counter(e.job_id for e in exits)
+    assert [j for j, k in per_job.items() if k > 1] == []
+    finished = {j for j, o in outcomes.items() if o is not None and o.state == "finished"}
+    assert finished == {e.job_id for e in exits if e.kind == "completed"}
+    assert [str(v) for v in violations] == []
+    assert busy_left == []
+
+    # the gangs across nodes run live as in the simulator, and the KPIs agree, gangs' GPUs counted in the
+    # utilisation
+    across = _gangs(workload, across=True)
+    assert len(across & finished) >= len(across) - 1 >= 4
+    live_waits = [(o.started - o.submitted) * SPEEDUP for j, o in outcomes.items() if o and j in finished & across]
+    sim_classes = [c for name, c in run.classes.items() if name.endswith("gpu") and int(name[:-3]) > 8]
+    sim_wait = sum(c.wait_mean_s * (c.jobs - c.rejected) for c in sim_classes) / sum(
+        c.jobs - c.rejected for c in sim_classes)
+    assert sim_wait > 3600  # they wait hours for their GPUs ...
+    allowance = max(0.0, float(live["wait_mean_s"]) - float(simulated["wait_mean_s"]))
+    # ... and as long live, within the pipeline's latency
+    assert abs(sum(live_waits) / len(live_waits) - sim_wait) <= 0.15 * sim_wait + 1.5 * allowance
+    n = GANG_JOBS
+    assert abs(live["completed"] - simulated["completed"]) <= 0.05 * n
+    for key in ("jct_mean_s", "jct_p50_s"):
+        assert abs(live[key] - simulated[key]) <= 0.15 * simulated[key] + 1.5 * allowance, key
+    assert abs(live["makespan_s"] - simulated["makespan_s"]) <= 0.10 * simulated["makespan_s"] + allowance
+    assert abs(live["utilization"] - simulated["utilization"]) <= 0.15 * simulated["utilization"]

@@ -1,11 +1,13 @@
-"""What a replay publishes (``migsched.replayer``): every job by default, one MIG instance a job for the demo's
-comparison, and one-GPU jobs as ``gpus: 1`` for clusters whose GPUs are not in MIG mode."""
+"""What a replay publishes (``migsched.replayer``): every job by default, what GPUs in MIG mode run for the demo's
+comparison, one MIG instance a job with ``--mig-only``, and one-GPU jobs as ``gpus: 1`` for clusters whose GPUs
+are not in MIG mode; and how the live KPIs weigh what was replayed (``migsched.livekpis``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from migsched.replayer import load, single_instance, whole_as_gpus
+from migsched import livekpis
+from migsched.replayer import Replay, load, on_mig_gpus, single_instance, whole_as_gpus
 from shared.mig.geometry import default_geometry
 from shared.policy.request import Demand
 from shared.sim.errors import WorkloadError
@@ -36,10 +38,28 @@ def test_one_gpu_jobs_go_out_as_gpus_1_and_nothing_else_changes() -> None:
         kind="mig", profile="7g")
 
 
-def test_the_demo_replay_keeps_one_mig_instance_a_job_and_counts_the_rest() -> None:
+def test_a_mig_only_replay_keeps_one_mig_instance_a_job_and_counts_the_rest() -> None:
     kept, skipped = single_instance(_workload())
     assert [j.id for j in kept.jobs] == ["whole", "named", "small"]
     assert skipped == {"gang (n whole GPUs)": 1, "time-sliced share": 1}
+
+
+def test_the_demo_replay_keeps_what_gpus_in_mig_mode_run_gangs_included_and_counts_the_shares() -> None:
+    kept, skipped = on_mig_gpus(_workload())
+    assert [j.id for j in kept.jobs] == ["whole", "named", "small", "gang"]
+    assert skipped == {"time-sliced share": 1}
+
+
+def test_the_live_utilisation_counts_every_gpu_a_gang_held() -> None:
+    wl, _ = on_mig_gpus(_workload())
+    replay = Replay(workload="w", speedup=10.0, jobs=4, skipped={}, started_at=100.0, t0=0.0)
+    # every job submitted at 100 s, run from 101 to 111 s of wall time: 100 trace seconds each, makespan 110
+    outcomes = {j.id: livekpis.JobOutcome(job_id=j.id, state="finished", submitted=100.0, started=101.0,
+                                          finished=111.0) for j in wl.jobs}
+    k = livekpis.kpis(wl, replay, outcomes, [], GEO, "A100-40GB", 4)
+    busy = (7 + 7 + 3 + 2 * 7) * 100.0  # slices x trace seconds: two 7g, a 3g, and the gang's two GPUs
+    assert k["utilization"] == round(busy / (4 * 7 * 110.0), 6)
+    assert k["completed"] == 4 and k["wait_mean_s"] == 10.0
 
 
 def test_a_named_synthetic_mix_is_replayed_as_the_simulator_draws_it_gangs_across_nodes_included() -> None:
