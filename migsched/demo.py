@@ -155,7 +155,7 @@ def kpi_table(live: dict[str, float | int], sim: dict[str, float | int], speedup
     t.add_column("KPI")
     t.add_column("live stack", justify="right")
     t.add_column("simulator", justify="right")
-    for k in livekpis.KPI_KEYS:
+    for k in livekpis.KPI_KEYS + (livekpis.GANG_KEYS if live.get("gangs") else ()):
         a, b = live.get(k, ""), sim.get(k, "")
         t.add_row(
             k,

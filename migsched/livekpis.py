@@ -47,6 +47,9 @@ KPI_KEYS = (
     "events",
     "wall_s",
 )
+GANG_KEYS = ("gangs", "gangs_completed", "gang_wait_mean_s")
+"""The jobs of two whole GPUs or more: how many, how many finished, their mean wait (in a replay's KPIs and the
+simulator's alike)."""
 
 
 class JobOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,6 +207,8 @@ def kpis(
     busy = float(np.nansum(c[d] * (f[d] - st[d]))) * s
     capacity = gpus * m.compute_slices
     fr = [x.frag_rate for x in samples]
+    gang = np.array([j.demand.kind == "gpus" and j.demand.gpus > 1 for j in workload.jobs], dtype=bool)
+    gang_wait = (st[d & gang] - a[d & gang]) * s
 
     def pct(x: np.ndarray, q: float) -> float:
         return round(float(np.percentile(x, q)), 6) if x.size else 0.0
@@ -227,6 +232,9 @@ def kpis(
         "migrated_share": round(migrated / n, 6) if n else 0.0,
         "events": transitions,
         "wall_s": round(wall_s, 3),
+        "gangs": int(gang.sum()),
+        "gangs_completed": int((d & gang).sum()),
+        "gang_wait_mean_s": round(float(gang_wait.mean()), 6) if gang_wait.size else 0.0,
     }
 
 
@@ -262,9 +270,13 @@ def simulated_run(
 
 
 def comparable(k: Kpis) -> dict[str, float | int]:
-    """The KPIs of a simulated run that a live replay's are compared with (``KPI_KEYS``)."""
+    """The KPIs of a simulated run that a live replay's are compared with (``KPI_KEYS``, ``GANG_KEYS``)."""
     b = msgspec.to_builtins(k)
-    return {key: b[key] for key in KPI_KEYS}
+    gangs = [c for name, c in k.classes.items() if name.endswith("gpu") and int(name[:-3]) > 1]
+    placed = sum(c.jobs - c.rejected for c in gangs)
+    waited = sum(c.wait_mean_s * (c.jobs - c.rejected) for c in gangs)
+    return {**{key: b[key] for key in KPI_KEYS}, "gangs": sum(c.jobs for c in gangs), "gangs_completed": placed,
+            "gang_wait_mean_s": round(waited / placed, 6) if placed else 0.0}
 
 
 def simulate(workload: Workload, nodes: int, gpus_per_node: int, model: str) -> dict[str, float | int]:

@@ -60,6 +60,15 @@ def test_the_live_utilisation_counts_every_gpu_a_gang_held() -> None:
     busy = (7 + 7 + 3 + 2 * 7) * 100.0  # slices x trace seconds: two 7g, a 3g, and the gang's two GPUs
     assert k["utilization"] == round(busy / (4 * 7 * 110.0), 6)
     assert k["completed"] == 4 and k["wait_mean_s"] == 10.0
+    assert (k["gangs"], k["gangs_completed"], k["gang_wait_mean_s"]) == (1, 1, 10.0)
+
+
+def test_a_simulated_runs_gang_kpis_are_read_from_its_gang_classes() -> None:
+    wl, _ = on_mig_gpus(_workload())
+    k = livekpis.comparable(livekpis.simulated_run(wl, 1, 2, "A100-40GB"))
+    # one node of two GPUs: the gang of two takes both once the 7g jobs before it have ended
+    assert (k["gangs"], k["gangs_completed"]) == (1, 1)
+    assert k["gang_wait_mean_s"] > 0.0
 
 
 def test_a_named_synthetic_mix_is_replayed_as_the_simulator_draws_it_gangs_across_nodes_included() -> None:
