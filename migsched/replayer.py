@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,12 +105,9 @@ _LEFT_OUT = {"gpus": "gang (n whole GPUs)", "shared": "time-sliced share"}
 
 def _keep(workload: Workload, kinds: frozenset[str]) -> tuple[Workload, dict[str, int]]:
     """The jobs of ``workload`` whose demand is of one of ``kinds``, and a count of the rest by kind."""
-    skipped: dict[str, int] = {}
-    for j in workload.jobs:
-        if j.demand.kind not in kinds:
-            skipped[_LEFT_OUT[j.demand.kind]] = skipped.get(_LEFT_OUT[j.demand.kind], 0) + 1
+    skipped = Counter(_LEFT_OUT[j.demand.kind] for j in workload.jobs if j.demand.kind not in kinds)
     keep = tuple(j for j in workload.jobs if j.demand.kind in kinds)
-    return msgspec.structs.replace(workload, jobs=keep), skipped
+    return msgspec.structs.replace(workload, jobs=keep), dict(skipped)
 
 
 def single_instance(workload: Workload) -> tuple[Workload, dict[str, int]]:
