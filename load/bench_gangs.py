@@ -35,11 +35,11 @@ import numpy as np
 import numpy.typing as npt
 
 from shared.mig.geometry import default_geometry
-from shared.policy.placement.registry import get_policy
+from shared.policy.placement.registry import get_policy, parse_label
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig
 from shared.sim.engine import Simulator
-from shared.sim.experiment import parse_label, policy_params
+from shared.sim.experiment import policy_params
 from shared.sim.workloads.spec import WorkloadSpec, build
 
 LABELS = ("migsched", "migsched[reserve=off]", "first-fit", "first-fit[reserve=on]", "best-fit", "fgd")

@@ -39,7 +39,7 @@ import msgspec
 import numpy as np
 
 from shared.mig.geometry import default_geometry
-from shared.policy.placement.registry import get_policy
+from shared.policy.placement.registry import get_policy, parse_label
 from shared.sim import experiment, moves
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig
@@ -101,7 +101,7 @@ def bench(
     wl = synthetic(np.random.default_rng(seed), jobs=jobs, load=load, cluster_slices=gpus * 7)
     gen_s = time.perf_counter() - t0
     cfg = SimConfig(seed=seed)
-    name, params = experiment.parse_label(policy)  # a label with parameters, as `migsched simulate -p` takes
+    name, params = parse_label(policy)  # a label with parameters, as `migsched simulate -p` takes
     spec, pol = get_policy(name, **{**experiment.policy_params(name, wl, cfg), **params})
     if name in experiment.LAYOUT_POLICIES:
         spec = msgspec.structs.replace(spec, initial_layout=cfg.static_layout)

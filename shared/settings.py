@@ -130,8 +130,10 @@ class BalancerSettings(Settings):
     metrics_port: int = 9101
     policy: str = "migsched"
     """Placement policy, by name (``migsched simulate --help`` lists them): ``migsched`` packs and aligns
-    expected ends; ``paper`` is the seeds' Lazy/Busy balancer. With a tenancy file, the same policy places the
-    jobs its quota check admits."""
+    expected ends; ``paper`` is the seeds' Lazy/Busy balancer. Parameters go in brackets, as ``migsched simulate
+    -p`` takes them: ``migsched[keep_empty=0]`` spreads small jobs while any GPU is empty (shorter waits for them
+    beside gangs across nodes, more rejections on MIG-only traces: docs/results.md), ``first-fit[reserve=on]``
+    holds GPUs for large jobs. With a tenancy file, the same policy places the jobs its quota check admits."""
     reserve_after_s: float = 1200.0
     """A policy that reserves holds GPUs for a large job (whole GPUs) that fits on one node once it has waited
     this long, for a gang bigger than every node at once; later jobs may use them only if their duration hint
@@ -216,8 +218,8 @@ class RegistrySettings(Settings):
 class MigrationPlannerSettings(Settings):
     metrics_port: int = 9103
     policy: str = "migsched"
-    """The placement policy the stack runs (``MIGSCHED_POLICY``, as the balancer's); the planner orders moves
-    only for one that migrates (``paper``, ``paper-pack``)."""
+    """The placement policy the stack runs, with its parameters (``MIGSCHED_POLICY``, as the balancer's); the
+    planner orders moves only for one that migrates (``paper``, ``paper-pack``)."""
     threshold: float = 0.4
     """Lazy/Busy load threshold ``t`` (the same variable as the balancer's)."""
     cooldown_s: float = 120.0

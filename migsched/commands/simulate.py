@@ -244,7 +244,7 @@ def _run(o: dict[str, Any]) -> None:
         return
 
     from shared.mig.geometry import default_geometry
-    from shared.policy.placement.registry import policy_names
+    from shared.policy.placement.registry import parse_label, policy_names
     from shared.sim import experiment, report
     from shared.sim.cluster import load_nodes_file, parse_cluster
     from shared.sim.fluid import NAME as FLUID
@@ -276,7 +276,7 @@ def _run(o: dict[str, Any]) -> None:
     if "all" in names:
         names = [*policy_names(), FLUID]
     known = [*policy_names(), FLUID]
-    bad = [n for n in names if experiment.parse_label(n)[0] not in known]
+    bad = [n for n in names if parse_label(n)[0] not in known]
     if bad:
         raise click.BadParameter(
             f"unknown policy {', '.join(bad)}; known: {', '.join(known)}", param_hint="--policy"

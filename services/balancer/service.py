@@ -42,7 +42,7 @@ from shared import telemetry
 from shared.bus import Consumer, Delivery
 from shared.events import JobSubmit
 from shared.policy.placement.balancer import BalancerParams
-from shared.policy.placement.registry import PlacementPolicy, describe, get_policy
+from shared.policy.placement.registry import PlacementPolicy, describe, get_labelled, parse_label
 from shared.policy.reservation import ReservationParams
 from shared.settings import BalancerSettings
 
@@ -58,15 +58,16 @@ def placement_policy(st: BalancerSettings) -> tuple[BalancerParams, PlacementPol
     """The balancer's parameters (its rule with tenancy, and ``paper``'s own) and the named policy from the
     registry, or None for the ``paper`` family, which the mirror answers incrementally with those parameters."""
     params = BalancerParams(threshold=st.threshold, dynamic=st.dynamic, top_k=max(1, st.top_k))
-    spec = describe(st.policy)
+    name = parse_label(st.policy)[0]
+    spec = describe(name)
     if spec.takes_threshold and spec.repartitions:
-        _, fn = get_policy(st.policy, threshold=st.threshold, top_k=max(1, st.top_k))
+        _, fn = get_labelled(st.policy, threshold=st.threshold, top_k=max(1, st.top_k))
         bp = getattr(fn, "balancer_params", None)
         if isinstance(bp, BalancerParams):
             return msgspec.structs.replace(bp, dynamic=st.dynamic), None
-    kw: dict[str, Any] = ({"top_k": max(1, st.top_k), "minute_s": st.align_minute_s} if st.policy == "migsched"
+    kw: dict[str, Any] = ({"top_k": max(1, st.top_k), "minute_s": st.align_minute_s} if name == "migsched"
                           else {})
-    return params, get_policy(st.policy, **kw)[1]
+    return params, get_labelled(st.policy, **kw)[1]
 
 
 class Balancer(Service):
@@ -80,7 +81,7 @@ class Balancer(Service):
         super().__init__(*a, **kw)
         st = self.settings
         self.params, self.policy = placement_policy(st)
-        self.reserves = describe(st.policy).reserves
+        self.reserves = get_labelled(st.policy)[0].reserves
         self.lock = asyncio.Lock()
         self._refresh_wanted = False
         # tenancy (quotas, priority classes, preemption); inactive without MIGSCHED_TENANCY_FILE

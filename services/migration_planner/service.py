@@ -20,7 +20,7 @@ from shared.events import JobInfo, JobSubmit, MigrateOrder, MoveSpec, wire_gpu
 from shared.policy.migration.payoff import pays_off, time_left
 from shared.policy.migration.planner import MigrationParams, Move, PlannerMemos, plan_after_exit, plan_defrag
 from shared.policy.partition import new_instance_id
-from shared.policy.placement.registry import describe
+from shared.policy.placement.registry import get_labelled
 from shared.policy.snapshot import ClusterSnapshot
 from shared.settings import MigrationPlannerSettings
 from shared.state import StoredInstance
@@ -56,7 +56,7 @@ class MigrationPlanner(Service):
             intra=st.intra,
             inter=st.inter,
         )
-        self.migrates = describe(st.policy).migrates
+        self.migrates = get_labelled(st.policy)[0].migrates
         self.memos = PlannerMemos(PLANNER_MEMO)
         self.ordered = 0
         self._exited: dict[str, Any] = {}  # GPU id -> trace context of an exit there, since the last plan

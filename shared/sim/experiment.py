@@ -12,7 +12,7 @@ import msgspec
 
 from shared.mig.geometry import Geometry, default_geometry
 from shared.policy.placement.plugins.fgd import typical_pods
-from shared.policy.placement.registry import accepts, describe, get_policy, policy_names
+from shared.policy.placement.registry import accepts, describe, get_policy, parse_label, policy_names
 from shared.sim.cluster import ClusterSpec
 from shared.sim.config import SimConfig
 from shared.sim.engine import Simulator
@@ -89,29 +89,6 @@ def compare(
         r = run_one(workload, cluster, name, cfg, label=label, params=params or None, **kw)  # type: ignore[arg-type]
         out.append(msgspec.structs.replace(r, kpis=msgspec.structs.replace(r.kpis, policy=label)) if params else r)
     return out
-
-
-def parse_label(label: str) -> tuple[str, dict[str, object]]:
-    """``migsched`` or ``migsched[reserve=off,migrate=off]`` -> (name, params)."""
-    name, _, rest = label.partition("[")
-    params: dict[str, object] = {}
-    for item in filter(None, rest.rstrip("]").split(",")):
-        k, _, v = item.partition("=")
-        params[k.strip()] = _value(v.strip())
-    return name, params
-
-
-def _value(text: str) -> object:
-    if text in ("on", "off"):
-        return text == "on"
-    try:
-        return int(text)  # a count (``top_k``, ``max_moves``) must stay an int
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def sweep(

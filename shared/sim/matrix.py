@@ -111,7 +111,8 @@ def build_workload(cell: Cell, synthetic_jobs: int = SYNTHETIC_JOBS) -> Workload
 
 
 def run_cell(cell: Cell, labels: Sequence[str], cfg: SimConfig, synthetic_jobs: int = SYNTHETIC_JOBS) -> list[Run]:
-    from shared.sim.experiment import parse_label, run_one
+    from shared.policy.placement.registry import parse_label
+    from shared.sim.experiment import run_one
 
     geo = default_geometry()
     wl = build_workload(cell, synthetic_jobs)

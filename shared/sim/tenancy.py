@@ -326,8 +326,8 @@ def run_tenancy(
     """One run of policy ``name`` (a label, parameters included) with tenancy: its placement behind quota and
     the reserve, then preemption, and its reservations when it reserves, as in the service. Policies that
     repartition only (not the static layouts). The KPIs are named ``label``, else ``name``."""
-    from shared.policy.placement.registry import get_policy
-    from shared.sim.experiment import parse_label, policy_params
+    from shared.policy.placement.registry import get_policy, parse_label
+    from shared.sim.experiment import policy_params
 
     base, params = parse_label(name)
     spec, policy = get_policy(base, **{**policy_params(base, workload, cfg), **params})

@@ -9,7 +9,7 @@ import pytest
 
 from shared.mig.geometry import default_geometry
 from shared.policy.placement.decision import JobRequest, Placement
-from shared.policy.placement.registry import get_policy
+from shared.policy.placement.registry import get_policy, parse_label
 from shared.policy.request import Demand, mig
 from shared.policy.snapshot import GpuView, snapshot_of
 from shared.sim import experiment, matrix
@@ -93,13 +93,13 @@ def test_a_cell_is_judged_against_its_best_baseline_and_the_fluid_bound() -> Non
 
 
 def test_a_policy_label_carries_its_parameters() -> None:
-    assert experiment.parse_label("migsched[reserve=off,keep_empty=0.2]") == (
+    assert parse_label("migsched[reserve=off,keep_empty=0.2]") == (
         "migsched", {"reserve": False, "keep_empty": 0.2})
-    assert experiment.parse_label("fgd") == ("fgd", {})
+    assert parse_label("fgd") == ("fgd", {})
 
 
 def test_a_whole_number_in_a_label_stays_an_int_so_a_count_parameter_works() -> None:
-    name, params = experiment.parse_label("migsched[top_k=2,keep_empty=1.0]")
+    name, params = parse_label("migsched[top_k=2,keep_empty=1.0]")
     assert params == {"top_k": 2, "keep_empty": 1.0} and isinstance(params["top_k"], int)
     _, policy = get_policy(name, **params)  # top_k slices the runners-up: a float would fail there
     snap = snapshot_of(GEO, [GpuView.build(id=f"g{i}", node="n", index=i, model="A100-40GB") for i in range(4)])

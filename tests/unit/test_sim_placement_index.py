@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shared.mig.geometry import default_geometry
-from shared.policy.placement.registry import get_policy
+from shared.policy.placement.registry import get_policy, parse_label
 from shared.sim import experiment
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import SimConfig
@@ -25,7 +25,7 @@ def _run(policy: str, seed: int, *, index: bool) -> RunResult:
     cluster = parse_cluster(["A100-40GB:12", "H100-80GB:6"], GEO, 4)
     wl = synthetic(np.random.default_rng(seed), jobs=400, load=1.2, cluster_slices=18 * 7)
     cfg = SimConfig(seed=seed, check_invariants=True)
-    name, extra = experiment.parse_label(policy)
+    name, extra = parse_label(policy)
     spec, pol = get_policy(name, **{**experiment.policy_params(name, wl, cfg), **extra})
     sim = Simulator(wl, cluster, spec, pol, cfg, geometry=GEO)
     assert (sim.placer is not None) == (policy not in ("first-fit", "migsched[spread=on]"))

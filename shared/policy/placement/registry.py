@@ -120,6 +120,36 @@ def accepts(name: str) -> tuple[str, ...]:
     return _ENTRIES[name].accepts
 
 
+def parse_label(label: str) -> tuple[str, dict[str, object]]:
+    """``migsched`` or ``migsched[reserve=off,keep_empty=0]`` -> (name, params): a policy with its parameters,
+    as ``migsched simulate -p`` and ``MIGSCHED_POLICY`` take it (``on`` / ``off`` are booleans)."""
+    name, _, rest = label.partition("[")
+    params: dict[str, object] = {}
+    for item in filter(None, rest.rstrip("]").split(",")):
+        k, _, v = item.partition("=")
+        params[k.strip()] = _value(v.strip())
+    return name, params
+
+
+def _value(text: str) -> object:
+    if text in ("on", "off"):
+        return text == "on"
+    try:
+        return int(text)  # a count (``top_k``, ``max_moves``) must stay an int
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def get_labelled(label: str, **defaults: Any) -> tuple[PolicySpec, PlacementPolicy]:
+    """``get_policy`` of a label (``parse_label``): its own parameters over ``defaults``."""
+    name, params = parse_label(label)
+    return get_policy(name, **{**defaults, **params})
+
+
 def get_policy(name: str, **params: Any) -> tuple[PolicySpec, PlacementPolicy]:
     """The named policy with its parameters bound; an unknown name or parameter raises UnknownPolicyError."""
     entry = _ENTRIES.get(name) if _LOADED else None
