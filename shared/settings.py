@@ -125,6 +125,16 @@ Redis Cluster (each shard's keys in one slot)."""
         return self.duplicate_window_s + self.max_deliver * self.ack_wait_s
 
 
+def check_policy(label: str) -> None:
+    """Refuse a ``MIGSCHED_POLICY`` that names no policy, or a parameter the policy does not take, at start."""
+    from shared.policy.placement.registry import UnknownPolicyError, get_labelled  # loads the policy plugins
+
+    try:
+        get_labelled(label)
+    except UnknownPolicyError as exc:
+        raise SettingsError(f"MIGSCHED_POLICY={label!r}: {exc}") from None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BalancerSettings(Settings):
     metrics_port: int = 9101
@@ -190,6 +200,7 @@ class BalancerSettings(Settings):
             raise SettingsError("MIGSCHED_RESERVE_SLACK_S must be >= 0")
         if not self.default_hint_s >= 0:
             raise SettingsError("MIGSCHED_DEFAULT_HINT_S must be >= 0 (0: no default)")
+        check_policy(self.policy)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -244,6 +255,9 @@ class MigrationPlannerSettings(Settings):
     min_left_s: float = 30.0
     """A job whose duration hint says it ends within this many seconds is not moved: its exit gives the room
     back about as soon as the move would (``shared.policy.migration.payoff``); 0 moves any job."""
+
+    def __post_init__(self) -> None:
+        check_policy(self.policy)
 
 
 S = TypeVar("S", bound=Settings)

@@ -12,10 +12,10 @@ from services.balancer.service import placement_policy
 from shared.mig.geometry import default_geometry
 from shared.policy.gpu_view import GpuView, InstanceView
 from shared.policy.placement.decision import JobRequest, Placement
-from shared.policy.placement.registry import UnknownPolicyError, get_labelled
+from shared.policy.placement.registry import get_labelled
 from shared.policy.request import Demand
 from shared.policy.snapshot import snapshot_of
-from shared.settings import BalancerSettings, load
+from shared.settings import BalancerSettings, MigrationPlannerSettings, SettingsError, load
 
 pytestmark = pytest.mark.unit
 GEO = default_geometry()
@@ -50,11 +50,14 @@ def test_what_a_label_turns_off_or_on_is_what_the_services_read() -> None:
     assert get_labelled("first-fit[reserve=on]")[0].reserves and not get_labelled("migsched")[0].migrates
 
 
+@pytest.mark.parametrize("cls", [BalancerSettings, MigrationPlannerSettings])
 @pytest.mark.parametrize(("label", "why"), [
     ("migsched[bogus=1]", "takes no parameter(s) bogus"),
     ("migsched[keep_empty=-1]", "Expected `float` >= 0.0"),
     ("nosuch[keep_empty=0]", "unknown policy 'nosuch'"),
 ])
-def test_a_label_the_policy_does_not_take_is_refused_with_the_reason(label: str, why: str) -> None:
-    with pytest.raises(UnknownPolicyError, match=re.escape(why)):
-        placement_policy(_settings(label))
+def test_a_label_the_policy_does_not_take_stops_the_service_at_start_with_the_reason(
+    cls: type, label: str, why: str
+) -> None:
+    with pytest.raises(SettingsError, match=re.escape(f"MIGSCHED_POLICY={label!r}: ") + ".*" + re.escape(why)):
+        load(cls, env={"MIGSCHED_POLICY": label})
