@@ -29,12 +29,13 @@ def submit(job: str, profile: str, hint: float | None, tenant: str = "default") 
 
 @contextlib.asynccontextmanager
 async def one_node(prefix: str, nats_url: str, redis_url: str, gpus: int, slack_s: float = 0.0,
-                   tenancy_file: str = "", default_hint_s: float = 0.0) -> AsyncIterator[tuple[Namespace, Stack]]:
+                   tenancy_file: str = "", default_hint_s: float = 0.0,
+                   policy: str = "migsched") -> AsyncIterator[tuple[Namespace, Stack]]:
     """The stack with one scripted node of ``gpus`` GPUs, once the balancer's mirror holds them all. Holds are
     due at once (``MIGSCHED_RESERVE_AFTER_S=0``): these tests are about what a hold does."""
     async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
         stack = Stack(prefix, nats_url, redis_url, reserve_after_s=0.0, reserve_slack_s=slack_s,
-                      tenancy_file=tenancy_file, default_hint_s=default_hint_s)
+                      tenancy_file=tenancy_file, default_hint_s=default_hint_s, policy=policy)
         await stack.start()
         ex = ScriptedExecutor(ns.bus, "n1", gpus=gpus)
         await ex.start()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.testing import Namespace, ScriptedExecutor, Stack, make_settings
 from shared.events import Demand, JobSubmit, now
 from tests.integration.test_balancer_flow import until
+from tests.integration.test_balancer_holds import one_node, running_gpu
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -21,26 +21,11 @@ def submit(job: str, profile: str) -> JobSubmit:
 async def test_a_balancer_told_to_spread_puts_a_second_small_job_on_the_empty_gpu(
     prefix: str, nats_url: str, redis_url: str, policy: str, together: bool
 ) -> None:
-    async with Namespace(make_settings(prefix, nats_url, redis_url)) as ns:
-        stack = Stack(prefix, nats_url, redis_url, policy=policy)
-        await stack.start()
-        ex = ScriptedExecutor(ns.bus, "n1", gpus=2)
-        await ex.start()
-        try:
-            async def ready() -> bool:
-                return len(stack.balancer.mirrors[0]) == 2
-
-            async def gpu_of(job: str) -> str | None:
-                j = await ns.state.job(job)
-                return j.gpu if j is not None and j.state == "running" else None
-
-            assert await until(ready)
-            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "3g.20gb"))
-            assert await until(lambda: gpu_of("a"))
-            await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "2g.10gb"))
-            assert await until(lambda: gpu_of("b"))
-            # the default packs the 2g beside the 3g; spreading opens the empty GPU while one is empty
-            assert (await gpu_of("b") == await gpu_of("a")) is together
-        finally:
-            await ex.stop()
-            await stack.stop()
+    async with one_node(prefix, nats_url, redis_url, 2, policy=policy) as (ns, _):
+        gpu_of = running_gpu(ns)
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("a", "3g.20gb"))
+        assert await until(lambda: gpu_of("a"))
+        await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("b", "2g.10gb"))
+        assert await until(lambda: gpu_of("b"))
+        # the default packs the 2g beside the 3g; spreading opens the empty GPU while one is empty
+        assert (await gpu_of("b") == await gpu_of("a")) is together
