@@ -32,7 +32,7 @@ from shared.policy.placement.balancer import BalancerParams
 from shared.policy.placement.decision import CannotPlace, JobRequest, Placement, Slot
 from shared.policy.placement.registry import PlacementPolicy
 from shared.policy.preemption import Victim
-from shared.policy.reservation import whole_gpus
+from shared.policy.reservation import expected_run, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot
 from shared.ports import TransitionBatch
 from shared.state import Eviction, Reservation, SlotReservation, empty_shard, shard_of
@@ -336,12 +336,12 @@ class Decider:
         views = ({s.gpu_id: placed_view(mirror.get(s.gpu_id), victims) for s in dec.slots}
                  if gang and dec.slot.profile not in PLAIN_PROFILES else {})
         victim_jobs = {v.job_id for v in victims}
-        expected = sub.duration_hint_s or self.default_hint_s
+        expected = expected_run(sub.duration_hint_s, self.default_hint_s)
         slots: list[SlotReservation] = []
         for s in dec.slots:
             # a gang's member never moves alone (its instance is not migratable)
             inst = reservation_instance(s, sub.job_id, c.priority, sub.tenant, sub.latency_sensitive,
-                                        sub.migratable and not gang, now + expected if expected else 0.0)
+                                        sub.migratable and not gang, now + expected if expected is not None else 0.0)
             if klass is not None:
                 inst.pre = klass.preemptible
             ver = mirror.apply(s, sub.job_id, inst, victim_jobs)

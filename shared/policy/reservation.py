@@ -103,6 +103,13 @@ def whole_gpus(models: Sequence[GpuModel], demand: Demand) -> int:
     return 0
 
 
+def expected_run(hint_s: float | None, default_s: float) -> float | None:
+    """How long a job is expected to run, for planning holds on its GPU: its hint, else the default expected run
+    (``MIGSCHED_DEFAULT_HINT_S``; 0 = none), else None (its end is unknown and no hold counts on its GPU). Only
+    planning reads the default: a job without a hint still may not use held GPUs (``may_use``)."""
+    return hint_s if hint_s is not None else (default_s or None)
+
+
 def may_use(hint_s: float | None, now: float, held_until: float, slack_s: float = 0.0) -> bool:
     """Whether a job that would start now may take a GPU held until ``held_until``: only if its hint says it
     ends by then, or at most ``slack_s`` later (``ReservationParams.slack_s``)."""

@@ -25,7 +25,7 @@ from shared.policy.migration.unblock import UnblockParams
 from shared.policy.placement.decision import Slot
 from shared.policy.placement.gang import never_fits
 from shared.policy.placement.topology import never_within
-from shared.policy.reservation import Reservation, ReservationParams
+from shared.policy.reservation import Reservation, ReservationParams, expected_run
 from shared.policy.retention import RecentDemand
 from shared.policy.snapshot import InstanceView
 from shared.sim import backfill, invariants, moves, placer, release, reserving
@@ -300,9 +300,7 @@ class Simulator:
 
     def template(self, i: int) -> InstanceView:
         j = self.jobs[i]
-        expected = self.hint(i)
-        if expected is None:  # planned as the default run, when one is set
-            expected = self.cfg.default_hint_s or None
+        expected = expected_run(self.hint(i), self.cfg.default_hint_s)
         return InstanceView(
             id="",
             profile="",

@@ -65,6 +65,16 @@ def running_gpu(ns: Namespace) -> Callable[[str], Awaitable[str | None]]:
     return gpu_of
 
 
+async def plan_holds_for(ns: Namespace, stack: Stack, job: str) -> None:
+    """Wait until ``job`` waits in the queue, then run the backfill pass that plans the holds."""
+    async def pending() -> bool:
+        j = await ns.state.job(job)
+        return j is not None and j.state == "pending"
+
+    assert await until(pending)
+    await stack.balancer.backfill()
+
+
 async def hold_one_gpu(ns: Namespace, stack: Stack, tenant: str = "default") -> tuple[str, str]:
     """On two GPUs: a 4g on each (a 4g can only start at slice 0), the second ending far sooner, then a waiting
     7g and the backfill pass that holds for it the GPU that frees first. Returns (that GPU, the other)."""
@@ -76,13 +86,7 @@ async def hold_one_gpu(ns: Namespace, stack: Stack, tenant: str = "default") -> 
     soon, late = await gpu_of("b"), await gpu_of("a")
     assert soon is not None and late is not None and soon != late
     await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0, tenant))
-
-    async def pending() -> bool:
-        j = await ns.state.job("big")
-        return j is not None and j.state == "pending"
-
-    assert await until(pending)
-    await stack.balancer.backfill()  # the pass that plans the holds
+    await plan_holds_for(ns, stack, "big")
     at, holds = await ns.state.holds(0)
     assert [(h.job_id, h.gpus) for h in holds] == [("big", (soon,))] and at > 0
     return soon, late
@@ -122,13 +126,7 @@ async def test_jobs_without_hints_let_a_hold_be_planned_only_with_a_default_expe
         gpus = [g for g in (await ns.state.get_gpus([await gpu_of("a") or "", await gpu_of("b") or ""])) if g]
         ends = [i.ends for g in gpus for i in g.instances if i.job in ("a", "b")]
         await ns.bus.publish(ns.bus.subjects.jobs_submit, submit("big", "7g.40gb", 100.0))
-
-        async def pending() -> bool:
-            j = await ns.state.job("big")
-            return j is not None and j.state == "pending"
-
-        assert await until(pending)
-        await stack.balancer.backfill()  # the pass that plans the holds
+        await plan_holds_for(ns, stack, "big")
         _, holds = await ns.state.holds(0)
         if default_hint_s:
             # each run is expected to end 600 s after its placement: the hold counts on one of their GPUs

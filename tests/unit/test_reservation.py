@@ -14,7 +14,7 @@ from shared.policy import hold_pass
 from shared.policy.placement.decision import CannotPlace
 from shared.policy.placement.registry import get_policy
 from shared.policy.request import Demand, mig
-from shared.policy.reservation import may_use, plan, whole_gpus
+from shared.policy.reservation import expected_run, may_use, plan, whole_gpus
 from shared.policy.snapshot import ClusterSnapshot, GpuView, InstanceView, snapshot_of
 from shared.sim import reserving
 from shared.sim.cluster import parse_cluster
@@ -388,3 +388,10 @@ def test_a_masked_snapshot_hides_held_gpus_from_a_policy() -> None:
                                                           type=__import__("shared.policy.placement.decision",
                                                                           fromlist=["JobRequest"]).JobRequest))
     assert not isinstance(d, CannotPlace) and d.slot.gpu_id == "g01"
+
+
+def test_a_job_is_expected_to_run_its_hint_else_the_default_else_no_one_knows_how_long() -> None:
+    assert expected_run(600.0, 3600.0) == 600.0
+    assert expected_run(0.0, 3600.0) == 0.0  # a hint of nothing is a hint: it ends now
+    assert expected_run(None, 3600.0) == 3600.0
+    assert expected_run(None, 0.0) is None
