@@ -17,7 +17,9 @@ the cluster's GPU-hours that reservations held idle; utilisation. When the FIFO-
 (``first-fit[reserve=on]``) runs too, a second table gives each policy's big-gang rejection, big-gang p95 wait and
 small-job wait minus the reference's, paired by seed (mean ± standard deviation over the seeds): whether a
 difference holds in every workload or moves with the seed. A last table splits the big gangs by size: each size's
-rejection and mean and p95 wait, means over the seeds (a pooled p95 is mostly the sizes there are most of).
+rejection and mean and p95 wait, means over the seeds (a pooled p95 is mostly the sizes there are most of). When
+the reference or greedy backfill (``first-fit``) runs, a verdict closes the output: which of the targets each
+policy meets (``load/gang_targets.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import numpy.typing as npt
 
+from load.gang_targets import GREEDY, REFERENCE, table, verdicts
 from shared.mig.geometry import default_geometry
 from shared.policy.placement.registry import get_policy, parse_label
 from shared.sim.cluster import parse_cluster
@@ -47,8 +50,6 @@ BIG = 16
 SMALL = ("1g", "2g", "3g", "4g")
 COLUMNS = ("rejected", "big rejected", "big wait mean h", "big wait p95 h", "small wait mean s", "rejected GPU-h",
            "held idle", "utilisation")
-REFERENCE = "first-fit[reserve=on]"
-"""The FIFO-with-reservations reference (Slurm-style EASY backfill)."""
 PAIRED = ("big rejected", "big wait p95 h", "small wait mean s")
 SIZE_COLUMNS = ("rejected", "wait mean h", "wait p95 h")
 
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     if len(seeds) > 1 and any(label == REFERENCE for _, label in runs):
         _paired(runs)
     _by_size(runs)
+    if any(label in (REFERENCE, GREEDY) for _, label in runs):
+        print("\nAgainst the targets (load/gang_targets.py):\n")
+        print("\n".join(table(verdicts({k: [f.row for f in v] for k, v in runs.items()}, COLUMNS))))
 
 
 def _means(runs: dict[tuple[int, str], list[Figures]]) -> None:
