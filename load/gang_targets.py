@@ -1,6 +1,7 @@
 """The gang benchmark's targets as a verdict: for each cluster size and policy, which target its runs meet.
 
-The targets for gangs of ``BIG`` GPUs or more, each judged on the means over the seeds unless said:
+The targets for the big gangs (``load.bench_gangs.BIG``, 16 GPUs or more), each judged on the means over the seeds
+unless said:
 
 - **big rejected, no worse than the reference** (``first-fit[reserve=on]``, FIFO with reservations): the paired
   difference, seed by seed, is at most the matrix's 0.1 point, or not above twice its standard error over the
