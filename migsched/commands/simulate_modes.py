@@ -56,11 +56,7 @@ def run_matrix(o: dict[str, Any]) -> None:
 
     runs = matrix.run_matrix(cells, labels, cfg, workers=max(1, int(o["workers"])), progress=progress)
     out = Path(str(o["out_dir"]))
-    cmd = command_line()
-    from shared.policy.placement.registry import parse_label
-
-    candidate = parse_label(labels[0])[0] if "migsched" not in labels else "migsched"
-    written = matrix.write(out, runs, candidate=candidate, command=cmd)
+    written = matrix.write(out, runs, command=command_line())
     click.echo((out / "matrix.md").read_text())
     click.echo(f"wrote {', '.join(p.name for p in written)} to {out}/")
 

@@ -29,6 +29,8 @@ BASELINES = ("first-fit", "best-fit", "fgd", "spread")
 DEFAULT_POLICIES = (*BASELINES, "paper", "migsched", "migsched[reserve=off]", "fluid")
 """The rows of a matrix run: the baselines, the seeds' scheme, the default with and without reservations, and
 the bound."""
+REFERENCES = ("fluid",)
+"""Rows that bound what placement could do, not policies to judge."""
 MODEL = "A100-40GB"
 OPENB_SIZES: dict[str, tuple[int, int, int]] = {
     "default": (44, 40, 36),
@@ -266,6 +268,13 @@ def verdicts(table: Sequence[Row], candidate: str = "migsched", runs: Sequence[R
     return out
 
 
+def candidates(labels: Iterable[str]) -> list[str]:
+    """The labels a matrix run judges against the targets, in the order given: every one that is neither a
+    baseline nor a reference (``migsched``, ``paper``, a variant such as ``migsched[in_time=off]`` or
+    ``first-fit[reserve=on]``)."""
+    return [label for label in dict.fromkeys(labels) if label not in BASELINES and label not in REFERENCES]
+
+
 def markdown(table: Sequence[Row], verdict: Sequence[Verdict], command: str = "") -> str:
     lines = ["# Benchmark matrix", ""]
     if command:
@@ -287,38 +296,46 @@ def markdown(table: Sequence[Row], verdict: Sequence[Verdict], command: str = ""
     for r in table:
         vals = " | ".join(f"{100 * r.classes[n]:.1f}" if n in r.classes else "" for n in names)
         lines.append(f"| {r.group} | {r.label} | {vals} |")
-    if verdict:
-        lines += ["", f"## Targets of `{verdict[0].candidate}` against the best baseline of each cell", "",
-                  "| cell | best baseline | its rej % | candidate rej % | difference, ± paired sd (pt) | ≤ +0.1 pt "
-                  "| wait ≤ +10 % | ≥ 15 % fewer | gap to fluid closed | no class starves | GPU-h ≤ | migrated ≤ 2 % "
-                  "| reconf ≤ +10 % |",
-                  "|---|---|---:|---:|---:|---|---|---|---:|---|---|---|---|"]
-        for v in verdict:
-            gap = f"{100 * v.gap_closed:.0f} %" if v.gap_closed is not None else "-"
-            diff = f"{100 * (v.rejection - v.best_rejection):+.2f}"
-            if v.paired_sd is not None:
-                diff += f" ± {100 * v.paired_sd:.2f}"
-            lines.append(
-                f"| {v.group} | {v.best_baseline} | {100 * v.best_rejection:.2f} | {100 * v.rejection:.2f} | {diff} | "
-                f"{_yn(v.within)} | {_yn(v.wait_ok)} | {_yn(v.fewer_15)} | {gap} | {_yn(v.no_starving)} | "
-                f"{_yn(v.gpu_h_ok)} | {_yn(v.migrated_ok)} | {_yn(v.reconfig_ok)} |")
-        n = len(verdict)
-        lines += ["", "Cells meeting each target: "
-                  + ", ".join(f"{name} {sum(getattr(v, attr) for v in verdict)}/{n}" for name, attr in (
-                      ("rejection", "within"), ("wait", "wait_ok"), ("15 % fewer", "fewer_15"),
-                      ("no starving", "no_starving"), ("GPU-h", "gpu_h_ok"), ("migrated", "migrated_ok"),
-                      ("reconfigurations", "reconfig_ok")))]
+    for candidate in dict.fromkeys(v.candidate for v in verdict):
+        lines += _targets([v for v in verdict if v.candidate == candidate])
     return "\n".join(lines) + "\n"
+
+
+def _targets(verdict: Sequence[Verdict]) -> list[str]:
+    """One candidate's verdict, cell by cell, and how many cells meet each target."""
+    lines = ["", f"## Targets of `{verdict[0].candidate}` against the best baseline of each cell", "",
+             "| cell | best baseline | its rej % | candidate rej % | difference, ± paired sd (pt) | ≤ +0.1 pt "
+             "| wait ≤ +10 % | ≥ 15 % fewer | gap to fluid closed | no class starves | GPU-h ≤ | migrated ≤ 2 % "
+             "| reconf ≤ +10 % |",
+             "|---|---|---:|---:|---:|---|---|---|---:|---|---|---|---|"]
+    for v in verdict:
+        gap = f"{100 * v.gap_closed:.0f} %" if v.gap_closed is not None else "-"
+        diff = f"{100 * (v.rejection - v.best_rejection):+.2f}"
+        if v.paired_sd is not None:
+            diff += f" ± {100 * v.paired_sd:.2f}"
+        lines.append(
+            f"| {v.group} | {v.best_baseline} | {100 * v.best_rejection:.2f} | {100 * v.rejection:.2f} | {diff} | "
+            f"{_yn(v.within)} | {_yn(v.wait_ok)} | {_yn(v.fewer_15)} | {gap} | {_yn(v.no_starving)} | "
+            f"{_yn(v.gpu_h_ok)} | {_yn(v.migrated_ok)} | {_yn(v.reconfig_ok)} |")
+    n = len(verdict)
+    lines += ["", f"Cells where `{verdict[0].candidate}` meets each target: "
+              + ", ".join(f"{name} {sum(getattr(v, attr) for v in verdict)}/{n}" for name, attr in (
+                  ("rejection", "within"), ("wait", "wait_ok"), ("15 % fewer", "fewer_15"),
+                  ("no starving", "no_starving"), ("GPU-h", "gpu_h_ok"), ("migrated", "migrated_ok"),
+                  ("reconfigurations", "reconfig_ok")))]
+    return lines
 
 
 def _yn(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def write(out: Path, runs: Sequence[Run], candidate: str = "migsched", command: str = "") -> list[Path]:
+def write(out: Path, runs: Sequence[Run], command: str = "") -> list[Path]:
+    """``matrix.md`` (the KPIs, and a verdict for each of the run's ``candidates``), ``matrix.json`` and, with
+    matplotlib, ``matrix.png``."""
     out.mkdir(parents=True, exist_ok=True)
     table = rows(runs)
-    verdict = verdicts(table, candidate, runs)
+    verdict = [v for c in candidates(r.label for r in runs) for v in verdicts(table, c, runs)]
     md = out / "matrix.md"
     md.write_text(markdown(table, verdict, command))
     js = out / "matrix.json"

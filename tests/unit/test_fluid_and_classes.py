@@ -148,3 +148,13 @@ def test_a_matrix_run_writes_its_table_verdict_and_plot(tmp_path: object) -> Non
     assert f"{100 * (v.rejection - v.best_rejection):+.2f} ± {100 * float(np.std(per_seed)):.2f}" in md
     (alone,) = matrix.verdicts(matrix.rows(runs), "migsched")
     assert alone.paired_sd is None  # without the runs there is nothing to pair
+    # every policy that is neither a baseline nor the bound gets its own verdict, variants by their full label
+    assert "## Targets of `migsched[reserve=off]`" in md and "## Targets of `first-fit`" not in md
+    assert "Cells where `migsched[reserve=off]` meets each target: rejection" in md
+
+
+def test_the_matrix_judges_every_policy_but_the_baselines_and_the_bound_in_the_order_given() -> None:
+    labels = ["first-fit", "best-fit", "fgd", "spread", "migsched[in_time=off]", "paper", "fluid",
+              "first-fit[reserve=on]", "migsched[in_time=off]"]
+    assert matrix.candidates(labels) == ["migsched[in_time=off]", "paper", "first-fit[reserve=on]"]
+    assert matrix.candidates(matrix.BASELINES) == []
