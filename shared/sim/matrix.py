@@ -1,6 +1,6 @@
 """The benchmark matrix: every policy over the openb traces at three cluster sizes (each as recorded and in two
 replays with jittered arrivals), the synthetic mix at three loads and five seeds, and openb with DLRM background
-load; one table of KPIs and a verdict on the targets.
+load; one table of KPIs and, for each policy that is neither a baseline nor the bound, a verdict on the targets.
 
 Cluster sizes are picked so that first-fit rejects about 1 %, 5-10 % and 15-25 % of the jobs of each trace.
 A cell's *best baseline* is the baseline (``BASELINES``) with the fewest rejections in that cell; every cell is
