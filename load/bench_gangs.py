@@ -93,14 +93,15 @@ def paired(mine: list[list[float]], ref: list[list[float]]) -> dict[str, tuple[f
 
 
 def run(gpus: int, seed: int, label: str, source: Source, patience_s: float, slack_s: float = 0.0,
-        hints: tuple[float, float] = (1.0, 0.0)) -> Figures:
+        hints: tuple[float, float] = (1.0, 0.0), max_held: int = 2) -> Figures:
     """One run's figures (``slack_s``: the reservations' slack, ``--reserve-slack``; ``hints``: the hint factor
-    and the default hint of a job without one, ``--hint-factor`` and ``--default-hint``)."""
+    and the default hint of a job without one, ``--hint-factor`` and ``--default-hint``; ``max_held``: holds at
+    once, ``--max-reservations``)."""
     geo = default_geometry()
     cluster = parse_cluster([f"A100-40GB:{gpus}"], geo)
     wl = build(source.spec(seed), cluster, geo)
     cfg = SimConfig(patience_s=patience_s, seed=seed, reserve_slack_s=slack_s, hint_factor=hints[0],
-                    default_hint_s=hints[1])
+                    default_hint_s=hints[1], max_reservations=max_held)
     name, params = parse_label(label)
     spec, policy = get_policy(name, **{**policy_params(name, wl, cfg), **params})
     sim = Simulator(wl, cluster, spec, policy, cfg, geometry=geo)
@@ -131,7 +132,7 @@ def _gangs(sel: npt.NDArray[np.bool_], ran: npt.NDArray[np.bool_], wait: npt.NDA
             float(np.percentile(wait[sel], 95) / 3600)]
 
 
-def _run(args: tuple[int, int, str, Source, float, float, tuple[float, float]]) -> Figures:
+def _run(args: tuple[int, int, str, Source, float, float, tuple[float, float], int]) -> Figures:
     return run(*args)
 
 
@@ -154,15 +155,19 @@ def main(argv: list[str] | None = None) -> None:
                     help="each job's duration hint is its run time times this; 0 = jobs give no hints")
     ap.add_argument("--default-hint", type=float, default=0.0,
                     help="seconds a job without a hint is expected to run, for planning holds; 0 = unknown")
+    ap.add_argument("--max-reservations", type=int, default=2,
+                    help="holds at once for every policy that reserves (MIGSCHED_MAX_RESERVATIONS)")
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args(argv)
     if a.reserve_slack < 0 or a.hint_factor < 0 or a.default_hint < 0:
         ap.error("--reserve-slack, --hint-factor and --default-hint must be >= 0")
+    if a.max_reservations < 1:
+        ap.error("--max-reservations must be >= 1")
     sizes, seeds, labels = a.gpus or [256, 512], a.seed or [1, 2, 3], a.policy or list(LABELS)
     source = Source(workload=a.workload, jobs=a.jobs, load=a.load, csv_map=a.csv_map, jitter_s=a.jitter)
     hints = (a.hint_factor, a.default_hint)
-    tasks = [(g, s, label, source, a.patience, a.reserve_slack, hints) for g in sizes for label in labels
-             for s in seeds]
+    tasks = [(g, s, label, source, a.patience, a.reserve_slack, hints, a.max_reservations) for g in sizes
+             for label in labels for s in seeds]
     with ProcessPoolExecutor(a.workers) as ex:
         results = list(ex.map(_run, tasks))
     runs: dict[tuple[int, str], list[Figures]] = defaultdict(list)
