@@ -22,6 +22,7 @@ from migsched.replayer import Replay
 from shared.mig.geometry import Geometry, GpuModel
 from shared.policy.fragcost import demand_weights, frag_rate
 from shared.policy.request import Demand, resolve_profile
+from shared.sim.classes import class_gpus
 from shared.sim.jobs import Workload
 from shared.sim.metrics import Kpis
 from shared.state import RedisState
@@ -272,7 +273,7 @@ def simulated_run(
 def comparable(k: Kpis) -> dict[str, float | int]:
     """The KPIs of a simulated run that a live replay's are compared with (``KPI_KEYS``, ``GANG_KEYS``)."""
     b = msgspec.to_builtins(k)
-    gangs = [c for name, c in k.classes.items() if name.endswith("gpu") and int(name[:-3]) > 1]
+    gangs = [c for name, c in k.classes.items() if class_gpus(name) > 1]
     placed = sum(c.jobs - c.rejected for c in gangs)
     waited = sum(c.wait_mean_s * (c.jobs - c.rejected) for c in gangs)
     return {**{key: b[key] for key in KPI_KEYS}, "gangs": sum(c.jobs for c in gangs), "gangs_completed": placed,

@@ -41,6 +41,11 @@ def gpu_equivalents(job: SimJob) -> float:
     return (int(job.shape[0]) if job.shape[:1].isdigit() else 7) / 7.0
 
 
+def class_gpus(name: str) -> int:
+    """The whole GPUs a ``<n>gpu`` class (``demand_class``) asks for of each job; 0 for any other class."""
+    return int(name[:-3]) if name.endswith("gpu") and name[:-3].isdigit() else 0
+
+
 def class_order(name: str) -> tuple[int, int, str]:
     """MIG shapes first by size, then whole-GPU classes by GPU count, then the rest."""
     digits = "".join(c for c in name if c.isdigit())

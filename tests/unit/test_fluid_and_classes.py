@@ -13,7 +13,7 @@ from shared.policy.placement.registry import get_policy, parse_label
 from shared.policy.request import Demand, mig
 from shared.policy.snapshot import GpuView, snapshot_of
 from shared.sim import experiment, matrix
-from shared.sim.classes import demand_class, gpu_equivalents
+from shared.sim.classes import class_gpus, demand_class, gpu_equivalents
 from shared.sim.cluster import parse_cluster
 from shared.sim.config import InterferenceParams, SimConfig
 from shared.sim.fluid import run_fluid
@@ -70,6 +70,7 @@ def test_a_job_is_judged_in_its_shape_or_its_gpu_count() -> None:
     assert demand_class(SimJob(id="a", arrival=0, duration=1, demand=mig("3g"), shape="3g")) == "3g"
     gang = SimJob(id="b", arrival=0, duration=1, demand=Demand(kind="gpus", gpus=8), shape="7g")
     assert demand_class(gang) == "8gpu" and gpu_equivalents(gang) == 8.0
+    assert class_gpus(demand_class(gang)) == 8 and class_gpus("3g") == 0 and class_gpus("shared") == 0
     assert gpu_equivalents(SimJob(id="c", arrival=0, duration=1, demand=mig("2g"), shape="2g")) == 2 / 7
 
 
