@@ -14,7 +14,7 @@ the exact screens that answer most exits and ticks without a plan (``shared/poli
 count as the simulator's own; ``snapshot_s`` is the time spent taking builder snapshots (their flush),
 ``screens_s`` the time in those screens and the indexes they keep up to date, ``moves_s`` the time spent
 starting moves and completing them (the backfill pass a completed move triggers included). The events and KPIs
-are the same with and without either index (docs/results.md).
+are the same with and without either index (tests/unit/test_sim_placement_index.py, test_sim_pull_index.py).
 ``--no-breakdown`` runs the plain simulator, no timer around any call, and prints the totals only: the
 figure to hold against the budget (the timers cost 1-4 % of a run).
 """
