@@ -48,13 +48,7 @@ class ClassColumns:
             return sel, base
         sel, base, touched = kept
         if touched:
-            keep = ~np.isin(sel, np.fromiter(touched, dtype=np.intp, count=len(touched)))
-            sel, base = sel[keep], base[keep]
-            back = sorted(p for p in touched if p in members)
-            if back:
-                at = np.searchsorted(sel, back)
-                sel = np.insert(sel, at, back)
-                base = np.insert(base, at, [keys[p][j] for p in back])
+            sel, base = _patch(sel, base, sorted(touched), members, keys, j)
             self._keep(cls, sel, base)
         return sel, base
 
@@ -67,3 +61,39 @@ class ClassColumns:
         sel.setflags(write=False)
         base.setflags(write=False)
         self.kept_now[cls] = (sel, base, set())
+
+
+def _patch(sel: npt.NDArray[np.intp], base: npt.NDArray[np.int64], touched: list[int], members: set[int],
+           keys: Sequence[tuple[int, ...]], j: int) -> Columns:
+    """``sel`` and ``base`` with the ``touched`` positions (sorted) brought up to date: a member already listed
+    gets its current key in place, one listed that left is dropped, a member not listed is inserted in order.
+    One ``searchsorted`` over the few touched positions; ``np.isin`` sorts both arrays."""
+    found = np.asarray(touched, dtype=np.intp)
+    at = sel.searchsorted(found)
+    listed = at < len(sel)
+    listed[listed] = sel[at[listed]] == found[listed]
+    rekey_at: list[int] = []
+    rekey: list[int] = []
+    drop: list[int] = []
+    add: list[int] = []
+    for p, i, there in zip(touched, at.tolist(), listed.tolist(), strict=True):
+        if p not in members:
+            if there:
+                drop.append(i)
+        elif there:
+            rekey_at.append(i)
+            rekey.append(keys[p][j])
+        else:
+            add.append(p)
+    if rekey_at:
+        base = base.copy()
+        base[rekey_at] = rekey
+    if drop:
+        keep = np.ones(len(sel), dtype=bool)
+        keep[drop] = False
+        sel, base = sel[keep], base[keep]
+    if add:
+        at = sel.searchsorted(add)
+        sel = np.insert(sel, at, add)
+        base = np.insert(base, at, [keys[p][j] for p in add])
+    return sel, base
