@@ -5,9 +5,10 @@ A decision reads its best class's GPUs as two arrays (positions, sorted, and the
 thousands of GPUs that class can hold thousands, and building the arrays from the class's set at every decision
 costs more than the decision (a sort and a Python pass over every member). Yet a decision changes only the few
 GPUs it placed on or freed. So a class of at least ``min_size`` GPUs keeps its arrays, and the index reports
-each GPU that joins it, leaves it or is re-keyed within it; the next read drops those positions and puts back
-the ones still in the class with their current key, or builds the arrays afresh when more than an eighth of the
-class changed. Smaller classes are built at every read, which costs less than keeping them.
+each GPU that joins it, leaves it or is re-keyed within it; the next read gives a GPU re-keyed within the class
+its current key in place, drops those that left and inserts those that joined, or builds the arrays afresh when
+more than an eighth of the class changed. Smaller classes are built at every read, which costs less than keeping
+them.
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ def _patch(sel: npt.NDArray[np.intp], base: npt.NDArray[np.int64], touched: list
     """``sel`` and ``base`` with the ``touched`` positions (sorted) brought up to date: a member already listed
     gets its current key in place, one listed that left is dropped, a member not listed is inserted in order.
     One ``searchsorted`` over the few touched positions; ``np.isin`` sorts both arrays."""
-    found = np.asarray(touched, dtype=np.intp)
-    at = sel.searchsorted(found)
+    pos = np.asarray(touched, dtype=np.intp)
+    at = sel.searchsorted(pos)
     listed = at < len(sel)
-    listed[listed] = sel[at[listed]] == found[listed]
+    listed[listed] = sel[at[listed]] == pos[listed]
     rekey_at: list[int] = []
     rekey: list[int] = []
     drop: list[int] = []
