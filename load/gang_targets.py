@@ -54,27 +54,23 @@ def verdicts(runs: Mapping[tuple[int, str], Sequence[Sequence[float]]], columns:
              ) -> list[Verdict]:
     """Every (size, policy) of ``runs`` but greedy backfill's own, judged against the targets. ``runs``: per
     (GPUs, label), one row of figures per seed in ``columns`` order (the same seed order for every label)."""
-    col = {name: columns.index(name) for name in
-           ("big rejected", "big wait p95 h", "small wait mean s", "held idle")}
+    at = [columns.index(name) for name in ("big rejected", "big wait p95 h", "small wait mean s", "held idle")]
     out = []
     for (gpus, label), rows in runs.items():
         if label == GREEDY:
             continue
-        mine = np.asarray(rows, dtype=float)
+        rej, p95, small, idle = np.asarray(rows, dtype=float)[:, at].T
         ref = _rows(runs, gpus, REFERENCE) if label != REFERENCE else None
         greedy = _rows(runs, gpus, GREEDY)
-        rej, p95, small, idle = (mine[:, col[n]] for n in
-                                 ("big rejected", "big wait p95 h", "small wait mean s", "held idle"))
         met: list[bool | None] = [None, None, None, None, None]
         if ref is not None:
-            d_rej = rej - ref[:, col["big rejected"]]
-            met[0] = _no_worse(d_rej, REJECTION_TOLERANCE)
-            met[1] = _no_worse(p95 - ref[:, col["big wait p95 h"]], 0.0)
+            met[0] = _no_worse(rej - ref[:, at[0]], REJECTION_TOLERANCE)
+            met[1] = _no_worse(p95 - ref[:, at[1]], 0.0)
         if greedy is not None:
-            g_rej = float(greedy[:, col["big rejected"]].mean())
+            g_rej = float(greedy[:, at[0]].mean())
             met[2] = float(rej.mean()) <= g_rej / 2 if g_rej > 0 else float(rej.mean()) == 0.0
-            met[3] = float(p95.mean()) < float(greedy[:, col["big wait p95 h"]].mean())
-            met[4] = float(small.mean()) <= (1 + SMALL_RISE) * float(greedy[:, col["small wait mean s"]].mean())
+            met[3] = float(p95.mean()) < float(greedy[:, at[1]].mean())
+            met[4] = float(small.mean()) <= (1 + SMALL_RISE) * float(greedy[:, at[2]].mean())
         out.append(Verdict(gpus=gpus, label=label, met=(*met, float(idle.mean()) < HELD_IDLE_MAX)))
     return out
 
